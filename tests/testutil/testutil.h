@@ -1,0 +1,49 @@
+// Helpers shared by all test binaries: temporary directories, running
+// reference tools, locating the source tree.
+#ifndef STRATA_TESTS_TESTUTIL_TESTUTIL_H_
+#define STRATA_TESTS_TESTUTIL_TESTUTIL_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace strata::testing {
+
+// A fresh directory under $TMPDIR (or /tmp), removed with its contents when
+// the object is destroyed.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string Join(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// Result of a finished child process.
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  // stdout only; stderr passes through to the test log.
+};
+
+// Runs `argv` (no shell), waits for it, and captures its stdout.
+// Fails only if the process could not be started.
+absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv);
+
+// True when `program` is an executable found on PATH or an absolute path.
+bool HaveProgram(const std::string& program);
+
+// Absolute path of a file in the source tree, e.g. SourcePath("tests/policies/x.py").
+std::string SourcePath(const std::string& relative);
+
+// Writes `contents` to `path`, failing the current test on error.
+void WriteTextFile(const std::string& path, const std::string& contents);
+
+}  // namespace strata::testing
+
+#endif  // STRATA_TESTS_TESTUTIL_TESTUTIL_H_
