@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""Independent reference for the C++ Llama: writes a random-weight HF-layout
+model directory with its own safetensors writer, runs the Hugging Face
+LlamaForCausalLM / LlamaForSequenceClassification forward as HF's eager
+implementation computes it (pure torch), and writes the expected outputs.
+
+Usage: llama_reference.py OUT_DIR VARIANT
+  VARIANT: gqa_untied | mha_tied | gqa_sharded | scalar
+Writes OUT_DIR/model/ (config.json, safetensors) and OUT_DIR/expected.json.
+"""
+import json
+import math
+import os
+import struct
+import sys
+
+import torch
+
+VARIANTS = {
+    "gqa_untied": dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=8,
+                       num_key_value_heads=2, tie_word_embeddings=False, shards=1),
+    "mha_tied": dict(hidden_size=48, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+                     num_key_value_heads=4, tie_word_embeddings=True, shards=1),
+    "gqa_sharded": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=1, tie_word_embeddings=False, shards=3, rope_theta=500000.0),
+    "scalar": dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=8,
+                   num_key_value_heads=4, tie_word_embeddings=False, shards=1, scalar=True),
+}
+VOCAB = 97
+PROMPTS = [[1, 5, 9, 23, 44, 7, 81], [1, 60], [1, 3, 3, 3, 90, 12, 2, 77, 30, 11, 4]]
+GREEDY_NEW_TOKENS = 8
+
+DTYPE_NAMES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+
+
+def write_safetensors(path, tensors):
+    header, offset, blobs = {"__metadata__": {"format": "pt"}}, 0, []
+    for name, t in tensors:
+        t = t.contiguous()
+        raw = t.view(torch.uint8).numpy().tobytes() if t.dtype == torch.bfloat16 else t.numpy().tobytes()
+        header[name] = {"dtype": DTYPE_NAMES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for b in blobs:
+            f.write(b)
+
+
+def make_weights(cfg, scalar):
+    g = torch.Generator().manual_seed(1234)
+    h, i = cfg["hidden_size"], cfg["intermediate_size"]
+    nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    d = h // nh
+    w = {"model.embed_tokens.weight": torch.randn(VOCAB, h, generator=g) * 0.5}
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        w[p + "input_layernorm.weight"] = 1 + 0.1 * torch.randn(h, generator=g)
+        w[p + "self_attn.q_proj.weight"] = torch.randn(nh * d, h, generator=g) / math.sqrt(h)
+        w[p + "self_attn.k_proj.weight"] = torch.randn(nkv * d, h, generator=g) / math.sqrt(h)
+        w[p + "self_attn.v_proj.weight"] = torch.randn(nkv * d, h, generator=g) / math.sqrt(h)
+        w[p + "self_attn.o_proj.weight"] = torch.randn(h, nh * d, generator=g) / math.sqrt(nh * d)
+        w[p + "post_attention_layernorm.weight"] = 1 + 0.1 * torch.randn(h, generator=g)
+        w[p + "mlp.gate_proj.weight"] = torch.randn(i, h, generator=g) / math.sqrt(h)
+        w[p + "mlp.up_proj.weight"] = torch.randn(i, h, generator=g) / math.sqrt(h)
+        w[p + "mlp.down_proj.weight"] = torch.randn(h, i, generator=g) / math.sqrt(i)
+    w["model.norm.weight"] = 1 + 0.1 * torch.randn(h, generator=g)
+    if scalar:
+        w["score.weight"] = torch.randn(1, h, generator=g) / math.sqrt(h)
+    elif not cfg["tie_word_embeddings"]:
+        w["lm_head.weight"] = torch.randn(VOCAB, h, generator=g) / math.sqrt(h)
+    return w
+
+
+# ---- HF Llama eager forward (mirrors transformers' modeling_llama) ----
+
+def rms_norm(x, weight, eps):
+    dtype = x.dtype
+    x = x.to(torch.float32)
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(dtype)
+
+
+def rotate_half(x):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def forward(cfg, w, input_ids, attention_mask):
+    """Returns final hidden states [B, T, H] for full sequences (no cache)."""
+    h, nh, nkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    d = h // nh
+    eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
+    bsz, seq = input_ids.shape
+    # position ids as HF generate() builds them from the attention mask
+    position_ids = attention_mask.long().cumsum(-1) - 1
+    position_ids.masked_fill_(attention_mask == 0, 1)
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    freqs = (inv_freq[None, :, None].expand(bsz, -1, 1) @ position_ids[:, None, :].float()).transpose(1, 2)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos()[:, None], emb.sin()[:, None]
+    # 4-d causal mask with padding, min-value filled
+    min_value = torch.finfo(torch.float32).min
+    causal = torch.full((seq, seq), min_value).triu(1)
+    mask = causal[None, None].expand(bsz, 1, seq, seq).clone()
+    pad = attention_mask[:, None, None, :] == 0
+    mask = mask.masked_fill(pad, min_value)
+    x = torch.nn.functional.embedding(input_ids, w["model.embed_tokens.weight"])
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        residual = x
+        y = rms_norm(x, w[p + "input_layernorm.weight"], eps)
+        q = (y @ w[p + "self_attn.q_proj.weight"].T).view(bsz, seq, nh, d).transpose(1, 2)
+        k = (y @ w[p + "self_attn.k_proj.weight"].T).view(bsz, seq, nkv, d).transpose(1, 2)
+        v = (y @ w[p + "self_attn.v_proj.weight"].T).view(bsz, seq, nkv, d).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        rep = nh // nkv
+        k = k[:, :, None].expand(bsz, nkv, rep, seq, d).reshape(bsz, nh, seq, d)
+        v = v[:, :, None].expand(bsz, nkv, rep, seq, d).reshape(bsz, nh, seq, d)
+        scores = q @ k.transpose(2, 3) / math.sqrt(d) + mask
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        attn = (probs @ v).transpose(1, 2).reshape(bsz, seq, nh * d)
+        x = residual + attn @ w[p + "self_attn.o_proj.weight"].T
+        residual = x
+        y = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
+        gate = torch.nn.functional.silu(y @ w[p + "mlp.gate_proj.weight"].T)
+        x = residual + (gate * (y @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
+    return rms_norm(x, w["model.norm.weight"], eps)
+
+
+def lm_head(cfg, w):
+    return w["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else w["lm_head.weight"]
+
+
+def left_pad(prompts):
+    longest = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), longest, dtype=torch.long)
+    mask = torch.zeros(len(prompts), longest, dtype=torch.long)
+    for b, p in enumerate(prompts):
+        ids[b, longest - len(p):] = torch.tensor(p)
+        mask[b, longest - len(p):] = 1
+    return ids, mask
+
+
+def main():
+    out_dir, variant = sys.argv[1], sys.argv[2]
+    spec = dict(VARIANTS[variant])
+    shards, scalar = spec.pop("shards"), spec.pop("scalar", False)
+    cfg = dict(spec, vocab_size=VOCAB, max_position_embeddings=128, rms_norm_eps=1e-6,
+               rope_theta=spec.get("rope_theta", 10000.0), bos_token_id=1, eos_token_id=2,
+               model_type="llama", hidden_act="silu", torch_dtype="float32",
+               architectures=["LlamaForSequenceClassification" if scalar else "LlamaForCausalLM"])
+    if scalar:
+        cfg["pad_token_id"] = 0
+        cfg["num_labels"] = 1
+    model_dir = os.path.join(out_dir, "model")
+    os.makedirs(model_dir, exist_ok=True)
+    with open(os.path.join(model_dir, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    w = make_weights(cfg, scalar)
+    names = list(w)
+    if shards == 1:
+        write_safetensors(os.path.join(model_dir, "model.safetensors"), [(n, w[n]) for n in names])
+    else:
+        weight_map = {}
+        for s in range(shards):
+            fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+            part = names[s::shards]
+            write_safetensors(os.path.join(model_dir, fname), [(n, w[n]) for n in part])
+            weight_map.update({n: fname for n in part})
+        total = sum(t.numel() * 4 for t in w.values())
+        with open(os.path.join(model_dir, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f)
+
+    expected = {"prompts": PROMPTS}
+    with torch.no_grad():
+        if scalar:
+            ids, mask = left_pad(PROMPTS)
+            hidden = forward(cfg, w, ids, mask)
+            last = mask.shape[1] - 1  # left padding: the last column is each row's last real token
+            expected["scores"] = (hidden[:, last] @ w["score.weight"].T)[:, 0].tolist()
+        else:
+            head = lm_head(cfg, w)
+            expected["logits"] = []
+            expected["greedy"] = []
+            for p in PROMPTS:
+                ids = torch.tensor([p])
+                mask = torch.ones_like(ids)
+                expected["logits"].append((forward(cfg, w, ids, mask) @ head.T)[0].tolist())
+                seq = list(p)
+                for _ in range(GREEDY_NEW_TOKENS):
+                    ids = torch.tensor([seq])
+                    logits = forward(cfg, w, ids, torch.ones_like(ids)) @ head.T
+                    seq.append(int(logits[0, -1].argmax()))
+                expected["greedy"].append(seq[len(p):])
+            ids, mask = left_pad(PROMPTS)
+            logits = forward(cfg, w, ids, mask) @ head.T
+            expected["padded_logits"] = logits.tolist()
+    with open(os.path.join(out_dir, "expected.json"), "w") as f:
+        json.dump(expected, f)
+
+
+if __name__ == "__main__":
+    main()
