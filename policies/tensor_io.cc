@@ -1,5 +1,7 @@
 #include "policies/tensor_io.h"
 
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -47,10 +49,18 @@ absl::StatusOr<at::Tensor> ToTensor(const TensorView& view, at::ScalarType type)
                                                    std::string(DTypeName(view.dtype)), ", cannot load as ",
                                                    c10::toString(type)));
   }
+  const auto options = at::TensorOptions().dtype(*source_type);
+  const size_t element = DTypeSize(view.dtype);
+  if (reinterpret_cast<uintptr_t>(view.data.data()) % element != 0) {
+    // safetensors packs tensors back to back, so a tensor may start off its
+    // element alignment; copy the bytes out first, then convert.
+    at::Tensor aligned = at::empty(view.shape, options);
+    std::memcpy(aligned.data_ptr(), view.data.data(), view.data.size());
+    return aligned.to(type);
+  }
   // from_blob does not copy; the .to(..., copy=true) below is the one copy
   // out of the mapping and converts the dtype in the same pass.
-  const at::Tensor mapped = at::from_blob(const_cast<std::byte*>(view.data.data()), view.shape,
-                                          at::TensorOptions().dtype(*source_type));
+  const at::Tensor mapped = at::from_blob(const_cast<std::byte*>(view.data.data()), view.shape, options);
   return mapped.to(type, /*non_blocking=*/false, /*copy=*/true);
 }
 
