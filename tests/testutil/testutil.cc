@@ -1,5 +1,6 @@
 #include "tests/testutil/testutil.h"
 
+#include <fcntl.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -32,11 +33,16 @@ TempDir::~TempDir() {
 }
 
 absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv) {
+  // stderr goes to a file so that a chatty child cannot block on a full pipe
+  // while we drain stdout.
+  TempDir scratch;
+  const std::string stderr_path = scratch.Join("stderr");
   int pipe_fds[2];
   if (::pipe(pipe_fds) != 0) return ErrnoToStatus(errno, "pipe");
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_addclose(&actions, pipe_fds[0]);
   posix_spawn_file_actions_addclose(&actions, pipe_fds[1]);
   std::vector<char*> args;
@@ -63,6 +69,8 @@ absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv) {
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  auto error = ReadFileToString(stderr_path);
+  if (error.ok()) result.error = std::move(*error);
   return result;
 }
 
@@ -80,6 +88,8 @@ bool HaveProgram(const std::string& program) {
   }
   return false;
 }
+
+std::string StrataBinary() { return JoinPath(STRATA_BINARY_DIR, "strata"); }
 
 std::string SourcePath(const std::string& relative) {
   return JoinPath(STRATA_SOURCE_DIR, relative);

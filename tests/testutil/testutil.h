@@ -28,15 +28,19 @@ class TempDir {
 // Result of a finished child process.
 struct CommandResult {
   int exit_code = -1;
-  std::string output;  // stdout only; stderr passes through to the test log.
+  std::string output;  // stdout
+  std::string error;   // stderr
 };
 
-// Runs `argv` (no shell), waits for it, and captures its stdout.
+// Runs `argv` (no shell), waits for it, and captures stdout and stderr.
 // Fails only if the process could not be started.
 absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv);
 
 // True when `program` is an executable found on PATH or an absolute path.
 bool HaveProgram(const std::string& program);
+
+// Path of the built `strata` binary.
+std::string StrataBinary();
 
 // Absolute path of a file in the source tree, e.g. SourcePath("tests/policies/x.py").
 std::string SourcePath(const std::string& relative);

@@ -1,0 +1,157 @@
+// The `strata` binary: flags are parsed here and nowhere else, then handed to
+// the commands as plain request structs.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <functional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "offload/log.h"
+#include "bench/generate_bench.h"
+#include "services/model_commands.h"
+
+namespace {
+
+using strata::services::ParseIdList;
+
+// Prints a command's output, or its error as "strata CMD: CODE: message".
+int Finish(const std::string& command, const absl::StatusOr<std::string>& result) {
+  if (!result.ok()) {
+    std::fprintf(stderr, "strata %s: %s: %s\n", command.c_str(),
+                 absl::StatusCodeToString(result.status().code()).c_str(),
+                 std::string(result.status().message()).c_str());
+    return 1;
+  }
+  std::fwrite(result->data(), 1, result->size(), stdout);
+  return 0;
+}
+
+// Turns an optional "1,2,3" flag into ids, or records the parse error.
+absl::Status FillIds(const std::string& text, const std::string& flag, std::optional<std::vector<int32_t>>* out) {
+  auto ids = ParseIdList(text, flag);
+  if (!ids.ok()) return ids.status();
+  *out = std::move(*ids);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"strata: RLHF training service (ReMax, PPO) with tiered GPU/CPU/NVMe memory"};
+  app.require_subcommand(1);
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level, "debug | info | warning | error")
+      ->check(CLI::IsMember({"debug", "info", "warning", "error"}));
+
+  std::function<int()> run;
+
+  // strata generate
+  strata::services::GenerateRequest gen;
+  std::string gen_prompt, gen_prompt_ids;
+  auto* generate = app.add_subcommand("generate", "Continue a prompt with a Llama-family model");
+  generate->add_option("--model", gen.model_dir, "HF model directory")->required();
+  auto* prompt_opt = generate->add_option("--prompt", gen_prompt, "prompt text (BOS added if the tokenizer asks)");
+  auto* ids_opt = generate->add_option("--prompt-ids", gen_prompt_ids, "prompt token ids, used as given: 1,2,3");
+  prompt_opt->excludes(ids_opt);
+  generate->add_option("--max-new-tokens", gen.max_new_tokens, "new tokens at most")->check(CLI::NonNegativeNumber);
+  auto* greedy = generate->add_flag("--greedy", gen.greedy, "argmax decoding");
+  generate->add_option("--temperature", gen.temperature, "sampling temperature (> 0)")->excludes(greedy);
+  generate->add_option("--top-p", gen.top_p, "nucleus sampling mass in (0, 1]")->excludes(greedy);
+  generate->add_option("--top-k", gen.top_k, "keep the k most likely tokens (0: all)")->excludes(greedy);
+  generate->add_option("--seed", gen.seed, "sampling seed");
+  generate->add_option("--dtype", gen.dtype, "fp32 | bf16")->check(CLI::IsMember({"fp32", "bf16"}));
+  generate->add_flag("--ignore-eos", gen.ignore_eos, "keep generating past EOS");
+  generate->add_flag("--json", gen.json, "print one JSON object");
+  generate->callback([&] {
+    run = [&] {
+      if (!prompt_opt->empty()) gen.prompt = gen_prompt;
+      if (!ids_opt->empty()) {
+        if (auto s = FillIds(gen_prompt_ids, "--prompt-ids", &gen.prompt_ids); !s.ok()) return Finish("generate", s);
+      }
+      return Finish("generate", strata::services::RunGenerate(gen));
+    };
+  });
+
+  // strata logprobs
+  strata::services::LogProbsRequest lp;
+  std::string lp_ids;
+  auto* logprobs = app.add_subcommand("logprobs", "log p(token_t | tokens before t) for t = 1..n-1");
+  logprobs->add_option("--model", lp.model_dir, "HF model directory")->required();
+  logprobs->add_option("--ids", lp_ids, "token ids: 1,2,3")->required();
+  logprobs->add_option("--dtype", lp.dtype, "fp32 | bf16")->check(CLI::IsMember({"fp32", "bf16"}));
+  logprobs->add_flag("--json", lp.json, "print one JSON object");
+  logprobs->callback([&] {
+    run = [&] {
+      auto ids = ParseIdList(lp_ids, "--ids");
+      if (!ids.ok()) return Finish("logprobs", ids.status());
+      lp.ids = std::move(*ids);
+      return Finish("logprobs", strata::services::RunLogProbs(lp));
+    };
+  });
+
+  // strata tokenize
+  strata::services::TokenizeRequest tok;
+  std::string tok_text, tok_decode;
+  auto* tokenize = app.add_subcommand("tokenize", "Encode text or decode ids (no BOS/EOS added)");
+  tokenize->add_option("--tokenizer", tok.tokenizer_path, "model dir, tokenizer.json or tokenizer.model")
+      ->required();
+  auto* text_opt = tokenize->add_option("--text", tok_text, "text to encode");
+  auto* decode_opt = tokenize->add_option("--decode", tok_decode, "ids to decode: 1,2,3");
+  text_opt->excludes(decode_opt);
+  tokenize->add_flag("--json", tok.json, "print one JSON object");
+  tokenize->callback([&] {
+    run = [&] {
+      if (!text_opt->empty()) tok.text = tok_text;
+      if (!decode_opt->empty()) {
+        if (auto s = FillIds(tok_decode, "--decode", &tok.decode_ids); !s.ok()) return Finish("tokenize", s);
+      }
+      return Finish("tokenize", strata::services::RunTokenize(tok));
+    };
+  });
+
+  // strata init-model
+  strata::services::InitModelRequest init;
+  auto* init_model = app.add_subcommand("init-model", "Write a randomly initialised Llama model directory");
+  init_model->add_option("--config", init.config_path, "HF config.json")->required();
+  init_model->add_option("--out", init.out_dir, "output directory")->required();
+  init_model->add_option("--head", init.head, "lm | scalar")->check(CLI::IsMember({"lm", "scalar"}));
+  init_model->add_option("--dtype", init.dtype, "fp32 | bf16")->check(CLI::IsMember({"fp32", "bf16"}));
+  init_model->add_option("--seed", init.seed, "initialisation seed");
+  init_model->add_option("--init-std", init.init_std, "standard deviation of the weights")->check(CLI::PositiveNumber);
+  init_model->callback([&] { run = [&] { return Finish("init-model", strata::services::RunInitModel(init)); }; });
+
+  // strata bench ...
+  auto* bench = app.add_subcommand("bench", "Benchmarks, each against a peer measured in the same run");
+  bench->require_subcommand(1);
+  strata::bench::GenerateBenchRequest gb;
+  auto* bench_generate = bench->add_subcommand("generate", "Greedy tokens/s with the KV cache vs full recomputation");
+  bench_generate->add_option("--layers", gb.layers, "decoder layers");
+  bench_generate->add_option("--hidden", gb.hidden, "hidden size");
+  bench_generate->add_option("--heads", gb.heads, "attention heads");
+  bench_generate->add_option("--kv-heads", gb.kv_heads, "key/value heads");
+  bench_generate->add_option("--intermediate", gb.intermediate, "MLP width");
+  bench_generate->add_option("--vocab", gb.vocab, "vocabulary size");
+  bench_generate->add_option("--batch", gb.batch, "prompts per batch");
+  bench_generate->add_option("--prompt-tokens", gb.prompt_tokens, "prompt length");
+  bench_generate->add_option("--new-tokens", gb.new_tokens, "tokens generated per prompt");
+  bench_generate->add_option("--repeats", gb.repeats, "best of N runs per path");
+  bench_generate->add_option("--dtype", gb.dtype, "fp32 | bf16")->check(CLI::IsMember({"fp32", "bf16"}));
+  bench_generate->add_flag("--json", gb.json, "print one JSON object");
+  bench_generate->callback([&] { run = [&] { return Finish("bench generate", strata::bench::RunGenerateBench(gb)); }; });
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  strata::LogLevel level;
+  if (strata::ParseLogLevel(log_level, &level)) strata::SetMinLogLevel(level);
+  try {
+    return run ? run() : 0;
+  } catch (const std::exception& e) {
+    // libtorch reports shape and dtype problems by throwing.
+    std::fprintf(stderr, "strata: INTERNAL: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,209 @@
+// The CLI contract of `strata generate | logprobs | tokenize`, run as a real
+// process on model directories written by another tool (the Python
+// reference script) and tokenizers trained by spm_train.
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "gtest/gtest.h"
+#include "offload/file.h"
+#include "tests/testutil/testutil.h"
+
+namespace strata {
+namespace {
+
+using nlohmann::json;
+using testing::RunCommand;
+
+constexpr char kPython[] = "/usr/bin/python3";
+
+class CliTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new testing::TempDir();
+    auto probe = RunCommand({kPython, "-c", "import torch"});
+    if (!probe.ok() || probe->exit_code != 0) return;
+    auto run = RunCommand({kPython, testing::SourcePath("tests/policies/llama_reference.py"), dir_->path(),
+                           "gqa_untied"});
+    if (!run.ok() || run->exit_code != 0) return;
+    auto text = ReadFileToString(dir_->Join("expected.json"));
+    if (text.ok()) expected_ = new json(json::parse(*text));
+  }
+  static void TearDownTestSuite() {
+    delete expected_;
+    expected_ = nullptr;
+    delete dir_;
+  }
+  void SetUp() override {
+    if (expected_ == nullptr) GTEST_SKIP() << "needs Debian python3-torch for the reference model";
+  }
+  static std::string ModelDir() { return dir_->Join("model"); }
+
+  static testing::CommandResult Strata(std::vector<std::string> args) {
+    args.insert(args.begin(), testing::StrataBinary());
+    auto result = RunCommand(args);
+    EXPECT_TRUE(result.ok()) << result.status();
+    return result.ok() ? *result : testing::CommandResult{};
+  }
+
+  static testing::TempDir* dir_;
+  static json* expected_;
+};
+testing::TempDir* CliTest::dir_ = nullptr;
+json* CliTest::expected_ = nullptr;
+
+std::string Join(const std::vector<int32_t>& ids) {
+  std::string out;
+  for (size_t i = 0; i < ids.size(); ++i) out += (i ? "," : "") + std::to_string(ids[i]);
+  return out;
+}
+
+TEST_F(CliTest, GenerateGreedyFromIdsMatchesReference) {
+  const auto prompt = (*expected_)["prompts"][0].get<std::vector<int32_t>>();
+  auto r = Strata({"generate", "--model", ModelDir(), "--prompt-ids", Join(prompt), "--max-new-tokens", "8",
+                   "--greedy", "--ignore-eos", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.error;
+  const json out = json::parse(r.output);
+  EXPECT_EQ(out["prompt_ids"].get<std::vector<int32_t>>(), prompt);  // used as given: no BOS added
+  EXPECT_EQ(out["output_ids"].get<std::vector<int32_t>>(), (*expected_)["greedy"][0].get<std::vector<int32_t>>());
+  EXPECT_TRUE(out["text"].is_string());
+}
+
+TEST_F(CliTest, SampledGenerationIsSeededAndBf16Runs) {
+  std::vector<std::string> args = {"generate", "--model", ModelDir(), "--prompt-ids", "1,5,9", "--max-new-tokens",
+                                   "6", "--temperature", "0.9", "--top-p", "0.95", "--top-k", "40", "--seed", "4",
+                                   "--json"};
+  auto a = Strata(args);
+  auto b = Strata(args);
+  ASSERT_EQ(a.exit_code, 0) << a.error;
+  EXPECT_EQ(json::parse(a.output)["output_ids"], json::parse(b.output)["output_ids"]);
+  args.push_back("--dtype");
+  args.push_back("bf16");
+  auto c = Strata(args);
+  ASSERT_EQ(c.exit_code, 0) << c.error;
+  EXPECT_FALSE(json::parse(c.output)["output_ids"].empty());
+}
+
+TEST_F(CliTest, LogProbsMatchReferenceLogits) {
+  const auto prompt = (*expected_)["prompts"][2].get<std::vector<int32_t>>();
+  auto r = Strata({"logprobs", "--model", ModelDir(), "--ids", Join(prompt), "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.error;
+  const auto logprobs = json::parse(r.output)["logprobs"].get<std::vector<double>>();
+  ASSERT_EQ(logprobs.size(), prompt.size() - 1);
+  const json& logits = (*expected_)["logits"][2];
+  for (size_t t = 1; t < prompt.size(); ++t) {
+    const auto row = logits[t - 1].get<std::vector<double>>();
+    double max = row[0], sum = 0;
+    for (double v : row) max = std::max(max, v);
+    for (double v : row) sum += std::exp(v - max);
+    const double want = row[static_cast<size_t>(prompt[t])] - max - std::log(sum);
+    EXPECT_NEAR(logprobs[t - 1], want, 1e-4) << "position " << t;
+  }
+}
+
+TEST_F(CliTest, BadArgumentsExitNonZeroAndSayWhy) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string mentions;
+  };
+  const std::vector<Case> cases = {
+      {{"generate", "--prompt-ids", "1,2"}, "--model"},
+      {{"generate", "--model", ModelDir(), "--prompt-ids", "1,x,3"}, "--prompt-ids"},
+      {{"generate", "--model", ModelDir()}, "--prompt"},
+      {{"generate", "--model", ModelDir(), "--prompt-ids", "1", "--greedy", "--temperature", "2"}, "--temperature"},
+      {{"generate", "--model", ModelDir(), "--prompt-ids", "1", "--dtype", "fp8"}, "--dtype"},
+      {{"generate", "--model", ModelDir(), "--prompt-ids", "1,5000"}, "5000"},
+      {{"generate", "--model", dir_->Join("nope"), "--prompt-ids", "1"}, "nope"},
+      {{"generate", "--model", ModelDir(), "--prompt", "hi"}, "tokenizer"},
+      {{"logprobs", "--model", ModelDir(), "--ids", "1"}, "--ids"},
+      {{"tokenize", "--tokenizer", ModelDir(), "--text", "x"}, "tokenizer"},
+      {{"frobnicate"}, "frobnicate"},
+  };
+  for (const auto& c : cases) {
+    auto r = Strata(c.args);
+    EXPECT_NE(r.exit_code, 0) << c.args[0] << " " << c.mentions;
+    EXPECT_NE((r.error + r.output).find(c.mentions), std::string::npos)
+        << "stderr for case '" << c.mentions << "': " << r.error;
+  }
+}
+
+TEST_F(CliTest, TruncatedCheckpointIsReportedByFileName) {
+  testing::TempDir broken;
+  auto config = ReadFileToString(ModelDir() + "/config.json");
+  auto weights = ReadFileToString(ModelDir() + "/model.safetensors");
+  ASSERT_TRUE(config.ok() && weights.ok());
+  testing::WriteTextFile(broken.Join("config.json"), *config);
+  testing::WriteTextFile(broken.Join("model.safetensors"), weights->substr(0, weights->size() / 2));
+  auto r = Strata({"generate", "--model", broken.path(), "--prompt-ids", "1,2", "--json"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.error.find("model.safetensors"), std::string::npos) << r.error;
+  EXPECT_EQ(r.output, "");
+}
+
+// Tokenizer and text prompts: a SentencePiece model trained by spm_train.
+class CliTokenizerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!testing::HaveProgram("spm_train") || !testing::HaveProgram("spm_encode")) {
+      GTEST_SKIP() << "needs spm_train/spm_encode (Debian package sentencepiece)";
+    }
+    auto run = RunCommand({"spm_train", "--input=" + testing::SourcePath("examples/generate/corpus.txt"),
+                           "--model_prefix=" + dir_.Join("spm"), "--vocab_size=300", "--model_type=bpe",
+                           "--byte_fallback=true", "--normalization_rule_name=identity", "--minloglevel=2"});
+    ASSERT_TRUE(run.ok() && run->exit_code == 0);
+  }
+  testing::TempDir dir_;
+};
+
+TEST_F(CliTokenizerTest, TokenizeMatchesSpmEncodeAndDecodes) {
+  const std::string text = "The critic updates a checkpoint with naïve ünïcode 漢字!";
+  auto ours = RunCommand({testing::StrataBinary(), "tokenize", "--tokenizer", dir_.Join("spm.model"), "--text", text,
+                          "--json"});
+  ASSERT_TRUE(ours.ok());
+  ASSERT_EQ(ours->exit_code, 0) << ours->error;
+  const auto ids = json::parse(ours->output)["ids"].get<std::vector<int32_t>>();
+  testing::WriteTextFile(dir_.Join("in.txt"), text + "\n");
+  auto ref = RunCommand({"spm_encode", "--model=" + dir_.Join("spm.model"), "--output_format=id",
+                         "--input=" + dir_.Join("in.txt")});
+  ASSERT_TRUE(ref.ok() && ref->exit_code == 0);
+  std::string want = ref->output;
+  while (!want.empty() && want.back() == '\n') want.pop_back();
+  std::string got;
+  for (size_t i = 0; i < ids.size(); ++i) got += (i ? " " : "") + std::to_string(ids[i]);
+  EXPECT_EQ(got, want);
+
+  auto decoded = RunCommand({testing::StrataBinary(), "tokenize", "--tokenizer", dir_.Join("spm.model"), "--decode",
+                             Join(ids), "--json"});
+  ASSERT_TRUE(decoded.ok());
+  ASSERT_EQ(decoded->exit_code, 0) << decoded->error;
+  EXPECT_EQ(json::parse(decoded->output)["text"], text);
+}
+
+TEST_F(CliTokenizerTest, TextPromptGetsBosAndDecodedText) {
+  const std::string model = dir_.Join("model");
+  const std::string config = dir_.Join("config.json");
+  testing::WriteTextFile(config, R"({"vocab_size": 300, "hidden_size": 32, "intermediate_size": 64,
+      "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "max_position_embeddings": 64, "bos_token_id": 1, "eos_token_id": 2})");
+  auto init = RunCommand({testing::StrataBinary(), "init-model", "--config", config, "--out", model});
+  ASSERT_TRUE(init.ok());
+  ASSERT_EQ(init->exit_code, 0) << init->error;
+  auto spm = ReadFileToString(dir_.Join("spm.model"));
+  ASSERT_TRUE(spm.ok());
+  testing::WriteTextFile(model + "/tokenizer.model", *spm);
+  auto r = RunCommand({testing::StrataBinary(), "generate", "--model", model, "--prompt", "The critic",
+                       "--max-new-tokens", "5", "--greedy", "--ignore-eos", "--json"});
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->exit_code, 0) << r->error;
+  const json out = json::parse(r->output);
+  const auto prompt_ids = out["prompt_ids"].get<std::vector<int32_t>>();
+  ASSERT_GE(prompt_ids.size(), 2u);
+  EXPECT_EQ(prompt_ids[0], 1);  // BOS, as Llama-2's SentencePiece default asks
+  EXPECT_EQ(out["output_ids"].size(), 5u);
+  auto again = RunCommand({testing::StrataBinary(), "tokenize", "--tokenizer", model, "--decode",
+                           Join(out["output_ids"].get<std::vector<int32_t>>()), "--json"});
+  ASSERT_TRUE(again.ok() && again->exit_code == 0);
+  EXPECT_EQ(out["text"], json::parse(again->output)["text"]);
+}
+
+}  // namespace
+}  // namespace strata
