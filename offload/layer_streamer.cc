@@ -1,0 +1,247 @@
+#include "offload/layer_streamer.h"
+
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace strata::offload {
+namespace {
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+absl::Status LayerStreamerOptions::Validate() const {
+  if (home != Tier::kHost && home != Tier::kNvme) {
+    return absl::InvalidArgumentError("layer streamer: home must be host or nvme");
+  }
+  if (prefetch_depth < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("layer streamer: prefetch_depth must be >= 0, got ", prefetch_depth));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<LayerStreamer>> LayerStreamer::Create(const LayerStreamerOptions& options,
+                                                                     HostArena* arena, NvmeStore* store,
+                                                                     TierAccountant* accountant) {
+  if (auto s = options.Validate(); !s.ok()) return s;
+  if (options.home == Tier::kHost && arena == nullptr) {
+    return absl::InvalidArgumentError("layer streamer: host home needs a host arena");
+  }
+  if (options.home == Tier::kNvme && store == nullptr) {
+    return absl::InvalidArgumentError("layer streamer: nvme home needs an NVMe store");
+  }
+  return std::unique_ptr<LayerStreamer>(new LayerStreamer(options, arena, store, accountant));
+}
+
+LayerStreamer::LayerStreamer(const LayerStreamerOptions& options, HostArena* arena, NvmeStore* store,
+                             TierAccountant* accountant)
+    : options_(options), arena_(arena), store_(store), accountant_(accountant) {
+  io_thread_ = std::thread([this] { IoLoop(); });
+}
+
+LayerStreamer::~LayerStreamer() {
+  EndPass();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  io_thread_.join();
+  if (accountant_ != nullptr) {
+    for (const Layer& layer : layers_) {
+      for (const TensorHome& home : layer.tensors) {
+        accountant_->Release(options_.home, options_.home == Tier::kHost ? home.host.reserved() : home.bytes);
+      }
+    }
+  }
+}
+
+absl::Status LayerStreamer::WriteHome(TensorHome& home, const at::Tensor& value) {
+  const at::Tensor cpu = value.detach().to(at::kCPU, home.dtype).contiguous();
+  if (options_.home == Tier::kHost) {
+    if (!home.host.valid()) {
+      auto buffer = arena_->Allocate(home.bytes);
+      if (!buffer.ok()) return buffer.status();
+      if (accountant_ != nullptr) {
+        if (auto s = accountant_->Reserve(Tier::kHost, buffer->reserved(), home.name); !s.ok()) return s;
+      }
+      home.host = std::move(*buffer);
+    }
+    std::memcpy(home.host.data(), cpu.data_ptr(), home.bytes);
+    return absl::OkStatus();
+  }
+  const bool first = !store_->Contains(home.nvme_id);
+  if (first && accountant_ != nullptr) {
+    if (auto s = accountant_->Reserve(Tier::kNvme, home.bytes, home.name); !s.ok()) return s;
+  }
+  return store_->Put(home.nvme_id,
+                     std::span<const std::byte>(static_cast<const std::byte*>(cpu.data_ptr()), home.bytes));
+}
+
+absl::StatusOr<int64_t> LayerStreamer::AddLayer(const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (in_pass_) return absl::FailedPreconditionError("layer streamer: AddLayer during a pass");
+  }
+  const int64_t index = static_cast<int64_t>(layers_.size());
+  Layer layer;
+  for (const auto& [name, value] : tensors) {
+    TensorHome home;
+    home.name = absl::StrCat("layers.", index, ".", name);
+    home.shape.assign(value.sizes().begin(), value.sizes().end());
+    home.dtype = value.scalar_type();
+    home.bytes = static_cast<size_t>(value.numel()) * value.element_size();
+    home.nvme_id = options_.nvme_prefix + home.name;
+    if (auto s = WriteHome(home, value); !s.ok()) return s;
+    layer.bytes += home.bytes;
+    layer.names.push_back(name);
+    layer.tensors.push_back(std::move(home));
+  }
+  layers_.push_back(std::move(layer));
+  return index;
+}
+
+absl::Status LayerStreamer::StoreTensor(int64_t layer, size_t index, const at::Tensor& value) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (in_pass_) return absl::FailedPreconditionError("layer streamer: StoreTensor during a pass");
+  }
+  if (layer < 0 || layer >= num_layers() || index >= layers_[layer].tensors.size()) {
+    return absl::OutOfRangeError(absl::StrCat("layer streamer: no tensor ", index, " in layer ", layer));
+  }
+  TensorHome& home = layers_[layer].tensors[index];
+  if (at::IntArrayRef(home.shape) != value.sizes()) {
+    return absl::InvalidArgumentError(absl::StrCat("layer streamer: ", home.name, " has shape ",
+                                                   c10::str(at::IntArrayRef(home.shape)), ", got ",
+                                                   c10::str(value.sizes())));
+  }
+  return WriteHome(home, value);
+}
+
+absl::StatusOr<at::Tensor> LayerStreamer::LoadTensor(int64_t layer, size_t index) const {
+  if (layer < 0 || layer >= num_layers() || index >= layers_[layer].tensors.size()) {
+    return absl::OutOfRangeError(absl::StrCat("layer streamer: no tensor ", index, " in layer ", layer));
+  }
+  const TensorHome& home = layers_[layer].tensors[index];
+  at::Tensor out = at::empty(home.shape, at::TensorOptions().dtype(home.dtype));
+  if (options_.home == Tier::kHost) {
+    std::memcpy(out.data_ptr(), home.host.data(), home.bytes);
+    return out;
+  }
+  if (auto s = store_->Get(home.nvme_id, std::span<std::byte>(static_cast<std::byte*>(out.data_ptr()), home.bytes));
+      !s.ok()) {
+    return s;
+  }
+  return out;
+}
+
+size_t LayerStreamer::layer_bytes(int64_t layer) const { return layers_.at(static_cast<size_t>(layer)).bytes; }
+
+const std::vector<std::string>& LayerStreamer::tensor_names(int64_t layer) const {
+  return layers_.at(static_cast<size_t>(layer)).names;
+}
+
+absl::StatusOr<std::vector<at::Tensor>> LayerStreamer::Fetch(const Layer& layer) {
+  std::vector<at::Tensor> out;
+  out.reserve(layer.tensors.size());
+  for (const TensorHome& home : layer.tensors) {
+    at::Tensor device = at::empty(home.shape, at::TensorOptions().dtype(home.dtype));
+    if (options_.home == Tier::kHost) {
+      std::memcpy(device.data_ptr(), home.host.data(), home.bytes);
+    } else {
+      auto s = store_->Get(home.nvme_id, std::span<std::byte>(static_cast<std::byte*>(device.data_ptr()), home.bytes));
+      if (!s.ok()) return s;
+    }
+    out.push_back(std::move(device));
+  }
+  return out;
+}
+
+void LayerStreamer::IoLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    // A fetch may start once fewer than 1 + prefetch_depth layers of the
+    // pass are fetched but not yet released.
+    cv_.wait(lock, [this] {
+      return stop_ || (in_pass_ && next_to_fetch_ < order_.size() &&
+                       next_to_fetch_ < released_ + 1 + static_cast<size_t>(options_.prefetch_depth));
+    });
+    if (stop_) return;
+    const int64_t layer = order_[next_to_fetch_++];
+    lock.unlock();
+    const auto start = std::chrono::steady_clock::now();
+    Fetched fetched{layer, Fetch(layers_[static_cast<size_t>(layer)])};
+    const double seconds = SecondsSince(start);
+    lock.lock();
+    ++stats_.fetches;
+    stats_.fetch_seconds += seconds;
+    if (fetched.tensors.ok()) {
+      stats_.bytes_fetched += static_cast<int64_t>(layers_[static_cast<size_t>(layer)].bytes);
+      resident_bytes_ += layers_[static_cast<size_t>(layer)].bytes;
+      stats_.max_resident_bytes = std::max(stats_.max_resident_bytes, resident_bytes_);
+    }
+    ready_.push_back(std::move(fetched));
+    cv_.notify_all();
+  }
+}
+
+absl::Status LayerStreamer::BeginPass(std::vector<int64_t> order) {
+  for (int64_t layer : order) {
+    if (layer < 0 || layer >= num_layers()) {
+      return absl::OutOfRangeError(absl::StrCat("layer streamer: pass names layer ", layer, " of ", num_layers()));
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (in_pass_) return absl::FailedPreconditionError("layer streamer: a pass is already running");
+  order_ = std::move(order);
+  next_to_fetch_ = next_to_acquire_ = released_ = 0;
+  ready_.clear();
+  in_pass_ = true;
+  cv_.notify_all();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<at::Tensor>> LayerStreamer::Acquire(int64_t layer) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!in_pass_ || next_to_acquire_ >= order_.size() || order_[next_to_acquire_] != layer) {
+    return absl::FailedPreconditionError(absl::StrCat("layer streamer: layer ", layer, " is not next in the pass"));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  cv_.wait(lock, [this] { return !ready_.empty(); });
+  stats_.stall_seconds += SecondsSince(start);
+  Fetched fetched = std::move(ready_.front());
+  ready_.pop_front();
+  ++next_to_acquire_;
+  return std::move(fetched.tensors);
+}
+
+void LayerStreamer::Release(int64_t layer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!in_pass_) return;
+  ++released_;
+  resident_bytes_ -= std::min(resident_bytes_, layers_[static_cast<size_t>(layer)].bytes);
+  cv_.notify_all();
+}
+
+void LayerStreamer::EndPass() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!in_pass_) return;
+  // Let the I/O thread finish what it started: stop new fetches, then wait
+  // until every started fetch has landed in ready_.
+  order_.resize(next_to_fetch_);
+  cv_.wait(lock, [this] { return next_to_acquire_ + ready_.size() >= next_to_fetch_; });
+  ready_.clear();
+  in_pass_ = false;
+  resident_bytes_ = 0;
+}
+
+LayerStreamerStats LayerStreamer::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+}  // namespace strata::offload

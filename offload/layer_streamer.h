@@ -1,0 +1,135 @@
+// Layer streaming: a model's layers live on a home tier (host arena or NVMe)
+// and are brought to the device just before use, the next `prefetch_depth`
+// layers fetched by a background thread while the current one computes
+// (forward order for generation and forward, reverse for backward), and
+// dropped from the device when released. The device tier is whatever
+// libtorch allocates on (the CPU in the CPU build, where the copy is a
+// memcpy from the arena and the overlap is between the I/O thread and
+// compute).
+#ifndef STRATA_OFFLOAD_LAYER_STREAMER_H_
+#define STRATA_OFFLOAD_LAYER_STREAMER_H_
+
+#include <ATen/ATen.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "offload/host_arena.h"
+#include "offload/nvme_store.h"
+#include "offload/tier_accounting.h"
+
+namespace strata::offload {
+
+struct LayerStreamerOptions {
+  // Where layer weights live between uses: kHost (the arena) or kNvme.
+  Tier home = Tier::kHost;
+  // Layers fetched ahead of the one in use; 0 fetches on demand.
+  int prefetch_depth = 1;
+  // NVMe slot ids are "<nvme_prefix>layers.<i>.<tensor name>".
+  std::string nvme_prefix;
+
+  absl::Status Validate() const;
+};
+
+struct LayerStreamerStats {
+  int64_t fetches = 0;
+  int64_t bytes_fetched = 0;
+  double fetch_seconds = 0;  // time the I/O thread spent copying / reading
+  double stall_seconds = 0;  // time Acquire waited for a fetch (not hidden)
+  size_t max_resident_bytes = 0;  // most layer bytes on the device at once
+};
+
+// Drive from one thread: BeginPass, then Acquire/Release each layer of the
+// pass in order, then EndPass. The I/O thread is internal.
+class LayerStreamer {
+ public:
+  // `arena` holds host homes (kHost) and NVMe staging is not needed (the
+  // store bounces unaligned buffers). `store` is required for kNvme.
+  // `accountant` (optional) records host / nvme home bytes.
+  static absl::StatusOr<std::unique_ptr<LayerStreamer>> Create(const LayerStreamerOptions& options, HostArena* arena,
+                                                               NvmeStore* store, TierAccountant* accountant);
+  ~LayerStreamer();
+  LayerStreamer(const LayerStreamer&) = delete;
+  LayerStreamer& operator=(const LayerStreamer&) = delete;
+
+  // Copies `tensors` (name, value; any device, contiguous or not) to the
+  // home tier as a new layer and returns its index.
+  absl::StatusOr<int64_t> AddLayer(const std::vector<std::pair<std::string, at::Tensor>>& tensors);
+
+  // Overwrites tensor `index` of `layer` at home (e.g. after an optimizer
+  // step). Same shape and dtype as registered. Not during a pass.
+  absl::Status StoreTensor(int64_t layer, size_t index, const at::Tensor& value);
+  // Reads tensor `index` of `layer` from home into a new CPU tensor.
+  absl::StatusOr<at::Tensor> LoadTensor(int64_t layer, size_t index) const;
+
+  // Starts a pass over `order` (layer indices); prefetching begins now.
+  absl::Status BeginPass(std::vector<int64_t> order);
+  // Waits until `layer`, the next layer of the pass, is on the device and
+  // returns its tensors in AddLayer order. Errors from the fetch surface here.
+  absl::StatusOr<std::vector<at::Tensor>> Acquire(int64_t layer);
+  // Drops the device copies of `layer` (callers must drop theirs too).
+  void Release(int64_t layer);
+  // Ends the pass, waiting for and discarding fetches not acquired.
+  void EndPass();
+
+  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+  // Bytes of one layer's tensors (what a fetch brings to the device).
+  size_t layer_bytes(int64_t layer) const;
+  const std::vector<std::string>& tensor_names(int64_t layer) const;
+  LayerStreamerStats stats() const;
+
+ private:
+  struct TensorHome {
+    std::string name;
+    std::vector<int64_t> shape;
+    at::ScalarType dtype;
+    size_t bytes = 0;
+    HostBuffer host;       // kHost
+    std::string nvme_id;   // kNvme
+  };
+  struct Layer {
+    std::vector<TensorHome> tensors;
+    std::vector<std::string> names;
+    size_t bytes = 0;
+  };
+  struct Fetched {
+    int64_t layer = -1;
+    absl::StatusOr<std::vector<at::Tensor>> tensors = std::vector<at::Tensor>();
+  };
+
+  LayerStreamer(const LayerStreamerOptions& options, HostArena* arena, NvmeStore* store, TierAccountant* accountant);
+  absl::Status WriteHome(TensorHome& home, const at::Tensor& value);
+  absl::StatusOr<std::vector<at::Tensor>> Fetch(const Layer& layer);
+  void IoLoop();
+
+  const LayerStreamerOptions options_;
+  HostArena* const arena_;
+  NvmeStore* const store_;
+  TierAccountant* const accountant_;
+  std::vector<Layer> layers_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  bool in_pass_ = false;
+  std::vector<int64_t> order_;
+  size_t next_to_fetch_ = 0;    // index into order_
+  size_t next_to_acquire_ = 0;  // index into order_
+  size_t released_ = 0;         // layers of the pass released so far
+  std::deque<Fetched> ready_;
+  size_t resident_bytes_ = 0;
+  LayerStreamerStats stats_;
+  std::thread io_thread_;
+};
+
+}  // namespace strata::offload
+
+#endif  // STRATA_OFFLOAD_LAYER_STREAMER_H_
