@@ -1,0 +1,279 @@
+#include "policies/layerwise_trainer.h"
+
+#include <cstring>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+
+namespace strata::policies {
+namespace {
+
+constexpr size_t kTensorsPerLayer = 9;  // LlamaLayerWeights::Named()
+
+std::vector<at::Tensor*> LayerTensors(LlamaLayerWeights& w) {
+  std::vector<at::Tensor*> out;
+  for (auto& [name, tensor] : w.Named()) out.push_back(tensor);
+  return out;
+}
+
+std::vector<int64_t> Range(int64_t n, bool reverse) {
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  if (reverse) std::reverse(order.begin(), order.end());
+  return order;
+}
+
+at::Tensor HostView(const offload::HostBuffer& buffer, int64_t numel) {
+  return at::from_blob(buffer.data(), {numel}, at::TensorOptions().dtype(at::kFloat));
+}
+
+}  // namespace
+
+absl::StatusOr<at::Tensor> ResidentLayerSource::Load(int64_t layer, size_t index) {
+  return LayerTensors(layers_.at(static_cast<size_t>(layer))).at(index)->detach().clone();
+}
+
+absl::Status ResidentLayerSource::Store(int64_t layer, size_t index, const at::Tensor& value) {
+  at::NoGradGuard no_grad;
+  LayerTensors(layers_.at(static_cast<size_t>(layer))).at(index)->copy_(value);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LlamaLayerWeights> StreamedLayerSource::Acquire(int64_t layer) {
+  auto tensors = streamer_->Acquire(layer);
+  if (!tensors.ok()) return tensors.status();
+  LlamaLayerWeights w;
+  auto slots = LayerTensors(w);
+  if (tensors->size() != slots.size()) {
+    return absl::InternalError(absl::StrCat("streamed layer ", layer, " has ", tensors->size(), " tensors, expected ",
+                                            slots.size()));
+  }
+  for (size_t i = 0; i < slots.size(); ++i) *slots[i] = std::move((*tensors)[i]);
+  return w;
+}
+
+absl::Status AddLayersToStreamer(std::vector<LlamaLayerWeights> layers, offload::LayerStreamer* streamer) {
+  for (auto& layer : layers) {
+    std::vector<std::pair<std::string, at::Tensor>> named;
+    for (auto& [name, tensor] : layer.Named()) named.emplace_back(name, *tensor);
+    auto index = streamer->AddLayer(named);
+    if (!index.ok()) return index.status();
+    layer = LlamaLayerWeights();  // drop the device copies now, layer by layer
+  }
+  return absl::OkStatus();
+}
+
+LayerwiseTrainer::LayerwiseTrainer(const LlamaConfig& config, LlamaHead head, LlamaWeights resident,
+                                   LayerSource* source)
+    : config_(config), head_(head), resident_(std::move(resident)), source_(source) {
+  resident_.layers.clear();
+}
+
+absl::Status LayerwiseTrainer::AllocateState(offload::HostArena* arena, ParamState& state, const at::Tensor& value) {
+  state.numel = value.numel();
+  state.shape.assign(value.sizes().begin(), value.sizes().end());
+  state.dtype = value.scalar_type();
+  const size_t bytes = static_cast<size_t>(state.numel) * sizeof(float);
+  for (offload::HostBuffer* buffer : {&state.master, &state.grad, &state.exp_avg, &state.exp_avg_sq}) {
+    auto allocated = arena->Allocate(bytes);
+    if (!allocated.ok()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("optimizer state for ", state.name, ": ", allocated.status().message()));
+    }
+    *buffer = std::move(*allocated);
+    std::memset(buffer->data(), 0, bytes);
+  }
+  HostView(state.master, state.numel).copy_(value.detach().reshape({-1}));
+  num_parameters_ += state.numel;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<LayerwiseTrainer>> LayerwiseTrainer::Create(const LlamaConfig& config, LlamaHead head,
+                                                                           LlamaWeights resident, LayerSource* source,
+                                                                           offload::HostArena* arena,
+                                                                           const LayerwiseTrainerOptions& options) {
+  if (source->num_layers() != config.num_hidden_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("layer source has ", source->num_layers(), " layers, config has ",
+                                                   config.num_hidden_layers));
+  }
+  auto adam = offload::CpuAdam::Create(options.adam);
+  if (!adam.ok()) return adam.status();
+  std::unique_ptr<LayerwiseTrainer> trainer(new LayerwiseTrainer(config, head, std::move(resident), source));
+  trainer->adam_ = std::move(*adam);
+  LlamaWeights& r = trainer->resident_;
+  std::vector<std::pair<std::string, at::Tensor*>> resident_params = {{"model.embed_tokens.weight", &r.embed_tokens},
+                                                                      {"model.norm.weight", &r.norm}};
+  if (r.lm_head.defined()) resident_params.emplace_back("lm_head.weight", &r.lm_head);
+  if (r.score.defined()) resident_params.emplace_back("score.weight", &r.score);
+  // Reserve first: ParamState holds pointers into resident_ only, but the
+  // vector must not reallocate while layer_params_ indexes it.
+  trainer->params_.reserve(resident_params.size() + static_cast<size_t>(config.num_hidden_layers) * kTensorsPerLayer);
+  for (auto& [name, tensor] : resident_params) {
+    ParamState state;
+    state.name = name;
+    state.resident = tensor;
+    if (auto s = trainer->AllocateState(arena, state, *tensor); !s.ok()) return s;
+    trainer->params_.push_back(std::move(state));
+  }
+  LlamaLayerWeights names_only;
+  const auto named = names_only.Named();
+  trainer->layer_params_.resize(static_cast<size_t>(config.num_hidden_layers));
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    for (size_t i = 0; i < named.size(); ++i) {
+      auto value = source->Load(l, i);
+      if (!value.ok()) return value.status();
+      ParamState state;
+      state.name = absl::StrCat("model.layers.", l, ".", named[i].first);
+      state.layer = l;
+      state.index = i;
+      if (auto s = trainer->AllocateState(arena, state, *value); !s.ok()) return s;
+      trainer->layer_params_[static_cast<size_t>(l)].push_back(trainer->params_.size());
+      trainer->params_.push_back(std::move(state));
+    }
+  }
+  return trainer;
+}
+
+void LayerwiseTrainer::AccumulateGrad(ParamState& state, const at::Tensor& grad) {
+  if (!grad.defined()) return;
+  HostView(state.grad, state.numel).add_(grad.reshape({-1}).to(at::kFloat));
+}
+
+absl::StatusOr<at::Tensor> LayerwiseTrainer::Hidden(const at::Tensor& input_ids, const at::Tensor& attention_mask) {
+  at::NoGradGuard no_grad;
+  const LayerContext ctx = MakeLayerContext(config_, attention_mask, input_ids.size(1),
+                                            resident_.embed_tokens.scalar_type());
+  at::Tensor h = at::embedding(resident_.embed_tokens, input_ids);
+  if (auto s = source_->BeginPass(Range(config_.num_hidden_layers, false)); !s.ok()) return s;
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    auto w = source_->Acquire(l);
+    if (!w.ok()) {
+      source_->EndPass();
+      return w.status();
+    }
+    h = DecoderLayerForward(config_, *w, h, ctx, nullptr, l);
+    source_->Release(l);
+  }
+  source_->EndPass();
+  return RmsNorm(h, resident_.norm, config_.rms_norm_eps);
+}
+
+absl::StatusOr<double> LayerwiseTrainer::ForwardBackward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                                         const LossFn& loss_fn) {
+  const int64_t layers = config_.num_hidden_layers;
+  const LayerContext ctx = MakeLayerContext(config_, attention_mask, input_ids.size(1),
+                                            resident_.embed_tokens.scalar_type());
+  // Forward without autograd, keeping each layer's input.
+  std::vector<at::Tensor> inputs(static_cast<size_t>(layers) + 1);
+  {
+    at::NoGradGuard no_grad;
+    inputs[0] = at::embedding(resident_.embed_tokens, input_ids);
+    if (auto s = source_->BeginPass(Range(layers, false)); !s.ok()) return s;
+    for (int64_t l = 0; l < layers; ++l) {
+      auto w = source_->Acquire(l);
+      if (!w.ok()) {
+        source_->EndPass();
+        return w.status();
+      }
+      inputs[static_cast<size_t>(l) + 1] = DecoderLayerForward(config_, *w, inputs[static_cast<size_t>(l)], ctx,
+                                                               nullptr, l);
+      source_->Release(l);
+    }
+    source_->EndPass();
+  }
+
+  // Head and loss with autograd; leaves stand in for the resident weights.
+  at::Tensor embed = resident_.embed_tokens.detach().requires_grad_();
+  at::Tensor norm = resident_.norm.detach().requires_grad_();
+  at::Tensor head_weight;
+  if (head_ == LlamaHead::kScalar) {
+    head_weight = resident_.score.detach().requires_grad_();
+  } else {
+    head_weight = resident_.lm_head.defined() ? resident_.lm_head.detach().requires_grad_() : embed;
+  }
+  at::Tensor top = inputs.back().detach().requires_grad_();
+  inputs.back() = at::Tensor();
+  const at::Tensor hidden = RmsNorm(top, norm, config_.rms_norm_eps);
+  at::Tensor output;
+  if (head_ == LlamaHead::kScalar) {
+    const at::Tensor index =
+        (attention_mask.to(at::kLong) * at::arange(attention_mask.size(1), at::kLong)).argmax(-1);
+    const at::Tensor last =
+        hidden.gather(1, index.view({-1, 1, 1}).expand({hidden.size(0), 1, hidden.size(2)})).squeeze(1);
+    output = at::linear(last, head_weight).to(at::kFloat);
+  } else {
+    output = at::linear(hidden, head_weight).to(at::kFloat);
+  }
+  const at::Tensor loss = loss_fn(output);
+  const double loss_value = loss.item<double>();
+  loss.backward();
+  for (ParamState& p : params_) {
+    if (p.resident == &resident_.norm) AccumulateGrad(p, norm.grad());
+    // A tied head's gradient stays in embed.grad and is taken below.
+    if (p.resident == &resident_.lm_head || p.resident == &resident_.score) AccumulateGrad(p, head_weight.grad());
+  }
+  at::Tensor grad = top.grad();
+
+  // Backward, one recomputed layer at a time.
+  if (auto s = source_->BeginPass(Range(layers, true)); !s.ok()) return s;
+  for (int64_t l = layers - 1; l >= 0; --l) {
+    auto w = source_->Acquire(l);
+    if (!w.ok()) {
+      source_->EndPass();
+      return w.status();
+    }
+    std::vector<at::Tensor*> slots = LayerTensors(*w);
+    for (at::Tensor* t : slots) *t = t->detach().requires_grad_();
+    at::Tensor x = inputs[static_cast<size_t>(l)].detach().requires_grad_();
+    inputs[static_cast<size_t>(l)] = at::Tensor();
+    const at::Tensor y = DecoderLayerForward(config_, *w, x, ctx, nullptr, l);
+    y.backward(grad);
+    for (size_t i = 0; i < slots.size(); ++i) {
+      AccumulateGrad(params_[layer_params_[static_cast<size_t>(l)][i]], slots[i]->grad());
+    }
+    grad = x.grad();
+    *w = LlamaLayerWeights();
+    source_->Release(l);
+  }
+  source_->EndPass();
+
+  at::embedding(embed, input_ids).backward(grad);
+  AccumulateGrad(params_[0], embed.grad());  // params_[0] is embed_tokens (see Create)
+  return loss_value;
+}
+
+absl::StatusOr<at::Tensor> LayerwiseTrainer::Gradient(const std::string& name) const {
+  for (const ParamState& p : params_) {
+    if (p.name == name) return HostView(p.grad, p.numel).clone().view(p.shape);
+  }
+  return absl::NotFoundError(absl::StrCat("no parameter named ", name));
+}
+
+absl::Status LayerwiseTrainer::OptimizerStep() {
+  std::vector<offload::AdamTensorSpan> spans;
+  spans.reserve(params_.size());
+  for (ParamState& p : params_) {
+    offload::AdamTensorSpan span;
+    span.name = p.name;
+    span.param = p.master.floats().first(static_cast<size_t>(p.numel));
+    span.grad = p.grad.floats().first(static_cast<size_t>(p.numel));
+    span.exp_avg = p.exp_avg.floats().first(static_cast<size_t>(p.numel));
+    span.exp_avg_sq = p.exp_avg_sq.floats().first(static_cast<size_t>(p.numel));
+    span.step = ++p.step;
+    spans.push_back(span);
+  }
+  if (auto s = adam_->Step(spans); !s.ok()) return s;
+  at::NoGradGuard no_grad;
+  for (ParamState& p : params_) {
+    const at::Tensor master = HostView(p.master, p.numel);
+    if (p.resident != nullptr) {
+      p.resident->copy_(master.view(p.resident->sizes()));
+    } else {
+      if (auto s = source_->Store(p.layer, p.index, master.view(p.shape).to(p.dtype)); !s.ok()) return s;
+    }
+    std::memset(p.grad.data(), 0, static_cast<size_t>(p.numel) * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace strata::policies

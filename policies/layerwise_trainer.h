@@ -1,0 +1,152 @@
+// Training a Llama one decoder layer at a time, so that layer weights need
+// not stay on the device: the forward pass keeps only each layer's input,
+// the backward pass brings each layer back (reverse order), recomputes it
+// with autograd and backpropagates through it alone (activation
+// checkpointing at layer granularity). Gradients go to host fp32 buffers as
+// each layer finishes; the optimizer (CPU AdamW) updates fp32 master weights
+// on the host and writes the device-dtype weights back to the layers' home.
+//
+// Where layer weights come from is a LayerSource: resident on the device, or
+// streamed from host / NVMe by the offload engine.
+#ifndef STRATA_POLICIES_LAYERWISE_TRAINER_H_
+#define STRATA_POLICIES_LAYERWISE_TRAINER_H_
+
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "offload/cpu_adam.h"
+#include "offload/host_arena.h"
+#include "offload/layer_streamer.h"
+#include "policies/llama.h"
+
+namespace strata::policies {
+
+// Decoder layer weights for one pass over the layers.
+class LayerSource {
+ public:
+  virtual ~LayerSource() = default;
+  virtual int64_t num_layers() const = 0;
+  virtual absl::Status BeginPass(std::vector<int64_t> order) = 0;
+  // The next layer of the pass; valid until Release.
+  virtual absl::StatusOr<LlamaLayerWeights> Acquire(int64_t layer) = 0;
+  virtual void Release(int64_t layer) = 0;
+  virtual void EndPass() = 0;
+  // Home copy of one tensor (LlamaLayerWeights::Named() order), for the
+  // optimizer's master weights, and its write-back.
+  virtual absl::StatusOr<at::Tensor> Load(int64_t layer, size_t index) = 0;
+  virtual absl::Status Store(int64_t layer, size_t index, const at::Tensor& value) = 0;
+};
+
+// Layers kept on the device for the whole run (the baseline).
+class ResidentLayerSource final : public LayerSource {
+ public:
+  explicit ResidentLayerSource(std::vector<LlamaLayerWeights> layers) : layers_(std::move(layers)) {}
+  int64_t num_layers() const override { return static_cast<int64_t>(layers_.size()); }
+  absl::Status BeginPass(std::vector<int64_t>) override { return absl::OkStatus(); }
+  absl::StatusOr<LlamaLayerWeights> Acquire(int64_t layer) override { return layers_.at(static_cast<size_t>(layer)); }
+  void Release(int64_t) override {}
+  void EndPass() override {}
+  absl::StatusOr<at::Tensor> Load(int64_t layer, size_t index) override;
+  absl::Status Store(int64_t layer, size_t index, const at::Tensor& value) override;
+
+ private:
+  std::vector<LlamaLayerWeights> layers_;
+};
+
+// Layers streamed by the offload engine. The streamer must hold the layers
+// in LlamaLayerWeights::Named() order (see AddLayersToStreamer).
+class StreamedLayerSource final : public LayerSource {
+ public:
+  explicit StreamedLayerSource(offload::LayerStreamer* streamer) : streamer_(streamer) {}
+  int64_t num_layers() const override { return streamer_->num_layers(); }
+  absl::Status BeginPass(std::vector<int64_t> order) override { return streamer_->BeginPass(std::move(order)); }
+  absl::StatusOr<LlamaLayerWeights> Acquire(int64_t layer) override;
+  void Release(int64_t layer) override { streamer_->Release(layer); }
+  void EndPass() override { streamer_->EndPass(); }
+  absl::StatusOr<at::Tensor> Load(int64_t layer, size_t index) override { return streamer_->LoadTensor(layer, index); }
+  absl::Status Store(int64_t layer, size_t index, const at::Tensor& value) override {
+    return streamer_->StoreTensor(layer, index, value);
+  }
+
+ private:
+  offload::LayerStreamer* streamer_;
+};
+
+// Moves `layers` into `streamer` (their device copies are dropped).
+absl::Status AddLayersToStreamer(std::vector<LlamaLayerWeights> layers, offload::LayerStreamer* streamer);
+
+// Maps the head output (LM logits [B, T, V] float32, or scalar scores
+// [B, num_labels]) to a scalar loss.
+using LossFn = std::function<at::Tensor(const at::Tensor& output)>;
+
+struct LayerwiseTrainerOptions {
+  offload::CpuAdamOptions adam;
+};
+
+class LayerwiseTrainer {
+ public:
+  // `resident` holds embed_tokens, norm, and lm_head or score (its `layers`
+  // are ignored: they come from `source`). Master weights, gradients and
+  // both Adam moments of every parameter (16 bytes per parameter) are
+  // allocated in `arena`. `source` and `arena` must outlive the trainer.
+  static absl::StatusOr<std::unique_ptr<LayerwiseTrainer>> Create(const LlamaConfig& config, LlamaHead head,
+                                                                  LlamaWeights resident, LayerSource* source,
+                                                                  offload::HostArena* arena,
+                                                                  const LayerwiseTrainerOptions& options);
+
+  // Final-normed hidden states, layers brought in forward order, no grad.
+  absl::StatusOr<at::Tensor> Hidden(const at::Tensor& input_ids, const at::Tensor& attention_mask);
+
+  // Forward and backward of loss_fn(head(...)); gradients are added to the
+  // host gradient buffers. Returns the loss.
+  absl::StatusOr<double> ForwardBackward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                         const LossFn& loss_fn);
+
+  // One AdamW step from the accumulated gradients, then writes the new
+  // weights back (device tensors for resident parts, the source for layers)
+  // and zeroes the gradients.
+  absl::Status OptimizerStep();
+
+  // A copy of the accumulated gradient of the parameter with this HF name,
+  // shaped like the parameter; NOT_FOUND for an unknown name.
+  absl::StatusOr<at::Tensor> Gradient(const std::string& name) const;
+
+  int64_t num_parameters() const { return num_parameters_; }
+  const offload::CpuAdam& adam() const { return *adam_; }
+
+ private:
+  // Host-side state of one parameter tensor.
+  struct ParamState {
+    std::string name;
+    int64_t layer = -1;  // -1: resident
+    size_t index = 0;    // in Named() order for layers
+    at::Tensor* resident = nullptr;
+    int64_t numel = 0;
+    std::vector<int64_t> shape;
+    at::ScalarType dtype = at::kFloat;  // of the device weights
+    int64_t step = 0;
+    offload::HostBuffer master, grad, exp_avg, exp_avg_sq;
+  };
+
+  LayerwiseTrainer(const LlamaConfig& config, LlamaHead head, LlamaWeights resident, LayerSource* source);
+  static void AccumulateGrad(ParamState& state, const at::Tensor& grad);
+  absl::Status AllocateState(offload::HostArena* arena, ParamState& state, const at::Tensor& value);
+
+  const LlamaConfig config_;
+  const LlamaHead head_;
+  LlamaWeights resident_;
+  LayerSource* const source_;
+  std::unique_ptr<offload::CpuAdam> adam_;
+  std::vector<ParamState> params_;
+  std::vector<std::vector<size_t>> layer_params_;  // params_ index per layer tensor
+  int64_t num_parameters_ = 0;
+};
+
+}  // namespace strata::policies
+
+#endif  // STRATA_POLICIES_LAYERWISE_TRAINER_H_
