@@ -39,7 +39,9 @@ absl::Status FillIds(const std::string& text, const std::string& flag, std::opti
 
 int main(int argc, char** argv) {
   CLI::App app{"strata: RLHF training service (ReMax, PPO) with tiered GPU/CPU/NVMe memory"};
-  app.require_subcommand(1);
+  // Subcommands are checked after parsing, so that an unknown one is named
+  // in the error rather than reported as "a subcommand is required".
+  app.require_subcommand(0, 1);
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "debug | info | warning | error")
       ->check(CLI::IsMember({"debug", "info", "warning", "error"}));
@@ -144,6 +146,10 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  }
+  if (app.get_subcommands().empty()) {
+    std::fprintf(stderr, "%s\nstrata: a subcommand is required\n", app.help().c_str());
+    return 1;
   }
   strata::LogLevel level;
   if (strata::ParseLogLevel(log_level, &level)) strata::SetMinLogLevel(level);

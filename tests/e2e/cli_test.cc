@@ -147,7 +147,7 @@ class CliTokenizerTest : public ::testing::Test {
       GTEST_SKIP() << "needs spm_train/spm_encode (Debian package sentencepiece)";
     }
     auto run = RunCommand({"spm_train", "--input=" + testing::SourcePath("examples/generate/corpus.txt"),
-                           "--model_prefix=" + dir_.Join("spm"), "--vocab_size=300", "--model_type=bpe",
+                           "--model_prefix=" + dir_.Join("spm"), "--vocab_size=512", "--model_type=bpe",
                            "--byte_fallback=true", "--normalization_rule_name=identity", "--minloglevel=2"});
     ASSERT_TRUE(run.ok() && run->exit_code == 0);
   }
@@ -181,7 +181,7 @@ TEST_F(CliTokenizerTest, TokenizeMatchesSpmEncodeAndDecodes) {
 TEST_F(CliTokenizerTest, TextPromptGetsBosAndDecodedText) {
   const std::string model = dir_.Join("model");
   const std::string config = dir_.Join("config.json");
-  testing::WriteTextFile(config, R"({"vocab_size": 300, "hidden_size": 32, "intermediate_size": 64,
+  testing::WriteTextFile(config, R"({"vocab_size": 512, "hidden_size": 32, "intermediate_size": 64,
       "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
       "max_position_embeddings": 64, "bos_token_id": 1, "eos_token_id": 2})");
   auto init = RunCommand({testing::StrataBinary(), "init-model", "--config", config, "--out", model});
