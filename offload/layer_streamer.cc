@@ -39,7 +39,11 @@ absl::StatusOr<std::unique_ptr<LayerStreamer>> LayerStreamer::Create(const Layer
 
 LayerStreamer::LayerStreamer(const LayerStreamerOptions& options, HostArena* arena, NvmeStore* store,
                              TierAccountant* accountant)
-    : options_(options), arena_(arena), store_(store), accountant_(accountant) {
+    : options_(options),
+      arena_(arena),
+      store_(store),
+      accountant_(accountant),
+      monitor_(options.device_budget_bytes > 0 ? &DeviceMemoryMonitor::Install() : nullptr) {
   io_thread_ = std::thread([this] { IoLoop(); });
 }
 
@@ -145,9 +149,8 @@ const std::vector<std::string>& LayerStreamer::tensor_names(int64_t layer) const
   return layers_.at(static_cast<size_t>(layer)).names;
 }
 
-absl::StatusOr<std::vector<at::Tensor>> LayerStreamer::Fetch(const Layer& layer) {
-  std::vector<at::Tensor> out;
-  out.reserve(layer.tensors.size());
+absl::Status LayerStreamer::Fetch(const Layer& layer, std::vector<at::Tensor>* out) {
+  out->reserve(layer.tensors.size());
   for (const TensorHome& home : layer.tensors) {
     at::Tensor device = at::empty(home.shape, at::TensorOptions().dtype(home.dtype));
     if (options_.home == Tier::kHost) {
@@ -156,9 +159,9 @@ absl::StatusOr<std::vector<at::Tensor>> LayerStreamer::Fetch(const Layer& layer)
       auto s = store_->Get(home.nvme_id, std::span<std::byte>(static_cast<std::byte*>(device.data_ptr()), home.bytes));
       if (!s.ok()) return s;
     }
-    out.push_back(std::move(device));
+    out->push_back(std::move(device));
   }
-  return out;
+  return absl::OkStatus();
 }
 
 void LayerStreamer::IoLoop() {
@@ -171,15 +174,36 @@ void LayerStreamer::IoLoop() {
                        next_to_fetch_ < released_ + 1 + static_cast<size_t>(options_.prefetch_depth));
     });
     if (stop_) return;
-    const int64_t layer = order_[next_to_fetch_++];
+    const int64_t layer = order_[next_to_fetch_];
+    const size_t bytes = layers_[static_cast<size_t>(layer)].bytes;
+    if (monitor_ != nullptr && monitor_->current_bytes() + bytes > options_.device_budget_bytes) {
+      if (next_to_fetch_ > released_) {
+        // Layers are in use: their release frees room. Wait for it.
+        const size_t released_before = released_;
+        cv_.wait(lock, [&] { return stop_ || !in_pass_ || released_ != released_before; });
+        continue;
+      }
+      ++next_to_fetch_;
+      Fetched refused;
+      refused.layer = layer;
+      refused.status = absl::ResourceExhaustedError(absl::StrCat(
+          "device tier: layer ", layer, " needs ", bytes, " bytes, but ", monitor_->current_bytes(), " of the ",
+          options_.device_budget_bytes, "-byte budget are in use with no layer left to release"));
+      ready_.push_back(std::move(refused));
+      cv_.notify_all();
+      continue;
+    }
+    ++next_to_fetch_;
     lock.unlock();
     const auto start = std::chrono::steady_clock::now();
-    Fetched fetched{layer, Fetch(layers_[static_cast<size_t>(layer)])};
+    Fetched fetched;
+    fetched.layer = layer;
+    fetched.status = Fetch(layers_[static_cast<size_t>(layer)], &fetched.tensors);
     const double seconds = SecondsSince(start);
     lock.lock();
     ++stats_.fetches;
     stats_.fetch_seconds += seconds;
-    if (fetched.tensors.ok()) {
+    if (fetched.status.ok()) {
       stats_.bytes_fetched += static_cast<int64_t>(layers_[static_cast<size_t>(layer)].bytes);
       resident_bytes_ += layers_[static_cast<size_t>(layer)].bytes;
       stats_.max_resident_bytes = std::max(stats_.max_resident_bytes, resident_bytes_);
@@ -216,6 +240,7 @@ absl::StatusOr<std::vector<at::Tensor>> LayerStreamer::Acquire(int64_t layer) {
   Fetched fetched = std::move(ready_.front());
   ready_.pop_front();
   ++next_to_acquire_;
+  if (!fetched.status.ok()) return fetched.status;
   return std::move(fetched.tensors);
 }
 
@@ -237,6 +262,7 @@ void LayerStreamer::EndPass() {
   ready_.clear();
   in_pass_ = false;
   resident_bytes_ = 0;
+  cv_.notify_all();  // an I/O thread waiting for device room stops waiting
 }
 
 LayerStreamerStats LayerStreamer::stats() const {

@@ -22,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "offload/device_memory.h"
 #include "offload/host_arena.h"
 #include "offload/nvme_store.h"
 #include "offload/tier_accounting.h"
@@ -35,6 +36,11 @@ struct LayerStreamerOptions {
   int prefetch_depth = 1;
   // NVMe slot ids are "<nvme_prefix>layers.<i>.<tensor name>".
   std::string nvme_prefix;
+  // Device bytes (everything libtorch holds there, activations included)
+  // that a fetch may not push usage past; 0 means no limit. A fetch waits
+  // for the layers in use to be released; if none are and the layer still
+  // does not fit, the fetch fails with RESOURCE_EXHAUSTED.
+  size_t device_budget_bytes = 0;
 
   absl::Status Validate() const;
 };
@@ -102,18 +108,20 @@ class LayerStreamer {
   };
   struct Fetched {
     int64_t layer = -1;
-    absl::StatusOr<std::vector<at::Tensor>> tensors = std::vector<at::Tensor>();
+    absl::Status status;
+    std::vector<at::Tensor> tensors;  // empty unless status is OK
   };
 
   LayerStreamer(const LayerStreamerOptions& options, HostArena* arena, NvmeStore* store, TierAccountant* accountant);
   absl::Status WriteHome(TensorHome& home, const at::Tensor& value);
-  absl::StatusOr<std::vector<at::Tensor>> Fetch(const Layer& layer);
+  absl::Status Fetch(const Layer& layer, std::vector<at::Tensor>* out);
   void IoLoop();
 
   const LayerStreamerOptions options_;
   HostArena* const arena_;
   NvmeStore* const store_;
   TierAccountant* const accountant_;
+  DeviceMemoryMonitor* const monitor_;  // null without a device budget
   std::vector<Layer> layers_;
 
   mutable std::mutex mu_;

@@ -193,26 +193,34 @@ absl::StatusOr<double> LayerwiseTrainer::ForwardBackward(const at::Tensor& input
   }
   at::Tensor top = inputs.back().detach().requires_grad_();
   inputs.back() = at::Tensor();
-  const at::Tensor hidden = RmsNorm(top, norm, config_.rms_norm_eps);
-  at::Tensor output;
-  if (head_ == LlamaHead::kScalar) {
-    const at::Tensor index =
-        (attention_mask.to(at::kLong) * at::arange(attention_mask.size(1), at::kLong)).argmax(-1);
-    const at::Tensor last =
-        hidden.gather(1, index.view({-1, 1, 1}).expand({hidden.size(0), 1, hidden.size(2)})).squeeze(1);
-    output = at::linear(last, head_weight).to(at::kFloat);
-  } else {
-    output = at::linear(hidden, head_weight).to(at::kFloat);
+  double loss_value = 0;
+  {
+    // Scoped so that logits, the loss graph and the head's gradient are
+    // freed before the backward pass brings layers back to the device.
+    const at::Tensor hidden = RmsNorm(top, norm, config_.rms_norm_eps);
+    at::Tensor output;
+    if (head_ == LlamaHead::kScalar) {
+      const at::Tensor index =
+          (attention_mask.to(at::kLong) * at::arange(attention_mask.size(1), at::kLong)).argmax(-1);
+      const at::Tensor last =
+          hidden.gather(1, index.view({-1, 1, 1}).expand({hidden.size(0), 1, hidden.size(2)})).squeeze(1);
+      output = at::linear(last, head_weight).to(at::kFloat);
+    } else {
+      output = at::linear(hidden, head_weight).to(at::kFloat);
+    }
+    const at::Tensor loss = loss_fn(output);
+    loss_value = loss.item<double>();
+    loss.backward();
   }
-  const at::Tensor loss = loss_fn(output);
-  const double loss_value = loss.item<double>();
-  loss.backward();
   for (ParamState& p : params_) {
     if (p.resident == &resident_.norm) AccumulateGrad(p, norm.grad());
     // A tied head's gradient stays in embed.grad and is taken below.
     if (p.resident == &resident_.lm_head || p.resident == &resident_.score) AccumulateGrad(p, head_weight.grad());
   }
+  norm = at::Tensor();
+  if (!head_weight.is_same(embed)) head_weight = at::Tensor();
   at::Tensor grad = top.grad();
+  top = at::Tensor();
 
   // Backward, one recomputed layer at a time.
   if (auto s = source_->BeginPass(Range(layers, true)); !s.ok()) return s;

@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "offload/log.h"
 #include "bench/generate_bench.h"
+#include "bench/stream_bench.h"
 #include "services/model_commands.h"
 
 namespace {
@@ -141,6 +142,20 @@ int main(int argc, char** argv) {
   bench_generate->add_option("--dtype", gb.dtype, "fp32 | bf16")->check(CLI::IsMember({"fp32", "bf16"}));
   bench_generate->add_flag("--json", gb.json, "print one JSON object");
   bench_generate->callback([&] { run = [&] { return Finish("bench generate", strata::bench::RunGenerateBench(gb)); }; });
+
+  strata::bench::StreamBenchRequest sb;
+  auto* bench_stream = bench->add_subcommand("stream", "Training step with layers streamed from host / NVMe vs resident");
+  bench_stream->add_option("--layers", sb.layers, "decoder layers");
+  bench_stream->add_option("--hidden", sb.hidden, "hidden size (multiple of 64)");
+  bench_stream->add_option("--vocab", sb.vocab, "vocabulary size");
+  bench_stream->add_option("--batch", sb.batch, "sequences per step");
+  bench_stream->add_option("--seq", sb.seq, "tokens per sequence");
+  bench_stream->add_option("--device-budget-mib", sb.device_budget_mib, "device budget (0: a third of the weights)");
+  bench_stream->add_option("--prefetch", sb.prefetch_depth, "layers prefetched ahead");
+  bench_stream->add_option("--nvme-dir", sb.nvme_dir, "directory for the NVMe tier");
+  bench_stream->add_option("--steps", sb.steps, "timed steps per mode (best reported)");
+  bench_stream->add_flag("--json", sb.json, "print one JSON object");
+  bench_stream->callback([&] { run = [&] { return Finish("bench stream", strata::bench::RunStreamBench(sb)); }; });
 
   try {
     app.parse(argc, argv);

@@ -127,6 +127,39 @@ TEST_P(LayerStreamerTest, HomeBytesAreAccounted) {
   EXPECT_EQ(accountant_.Usage().current_of(GetParam()), 0u);
 }
 
+TEST_P(LayerStreamerTest, DeviceBudgetLimitsPrefetchAndFailsWhenALayerCannotFit) {
+  DeviceMemoryMonitor& monitor = DeviceMemoryMonitor::Install();
+  auto probe = Make(0, 1);
+  const size_t layer = probe->layer_bytes(0);
+  probe.reset();
+  for (size_t room : {layer + layer / 2, layer / 2}) {
+    LayerStreamerOptions options;
+    options.home = GetParam();
+    options.prefetch_depth = 3;  // would hold 4 layers without the budget
+    options.nvme_prefix = "budget/";
+    options.device_budget_bytes = monitor.current_bytes() + room;
+    auto streamer = LayerStreamer::Create(options, arena_.get(), store_.get(), nullptr);
+    ASSERT_TRUE(streamer.ok());
+    for (int l = 0; l < 4; ++l) ASSERT_TRUE((*streamer)->AddLayer(RandomLayer(l)).ok());
+    ASSERT_TRUE((*streamer)->BeginPass({0, 1, 2, 3}).ok());
+    for (int64_t l = 0; l < 4; ++l) {
+      auto tensors = (*streamer)->Acquire(l);
+      if (room < layer) {
+        EXPECT_EQ(tensors.status().code(), absl::StatusCode::kResourceExhausted);
+        EXPECT_NE(tensors.status().message().find("budget"), std::string::npos);
+        break;
+      }
+      ASSERT_TRUE(tensors.ok()) << tensors.status();
+      tensors->clear();
+      (*streamer)->Release(l);
+    }
+    (*streamer)->EndPass();
+    if (room > layer) {
+      EXPECT_LE((*streamer)->stats().max_resident_bytes, layer);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Homes, LayerStreamerTest, ::testing::Values(Tier::kHost, Tier::kNvme),
                          [](const auto& info) { return std::string(TierName(info.param)); });
 
