@@ -76,6 +76,7 @@ absl::StatusOr<ModeResult> RunMode(const StreamBenchRequest& r, const policies::
     options.prefetch_depth = r.prefetch_depth;
     options.nvme_prefix = "bench/";
     options.device_budget_bytes = device_budget;
+    options.compute_reserve_bytes = policies::LayerWorkingBytes(config, r.batch, r.seq, at::kFloat, /*training=*/true);
     auto created = offload::LayerStreamer::Create(options, arena->get(), store.get(), nullptr);
     if (!created.ok()) return created.status();
     streamer = std::move(*created);
@@ -125,8 +126,17 @@ absl::StatusOr<std::string> RunStreamBench(const StreamBenchRequest& r) {
   const policies::LlamaConfig config = BenchConfig(r);
   if (auto s = config.Validate(); !s.ok()) return s;
   const int64_t decoder_bytes = DecoderBytes(config);
+  const size_t layer_bytes = static_cast<size_t>(decoder_bytes / r.layers);
+  const size_t reserve = policies::LayerWorkingBytes(config, r.batch, r.seq, at::kFloat, /*training=*/true);
+  // Default: what the streamed step needs by the engine's own estimate:
+  // embeddings and head with their gradients, the prefetch window, the
+  // compute reserve and the saved layer inputs, plus 10%.
+  const size_t resident_bytes = static_cast<size_t>(2 * config.vocab_size * config.hidden_size) * sizeof(float);
+  const size_t inputs_bytes = static_cast<size_t>((r.layers + 1) * r.batch * r.seq * r.hidden) * sizeof(float);
+  const size_t estimate = 2 * resident_bytes + static_cast<size_t>(r.prefetch_depth + 1) * layer_bytes + reserve +
+                          inputs_bytes;
   const size_t budget = r.device_budget_mib > 0 ? static_cast<size_t>(r.device_budget_mib) << 20
-                                                : static_cast<size_t>(decoder_bytes / 3);
+                                                : estimate + estimate / 10;
   std::error_code ec;
   std::filesystem::create_directories(r.nvme_dir, ec);
   if (ec) return absl::PermissionDeniedError(absl::StrCat("--nvme-dir ", r.nvme_dir, ": ", ec.message()));
@@ -153,6 +163,7 @@ absl::StatusOr<std::string> RunStreamBench(const StreamBenchRequest& r) {
                    {"resident_peak_device_bytes", resident->peak_device_bytes},
                    {"decoder_weight_bytes", decoder_bytes},
                    {"weights_and_optimizer_bytes", config.NumParameters() * 16},
+                   {"oversubscription", static_cast<double>(config.NumParameters() * 16) / static_cast<double>(budget)},
                    {"parameters", config.NumParameters()},
                    {"host_stall_s", host->streaming.stall_seconds},
                    {"nvme_stall_s", nvme->streaming.stall_seconds},
@@ -164,12 +175,14 @@ absl::StatusOr<std::string> RunStreamBench(const StreamBenchRequest& r) {
       "  resident (peer):      %7.3f s   device peak %8.1f MiB\n"
       "  streamed from host:   %7.3f s   device peak %8.1f MiB  (%.2fx, stalled %.3f s)\n"
       "  streamed from NVMe:   %7.3f s   device peak %8.1f MiB  (%.2fx, stalled %.3f s)\n"
-      "  device budget %.1f MiB: %s; host arena %.1f MiB reserved for %.1f MiB requested\n",
+      "  device budget %.1f MiB (weights + optimizer states are %.1fx that): %s\n"
+      "  host arena %.1f MiB reserved for %.1f MiB requested\n",
       config.NumParameters(), r.layers, r.hidden, r.batch, r.seq, resident->step_s,
       resident->peak_device_bytes / 1048576.0, host->step_s, host->peak_device_bytes / 1048576.0,
       host->step_s / resident->step_s, host->streaming.stall_seconds, nvme->step_s,
       nvme->peak_device_bytes / 1048576.0, nvme->step_s / resident->step_s, nvme->streaming.stall_seconds,
-      budget / 1048576.0, peak <= budget ? "kept" : "EXCEEDED", host->host.peak_reserved_bytes / 1048576.0,
+      budget / 1048576.0, static_cast<double>(config.NumParameters() * 16) / static_cast<double>(budget),
+      peak <= budget ? "kept" : "EXCEEDED", host->host.peak_reserved_bytes / 1048576.0,
       host->host.peak_requested_bytes / 1048576.0);
 }
 

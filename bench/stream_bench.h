@@ -19,8 +19,8 @@ struct StreamBenchRequest {
   int64_t vocab = 4096;
   int64_t batch = 2;
   int64_t seq = 128;
-  // Device-tier budget for the streamed runs; 0 picks 1/3 of the decoder
-  // weights.
+  // Device-tier budget for the streamed runs; 0 picks what the streamed step
+  // needs by the engine's estimate (+10%).
   int64_t device_budget_mib = 0;
   int prefetch_depth = 1;
   // Directory for the NVMe tier; created if missing, emptied afterwards.

@@ -126,6 +126,14 @@ absl::Status LayerStreamer::StoreTensor(int64_t layer, size_t index, const at::T
   return WriteHome(home, value);
 }
 
+std::span<std::byte> LayerStreamer::HostHome(int64_t layer, size_t index) {
+  if (options_.home != Tier::kHost || layer < 0 || layer >= num_layers() ||
+      index >= layers_[static_cast<size_t>(layer)].tensors.size()) {
+    return {};
+  }
+  return layers_[static_cast<size_t>(layer)].tensors[index].host.bytes();
+}
+
 absl::StatusOr<at::Tensor> LayerStreamer::LoadTensor(int64_t layer, size_t index) const {
   if (layer < 0 || layer >= num_layers() || index >= layers_[layer].tensors.size()) {
     return absl::OutOfRangeError(absl::StrCat("layer streamer: no tensor ", index, " in layer ", layer));
@@ -176,7 +184,8 @@ void LayerStreamer::IoLoop() {
     if (stop_) return;
     const int64_t layer = order_[next_to_fetch_];
     const size_t bytes = layers_[static_cast<size_t>(layer)].bytes;
-    if (monitor_ != nullptr && monitor_->current_bytes() + bytes > options_.device_budget_bytes) {
+    if (monitor_ != nullptr &&
+        monitor_->current_bytes() + bytes + options_.compute_reserve_bytes > options_.device_budget_bytes) {
       if (next_to_fetch_ > released_) {
         // Layers are in use: their release frees room. Wait for it.
         const size_t released_before = released_;
@@ -187,7 +196,8 @@ void LayerStreamer::IoLoop() {
       Fetched refused;
       refused.layer = layer;
       refused.status = absl::ResourceExhaustedError(absl::StrCat(
-          "device tier: layer ", layer, " needs ", bytes, " bytes, but ", monitor_->current_bytes(), " of the ",
+          "device tier: layer ", layer, " needs ", bytes, " bytes (+", options_.compute_reserve_bytes,
+          " for its compute), but ", monitor_->current_bytes(), " of the ",
           options_.device_budget_bytes, "-byte budget are in use with no layer left to release"));
       ready_.push_back(std::move(refused));
       cv_.notify_all();

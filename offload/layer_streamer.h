@@ -41,6 +41,9 @@ struct LayerStreamerOptions {
   // for the layers in use to be released; if none are and the layer still
   // does not fit, the fetch fails with RESOURCE_EXHAUSTED.
   size_t device_budget_bytes = 0;
+  // Device bytes kept free for the compute that uses a layer (activations,
+  // gradients, temporaries): a fetch needs layer bytes + this much room.
+  size_t compute_reserve_bytes = 0;
 
   absl::Status Validate() const;
 };
@@ -73,6 +76,11 @@ class LayerStreamer {
   // Overwrites tensor `index` of `layer` at home (e.g. after an optimizer
   // step). Same shape and dtype as registered. Not during a pass.
   absl::Status StoreTensor(int64_t layer, size_t index, const at::Tensor& value);
+  // The host-home bytes of tensor `index` of `layer`, for writers that can
+  // fill them in place (the optimizer's fused write-back). Empty for an
+  // NVMe home. Not during a pass.
+  std::span<std::byte> HostHome(int64_t layer, size_t index);
+
   // Reads tensor `index` of `layer` from home into a new CPU tensor.
   absl::StatusOr<at::Tensor> LoadTensor(int64_t layer, size_t index) const;
 

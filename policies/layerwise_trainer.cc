@@ -39,6 +39,16 @@ absl::Status ResidentLayerSource::Store(int64_t layer, size_t index, const at::T
   return absl::OkStatus();
 }
 
+// The bytes of a CPU tensor the optimizer may write into directly.
+std::span<std::byte> WritableCpuBytes(const at::Tensor& t) {
+  if (!t.defined() || !t.device().is_cpu() || !t.is_contiguous()) return {};
+  return {static_cast<std::byte*>(t.data_ptr()), t.nbytes()};
+}
+
+std::span<std::byte> ResidentLayerSource::WritableHome(int64_t layer, size_t index) {
+  return WritableCpuBytes(*LayerTensors(layers_.at(static_cast<size_t>(layer))).at(index));
+}
+
 absl::StatusOr<LlamaLayerWeights> StreamedLayerSource::Acquire(int64_t layer) {
   auto tensors = streamer_->Acquire(layer);
   if (!tensors.ok()) return tensors.status();
@@ -260,27 +270,40 @@ absl::StatusOr<at::Tensor> LayerwiseTrainer::Gradient(const std::string& name) c
 absl::Status LayerwiseTrainer::OptimizerStep() {
   std::vector<offload::AdamTensorSpan> spans;
   spans.reserve(params_.size());
+  std::vector<ParamState*> write_back;  // homes the optimizer cannot write in place
   for (ParamState& p : params_) {
     offload::AdamTensorSpan span;
     span.name = p.name;
-    span.param = p.master.floats().first(static_cast<size_t>(p.numel));
-    span.grad = p.grad.floats().first(static_cast<size_t>(p.numel));
-    span.exp_avg = p.exp_avg.floats().first(static_cast<size_t>(p.numel));
-    span.exp_avg_sq = p.exp_avg_sq.floats().first(static_cast<size_t>(p.numel));
+    const size_t n = static_cast<size_t>(p.numel);
+    span.param = p.master.floats().first(n);
+    span.grad = p.grad.floats().first(n);
+    span.exp_avg = p.exp_avg.floats().first(n);
+    span.exp_avg_sq = p.exp_avg_sq.floats().first(n);
     span.step = ++p.step;
+    // The device weights are written in the same pass as the update when
+    // their home is host memory we can reach (ZeRO-Offload's fused copy).
+    const std::span<std::byte> home =
+        p.resident != nullptr ? WritableCpuBytes(*p.resident) : source_->WritableHome(p.layer, p.index);
+    if (!home.empty() && p.dtype == at::kFloat) {
+      span.device_fp32 = {reinterpret_cast<float*>(home.data()), n};
+    } else if (!home.empty() && p.dtype == at::kBFloat16) {
+      span.device_bf16 = {reinterpret_cast<uint16_t*>(home.data()), n};
+    } else {
+      write_back.push_back(&p);
+    }
     spans.push_back(span);
   }
   if (auto s = adam_->Step(spans); !s.ok()) return s;
   at::NoGradGuard no_grad;
-  for (ParamState& p : params_) {
-    const at::Tensor master = HostView(p.master, p.numel);
-    if (p.resident != nullptr) {
-      p.resident->copy_(master.view(p.resident->sizes()));
-    } else {
-      if (auto s = source_->Store(p.layer, p.index, master.view(p.shape).to(p.dtype)); !s.ok()) return s;
+  for (ParamState* p : write_back) {
+    const at::Tensor master = HostView(p->master, p->numel).view(p->shape);
+    if (p->resident != nullptr) {
+      p->resident->copy_(master);
+    } else if (auto s = source_->Store(p->layer, p->index, master.to(p->dtype)); !s.ok()) {
+      return s;
     }
-    std::memset(p.grad.data(), 0, static_cast<size_t>(p.numel) * sizeof(float));
   }
+  for (ParamState& p : params_) std::memset(p.grad.data(), 0, static_cast<size_t>(p.numel) * sizeof(float));
   return absl::OkStatus();
 }
 

@@ -14,6 +14,7 @@
 #include <ATen/ATen.h>
 
 #include <functional>
+#include <span>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,6 +41,10 @@ class LayerSource {
   // optimizer's master weights, and its write-back.
   virtual absl::StatusOr<at::Tensor> Load(int64_t layer, size_t index) = 0;
   virtual absl::Status Store(int64_t layer, size_t index, const at::Tensor& value) = 0;
+  // Host memory holding the tensor's home copy that the optimizer may
+  // overwrite in place (fusing the write-back into its pass); empty when
+  // there is none (NVMe home, a GPU device).
+  virtual std::span<std::byte> WritableHome(int64_t layer, size_t index) = 0;
 };
 
 // Layers kept on the device for the whole run (the baseline).
@@ -53,6 +58,7 @@ class ResidentLayerSource final : public LayerSource {
   void EndPass() override {}
   absl::StatusOr<at::Tensor> Load(int64_t layer, size_t index) override;
   absl::Status Store(int64_t layer, size_t index, const at::Tensor& value) override;
+  std::span<std::byte> WritableHome(int64_t layer, size_t index) override;
 
  private:
   std::vector<LlamaLayerWeights> layers_;
@@ -71,6 +77,9 @@ class StreamedLayerSource final : public LayerSource {
   absl::StatusOr<at::Tensor> Load(int64_t layer, size_t index) override { return streamer_->LoadTensor(layer, index); }
   absl::Status Store(int64_t layer, size_t index, const at::Tensor& value) override {
     return streamer_->StoreTensor(layer, index, value);
+  }
+  std::span<std::byte> WritableHome(int64_t layer, size_t index) override {
+    return streamer_->HostHome(layer, index);
   }
 
  private:

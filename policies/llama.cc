@@ -320,6 +320,21 @@ at::Tensor SequenceLogProbs(const LlamaModel& model, const at::Tensor& ids, cons
   return logp * attention_mask.narrow(1, 1, s - 1).to(at::kFloat);
 }
 
+size_t LayerWorkingBytes(const LlamaConfig& c, int64_t batch, int64_t seq, at::ScalarType dtype, bool training) {
+  const size_t es = c10::elementSize(dtype);
+  const size_t bth = static_cast<size_t>(batch * seq * c.hidden_size);
+  const size_t bti = static_cast<size_t>(batch * seq * c.intermediate_size);
+  // Scores, their float32 softmax and the probabilities in the model dtype.
+  const size_t attention = static_cast<size_t>(batch * c.num_attention_heads * seq * seq) * (4 + 4 + es);
+  if (!training) return (4 * bth + 3 * bti) * es + attention;
+  const size_t layer_params = static_cast<size_t>(
+      c.hidden_size * (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim +
+      c.hidden_size * c.num_attention_heads * c.head_dim + 3 * c.hidden_size * c.intermediate_size +
+      2 * c.hidden_size);
+  // Saved activations and their gradients (x2), plus the weight gradients.
+  return 2 * ((10 * bth + 4 * bti) * es + attention) + layer_params * es;
+}
+
 absl::StatusOr<at::ScalarType> ParseModelDType(const std::string& name) {
   if (name == "fp32" || name == "float32") return at::kFloat;
   if (name == "bf16" || name == "bfloat16") return at::kBFloat16;

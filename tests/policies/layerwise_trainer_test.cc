@@ -131,6 +131,52 @@ TEST_P(StreamedTrainingTest, StreamedStepsEqualResidentSteps) {
 INSTANTIATE_TEST_SUITE_P(Homes, StreamedTrainingTest, ::testing::Values(offload::Tier::kHost, offload::Tier::kNvme),
                          [](const auto& info) { return std::string(offload::TierName(info.param)); });
 
+// The done-when of the offload engine: a step of a model whose weights and
+// optimizer states are several times the device budget completes with the
+// measured device peak (every libtorch allocation) under the budget.
+TEST(LayerwiseTrainerTest, StreamedStepStaysUnderADeviceBudgetFarBelowTheModel) {
+  offload::DeviceMemoryMonitor& monitor = offload::DeviceMemoryMonitor::Install();
+  LlamaConfig c = SmallConfig(false);
+  c.vocab_size = 128;
+  c.hidden_size = 128;
+  c.intermediate_size = 384;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 4;
+  c.head_dim = 32;
+  c.num_hidden_layers = 24;
+  auto model = LlamaModel::RandomInit(c, LlamaHead::kLanguageModel, at::kFloat, 5);
+  const Batch batch = MakeBatch();
+  const int64_t b = batch.ids.size(0), t = batch.ids.size(1);
+
+  offload::HostArenaOptions arena_options;
+  arena_options.capacity_bytes = static_cast<size_t>(c.NumParameters()) * 24 + (16 << 20);
+  auto arena = std::move(*offload::HostArena::Create(arena_options));
+  offload::LayerStreamerOptions options;
+  options.prefetch_depth = 1;
+  options.compute_reserve_bytes = LayerWorkingBytes(c, b, t, at::kFloat, /*training=*/true);
+  const size_t layer_bytes = 4 * (4 * 128 * 128 + 3 * 128 * 384 + 2 * 128);
+  const size_t resident = 4 * 2 * 128 * 128;
+  options.device_budget_bytes = monitor.current_bytes() + 2 * resident + 2 * layer_bytes +
+                                options.compute_reserve_bytes + (1 << 20);
+  auto streamer = std::move(*offload::LayerStreamer::Create(options, arena.get(), nullptr, nullptr));
+  ASSERT_TRUE(AddLayersToStreamer(model->weights().layers, streamer.get()).ok());
+  model->weights().layers.clear();
+  StreamedLayerSource source(streamer.get());
+  auto trainer = LayerwiseTrainer::Create(c, LlamaHead::kLanguageModel, model->weights(), &source, arena.get(),
+                                          TrainerOptions());
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  model.reset();
+  const size_t weights_and_optimizer = static_cast<size_t>(c.NumParameters()) * 16;
+  ASSERT_GT(weights_and_optimizer, 3 * (options.device_budget_bytes - monitor.current_bytes()));
+
+  monitor.ResetPeak();
+  auto loss = (*trainer)->ForwardBackward(batch.ids, batch.mask,
+                                          [&](const at::Tensor& logits) { return NextTokenLoss(logits, batch.ids); });
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  ASSERT_TRUE((*trainer)->OptimizerStep().ok());
+  EXPECT_LE(monitor.peak_bytes(), options.device_budget_bytes);
+}
+
 TEST(LayerwiseTrainerTest, ScalarHeadTrains) {
   auto model = LlamaModel::RandomInit(SmallConfig(false), LlamaHead::kScalar, at::kFloat, 4, 0.2);
   auto arena = Arena();
