@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "offload/log.h"
+#include "bench/adam_bench.h"
 #include "bench/generate_bench.h"
 #include "bench/stream_bench.h"
 #include "services/model_commands.h"
@@ -142,6 +143,17 @@ int main(int argc, char** argv) {
   bench_generate->add_option("--dtype", gb.dtype, "fp32 | bf16")->check(CLI::IsMember({"fp32", "bf16"}));
   bench_generate->add_flag("--json", gb.json, "print one JSON object");
   bench_generate->callback([&] { run = [&] { return Finish("bench generate", strata::bench::RunGenerateBench(gb)); }; });
+
+  strata::bench::AdamBenchRequest ab;
+  auto* bench_adam = bench->add_subcommand("adam", "CPU AdamW vs torch::optim::AdamW and the DRAM-bandwidth floor");
+  bench_adam->add_option("--params", ab.params, "parameters in the tensor")->check(CLI::PositiveNumber);
+  bench_adam->add_option("--steps", ab.steps, "timed steps (best counts)")->check(CLI::PositiveNumber);
+  bench_adam->add_option("--threads", ab.threads, "threads for all sides (0: all cores)");
+  bench_adam->add_option("--bf16-copy", ab.bf16_copy, "also write a bf16 copy of the weights (true|false)");
+  bench_adam->add_option("--isa", ab.isa, "auto | scalar | avx2 | avx512")
+      ->check(CLI::IsMember({"auto", "scalar", "avx2", "avx512"}));
+  bench_adam->add_flag("--json", ab.json, "print one JSON object");
+  bench_adam->callback([&] { run = [&] { return Finish("bench adam", strata::bench::RunAdamBench(ab)); }; });
 
   strata::bench::StreamBenchRequest sb;
   auto* bench_stream = bench->add_subcommand("stream", "Training step with layers streamed from host / NVMe vs resident");
