@@ -1,9 +1,11 @@
 #include "policies/layerwise_trainer.h"
 
+#include <cmath>
 #include <cstring>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "offload/placement.h"
 
 namespace strata::policies {
 namespace {
@@ -74,18 +76,36 @@ absl::Status AddLayersToStreamer(std::vector<LlamaLayerWeights> layers, offload:
 }
 
 LayerwiseTrainer::LayerwiseTrainer(const LlamaConfig& config, LlamaHead head, LlamaWeights resident,
-                                   LayerSource* source)
-    : config_(config), head_(head), resident_(std::move(resident)), source_(source) {
+                                   LayerSource* source, offload::HostArena* arena,
+                                   const LayerwiseTrainerOptions& options)
+    : config_(config),
+      head_(head),
+      resident_(std::move(resident)),
+      source_(source),
+      arena_(arena),
+      options_(options) {
   resident_.layers.clear();
 }
 
-absl::Status LayerwiseTrainer::AllocateState(offload::HostArena* arena, ParamState& state, const at::Tensor& value) {
+absl::Status LayerwiseTrainer::AllocateState(ParamState& state, const at::Tensor& value) {
   state.numel = value.numel();
   state.shape.assign(value.sizes().begin(), value.sizes().end());
   state.dtype = value.scalar_type();
+  num_parameters_ += state.numel;
+  if (options_.optimizer == offload::Tier::kDevice) {
+    state.device_master = value.detach().to(at::kFloat, /*non_blocking=*/false, /*copy=*/true).reshape({-1});
+    state.device_grad = at::zeros_like(state.device_master);
+    state.device_exp_avg = at::zeros_like(state.device_master);
+    state.device_exp_avg_sq = at::zeros_like(state.device_master);
+    return absl::OkStatus();
+  }
   const size_t bytes = static_cast<size_t>(state.numel) * sizeof(float);
-  for (offload::HostBuffer* buffer : {&state.master, &state.grad, &state.exp_avg, &state.exp_avg_sq}) {
-    auto allocated = arena->Allocate(bytes);
+  std::vector<offload::HostBuffer*> buffers = {&state.grad};
+  if (options_.optimizer == offload::Tier::kHost) {
+    buffers.insert(buffers.end(), {&state.master, &state.exp_avg, &state.exp_avg_sq});
+  }
+  for (offload::HostBuffer* buffer : buffers) {
+    auto allocated = arena_->Allocate(bytes);
     if (!allocated.ok()) {
       return absl::ResourceExhaustedError(
           absl::StrCat("optimizer state for ", state.name, ": ", allocated.status().message()));
@@ -93,23 +113,40 @@ absl::Status LayerwiseTrainer::AllocateState(offload::HostArena* arena, ParamSta
     *buffer = std::move(*allocated);
     std::memset(buffer->data(), 0, bytes);
   }
-  HostView(state.master, state.numel).copy_(value.detach().reshape({-1}));
-  num_parameters_ += state.numel;
+  const at::Tensor master = value.detach().to(at::kCPU, at::kFloat).contiguous().reshape({-1});
+  if (options_.optimizer == offload::Tier::kNvme) {
+    return nvme_adam_->Register(state.name,
+                                std::span<const float>(master.data_ptr<float>(), static_cast<size_t>(state.numel)));
+  }
+  HostView(state.master, state.numel).copy_(master);
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<LayerwiseTrainer>> LayerwiseTrainer::Create(const LlamaConfig& config, LlamaHead head,
                                                                            LlamaWeights resident, LayerSource* source,
                                                                            offload::HostArena* arena,
-                                                                           const LayerwiseTrainerOptions& options) {
+                                                                           const LayerwiseTrainerOptions& options,
+                                                                           offload::NvmeStore* nvme) {
   if (source->num_layers() != config.num_hidden_layers) {
     return absl::InvalidArgumentError(absl::StrCat("layer source has ", source->num_layers(), " layers, config has ",
                                                    config.num_hidden_layers));
   }
+  offload::ModelPlacement placement;  // validates the optimizer / gradient pair
+  placement.weights = offload::Tier::kDevice;
+  placement.optimizer = options.optimizer;
+  placement.gradients = options.gradients;
+  if (auto s = placement.Validate(); !s.ok()) return s;
   auto adam = offload::CpuAdam::Create(options.adam);
   if (!adam.ok()) return adam.status();
-  std::unique_ptr<LayerwiseTrainer> trainer(new LayerwiseTrainer(config, head, std::move(resident), source));
+  std::unique_ptr<LayerwiseTrainer> trainer(
+      new LayerwiseTrainer(config, head, std::move(resident), source, arena, options));
   trainer->adam_ = std::move(*adam);
+  if (options.optimizer == offload::Tier::kNvme) {
+    if (nvme == nullptr) return absl::InvalidArgumentError("an NVMe optimizer needs an NVMe store");
+    auto state = offload::NvmeAdamState::Create(options.nvme_adam, nvme, arena, trainer->adam_.get());
+    if (!state.ok()) return state.status();
+    trainer->nvme_adam_ = std::move(*state);
+  }
   LlamaWeights& r = trainer->resident_;
   std::vector<std::pair<std::string, at::Tensor*>> resident_params = {{"model.embed_tokens.weight", &r.embed_tokens},
                                                                       {"model.norm.weight", &r.norm}};
@@ -122,7 +159,7 @@ absl::StatusOr<std::unique_ptr<LayerwiseTrainer>> LayerwiseTrainer::Create(const
     ParamState state;
     state.name = name;
     state.resident = tensor;
-    if (auto s = trainer->AllocateState(arena, state, *tensor); !s.ok()) return s;
+    if (auto s = trainer->AllocateState(state, *tensor); !s.ok()) return s;
     trainer->params_.push_back(std::move(state));
   }
   LlamaLayerWeights names_only;
@@ -136,7 +173,7 @@ absl::StatusOr<std::unique_ptr<LayerwiseTrainer>> LayerwiseTrainer::Create(const
       state.name = absl::StrCat("model.layers.", l, ".", named[i].first);
       state.layer = l;
       state.index = i;
-      if (auto s = trainer->AllocateState(arena, state, *value); !s.ok()) return s;
+      if (auto s = trainer->AllocateState(state, *value); !s.ok()) return s;
       trainer->layer_params_[static_cast<size_t>(l)].push_back(trainer->params_.size());
       trainer->params_.push_back(std::move(state));
     }
@@ -146,7 +183,11 @@ absl::StatusOr<std::unique_ptr<LayerwiseTrainer>> LayerwiseTrainer::Create(const
 
 void LayerwiseTrainer::AccumulateGrad(ParamState& state, const at::Tensor& grad) {
   if (!grad.defined()) return;
-  HostView(state.grad, state.numel).add_(grad.reshape({-1}).to(at::kFloat));
+  if (state.device_grad.defined()) {
+    state.device_grad.add_(grad.reshape({-1}).to(at::kFloat));
+  } else {
+    HostView(state.grad, state.numel).add_(grad.reshape({-1}).to(at::kCPU, at::kFloat));
+  }
 }
 
 absl::StatusOr<at::Tensor> LayerwiseTrainer::Hidden(const at::Tensor& input_ids, const at::Tensor& attention_mask) {
@@ -262,15 +303,48 @@ absl::StatusOr<double> LayerwiseTrainer::ForwardBackward(const at::Tensor& input
 
 absl::StatusOr<at::Tensor> LayerwiseTrainer::Gradient(const std::string& name) const {
   for (const ParamState& p : params_) {
-    if (p.name == name) return HostView(p.grad, p.numel).clone().view(p.shape);
+    if (p.name != name) continue;
+    const at::Tensor grad = p.device_grad.defined() ? p.device_grad : HostView(p.grad, p.numel);
+    return grad.to(at::kCPU).clone().view(p.shape);
   }
   return absl::NotFoundError(absl::StrCat("no parameter named ", name));
 }
 
+std::span<std::byte> LayerwiseTrainer::WriteTarget(const ParamState& p) {
+  return p.resident != nullptr ? WritableCpuBytes(*p.resident) : source_->WritableHome(p.layer, p.index);
+}
+
+absl::Status LayerwiseTrainer::WriteBack(const ParamState& p, const at::Tensor& master) {
+  at::NoGradGuard no_grad;
+  if (p.resident != nullptr) {
+    p.resident->copy_(master.view(p.shape));
+    return absl::OkStatus();
+  }
+  return source_->Store(p.layer, p.index, master.view(p.shape).to(p.dtype));
+}
+
 absl::Status LayerwiseTrainer::OptimizerStep() {
+  absl::Status status;
+  switch (options_.optimizer) {
+    case offload::Tier::kHost: status = HostStep(); break;
+    case offload::Tier::kNvme: status = NvmeStep(); break;
+    case offload::Tier::kDevice: status = DeviceStep(); break;
+  }
+  if (!status.ok()) return status;
+  for (ParamState& p : params_) {
+    if (p.device_grad.defined()) {
+      p.device_grad.zero_();
+    } else {
+      std::memset(p.grad.data(), 0, static_cast<size_t>(p.numel) * sizeof(float));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LayerwiseTrainer::HostStep() {
   std::vector<offload::AdamTensorSpan> spans;
   spans.reserve(params_.size());
-  std::vector<ParamState*> write_back;  // homes the optimizer cannot write in place
+  std::vector<const ParamState*> write_back;  // homes the optimizer cannot write in place
   for (ParamState& p : params_) {
     offload::AdamTensorSpan span;
     span.name = p.name;
@@ -282,8 +356,7 @@ absl::Status LayerwiseTrainer::OptimizerStep() {
     span.step = ++p.step;
     // The device weights are written in the same pass as the update when
     // their home is host memory we can reach (ZeRO-Offload's fused copy).
-    const std::span<std::byte> home =
-        p.resident != nullptr ? WritableCpuBytes(*p.resident) : source_->WritableHome(p.layer, p.index);
+    const std::span<std::byte> home = WriteTarget(p);
     if (!home.empty() && p.dtype == at::kFloat) {
       span.device_fp32 = {reinterpret_cast<float*>(home.data()), n};
     } else if (!home.empty() && p.dtype == at::kBFloat16) {
@@ -294,16 +367,64 @@ absl::Status LayerwiseTrainer::OptimizerStep() {
     spans.push_back(span);
   }
   if (auto s = adam_->Step(spans); !s.ok()) return s;
-  at::NoGradGuard no_grad;
-  for (ParamState* p : write_back) {
-    const at::Tensor master = HostView(p->master, p->numel).view(p->shape);
-    if (p->resident != nullptr) {
-      p->resident->copy_(master);
-    } else if (auto s = source_->Store(p->layer, p->index, master.to(p->dtype)); !s.ok()) {
-      return s;
-    }
+  for (const ParamState* p : write_back) {
+    if (auto s = WriteBack(*p, HostView(p->master, p->numel)); !s.ok()) return s;
   }
-  for (ParamState& p : params_) std::memset(p.grad.data(), 0, static_cast<size_t>(p.numel) * sizeof(float));
+  return absl::OkStatus();
+}
+
+absl::Status LayerwiseTrainer::NvmeStep() {
+  std::vector<offload::NvmeAdamUpdate> updates;
+  std::vector<std::pair<const ParamState*, offload::HostBuffer>> write_back;
+  write_back.reserve(params_.size());
+  for (ParamState& p : params_) {
+    offload::NvmeAdamUpdate update;
+    update.name = p.name;
+    const size_t n = static_cast<size_t>(p.numel);
+    update.grad = p.grad.floats().first(n);
+    update.step = ++p.step;
+    std::span<std::byte> home = WriteTarget(p);
+    if (home.empty() || (p.dtype != at::kFloat && p.dtype != at::kBFloat16)) {
+      // No reachable home: the new fp32 weights land in a pooled scratch
+      // buffer and are stored after the step.
+      auto scratch = arena_->Allocate(n * sizeof(float));
+      if (!scratch.ok()) return scratch.status();
+      update.out_fp32 = scratch->floats().first(n);
+      write_back.emplace_back(&p, std::move(*scratch));
+    } else if (p.dtype == at::kFloat) {
+      update.out_fp32 = {reinterpret_cast<float*>(home.data()), n};
+    } else {
+      update.out_bf16 = {reinterpret_cast<uint16_t*>(home.data()), n};
+    }
+    updates.push_back(update);
+  }
+  if (auto s = nvme_adam_->Step(updates); !s.ok()) return s;
+  for (const auto& [p, scratch] : write_back) {
+    if (auto s = WriteBack(*p, HostView(scratch, p->numel)); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LayerwiseTrainer::DeviceStep() {
+  // AdamW with torch ops on the device, in torch::optim::AdamW's order.
+  at::NoGradGuard no_grad;
+  const offload::AdamOptions& o = options_.adam.adam;
+  for (ParamState& p : params_) {
+    const int64_t step = ++p.step;
+    const double bias1 = 1 - std::pow(o.beta1, static_cast<double>(step));
+    const double bias2 = 1 - std::pow(o.beta2, static_cast<double>(step));
+    at::Tensor grad = p.device_grad;
+    if (o.decoupled) {
+      p.device_master.mul_(1 - o.lr * o.weight_decay);
+    } else if (o.weight_decay != 0) {
+      grad = grad.add(p.device_master, o.weight_decay);
+    }
+    p.device_exp_avg.mul_(o.beta1).add_(grad, 1 - o.beta1);
+    p.device_exp_avg_sq.mul_(o.beta2).addcmul_(grad, grad, 1 - o.beta2);
+    const at::Tensor denom = (p.device_exp_avg_sq.sqrt() / std::sqrt(bias2)).add_(o.eps);
+    p.device_master.addcdiv_(p.device_exp_avg, denom, -o.lr / bias1);
+    if (auto s = WriteBack(p, p.device_master); !s.ok()) return s;
+  }
   return absl::OkStatus();
 }
 

@@ -23,6 +23,7 @@
 #include "offload/cpu_adam.h"
 #include "offload/host_arena.h"
 #include "offload/layer_streamer.h"
+#include "offload/nvme_adam.h"
 #include "policies/llama.h"
 
 namespace strata::policies {
@@ -94,19 +95,31 @@ absl::Status AddLayersToStreamer(std::vector<LlamaLayerWeights> layers, offload:
 using LossFn = std::function<at::Tensor(const at::Tensor& output)>;
 
 struct LayerwiseTrainerOptions {
+  // Adam hyperparameters, threads and ISA (the device optimizer uses the
+  // hyperparameters only).
   offload::CpuAdamOptions adam;
+  // Where master weights and moments live (kDevice, kHost or kNvme) and
+  // where gradients accumulate; see offload::ModelPlacement for the
+  // combinations that work. Weights' placement is the LayerSource's.
+  offload::Tier optimizer = offload::Tier::kHost;
+  offload::Tier gradients = offload::Tier::kHost;
+  // Tiling of NVMe optimizer states.
+  offload::NvmeAdamOptions nvme_adam;
 };
 
 class LayerwiseTrainer {
  public:
   // `resident` holds embed_tokens, norm, and lm_head or score (its `layers`
-  // are ignored: they come from `source`). Master weights, gradients and
-  // both Adam moments of every parameter (16 bytes per parameter) are
-  // allocated in `arena`. `source` and `arena` must outlive the trainer.
+  // are ignored: they come from `source`). With a host optimizer, master
+  // weights, gradients and both moments (16 bytes per parameter) are
+  // allocated in `arena`; with an NVMe optimizer only the gradients (4
+  // bytes per parameter) and a few staging tiles are, and the states go to
+  // `nvme`. `source`, `arena` and `nvme` must outlive the trainer.
   static absl::StatusOr<std::unique_ptr<LayerwiseTrainer>> Create(const LlamaConfig& config, LlamaHead head,
                                                                   LlamaWeights resident, LayerSource* source,
                                                                   offload::HostArena* arena,
-                                                                  const LayerwiseTrainerOptions& options);
+                                                                  const LayerwiseTrainerOptions& options,
+                                                                  offload::NvmeStore* nvme = nullptr);
 
   // Final-normed hidden states, layers brought in forward order, no grad.
   absl::StatusOr<at::Tensor> Hidden(const at::Tensor& input_ids, const at::Tensor& attention_mask);
@@ -139,18 +152,30 @@ class LayerwiseTrainer {
     std::vector<int64_t> shape;
     at::ScalarType dtype = at::kFloat;  // of the device weights
     int64_t step = 0;
-    offload::HostBuffer master, grad, exp_avg, exp_avg_sq;
+    offload::HostBuffer master, grad, exp_avg, exp_avg_sq;  // host optimizer (grad also for NVMe)
+    at::Tensor device_master, device_grad, device_exp_avg, device_exp_avg_sq;  // device optimizer
   };
 
-  LayerwiseTrainer(const LlamaConfig& config, LlamaHead head, LlamaWeights resident, LayerSource* source);
-  static void AccumulateGrad(ParamState& state, const at::Tensor& grad);
-  absl::Status AllocateState(offload::HostArena* arena, ParamState& state, const at::Tensor& value);
+  LayerwiseTrainer(const LlamaConfig& config, LlamaHead head, LlamaWeights resident, LayerSource* source,
+                   offload::HostArena* arena, const LayerwiseTrainerOptions& options);
+  void AccumulateGrad(ParamState& state, const at::Tensor& grad);
+  absl::Status AllocateState(ParamState& state, const at::Tensor& value);
+  // The host bytes the optimizer may write p's new weights into, or empty.
+  std::span<std::byte> WriteTarget(const ParamState& p);
+  // Copies new fp32 weights `master` into p's device tensor or layer home.
+  absl::Status WriteBack(const ParamState& p, const at::Tensor& master);
+  absl::Status HostStep();
+  absl::Status NvmeStep();
+  absl::Status DeviceStep();
 
   const LlamaConfig config_;
   const LlamaHead head_;
   LlamaWeights resident_;
   LayerSource* const source_;
+  offload::HostArena* const arena_;
+  const LayerwiseTrainerOptions options_;
   std::unique_ptr<offload::CpuAdam> adam_;
+  std::unique_ptr<offload::NvmeAdamState> nvme_adam_;
   std::vector<ParamState> params_;
   std::vector<std::vector<size_t>> layer_params_;  // params_ index per layer tensor
   int64_t num_parameters_ = 0;

@@ -2,6 +2,7 @@
 
 #include "gtest/gtest.h"
 #include "offload/device_memory.h"
+#include "offload/placement.h"
 #include "tests/testutil/testutil.h"
 
 namespace strata::policies {
@@ -81,55 +82,90 @@ TEST(LayerwiseTrainerTest, GradientsMatchFullAutograd) {
   }
 }
 
-class StreamedTrainingTest : public ::testing::TestWithParam<offload::Tier> {};
+// Every placement the engine supports runs the same math: the losses of
+// several training steps equal those of resident weights with host Adam.
+class PlacementTest : public ::testing::TestWithParam<offload::ModelPlacement> {};
 
-// Streaming from host or NVMe changes where weights live, not the math: the
-// losses of several training steps equal the resident run's exactly.
-TEST_P(StreamedTrainingTest, StreamedStepsEqualResidentSteps) {
+std::vector<double> TrainWithPlacement(const offload::ModelPlacement& placement, int steps) {
   const Batch batch = MakeBatch();
   auto loss_fn = [&](const at::Tensor& logits) { return NextTokenLoss(logits, batch.ids); };
-  auto run = [&](bool streamed) -> std::vector<double> {
-    auto model = LlamaModel::RandomInit(SmallConfig(false), LlamaHead::kLanguageModel, at::kFloat, 3, 0.2);
-    auto arena = Arena();
-    testing::TempDir dir;
-    std::unique_ptr<offload::NvmeStore> store;
-    if (GetParam() == offload::Tier::kNvme) {
-      offload::NvmeStoreOptions store_options;
-      store_options.directory = dir.path();
-      store = std::move(*offload::NvmeStore::Open(store_options));
-    }
-    std::unique_ptr<offload::LayerStreamer> streamer;
-    std::unique_ptr<LayerSource> source;
-    if (streamed) {
-      offload::LayerStreamerOptions options;
-      options.home = GetParam();
-      streamer = std::move(*offload::LayerStreamer::Create(options, arena.get(), store.get(), nullptr));
-      EXPECT_TRUE(AddLayersToStreamer(model->weights().layers, streamer.get()).ok());
-      model->weights().layers.clear();
-      source = std::make_unique<StreamedLayerSource>(streamer.get());
-    } else {
-      source = std::make_unique<ResidentLayerSource>(model->weights().layers);
-    }
-    auto trainer = LayerwiseTrainer::Create(model->config(), LlamaHead::kLanguageModel, model->weights(),
-                                            source.get(), arena.get(), TrainerOptions());
-    EXPECT_TRUE(trainer.ok()) << trainer.status();
-    std::vector<double> losses;
-    for (int step = 0; step < 4; ++step) {
-      auto loss = (*trainer)->ForwardBackward(batch.ids, batch.mask, loss_fn);
-      EXPECT_TRUE(loss.ok()) << loss.status();
-      losses.push_back(*loss);
-      EXPECT_TRUE((*trainer)->OptimizerStep().ok());
-    }
-    return losses;
-  };
-  const auto resident = run(false);
-  const auto streamed = run(true);
-  EXPECT_EQ(resident, streamed);
-  EXPECT_LT(resident.back(), resident.front());  // it trains
+  auto model = LlamaModel::RandomInit(SmallConfig(false), LlamaHead::kLanguageModel, at::kFloat, 3, 0.2);
+  auto arena = Arena();
+  testing::TempDir dir;
+  std::unique_ptr<offload::NvmeStore> store;
+  if (placement.weights == offload::Tier::kNvme || placement.optimizer == offload::Tier::kNvme) {
+    offload::NvmeStoreOptions store_options;
+    store_options.directory = dir.path();
+    store = std::move(*offload::NvmeStore::Open(store_options));
+  }
+  std::unique_ptr<offload::LayerStreamer> streamer;
+  std::unique_ptr<LayerSource> source;
+  if (placement.weights == offload::Tier::kDevice) {
+    source = std::make_unique<ResidentLayerSource>(model->weights().layers);
+  } else {
+    offload::LayerStreamerOptions options;
+    options.home = placement.weights;
+    options.prefetch_depth = placement.prefetch_depth;
+    streamer = std::move(*offload::LayerStreamer::Create(options, arena.get(), store.get(), nullptr));
+    EXPECT_TRUE(AddLayersToStreamer(model->weights().layers, streamer.get()).ok());
+    source = std::make_unique<StreamedLayerSource>(streamer.get());
+  }
+  model->weights().layers.clear();
+  LayerwiseTrainerOptions options = TrainerOptions();
+  options.optimizer = placement.optimizer;
+  options.gradients = placement.gradients;
+  options.nvme_adam.tile_elements = 1024;
+  auto trainer = LayerwiseTrainer::Create(model->config(), LlamaHead::kLanguageModel, model->weights(), source.get(),
+                                          arena.get(), options, store.get());
+  EXPECT_TRUE(trainer.ok()) << trainer.status();
+  if (!trainer.ok()) return {};
+  std::vector<double> losses;
+  for (int step = 0; step < steps; ++step) {
+    auto loss = (*trainer)->ForwardBackward(batch.ids, batch.mask, loss_fn);
+    EXPECT_TRUE(loss.ok()) << loss.status();
+    losses.push_back(loss.ok() ? *loss : 0);
+    EXPECT_TRUE((*trainer)->OptimizerStep().ok());
+  }
+  return losses;
 }
 
-INSTANTIATE_TEST_SUITE_P(Homes, StreamedTrainingTest, ::testing::Values(offload::Tier::kHost, offload::Tier::kNvme),
-                         [](const auto& info) { return std::string(offload::TierName(info.param)); });
+TEST_P(PlacementTest, LossesEqualResidentWithHostAdam) {
+  const auto baseline = TrainWithPlacement(offload::ModelPlacement{}, 4);
+  const auto losses = TrainWithPlacement(GetParam(), 4);
+  ASSERT_EQ(losses.size(), baseline.size());
+  for (size_t i = 0; i < losses.size(); ++i) {
+    EXPECT_NEAR(losses[i], baseline[i], 1e-6) << "step " << i << " with " << GetParam().ToString();
+  }
+  EXPECT_LT(losses.back(), losses.front());  // it trains
+}
+
+offload::ModelPlacement Place(offload::Tier weights, offload::Tier optimizer, offload::Tier gradients) {
+  offload::ModelPlacement p;
+  p.weights = weights;
+  p.optimizer = optimizer;
+  p.gradients = gradients;
+  return p;
+}
+
+using offload::Tier;
+INSTANTIATE_TEST_SUITE_P(
+    Placements, PlacementTest,
+    ::testing::Values(Place(Tier::kHost, Tier::kHost, Tier::kHost), Place(Tier::kNvme, Tier::kHost, Tier::kHost),
+                      Place(Tier::kDevice, Tier::kNvme, Tier::kHost), Place(Tier::kNvme, Tier::kNvme, Tier::kHost),
+                      Place(Tier::kDevice, Tier::kDevice, Tier::kDevice)),
+    [](const auto& info) {
+      return std::string(offload::TierName(info.param.weights)) + "_" + offload::TierName(info.param.optimizer) + "_" +
+             offload::TierName(info.param.gradients);
+    });
+
+TEST(PlacementValidationTest, ImpossibleCombinationsNameTheField) {
+  EXPECT_NE(Place(Tier::kHost, Tier::kDevice, Tier::kDevice).Validate().message().find("placement.optimizer"),
+            std::string::npos);
+  EXPECT_NE(Place(Tier::kDevice, Tier::kHost, Tier::kDevice).Validate().message().find("placement.gradients"),
+            std::string::npos);
+  EXPECT_FALSE(Place(Tier::kDevice, Tier::kHost, Tier::kNvme).Validate().ok());
+  EXPECT_TRUE(Place(Tier::kNvme, Tier::kNvme, Tier::kHost).Validate().ok());
+}
 
 // The done-when of the offload engine: a step of a model whose weights and
 // optimizer states are several times the device budget completes with the
