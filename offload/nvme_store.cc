@@ -1,0 +1,760 @@
+#include "offload/nvme_store.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <unordered_set>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "offload/file.h"
+#include "offload/log.h"
+
+namespace strata::offload {
+
+namespace {
+
+constexpr char kManifestName[] = "MANIFEST";
+constexpr char kManifestTmpPrefix[] = "MANIFEST.tmp.";
+constexpr char kLockName[] = "LOCK";
+constexpr char kManifestHeader[] = "strata-nvme-store 1";
+constexpr char kSlotSuffix[] = ".slot";
+constexpr int64_t kAlign = static_cast<int64_t>(kDirectIoAlignment);
+// Engine tags carry (batch << kItemBits) | item.
+constexpr int kItemBits = 24;
+constexpr uint64_t kItemMask = (uint64_t{1} << kItemBits) - 1;
+
+uint64_t Fnv1a64(const std::string& bytes) {
+  uint64_t hash = 0xcbf29ce484222325ull;
+  for (const unsigned char c : bytes) {
+    hash ^= c;
+    hash *= 0x100000001b3ull;
+  }
+  return hash;
+}
+
+std::string Hex64(uint64_t value) { return absl::StrFormat("%016x", value); }
+
+int64_t PadToAlign(int64_t n) {
+  return static_cast<int64_t>(RoundUpTo(static_cast<size_t>(n), kDirectIoAlignment));
+}
+
+// Prefixes a status with the tensor it concerns, keeping its code.
+absl::Status ForTensor(const std::string& id, const absl::Status& status) {
+  return absl::Status(status.code(), absl::StrCat("tensor '", id, "': ", status.message()));
+}
+
+struct ManifestRecord {
+  std::string id;
+  std::string file;
+  int64_t size = 0;
+  int64_t capacity = 0;
+  bool valid = false;
+};
+
+absl::StatusOr<std::vector<ManifestRecord>> ParseManifest(const std::string& text,
+                                                          const std::string& path) {
+  auto corrupt = [&path](int line, const std::string& what) {
+    return absl::DataLossError(absl::StrCat("NVMe store manifest ", path,
+                                            line > 0 ? absl::StrCat(" line ", line) : "", ": ",
+                                            what));
+  };
+  if (text.empty() || text.back() != '\n') return corrupt(0, "truncated (no end record)");
+  const size_t previous_newline = text.size() >= 2 ? text.rfind('\n', text.size() - 2) : std::string::npos;
+  const size_t end_start = previous_newline == std::string::npos ? 0 : previous_newline + 1;
+  const std::string body = text.substr(0, end_start);
+  const std::vector<std::string> end_fields =
+      absl::StrSplit(text.substr(end_start, text.size() - 1 - end_start), ' ');
+  uint64_t count = 0;
+  if (end_fields.size() != 3 || end_fields[0] != "end" || !absl::SimpleAtoi(end_fields[1], &count)) {
+    return corrupt(0, "truncated (no end record)");
+  }
+  if (end_fields[2] != Hex64(Fnv1a64(body))) return corrupt(0, "checksum mismatch (corrupt)");
+
+  std::vector<std::string> lines = absl::StrSplit(body, '\n');
+  if (!lines.empty() && lines.back().empty()) lines.pop_back();
+  if (lines.empty() || lines[0] != kManifestHeader) {
+    return corrupt(1, absl::StrCat("expected header '", kManifestHeader, "'"));
+  }
+  std::vector<ManifestRecord> records;
+  std::unordered_set<std::string> ids;
+  std::unordered_set<std::string> files;
+  for (size_t i = 1; i < lines.size(); ++i) {
+    const int line = static_cast<int>(i) + 1;
+    const std::vector<std::string> f = absl::StrSplit(lines[i], absl::MaxSplits(' ', 5));
+    ManifestRecord r;
+    if (f.size() != 6 || f[0] != "slot" || (f[1] != "0" && f[1] != "1") ||
+        !absl::SimpleAtoi(f[2], &r.size) || !absl::SimpleAtoi(f[3], &r.capacity) ||
+        !absl::CUnescape(f[5], &r.id)) {
+      return corrupt(line, "malformed slot record");
+    }
+    r.valid = f[1] == "1";
+    r.file = f[4];
+    if (r.size < 0 || r.capacity < 0 || r.capacity % kAlign != 0 ||
+        (r.valid && r.capacity < PadToAlign(r.size))) {
+      return corrupt(line, absl::StrCat("impossible size ", r.size, " / capacity ", r.capacity));
+    }
+    if (r.file.find('/') != std::string::npos || !absl::EndsWith(r.file, kSlotSuffix)) {
+      return corrupt(line, absl::StrCat("bad slot file name '", r.file, "'"));
+    }
+    if (!ids.insert(r.id).second || !files.insert(r.file).second) {
+      return corrupt(line, absl::StrCat("duplicate record for '", r.id, "'"));
+    }
+    records.push_back(std::move(r));
+  }
+  if (records.size() != count) {
+    return corrupt(0, absl::StrCat("end record counts ", count, " slots, found ", records.size()));
+  }
+  return records;
+}
+
+}  // namespace
+
+absl::Status NvmeStoreOptions::Validate() const {
+  if (directory.empty()) return absl::InvalidArgumentError("NVMe store directory is empty");
+  if (block_size < kAlign || block_size % kAlign != 0 || block_size > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "NVMe store block_size must be a multiple of 4096 in [4096, 1 GiB], got ", block_size));
+  }
+  if (queue_depth < 1 || queue_depth > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NVMe store queue_depth must be in [1, 4096], got ", queue_depth));
+  }
+  if (capacity_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NVMe store capacity_bytes must be >= 0, got ", capacity_bytes));
+  }
+  if (max_open_files < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NVMe store max_open_files must be >= 1, got ", max_open_files));
+  }
+  return absl::OkStatus();
+}
+
+std::string NvmeStore::SlotFileName(const std::string& id) {
+  std::string stem;
+  for (const char c : id) {
+    if (stem.size() == 64) break;
+    const bool keep = absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' ||
+                      c == '-';
+    stem += keep ? c : '_';
+  }
+  // Never a hidden file, never an empty stem.
+  if (stem.empty() || stem[0] == '.') stem = absl::StrCat("t", stem);
+  return absl::StrCat(stem, "-", Hex64(Fnv1a64(id)), kSlotSuffix);
+}
+
+absl::StatusOr<std::unique_ptr<NvmeStore>> NvmeStore::Open(const NvmeStoreOptions& options) {
+  if (auto status = options.Validate(); !status.ok()) return status;
+  IoEngineOptions engine_options;
+  engine_options.kind = options.engine;
+  engine_options.queue_depth = options.queue_depth;
+  engine_options.chunk_size = options.block_size;
+  auto engine = IoEngine::Create(engine_options);
+  if (!engine.ok()) return engine.status();
+  return Open(options, *std::move(engine));
+}
+
+absl::StatusOr<std::unique_ptr<NvmeStore>> NvmeStore::Open(const NvmeStoreOptions& options,
+                                                           std::unique_ptr<IoEngine> engine) {
+  if (auto status = options.Validate(); !status.ok()) return status;
+  if (engine == nullptr) return absl::InvalidArgumentError("NvmeStore needs an I/O engine");
+  const std::string& dir = options.directory;
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("NVMe store directory ", dir));
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("NVMe store directory ", dir, " is not a directory"));
+  }
+  // Checked up front so a read-only mount fails here, naming the directory,
+  // rather than at the first Put. (access() honours read-only mounts even
+  // for root.)
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("NVMe store directory ", dir, " is not writable"));
+  }
+  // The LOCK file doubles as the O_DIRECT probe: filesystems without direct
+  // I/O (ramfs, some FUSE and overlay setups) refuse the flag at open().
+  const std::string lock_path = JoinPath(dir, kLockName);
+  bool o_direct = true;
+  int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_DIRECT, 0644);
+  if (fd < 0 && errno == EINVAL) {
+    o_direct = false;
+    STRATA_LOG(Warning) << "filesystem of " << dir
+                        << " refuses O_DIRECT; NVMe store falls back to buffered I/O";
+    fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  }
+  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("open ", lock_path));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    ::close(fd);
+    if (err == EWOULDBLOCK) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("NVMe store ", dir, " is already open (", lock_path, " is locked)"));
+    }
+    return ErrnoToStatus(err, absl::StrCat("flock ", lock_path));
+  }
+  std::unique_ptr<NvmeStore> store(new NvmeStore(options, fd, o_direct));
+  store->engine_ = std::move(engine);
+  if (auto status = store->Load(); !status.ok()) return status;
+  return store;
+}
+
+NvmeStore::NvmeStore(const NvmeStoreOptions& options, int lock_fd, bool o_direct)
+    : options_(options), lock_fd_(lock_fd), o_direct_(o_direct) {}
+
+NvmeStore::~NvmeStore() {
+  // In-flight transfers target caller buffers and our bounce buffers: finish
+  // them before anything is freed. Unwaited writes simply stay invalid.
+  while (engine_ != nullptr && engine_->pending() > 0) {
+    completions_.clear();
+    if (auto status = engine_->Wait(1, &completions_); !status.ok()) {
+      STRATA_LOG(Error) << "NVMe store " << options_.directory << ": " << status;
+      break;
+    }
+    for (const IoCompletion& c : completions_) Dispatch(c);
+  }
+  for (auto& [id, entry] : entries_) CloseFile(entry);
+  engine_.reset();
+  if (lock_fd_ >= 0) ::close(lock_fd_);
+}
+
+std::string NvmeStore::PathOf(const Entry& entry) const {
+  return JoinPath(options_.directory, entry.file);
+}
+
+absl::Status NvmeStore::Load() {
+  const std::string& dir = options_.directory;
+  std::vector<std::string> slot_files;
+  std::vector<std::string> stale_temporaries;
+  {
+    std::unique_ptr<DIR, int (*)(DIR*)> listing(::opendir(dir.c_str()), &::closedir);
+    if (listing == nullptr) return ErrnoToStatus(errno, absl::StrCat("list ", dir));
+    while (const dirent* d = ::readdir(listing.get())) {
+      const std::string name = d->d_name;
+      if (absl::EndsWith(name, kSlotSuffix)) slot_files.push_back(name);
+      if (absl::StartsWith(name, kManifestTmpPrefix)) stale_temporaries.push_back(name);
+    }
+  }
+  for (const std::string& name : stale_temporaries) ::unlink(JoinPath(dir, name).c_str());
+
+  const std::string manifest_path = JoinPath(dir, kManifestName);
+  auto text = ReadFileToString(manifest_path);
+  if (!text.ok()) {
+    if (text.status().code() != absl::StatusCode::kNotFound) return text.status();
+    if (!slot_files.empty()) {
+      return absl::DataLossError(absl::StrCat("NVMe store ", dir, " holds ", slot_files.size(),
+                                              " slot files but no MANIFEST; refusing to guess "
+                                              "which are valid"));
+    }
+    return WriteManifest();  // a fresh store
+  }
+  auto records = ParseManifest(*text, manifest_path);
+  if (!records.ok()) return records.status();
+
+  bool dropped = false;
+  for (ManifestRecord& r : *records) {
+    Entry entry;
+    entry.id = std::move(r.id);
+    entry.file = std::move(r.file);
+    entry.size = r.size;
+    entry.capacity = r.capacity;
+    entry.valid = r.valid;
+    const std::string path = PathOf(entry);
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) {
+      if (entry.valid) {
+        return absl::DataLossError(absl::StrCat("slot file ", path, " of tensor '", entry.id,
+                                                "' is missing"));
+      }
+      STRATA_LOG(Warning) << "dropping reservation for '" << entry.id << "': " << path
+                          << " is missing";
+      dropped = true;
+      continue;
+    }
+    const int64_t on_disk = static_cast<int64_t>(st.st_size) / kAlign * kAlign;
+    if (entry.valid && on_disk < PadToAlign(entry.size)) {
+      return absl::DataLossError(absl::StrCat("slot file ", path, " of tensor '", entry.id,
+                                              "' is truncated: ", st.st_size, " bytes, need ",
+                                              PadToAlign(entry.size)));
+    }
+    // A crash after growing a slot but before recording it leaves it larger.
+    entry.capacity = on_disk;
+    entry.durable_valid = entry.valid;
+    allocated_bytes_ += entry.capacity;
+    files_in_use_.insert(entry.file);
+    const std::string id = entry.id;
+    entries_.emplace(id, std::move(entry));
+  }
+  for (const std::string& name : slot_files) {
+    if (files_in_use_.count(name) > 0) continue;
+    // Created by a write that never reached the MANIFEST (crash or failure).
+    STRATA_LOG(Info) << "removing orphaned slot file " << JoinPath(dir, name);
+    ::unlink(JoinPath(dir, name).c_str());
+  }
+  return dropped ? WriteManifest() : absl::OkStatus();
+}
+
+absl::Status NvmeStore::WriteManifest() {
+  std::string text = absl::StrCat(kManifestHeader, "\n");
+  for (const auto& [id, e] : entries_) {
+    absl::StrAppend(&text, "slot ", e.valid ? 1 : 0, " ", e.size, " ", e.capacity, " ", e.file,
+                    " ", absl::CEscape(id), "\n");
+  }
+  absl::StrAppend(&text, "end ", entries_.size(), " ", Hex64(Fnv1a64(text)), "\n");
+  const std::string& dir = options_.directory;
+  if (auto status = WriteFileAtomically(JoinPath(dir, kManifestName), text); !status.ok()) {
+    return status;
+  }
+  // The rename (and any new slot file's name) is durable only once the
+  // directory itself is synced.
+  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd < 0) return ErrnoToStatus(errno, absl::StrCat("open ", dir));
+  const int rc = ::fsync(dir_fd);
+  const int err = errno;
+  ::close(dir_fd);
+  if (rc != 0) return ErrnoToStatus(err, absl::StrCat("fsync ", dir));
+  for (auto& [id, e] : entries_) e.durable_valid = e.valid;
+  return absl::OkStatus();
+}
+
+absl::Status NvmeStore::EnsureOpen(Entry& entry) {
+  entry.last_use = ++use_clock_;
+  if (entry.fd >= 0) return absl::OkStatus();
+  const std::string path = PathOf(entry);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | (o_direct_ ? O_DIRECT : 0));
+  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("open ", path));
+  entry.fd = fd;
+  ++open_files_;
+  // A full fixed-file table only costs a per-I/O file lookup.
+  auto index = engine_->RegisterFile(fd);
+  entry.fixed_index = index.ok() ? *index : -1;
+  CloseIdleFiles();
+  return absl::OkStatus();
+}
+
+void NvmeStore::CloseFile(Entry& entry) {
+  if (entry.fd < 0) return;
+  if (entry.fixed_index >= 0) {
+    // The ring holds its own reference; drop it before the descriptor.
+    if (auto status = engine_->UnregisterFile(entry.fixed_index); !status.ok()) {
+      STRATA_LOG(Warning) << "unregister " << PathOf(entry) << ": " << status;
+    }
+    entry.fixed_index = -1;
+  }
+  ::close(entry.fd);
+  entry.fd = -1;
+  --open_files_;
+}
+
+void NvmeStore::CloseIdleFiles() {
+  if (open_files_ <= options_.max_open_files) return;
+  std::vector<Entry*> idle;
+  for (auto& [id, e] : entries_) {
+    if (e.fd >= 0 && !e.writing && e.readers == 0 && e.last_use != use_clock_) idle.push_back(&e);
+  }
+  std::sort(idle.begin(), idle.end(),
+            [](const Entry* a, const Entry* b) { return a->last_use < b->last_use; });
+  for (Entry* e : idle) {
+    if (open_files_ <= options_.max_open_files) break;
+    CloseFile(*e);
+  }
+}
+
+absl::StatusOr<NvmeStore::Entry*> NvmeStore::Allocate(const std::string& id, int64_t bytes) {
+  const int64_t want = PadToAlign(bytes);
+  auto it = entries_.find(id);
+  const bool created = it == entries_.end();
+  if (created) {
+    Entry entry;
+    entry.id = id;
+    entry.file = SlotFileName(id);
+    // Ids that sanitise alike and collide in 64 bits still get distinct files.
+    const std::string stem = entry.file.substr(0, entry.file.size() - std::strlen(kSlotSuffix));
+    for (int n = 2; files_in_use_.count(entry.file) > 0; ++n) {
+      entry.file = absl::StrCat(stem, "-", n, kSlotSuffix);
+    }
+    it = entries_.emplace(id, std::move(entry)).first;
+    files_in_use_.insert(it->second.file);
+  }
+  Entry& e = it->second;
+  const std::string path = PathOf(e);
+  // Undoes a slot created by this call; an existing one keeps its space.
+  auto fail = [&](absl::Status status) -> absl::Status {
+    if (created) {
+      CloseFile(e);
+      ::unlink(path.c_str());
+      files_in_use_.erase(e.file);
+      entries_.erase(it);
+    }
+    return status;
+  };
+  if (created) {
+    const int fd =
+        ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | (o_direct_ ? O_DIRECT : 0),
+               0644);
+    if (fd < 0) return fail(ErrnoToStatus(errno, absl::StrCat("create ", path)));
+    e.fd = fd;
+    ++open_files_;
+    auto index = engine_->RegisterFile(fd);
+    e.fixed_index = index.ok() ? *index : -1;
+    e.last_use = ++use_clock_;
+    CloseIdleFiles();
+  }
+  if (auto status = EnsureOpen(e); !status.ok()) return fail(status);
+  if (want <= e.capacity) return &e;
+  const int64_t grow = want - e.capacity;
+  if (options_.capacity_bytes > 0 && allocated_bytes_ + grow > options_.capacity_bytes) {
+    return fail(absl::ResourceExhaustedError(absl::StrCat(
+        "NVMe store ", options_.directory, " capacity of ", options_.capacity_bytes,
+        " bytes exceeded: tensor '", id, "' needs ", grow, " more (", allocated_bytes_,
+        " allocated)")));
+  }
+  // Real blocks now, so a full disk shows up here as ENOSPC and not in the
+  // middle of a write, and the data path never allocates.
+  if (::fallocate(e.fd, 0, 0, want) != 0) {
+    const int err = errno;
+    if (err != EOPNOTSUPP) {
+      return fail(ErrnoToStatus(err, absl::StrCat("preallocate ", want, " bytes for tensor '", id,
+                                                  "' in ", path)));
+    }
+    if (!warned_fallocate_) {
+      STRATA_LOG(Warning) << "filesystem of " << options_.directory
+                          << " lacks fallocate; slot files are sparse";
+      warned_fallocate_ = true;
+    }
+    if (::ftruncate(e.fd, want) != 0) {
+      return fail(ErrnoToStatus(errno, absl::StrCat("resize ", path, " to ", want, " bytes")));
+    }
+  }
+  allocated_bytes_ += grow;
+  e.capacity = want;
+  return &e;
+}
+
+absl::Status NvmeStore::Reserve(const std::string& id, int64_t bytes) {
+  if (bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", id, "': negative size ", bytes));
+  }
+  auto it = entries_.find(id);
+  if (it != entries_.end() && it->second.writing) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("tensor '", id, "': cannot reserve while a write is in flight"));
+  }
+  auto entry = Allocate(id, bytes);
+  if (!entry.ok()) return entry.status();
+  return WriteManifest();
+}
+
+absl::Status NvmeStore::SubmitItem(uint64_t batch_id, size_t index, Batch& batch) {
+  Item& item = batch.items[index];
+  const Entry& e = *item.entry;
+  if (item.size == 0) return absl::OkStatus();
+  // O_DIRECT moves whole 4096-byte blocks to and from 4096-aligned memory.
+  // The aligned bulk of the caller's buffer is used in place; the ragged tail
+  // (or all of an unaligned buffer) goes through a zero-padded bounce buffer.
+  const bool aligned = reinterpret_cast<uintptr_t>(item.caller) % kDirectIoAlignment == 0;
+  const int64_t direct = aligned ? item.size / kAlign * kAlign : 0;
+  IoRequest base;
+  base.op = batch.op;
+  base.file = e.fixed_index >= 0 ? e.fixed_index : e.fd;
+  base.fixed_file = e.fixed_index >= 0;
+  base.tag = (batch_id << kItemBits) | index;
+  base.path = PathOf(e);
+  std::vector<IoRequest> requests;
+  if (direct > 0) {
+    IoRequest r = base;
+    r.offset = 0;
+    r.buffer = item.caller;
+    r.length = direct;
+    requests.push_back(std::move(r));
+  }
+  if (direct < item.size) {
+    const int64_t rest = item.size - direct;
+    const int64_t padded = PadToAlign(rest);
+    auto bounce = AlignedBuffer::Allocate(static_cast<size_t>(padded));
+    if (!bounce.ok()) return bounce.status();
+    item.bounce = *std::move(bounce);
+    item.bounce_offset = direct;
+    item.bounce_bytes = rest;
+    if (batch.op == IoOp::kWrite) {
+      std::memcpy(item.bounce.data(), item.caller + direct, static_cast<size_t>(rest));
+      std::memset(item.bounce.data() + rest, 0, static_cast<size_t>(padded - rest));
+    }
+    IoRequest r = base;
+    r.offset = direct;
+    r.buffer = item.bounce.data();
+    r.length = padded;
+    requests.push_back(std::move(r));
+  }
+  if (auto status = engine_->Submit(requests); !status.ok()) return status;
+  item.pending += static_cast<int>(requests.size());
+  batch.pending += static_cast<int>(requests.size());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<NvmeStore::Ticket> NvmeStore::StartWrite(std::span<const NvmeWrite> writes) {
+  if (writes.size() > kItemMask) return absl::InvalidArgumentError("write batch too large");
+  std::unordered_set<std::string> seen;
+  for (const NvmeWrite& w : writes) {
+    if (!seen.insert(w.id).second) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", w.id, "' twice in one batch"));
+    }
+    if (!w.data.empty() && w.data.data() == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", w.id, "': null data"));
+    }
+    auto it = entries_.find(w.id);
+    if (it != entries_.end() && (it->second.writing || it->second.readers > 0)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("tensor '", w.id, "' has I/O in flight; wait for it before writing"));
+    }
+  }
+  Batch batch;
+  batch.op = IoOp::kWrite;
+  batch.items.reserve(writes.size());
+  auto unwind = [&batch] {
+    for (Item& item : batch.items) item.entry->writing = false;
+  };
+  for (const NvmeWrite& w : writes) {
+    auto entry = Allocate(w.id, static_cast<int64_t>(w.data.size()));
+    if (!entry.ok()) {
+      // A failed write leaves no readable value (see the header).
+      auto it = entries_.find(w.id);
+      if (it != entries_.end()) it->second.valid = false;
+      unwind();
+      return entry.status();
+    }
+    Item item;
+    item.entry = *entry;
+    item.caller = const_cast<std::byte*>(w.data.data());
+    item.size = static_cast<int64_t>(w.data.size());
+    item.entry->writing = true;
+    batch.items.push_back(std::move(item));
+  }
+  // Before any byte of a durable slot is overwritten, MANIFEST must stop
+  // calling it valid: one rewrite covers the whole batch.
+  bool overwrites_durable = false;
+  for (Item& item : batch.items) {
+    overwrites_durable |= item.entry->durable_valid;
+    item.entry->valid = false;
+  }
+  if (overwrites_durable) {
+    if (auto status = WriteManifest(); !status.ok()) {
+      unwind();
+      return status;
+    }
+  }
+  const uint64_t batch_id = next_batch_++;
+  Batch& stored = batches_[batch_id] = std::move(batch);
+  for (size_t i = 0; i < stored.items.size(); ++i) {
+    // Reported by Wait: other items of the batch are already under way.
+    if (auto status = SubmitItem(batch_id, i, stored); !status.ok()) stored.items[i].status = status;
+  }
+  return batch_id;
+}
+
+absl::StatusOr<NvmeStore::Ticket> NvmeStore::StartRead(std::span<const NvmeRead> reads) {
+  if (reads.size() > kItemMask) return absl::InvalidArgumentError("read batch too large");
+  for (const NvmeRead& r : reads) {
+    auto it = entries_.find(r.id);
+    if (it == entries_.end() || !it->second.valid) {
+      if (it != entries_.end() && it->second.writing) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("tensor '", r.id, "' is being written; wait for it before reading"));
+      }
+      return absl::NotFoundError(absl::StrCat("tensor '", r.id, "' has no valid data in NVMe store ",
+                                              options_.directory));
+    }
+    if (static_cast<int64_t>(r.out.size()) != it->second.size) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", r.id, "' is ", it->second.size,
+                                                     " bytes; read buffer is ", r.out.size()));
+    }
+    if (!r.out.empty() && r.out.data() == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", r.id, "': null buffer"));
+    }
+  }
+  Batch batch;
+  batch.op = IoOp::kRead;
+  batch.items.reserve(reads.size());
+  for (const NvmeRead& r : reads) {
+    Entry& e = entries_.at(r.id);
+    ++e.readers;
+    Item item;
+    item.entry = &e;
+    item.caller = r.out.data();
+    item.size = static_cast<int64_t>(r.out.size());
+    batch.items.push_back(std::move(item));
+    if (auto status = EnsureOpen(e); !status.ok()) {
+      for (Item& done : batch.items) --done.entry->readers;
+      return ForTensor(r.id, status);
+    }
+  }
+  const uint64_t batch_id = next_batch_++;
+  Batch& stored = batches_[batch_id] = std::move(batch);
+  for (size_t i = 0; i < stored.items.size(); ++i) {
+    if (auto status = SubmitItem(batch_id, i, stored); !status.ok()) stored.items[i].status = status;
+  }
+  return batch_id;
+}
+
+absl::StatusOr<NvmeStore::Ticket> NvmeStore::StartWrite(const std::string& id,
+                                                        std::span<const std::byte> data) {
+  const NvmeWrite write{id, data};
+  return StartWrite(std::span<const NvmeWrite>(&write, 1));
+}
+
+absl::StatusOr<NvmeStore::Ticket> NvmeStore::StartRead(const std::string& id,
+                                                       std::span<std::byte> out) {
+  const NvmeRead read{id, out};
+  return StartRead(std::span<const NvmeRead>(&read, 1));
+}
+
+void NvmeStore::Dispatch(const IoCompletion& completion) {
+  auto it = batches_.find(completion.tag >> kItemBits);
+  if (it == batches_.end()) return;
+  Batch& batch = it->second;
+  Item& item = batch.items[completion.tag & kItemMask];
+  if (!completion.status.ok() && item.status.ok()) item.status = completion.status;
+  --item.pending;
+  --batch.pending;
+}
+
+absl::Status NvmeStore::Wait(Ticket ticket) {
+  auto it = batches_.find(ticket);
+  if (it == batches_.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown NVMe store ticket ", ticket));
+  }
+  while (it->second.pending > 0) {
+    completions_.clear();
+    if (auto status = engine_->Wait(1, &completions_); !status.ok()) return status;
+    for (const IoCompletion& c : completions_) Dispatch(c);
+  }
+  Batch batch = std::move(it->second);
+  batches_.erase(it);
+  return batch.op == IoOp::kRead ? FinishRead(batch) : FinishWrite(batch);
+}
+
+absl::Status NvmeStore::FinishRead(Batch& batch) {
+  absl::Status first;
+  for (Item& item : batch.items) {
+    --item.entry->readers;
+    if (!item.status.ok()) {
+      if (first.ok()) first = ForTensor(item.entry->id, item.status);
+      continue;
+    }
+    if (item.bounce_bytes > 0) {
+      std::memcpy(item.caller + item.bounce_offset, item.bounce.data(),
+                  static_cast<size_t>(item.bounce_bytes));
+    }
+  }
+  return first;
+}
+
+absl::Status NvmeStore::FinishWrite(Batch& batch) {
+  absl::Status first;
+  bool any_valid = false;
+  for (Item& item : batch.items) {
+    Entry& e = *item.entry;
+    e.writing = false;
+    // Data (and the extent conversion of freshly fallocated blocks) must be on
+    // stable storage before MANIFEST may call the slot valid.
+    if (item.status.ok() && item.size > 0 && ::fdatasync(e.fd) != 0) {
+      item.status = ErrnoToStatus(errno, absl::StrCat("fdatasync ", PathOf(e)));
+    }
+    if (!item.status.ok()) {
+      e.valid = false;
+      if (first.ok()) first = ForTensor(e.id, item.status);
+      continue;
+    }
+    e.size = item.size;
+    e.valid = true;
+    any_valid = true;
+  }
+  if (any_valid) {
+    if (auto status = WriteManifest(); !status.ok()) {
+      // Not recorded, so not valid: memory agrees with what a reopen would see.
+      for (Item& item : batch.items) item.entry->valid = false;
+      return status;
+    }
+  }
+  return first;
+}
+
+absl::Status NvmeStore::Put(const std::string& id, std::span<const std::byte> data) {
+  auto ticket = StartWrite(id, data);
+  if (!ticket.ok()) return ticket.status();
+  return Wait(*ticket);
+}
+
+absl::Status NvmeStore::Get(const std::string& id, std::span<std::byte> out) {
+  auto ticket = StartRead(id, out);
+  if (!ticket.ok()) return ticket.status();
+  return Wait(*ticket);
+}
+
+absl::Status NvmeStore::Remove(const std::string& id) {
+  auto it = entries_.find(id);
+  if (it == entries_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("tensor '", id, "' not in NVMe store ", options_.directory));
+  }
+  Entry& e = it->second;
+  if (e.writing || e.readers > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("tensor '", id, "' has I/O in flight; wait for it before removing"));
+  }
+  const std::string path = PathOf(e);
+  CloseFile(e);
+  allocated_bytes_ -= e.capacity;
+  files_in_use_.erase(e.file);
+  entries_.erase(it);
+  // MANIFEST first: a crash in between leaves an orphan that Open deletes,
+  // never a record pointing at a missing file.
+  if (auto status = WriteManifest(); !status.ok()) return status;
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    return ErrnoToStatus(errno, absl::StrCat("remove ", path));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> NvmeStore::Size(const std::string& id) const {
+  auto it = entries_.find(id);
+  if (it == entries_.end() || !it->second.valid) {
+    return absl::NotFoundError(absl::StrCat("tensor '", id, "' has no valid data in NVMe store ",
+                                            options_.directory));
+  }
+  return it->second.size;
+}
+
+bool NvmeStore::Contains(const std::string& id) const {
+  auto it = entries_.find(id);
+  return it != entries_.end() && it->second.valid;
+}
+
+std::vector<std::string> NvmeStore::Ids() const {
+  std::vector<std::string> ids;
+  for (const auto& [id, e] : entries_) {
+    if (e.valid) ids.push_back(id);
+  }
+  return ids;
+}
+
+absl::Status NvmeStore::RegisterBuffers(std::span<const std::span<std::byte>> regions) {
+  return engine_->RegisterBuffers(regions);
+}
+
+}  // namespace strata::offload
