@@ -10,6 +10,7 @@
 #include "offload/log.h"
 #include "bench/adam_bench.h"
 #include "bench/generate_bench.h"
+#include "bench/io_bench.h"
 #include "bench/stream_bench.h"
 #include "services/model_commands.h"
 
@@ -143,6 +144,17 @@ int main(int argc, char** argv) {
   bench_generate->add_option("--dtype", gb.dtype, "fp32 | bf16")->check(CLI::IsMember({"fp32", "bf16"}));
   bench_generate->add_flag("--json", gb.json, "print one JSON object");
   bench_generate->callback([&] { run = [&] { return Finish("bench generate", strata::bench::RunGenerateBench(gb)); }; });
+
+  strata::bench::IoBenchRequest io;
+  auto* bench_io = bench->add_subcommand("io", "NVMe store (io_uring, O_DIRECT) vs fio, same size, block and depth");
+  bench_io->add_option("--dir", io.dir, "existing directory on the device to measure")->required();
+  bench_io->add_option("--size-mib", io.size_mib, "MiB written and read by each side")->check(CLI::PositiveNumber);
+  bench_io->add_option("--block-kib", io.block_kib, "I/O size in KiB (multiple of 4)")->check(CLI::PositiveNumber);
+  bench_io->add_option("--queue-depth", io.queue_depth, "requests in flight")->check(CLI::PositiveNumber);
+  bench_io->add_option("--engine", io.engine, "auto | uring | posix")->check(CLI::IsMember({"auto", "uring", "posix"}));
+  bench_io->add_option("--repeats", io.repeats, "runs per side, best counts")->check(CLI::PositiveNumber);
+  bench_io->add_flag("--json", io.json, "print one JSON object");
+  bench_io->callback([&] { run = [&] { return Finish("bench io", strata::bench::RunIoBench(io)); }; });
 
   strata::bench::AdamBenchRequest ab;
   auto* bench_adam = bench->add_subcommand("adam", "CPU AdamW vs torch::optim::AdamW and the DRAM-bandwidth floor");
