@@ -149,13 +149,47 @@ absl::Status NvmeAdamState::Step(std::span<const NvmeAdamUpdate> updates) {
 absl::StatusOr<std::vector<float>> NvmeAdamState::Master(const std::string& name) {
   const int64_t n = num_elements(name);
   if (n < 0) return absl::NotFoundError(absl::StrCat("nvme adam: tensor ", name, " was never registered"));
-  std::vector<float> master(static_cast<size_t>(n));
+  std::vector<float> master(static_cast<size_t>(n)), m(static_cast<size_t>(n)), v(static_cast<size_t>(n));
+  if (auto s = ReadState(name, master, m, v); !s.ok()) return s;
+  return master;
+}
+
+absl::Status NvmeAdamState::ReadState(const std::string& name, std::span<float> master, std::span<float> exp_avg,
+                                      std::span<float> exp_avg_sq) {
+  const int64_t n = num_elements(name);
+  if (n < 0) return absl::NotFoundError(absl::StrCat("nvme adam: tensor ", name, " was never registered"));
+  if (master.size() != static_cast<size_t>(n) || exp_avg.size() != master.size() || exp_avg_sq.size() != master.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("nvme adam: state spans of ", name, " must have ", n, " elements"));
+  }
   HostBuffer& buffer = staging_[0];
   for (const Tile& tile : TilesOf(name, n)) {
     if (auto s = store_->Get(tile.id, std::span<std::byte>(buffer.data(), TileBytes(tile.count))); !s.ok()) return s;
-    std::memcpy(master.data() + tile.offset, buffer.data(), static_cast<size_t>(tile.count) * sizeof(float));
+    const float* base = buffer.floats().data();
+    const size_t count = static_cast<size_t>(tile.count), offset = static_cast<size_t>(tile.offset);
+    std::memcpy(master.data() + offset, base, count * sizeof(float));
+    std::memcpy(exp_avg.data() + offset, base + count, count * sizeof(float));
+    std::memcpy(exp_avg_sq.data() + offset, base + 2 * count, count * sizeof(float));
   }
-  return master;
+  return absl::OkStatus();
+}
+
+absl::Status NvmeAdamState::WriteState(const std::string& name, std::span<const float> master,
+                                       std::span<const float> exp_avg, std::span<const float> exp_avg_sq) {
+  const int64_t n = static_cast<int64_t>(master.size());
+  if (exp_avg.size() != master.size() || exp_avg_sq.size() != master.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("nvme adam: state spans of ", name, " differ in length"));
+  }
+  HostBuffer& buffer = staging_[0];
+  for (const Tile& tile : TilesOf(name, n)) {
+    float* base = buffer.floats().data();
+    const size_t count = static_cast<size_t>(tile.count), offset = static_cast<size_t>(tile.offset);
+    std::memcpy(base, master.data() + offset, count * sizeof(float));
+    std::memcpy(base + count, exp_avg.data() + offset, count * sizeof(float));
+    std::memcpy(base + 2 * count, exp_avg_sq.data() + offset, count * sizeof(float));
+    if (auto s = store_->Put(tile.id, AsBytes(buffer, TileBytes(tile.count))); !s.ok()) return s;
+  }
+  elements_[name] = n;
+  return absl::OkStatus();
 }
 
 }  // namespace strata::offload

@@ -57,6 +57,12 @@ class NvmeAdamState {
   // Reads a tensor's current fp32 master weights (for checkpoints and tests).
   absl::StatusOr<std::vector<float>> Master(const std::string& name);
 
+  // Whole-state access for checkpoints: each span has the tensor's length.
+  absl::Status ReadState(const std::string& name, std::span<float> master, std::span<float> exp_avg,
+                         std::span<float> exp_avg_sq);
+  absl::Status WriteState(const std::string& name, std::span<const float> master, std::span<const float> exp_avg,
+                          std::span<const float> exp_avg_sq);
+
   int64_t num_elements(const std::string& name) const;
   // Host bytes of the staging buffers.
   size_t staging_bytes() const;

@@ -1,22 +1,21 @@
 #include "policies/layerwise_trainer.h"
 
+#include <array>
 #include <cmath>
+#include <map>
 #include <cstring>
 #include <numeric>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "offload/placement.h"
+#include "policies/safetensors.h"
+#include "policies/tensor_io.h"
 
 namespace strata::policies {
 namespace {
 
 constexpr size_t kTensorsPerLayer = 9;  // LlamaLayerWeights::Named()
-
-std::vector<at::Tensor*> LayerTensors(LlamaLayerWeights& w) {
-  std::vector<at::Tensor*> out;
-  for (auto& [name, tensor] : w.Named()) out.push_back(tensor);
-  return out;
-}
 
 std::vector<int64_t> Range(int64_t n, bool reverse) {
   std::vector<int64_t> order(static_cast<size_t>(n));
@@ -30,50 +29,6 @@ at::Tensor HostView(const offload::HostBuffer& buffer, int64_t numel) {
 }
 
 }  // namespace
-
-absl::StatusOr<at::Tensor> ResidentLayerSource::Load(int64_t layer, size_t index) {
-  return LayerTensors(layers_.at(static_cast<size_t>(layer))).at(index)->detach().clone();
-}
-
-absl::Status ResidentLayerSource::Store(int64_t layer, size_t index, const at::Tensor& value) {
-  at::NoGradGuard no_grad;
-  LayerTensors(layers_.at(static_cast<size_t>(layer))).at(index)->copy_(value);
-  return absl::OkStatus();
-}
-
-// The bytes of a CPU tensor the optimizer may write into directly.
-std::span<std::byte> WritableCpuBytes(const at::Tensor& t) {
-  if (!t.defined() || !t.device().is_cpu() || !t.is_contiguous()) return {};
-  return {static_cast<std::byte*>(t.data_ptr()), t.nbytes()};
-}
-
-std::span<std::byte> ResidentLayerSource::WritableHome(int64_t layer, size_t index) {
-  return WritableCpuBytes(*LayerTensors(layers_.at(static_cast<size_t>(layer))).at(index));
-}
-
-absl::StatusOr<LlamaLayerWeights> StreamedLayerSource::Acquire(int64_t layer) {
-  auto tensors = streamer_->Acquire(layer);
-  if (!tensors.ok()) return tensors.status();
-  LlamaLayerWeights w;
-  auto slots = LayerTensors(w);
-  if (tensors->size() != slots.size()) {
-    return absl::InternalError(absl::StrCat("streamed layer ", layer, " has ", tensors->size(), " tensors, expected ",
-                                            slots.size()));
-  }
-  for (size_t i = 0; i < slots.size(); ++i) *slots[i] = std::move((*tensors)[i]);
-  return w;
-}
-
-absl::Status AddLayersToStreamer(std::vector<LlamaLayerWeights> layers, offload::LayerStreamer* streamer) {
-  for (auto& layer : layers) {
-    std::vector<std::pair<std::string, at::Tensor>> named;
-    for (auto& [name, tensor] : layer.Named()) named.emplace_back(name, *tensor);
-    auto index = streamer->AddLayer(named);
-    if (!index.ok()) return index.status();
-    layer = LlamaLayerWeights();  // drop the device copies now, layer by layer
-  }
-  return absl::OkStatus();
-}
 
 LayerwiseTrainer::LayerwiseTrainer(const LlamaConfig& config, LlamaHead head, LlamaWeights resident,
                                    LayerSource* source, offload::HostArena* arena,
@@ -249,16 +204,7 @@ absl::StatusOr<double> LayerwiseTrainer::ForwardBackward(const at::Tensor& input
     // Scoped so that logits, the loss graph and the head's gradient are
     // freed before the backward pass brings layers back to the device.
     const at::Tensor hidden = RmsNorm(top, norm, config_.rms_norm_eps);
-    at::Tensor output;
-    if (head_ == LlamaHead::kScalar) {
-      const at::Tensor index =
-          (attention_mask.to(at::kLong) * at::arange(attention_mask.size(1), at::kLong)).argmax(-1);
-      const at::Tensor last =
-          hidden.gather(1, index.view({-1, 1, 1}).expand({hidden.size(0), 1, hidden.size(2)})).squeeze(1);
-      output = at::linear(last, head_weight).to(at::kFloat);
-    } else {
-      output = at::linear(hidden, head_weight).to(at::kFloat);
-    }
+    const at::Tensor output = at::linear(hidden, head_weight).to(at::kFloat);
     const at::Tensor loss = loss_fn(output);
     loss_value = loss.item<double>();
     loss.backward();
@@ -299,6 +245,64 @@ absl::StatusOr<double> LayerwiseTrainer::ForwardBackward(const at::Tensor& input
   at::embedding(embed, input_ids).backward(grad);
   AccumulateGrad(params_[0], embed.grad());  // params_[0] is embed_tokens (see Create)
   return loss_value;
+}
+
+absl::Status LayerwiseTrainer::SaveState(const std::string& path) {
+  TensorWriteBatch batch;
+  std::map<std::string, std::string> metadata = {{"format", "strata-optimizer"}};
+  for (ParamState& p : params_) {
+    at::Tensor master, m, v;
+    if (options_.optimizer == offload::Tier::kDevice) {
+      master = p.device_master, m = p.device_exp_avg, v = p.device_exp_avg_sq;
+    } else if (options_.optimizer == offload::Tier::kHost) {
+      master = HostView(p.master, p.numel), m = HostView(p.exp_avg, p.numel), v = HostView(p.exp_avg_sq, p.numel);
+    } else {
+      master = at::empty({p.numel}, at::kFloat), m = at::empty({p.numel}, at::kFloat), v = at::empty({p.numel}, at::kFloat);
+      auto span = [&](at::Tensor& t) { return std::span<float>(t.data_ptr<float>(), static_cast<size_t>(p.numel)); };
+      if (auto s = nvme_adam_->ReadState(p.name, span(master), span(m), span(v)); !s.ok()) return s;
+    }
+    for (auto [suffix, tensor] : {std::pair{".master", &master}, std::pair{".exp_avg", &m},
+                                  std::pair{".exp_avg_sq", &v}}) {
+      if (auto s = batch.Add(p.name + suffix, *tensor); !s.ok()) return s;
+    }
+    metadata["step." + p.name] = std::to_string(p.step);
+  }
+  return WriteSafetensors(path, batch.entries(), metadata);
+}
+
+absl::Status LayerwiseTrainer::LoadState(const std::string& path) {
+  auto file = SafetensorsFile::Open(path);
+  if (!file.ok()) return file.status();
+  for (ParamState& p : params_) {
+    std::array<at::Tensor, 3> loaded;
+    const char* suffixes[] = {".master", ".exp_avg", ".exp_avg_sq"};
+    for (int i = 0; i < 3; ++i) {
+      const TensorView* view = (*file)->Find(p.name + suffixes[i]);
+      if (view == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": optimizer state has no tensor ", p.name, suffixes[i]));
+      }
+      auto tensor = ToTensorWithShape(*view, {p.numel}, at::kFloat);
+      if (!tensor.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", tensor.status().message()));
+      loaded[static_cast<size_t>(i)] = *tensor;
+    }
+    auto step = (*file)->metadata().find("step." + p.name);
+    if (step == (*file)->metadata().end() || !absl::SimpleAtoi(step->second, &p.step)) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": optimizer state has no step count for ", p.name));
+    }
+    if (options_.optimizer == offload::Tier::kDevice) {
+      p.device_master.copy_(loaded[0]), p.device_exp_avg.copy_(loaded[1]), p.device_exp_avg_sq.copy_(loaded[2]);
+    } else if (options_.optimizer == offload::Tier::kHost) {
+      HostView(p.master, p.numel).copy_(loaded[0]);
+      HostView(p.exp_avg, p.numel).copy_(loaded[1]);
+      HostView(p.exp_avg_sq, p.numel).copy_(loaded[2]);
+    } else {
+      auto span = [&](const at::Tensor& t) {
+        return std::span<const float>(t.data_ptr<float>(), static_cast<size_t>(p.numel));
+      };
+      if (auto s = nvme_adam_->WriteState(p.name, span(loaded[0]), span(loaded[1]), span(loaded[2])); !s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<at::Tensor> LayerwiseTrainer::Gradient(const std::string& name) const {

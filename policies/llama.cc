@@ -1,10 +1,12 @@
 #include "policies/llama.h"
 
 #include <cmath>
+#include <numeric>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "offload/file.h"
+#include "policies/layer_source.h"
 #include "policies/safetensors.h"
 #include "policies/tensor_io.h"
 
@@ -277,8 +279,25 @@ at::Tensor LlamaModel::Hidden(const at::Tensor& input_ids, const at::Tensor& att
               attention_mask.sizes());
   const LayerContext ctx = MakeLayerContext(config_, attention_mask, t, dtype());
   at::Tensor h = at::embedding(weights_.embed_tokens, input_ids);
-  for (size_t l = 0; l < weights_.layers.size(); ++l) {
-    h = DecoderLayerForward(config_, weights_.layers[l], h, ctx, cache, static_cast<int64_t>(l));
+  if (layer_source_ != nullptr) {
+    std::vector<int64_t> order(static_cast<size_t>(config_.num_hidden_layers));
+    std::iota(order.begin(), order.end(), 0);
+    const absl::Status begun = layer_source_->BeginPass(order);
+    TORCH_CHECK(begun.ok(), std::string(begun.message()));
+    for (int64_t l : order) {
+      auto w = layer_source_->Acquire(l);
+      if (!w.ok()) {
+        layer_source_->EndPass();
+        TORCH_CHECK(false, std::string(w.status().message()));
+      }
+      h = DecoderLayerForward(config_, *w, h, ctx, cache, l);
+      layer_source_->Release(l);
+    }
+    layer_source_->EndPass();
+  } else {
+    for (size_t l = 0; l < weights_.layers.size(); ++l) {
+      h = DecoderLayerForward(config_, weights_.layers[l], h, ctx, cache, static_cast<int64_t>(l));
+    }
   }
   if (cache != nullptr) cache->Advance(t);
   return RmsNorm(h, weights_.norm, config_.rms_norm_eps);
@@ -297,11 +316,18 @@ at::Tensor LlamaModel::LogitsFromHidden(const at::Tensor& hidden) const {
 at::Tensor LlamaModel::Scores(const at::Tensor& input_ids, const at::Tensor& attention_mask) const {
   TORCH_CHECK(head_ == LlamaHead::kScalar, "Scores() needs a scalar head");
   const at::Tensor hidden = Hidden(input_ids, attention_mask);
+  return at::linear(AtLastToken(hidden, attention_mask), weights_.score).to(at::kFloat);
+}
+
+at::Tensor LlamaModel::TokenScores(const at::Tensor& input_ids, const at::Tensor& attention_mask) const {
+  TORCH_CHECK(head_ == LlamaHead::kScalar, "TokenScores() needs a scalar head");
+  return at::linear(Hidden(input_ids, attention_mask), weights_.score).to(at::kFloat);
+}
+
+at::Tensor AtLastToken(const at::Tensor& per_token, const at::Tensor& attention_mask) {
   // Last real token of each row: the largest index whose mask is 1.
   const at::Tensor index = (attention_mask.to(at::kLong) * at::arange(attention_mask.size(1), at::kLong)).argmax(-1);
-  const at::Tensor last = hidden.gather(
-      1, index.view({-1, 1, 1}).expand({hidden.size(0), 1, hidden.size(2)})).squeeze(1);
-  return at::linear(last, weights_.score).to(at::kFloat);
+  return per_token.gather(1, index.view({-1, 1, 1}).expand({per_token.size(0), 1, per_token.size(2)})).squeeze(1);
 }
 
 at::Tensor TokenLogProbs(const at::Tensor& logits, const at::Tensor& targets) {

@@ -88,6 +88,8 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor DecoderLayerForward(const LlamaConfig& config, const LlamaLayerWeights& w, const at::Tensor& hidden,
                                const LayerContext& ctx, KvCache* cache, int64_t layer_index);
 
+class LayerSource;
+
 class LlamaModel {
  public:
   LlamaModel(LlamaConfig config, LlamaHead head, LlamaWeights weights);
@@ -119,6 +121,14 @@ class LlamaModel {
   // Scalar head read at each row's last real token: [B, num_labels] float32.
   // Requires kScalar.
   at::Tensor Scores(const at::Tensor& input_ids, const at::Tensor& attention_mask) const;
+  // Scalar head at every position: [B, T, num_labels] float32 (critic values).
+  at::Tensor TokenScores(const at::Tensor& input_ids, const at::Tensor& attention_mask) const;
+
+  // Draw decoder layers from `source` (streamed) instead of weights().layers,
+  // which should then be empty. `source` must outlive the model; nullptr
+  // returns to resident layers. Forward calls throw if a fetch fails.
+  void AttachLayerSource(LayerSource* source) { layer_source_ = source; }
+  LayerSource* layer_source() const { return layer_source_; }
 
   const LlamaConfig& config() const { return config_; }
   LlamaHead head() const { return head_; }
@@ -134,7 +144,12 @@ class LlamaModel {
   LlamaConfig config_;
   LlamaHead head_;
   LlamaWeights weights_;
+  LayerSource* layer_source_ = nullptr;
 };
+
+// The scalar head's output at each row's last real token: [B, T, L] with
+// mask [B, T] -> [B, L].
+at::Tensor AtLastToken(const at::Tensor& per_token, const at::Tensor& attention_mask);
 
 // log p(targets) under `logits`: [B, T, V] x [B, T] -> [B, T] float32.
 at::Tensor TokenLogProbs(const at::Tensor& logits, const at::Tensor& targets);

@@ -13,6 +13,7 @@
 #include "bench/io_bench.h"
 #include "bench/stream_bench.h"
 #include "services/model_commands.h"
+#include "services/train_command.h"
 
 namespace {
 
@@ -125,6 +126,16 @@ int main(int argc, char** argv) {
   init_model->add_option("--seed", init.seed, "initialisation seed");
   init_model->add_option("--init-std", init.init_std, "standard deviation of the weights")->check(CLI::PositiveNumber);
   init_model->callback([&] { run = [&] { return Finish("init-model", strata::services::RunInitModel(init)); }; });
+
+  // strata train
+  strata::services::TrainRequest train;
+  auto* train_cmd = app.add_subcommand("train", "Run one job (sft, reward_model, remax, ppo, grpo, rloo) in-process");
+  train_cmd->add_option("spec", train.spec_path, "job spec (YAML)")->required();
+  train_cmd->add_option("--out", train.out_dir, "output directory (replaces output.dir)");
+  train_cmd->add_option("--metrics", train.metrics_path, "metrics file (JSON lines); default <out>/metrics.jsonl");
+  train_cmd->add_flag("--resume", train.resume, "continue from the latest checkpoint");
+  train_cmd->add_option("--set", train.overrides, "override a spec field: key.path=value (repeatable)");
+  train_cmd->callback([&] { run = [&] { return Finish("train", strata::services::RunTrain(train)); }; });
 
   // strata bench ...
   auto* bench = app.add_subcommand("bench", "Benchmarks, each against a peer measured in the same run");

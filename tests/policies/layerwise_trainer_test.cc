@@ -222,7 +222,9 @@ TEST(LayerwiseTrainerTest, ScalarHeadTrains) {
   ASSERT_TRUE(trainer.ok()) << trainer.status();
   const Batch batch = MakeBatch();
   const at::Tensor target = at::tensor(std::vector<float>{1.0f, -1.0f}).view({2, 1});
-  auto loss_fn = [&](const at::Tensor& scores) { return (scores - target).pow(2).mean(); };
+  auto loss_fn = [&](const at::Tensor& values) {
+    return (AtLastToken(values, batch.mask) - target).pow(2).mean();
+  };
   double first = 0, last = 0;
   for (int step = 0; step < 10; ++step) {
     auto loss = (*trainer)->ForwardBackward(batch.ids, batch.mask, loss_fn);

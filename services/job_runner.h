@@ -1,0 +1,44 @@
+// Runs one job's loop against a WorkerGroup: data, batches, the algorithm's
+// iterations, evaluation, metrics lines, checkpoints and resume. Used by
+// `strata train` (in-process workers) and by the coordinator.
+#ifndef STRATA_SERVICES_JOB_RUNNER_H_
+#define STRATA_SERVICES_JOB_RUNNER_H_
+
+#include <functional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/status.h"
+#include "policies/job_spec.h"
+#include "policies/tokenizer.h"
+#include "policies/worker_group.h"
+
+namespace strata::services {
+
+struct JobRunOptions {
+  // One JSON object per iteration is appended here; "" = <output.dir>/metrics.jsonl.
+  std::string metrics_path;
+  // Continue from the latest checkpoint under checkpoint.dir, if any.
+  bool resume = false;
+  // Draw a progress bar with \r (a terminal); otherwise print plain lines.
+  bool progress_bar = false;
+  // Where progress goes; null for none.
+  std::FILE* progress = nullptr;
+  // Called with each metrics line after it is written.
+  std::function<void(const nlohmann::json&)> on_metrics;
+  // Polled between iterations; true stops the job with CANCELLED.
+  std::function<bool()> cancelled;
+};
+
+// Runs `spec` to completion: `spec.train.iterations` iterations, checkpoints
+// every `checkpoint.every`, the trained model written to `output.dir`.
+absl::Status RunJob(const policies::JobSpec& spec, policies::WorkerGroup& workers, const policies::Tokenizer& tokenizer,
+                    const JobRunOptions& options);
+
+// The newest complete checkpoint under `dir` ("" if none) and its iteration.
+std::pair<std::string, int64_t> LatestCheckpoint(const std::string& dir);
+
+}  // namespace strata::services
+
+#endif  // STRATA_SERVICES_JOB_RUNNER_H_
