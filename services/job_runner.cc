@@ -22,6 +22,8 @@ namespace {
 using nlohmann::json;
 using policies::Algorithm;
 
+constexpr int64_t kEvalSamplesPerPrompt = 4;
+
 // The examples of a JSONL file, each checked for the fields it needs.
 absl::StatusOr<std::vector<json>> ReadJsonl(const std::string& path, const std::vector<std::string>& fields) {
   auto text = ReadFileToString(path);
@@ -228,10 +230,17 @@ absl::Status RunJob(const policies::JobSpec& spec, policies::WorkerGroup& worker
       line["eval/pairwise_accuracy"] = stats->accuracy;
       line["eval/loss"] = stats->loss;
     } else if (eval_rule) {
+      // The policy is evaluated as it acts: sampled with the job's generation
+      // settings (a greedy decode can sit at the rule's maximum while the
+      // policy does not), with one fixed seed so evaluations compare.
       policies::RolloutRequest request;
       request.prompts = eval_prompts;
-      request.sampling.greedy = true;
+      request.samples_per_prompt = kEvalSamplesPerPrompt;
+      request.sampling.temperature = spec.generation.temperature;
+      request.sampling.top_p = spec.generation.top_p;
+      request.sampling.top_k = spec.generation.top_k;
       request.sampling.max_new_tokens = spec.generation.max_new_tokens;
+      request.sampling.seed = policies::IterationSeed(spec.train.seed, -1);
       auto rollouts = workers.Generate(request);
       if (!rollouts.ok()) return rollouts.status();
       double total = 0;
