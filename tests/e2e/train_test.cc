@@ -1,0 +1,124 @@
+// `strata train` as a user runs it: real processes, the tiny task's data,
+// checkpoints and --resume.
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "gtest/gtest.h"
+#include "offload/file.h"
+#include "tests/testutil/testutil.h"
+
+namespace strata {
+namespace {
+
+using nlohmann::json;
+
+class TrainTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model_ = dir_.Join("model");
+    auto init = Strata({"init-model", "--config", testing::SourcePath("examples/tiny/model.json"), "--out", model_,
+                        "--seed", "5"});
+    ASSERT_EQ(init.exit_code, 0) << init.error;
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
+      std::filesystem::copy_file(testing::SourcePath(std::string("examples/tiny/data/") + f), JoinPath(model_, f));
+    }
+    spec_ = dir_.Join("job.yaml");
+    testing::WriteTextFile(spec_, R"(
+algorithm: remax
+models:
+  actor: {path: )" + model_ + R"(}
+  reward: {rule: vowel_fraction}
+  critic: {path: )" + model_ + R"(}
+data:
+  train: )" + testing::SourcePath("examples/tiny/data/prompts.jsonl") + R"(
+  eval: )" + testing::SourcePath("examples/tiny/data/eval_prompts.jsonl") + R"(
+  max_prompt_tokens: 16
+train: {iterations: 4, batch_size: 4, lr: 1.0e-3, seed: 7}
+generation: {max_new_tokens: 8}
+ppo: {minibatches: 2, epochs: 2}
+eval: {every: 2, rule: vowel_fraction, prompts: 4}
+checkpoint: {every: 2}
+memory: {host_mib: 256}
+)");
+  }
+
+  static testing::CommandResult Strata(std::vector<std::string> args) {
+    args.insert(args.begin(), testing::StrataBinary());
+    auto result = testing::RunCommand(args);
+    EXPECT_TRUE(result.ok()) << result.status();
+    return result.ok() ? *result : testing::CommandResult{};
+  }
+
+  // Metrics lines without wall-clock and memory figures, which vary run to run.
+  static std::vector<json> Metrics(const std::string& path) {
+    std::ifstream in(path);
+    std::vector<json> lines;
+    for (std::string line; std::getline(in, line);) {
+      json j = json::parse(line);
+      for (auto it = j.begin(); it != j.end();) {
+        const std::string key = it.key();
+        it = key.rfind("time/", 0) == 0 || key.rfind("memory/", 0) == 0 ? j.erase(it) : std::next(it);
+      }
+      lines.push_back(j);
+    }
+    return lines;
+  }
+
+  testing::TempDir dir_;
+  std::string model_, spec_;
+};
+
+class ResumeTest : public TrainTest, public ::testing::WithParamInterface<std::string> {};
+
+// A run stopped after iteration 3 (its last checkpoint at 2) and resumed
+// writes exactly the metrics of a run that was never stopped.
+TEST_P(ResumeTest, ResumedRunReproducesUninterruptedMetrics) {
+  const std::string algorithm = "algorithm=" + GetParam();
+  auto whole = Strata({"train", spec_, "--out", dir_.Join("whole"), "--set", algorithm});
+  ASSERT_EQ(whole.exit_code, 0) << whole.error;
+  auto first = Strata({"train", spec_, "--out", dir_.Join("split"), "--set", algorithm, "--set", "train.iterations=3"});
+  ASSERT_EQ(first.exit_code, 0) << first.error;
+  ASSERT_EQ(Metrics(dir_.Join("split/metrics.jsonl")).size(), 3u);
+  auto resumed = Strata({"train", spec_, "--out", dir_.Join("split"), "--set", algorithm, "--resume"});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.error;
+  EXPECT_NE(resumed.error.find("resuming from"), std::string::npos) << resumed.error;
+
+  const auto want = Metrics(dir_.Join("whole/metrics.jsonl"));
+  const auto got = Metrics(dir_.Join("split/metrics.jsonl"));
+  ASSERT_EQ(want.size(), 4u);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "iteration " << i;
+  // The contract's metric names are there.
+  for (const char* key : {"iteration", "objective/scores", "objective/kl", "objective/rlhf_reward", "loss/policy_avg"}) {
+    EXPECT_TRUE(want[1].contains(key)) << key;
+  }
+  EXPECT_TRUE(want[0].contains("eval/score"));  // the starting policy's score
+  if (GetParam() == "ppo") {
+    EXPECT_TRUE(want[1].contains("loss/value_avg"));
+    EXPECT_TRUE(want[1].contains("policy/clipfrac_avg"));
+  }
+  EXPECT_TRUE(IsRegularFile(dir_.Join("split/model.safetensors")));
+  EXPECT_TRUE(IsRegularFile(dir_.Join("split/tokenizer.json")));
+}
+
+INSTANTIATE_TEST_SUITE_P(Algorithms, ResumeTest, ::testing::Values("remax", "ppo"));
+
+TEST_F(TrainTest, BadSpecsFailWithTheKeyNamed) {
+  auto unknown = Strata({"train", spec_, "--out", dir_.Join("x"), "--set", "train.iteratons=2"});
+  EXPECT_NE(unknown.exit_code, 0);
+  EXPECT_NE(unknown.error.find("train.iteratons"), std::string::npos) << unknown.error;
+  auto missing = Strata({"train", spec_, "--out", dir_.Join("x"), "--set", "models.actor.path=/nonexistent"});
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_NE(missing.error.find("models.actor"), std::string::npos) << missing.error;
+  EXPECT_NE(missing.error.find("NOT_FOUND"), std::string::npos) << missing.error;
+  auto no_file = Strata({"train", dir_.Join("nope.yaml")});
+  EXPECT_NE(no_file.exit_code, 0);
+  EXPECT_NE(no_file.error.find("nope.yaml"), std::string::npos);
+  auto bad_data = Strata({"train", spec_, "--out", dir_.Join("x"), "--set", "data.train=" + spec_});
+  EXPECT_NE(bad_data.exit_code, 0);
+  EXPECT_NE(bad_data.error.find("job.yaml:"), std::string::npos) << bad_data.error;  // file:line
+}
+
+}  // namespace
+}  // namespace strata
