@@ -13,6 +13,7 @@
 #include "bench/io_bench.h"
 #include "bench/stream_bench.h"
 #include "services/model_commands.h"
+#include "services/report_commands.h"
 #include "services/train_command.h"
 
 namespace {
@@ -136,6 +137,21 @@ int main(int argc, char** argv) {
   train_cmd->add_flag("--resume", train.resume, "continue from the latest checkpoint");
   train_cmd->add_option("--set", train.overrides, "override a spec field: key.path=value (repeatable)");
   train_cmd->callback([&] { run = [&] { return Finish("train", strata::services::RunTrain(train)); }; });
+
+  // strata plan / compare
+  std::vector<std::string> plan_specs, plan_overrides;
+  bool plan_json = false;
+  auto* plan = app.add_subcommand("plan", "Model-state memory (weights, gradients, Adam) by tier for job specs");
+  plan->add_option("specs", plan_specs, "job specs (YAML)")->required();
+  plan->add_option("--set", plan_overrides, "override a spec field: key.path=value (repeatable)");
+  plan->add_flag("--json", plan_json, "print JSON");
+  plan->callback([&] { run = [&] { return Finish("plan", strata::services::RunPlan(plan_specs, plan_overrides, plan_json)); }; });
+  std::vector<std::string> compare_dirs;
+  bool compare_json = false;
+  auto* compare = app.add_subcommand("compare", "Side-by-side table of finished runs (their output directories)");
+  compare->add_option("runs", compare_dirs, "run output directories")->required();
+  compare->add_flag("--json", compare_json, "print JSON");
+  compare->callback([&] { run = [&] { return Finish("compare", strata::services::RunCompare(compare_dirs, compare_json)); }; });
 
   // strata bench ...
   auto* bench = app.add_subcommand("bench", "Benchmarks, each against a peer measured in the same run");
