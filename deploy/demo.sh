@@ -1,31 +1,31 @@
 #!/usr/bin/env bash
-# The README's main job. Today: build strata, make a small Llama-shaped model
-# directory in HF layout with its own SentencePiece tokenizer, and exercise
-# the model CLI (tokenize, generate greedy and sampled, log-probs).
-# Output lands in ./out/demo (OUT_DIR overrides).
+# The README's main job. Today: build strata, then run the tiny alignment
+# demo in-process: SFT -> reward model -> ReMax and PPO, each stage with a
+# progress bar, then a side-by-side ReMax vs PPO table and a few sampled
+# responses. Outputs land in ./out/tiny (OUT_ROOT overrides the directory the
+# chain runs in; it gets a copy of examples/).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build_dir="${BUILD_DIR:-$root/build}"
-out="${OUT_DIR:-$root/out/demo}"
+work="${OUT_ROOT:-$root}"
 bash "$root/deploy/build.sh" strata
 strata="$build_dir/strata"
 
-model="$out/model"
-if [ ! -f "$model/config.json" ]; then
-  mkdir -p "$model"
-  echo "demo: training a 512-piece SentencePiece tokenizer (spm_train)"
-  spm_train --input="$root/examples/generate/corpus.txt" --model_prefix="$out/spm" --vocab_size=512 \
-    --model_type=bpe --byte_fallback=true --normalization_rule_name=identity --minloglevel=2 >/dev/null
-  cp "$out/spm.model" "$model/tokenizer.model"
-  echo "demo: initialising a Llama model (examples/generate/config.json)"
-  "$strata" init-model --config "$root/examples/generate/config.json" --out "$model" --seed 1 --init-std 0.05
-fi
-
-run() { echo "\$ strata $*"; "$strata" "$@"; echo; }
-run tokenize --tokenizer "$model" --text "The policy samples a greedy response." --json
-run tokenize --tokenizer "$model" --decode 450,60,8,33 --json
-run generate --model "$model" --prompt "The policy samples" --max-new-tokens 16 --greedy --json
-run generate --model "$model" --prompt "The policy samples" --max-new-tokens 16 --temperature 0.8 --top-p 0.9 --seed 3 --json
-run generate --model "$model" --prompt-ids 1,450,60,8 --max-new-tokens 8 --greedy --dtype bf16 --json
-run logprobs --model "$model" --ids 1,450,60,8,33 --json
-echo "demo: done (model in $model)"
+mkdir -p "$work"
+if [ "$work" != "$root" ]; then cp -r "$root/examples" "$work/"; fi
+cd "$work"
+start=$(date +%s)
+for stage in sft reward remax ppo; do
+  echo "== strata train examples/tiny/$stage.yaml"
+  "$strata" --log-level warning train "examples/tiny/$stage.yaml"
+done
+echo "== chain done in $(( $(date +%s) - start )) s"
+echo
+echo "== ReMax vs PPO (strata compare out/tiny/remax out/tiny/ppo)"
+"$strata" compare out/tiny/remax out/tiny/ppo
+echo
+echo "== sampled responses to 'sun tree =>' (the rule rewards vowels)"
+for model in sft remax ppo; do
+  printf '%-6s ' "$model"
+  "$strata" generate --model "out/tiny/$model" --prompt "sun tree =>" --max-new-tokens 24 --seed 7 --json
+done
