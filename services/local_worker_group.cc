@@ -126,6 +126,9 @@ LocalWorkerGroup::~LocalWorkerGroup() {
 
 absl::StatusOr<std::unique_ptr<LocalWorkerGroup>> LocalWorkerGroup::Create(const policies::JobSpec& spec) {
   if (auto s = spec.Validate(); !s.ok()) return s;
+  // Count device allocations from the start, so the models' own weights are
+  // part of the device figures.
+  offload::DeviceMemoryMonitor::Install();
   std::unique_ptr<LocalWorkerGroup> group(new LocalWorkerGroup(spec));
   offload::HostArenaOptions arena_options;
   arena_options.capacity_bytes = static_cast<size_t>(spec.memory.host_mib) << 20;
