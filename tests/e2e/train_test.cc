@@ -37,6 +37,7 @@ data:
 train: {iterations: 4, batch_size: 4, lr: 1.0e-3, seed: 7}
 generation: {max_new_tokens: 8}
 ppo: {minibatches: 2, epochs: 2}
+group: {samples_per_prompt: 2}
 eval: {every: 2, rule: vowel_fraction, prompts: 4}
 checkpoint: {every: 2}
 memory: {host_mib: 256}
@@ -102,7 +103,30 @@ TEST_P(ResumeTest, ResumedRunReproducesUninterruptedMetrics) {
   EXPECT_TRUE(IsRegularFile(dir_.Join("split/tokenizer.json")));
 }
 
-INSTANTIATE_TEST_SUITE_P(Algorithms, ResumeTest, ::testing::Values("remax", "ppo"));
+INSTANTIATE_TEST_SUITE_P(Algorithms, ResumeTest, ::testing::Values("remax", "ppo", "grpo", "rloo"));
+
+// Where the models live changes memory, not the math: streaming the actor
+// from host, the reference from NVMe, and swapping the actor's Adam states
+// through NVMe gives the metrics of the all-resident run, with less device
+// memory and the NVMe tier in use.
+TEST_F(TrainTest, PlacementChangesMemoryNotMetrics) {
+  auto resident = Strata({"train", spec_, "--out", dir_.Join("resident"), "--set", "train.iterations=2"});
+  ASSERT_EQ(resident.exit_code, 0) << resident.error;
+  auto streamed = Strata({"train", spec_, "--out", dir_.Join("streamed"), "--set", "train.iterations=2", "--set",
+                          "models.actor.placement.weights=host", "--set", "models.actor.placement.optimizer=nvme",
+                          "--set", "models.reference.placement.weights=nvme", "--set",
+                          "memory.nvme_dir=" + dir_.Join("nvme")});
+  ASSERT_EQ(streamed.exit_code, 0) << streamed.error;
+  EXPECT_EQ(Metrics(dir_.Join("streamed/metrics.jsonl")), Metrics(dir_.Join("resident/metrics.jsonl")));
+  std::ifstream a(dir_.Join("resident/metrics.jsonl")), b(dir_.Join("streamed/metrics.jsonl"));
+  std::string la, lb;
+  std::getline(a, la);
+  std::getline(b, lb);
+  const json ja = json::parse(la), jb = json::parse(lb);
+  EXPECT_LT(jb["memory/device_peak_bytes"].get<double>(), ja["memory/device_peak_bytes"].get<double>());
+  EXPECT_EQ(ja["memory/nvme_peak_bytes"].get<double>(), 0.0);
+  EXPECT_GT(jb["memory/nvme_peak_bytes"].get<double>(), 0.0);
+}
 
 TEST_F(TrainTest, BadSpecsFailWithTheKeyNamed) {
   auto unknown = Strata({"train", spec_, "--out", dir_.Join("x"), "--set", "train.iteratons=2"});
