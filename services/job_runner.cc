@@ -131,7 +131,8 @@ void Progress(const JobRunOptions& o, int64_t it, int64_t total, const json& m) 
   if (o.progress_bar) {
     const int width = 24;
     const int filled = static_cast<int>(width * (it + 1) / std::max<int64_t>(total, 1));
-    std::fprintf(o.progress, "\r[%s%s] %lld/%lld%s %.2f s/it   ", std::string(static_cast<size_t>(filled), '#').c_str(),
+    // \033[K clears what a longer previous line left behind.
+    std::fprintf(o.progress, "\r\033[K[%s%s] %lld/%lld%s %.2f s/it", std::string(static_cast<size_t>(filled), '#').c_str(),
                  std::string(static_cast<size_t>(width - filled), '.').c_str(), static_cast<long long>(it + 1),
                  static_cast<long long>(total), detail.c_str(), seconds);
     if (it + 1 == total) std::fprintf(o.progress, "\n");
