@@ -368,6 +368,22 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::ve
   return spec;
 }
 
+absl::StatusOr<std::string> ApplyOverrides(const std::string& yaml_text, const std::vector<std::string>& overrides,
+                                           const std::string& source) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not valid YAML: ", e.what()));
+  }
+  if (!root || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  if (!root.IsMap()) return absl::InvalidArgumentError(absl::StrCat(source, ": the spec must be a YAML mapping"));
+  for (const std::string& o : overrides) STRATA_RETURN_IF_ERROR(ApplyOverride(root, o));
+  YAML::Emitter out;
+  out << root;
+  return std::string(out.c_str());
+}
+
 absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path, const std::vector<std::string>& overrides) {
   auto text = ReadFileToString(path);
   if (!text.ok()) return text.status();

@@ -123,6 +123,11 @@ struct JobSpec {
 // against the working directory of whoever runs the job.
 absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::vector<std::string>& overrides,
                                      const std::string& source);
+// The spec text with `overrides` applied, as YAML: what a service stores so
+// that workers parse exactly what was validated.
+absl::StatusOr<std::string> ApplyOverrides(const std::string& yaml_text, const std::vector<std::string>& overrides,
+                                           const std::string& source);
+
 absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path, const std::vector<std::string>& overrides);
 
 }  // namespace strata::policies

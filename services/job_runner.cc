@@ -343,6 +343,7 @@ absl::Status RunJob(const policies::JobSpec& spec, policies::WorkerGroup& worker
       std::filesystem::remove_all(final_dir, ec);
       std::filesystem::rename(tmp_dir, final_dir, ec);
       if (ec) return absl::InternalError(absl::StrCat("checkpoint: rename ", tmp_dir, ": ", ec.message()));
+      if (options.on_checkpoint) options.on_checkpoint(it + 1, final_dir);
     }
   }
   return workers.SaveOutput(spec.output_dir);

@@ -27,6 +27,8 @@ struct JobRunOptions {
   std::FILE* progress = nullptr;
   // Called with each metrics line after it is written.
   std::function<void(const nlohmann::json&)> on_metrics;
+  // Called after a checkpoint is complete (iteration it resumes at, directory).
+  std::function<void(int64_t, const std::string&)> on_checkpoint;
   // Polled between iterations; true stops the job with CANCELLED.
   std::function<bool()> cancelled;
 };
