@@ -140,7 +140,9 @@ absl::Status IoEngine::Submit(std::span<const IoRequest> requests) {
       continue;
     }
     const uint64_t id = next_transfer_++;
-    transfers_.emplace(id, Transfer{.request = r});
+    Transfer transfer;
+    transfer.request = r;
+    transfers_.emplace(id, std::move(transfer));
     to_issue_.push_back(id);
   }
   return Pump();

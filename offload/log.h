@@ -31,11 +31,19 @@ class LogMessage {
   std::ostringstream stream_;
 };
 
+// Turns the stream expression into void for STRATA_LOG's ?: operator.
+struct LogVoidify {
+  void operator&(std::ostream&) {}
+};
+
 }  // namespace strata
 
-#define STRATA_LOG(level)                                              \
-  if (::strata::LogLevel::k##level < ::strata::MinLogLevel()) {        \
-  } else                                                               \
-    ::strata::LogMessage(::strata::LogLevel::k##level, __FILE__, __LINE__).stream()
+// The ?: form (as glog does) keeps `if (x) STRATA_LOG(Info) << ...; else`
+// unambiguous and skips formatting below the level.
+#define STRATA_LOG(level)                                             \
+  (::strata::LogLevel::k##level < ::strata::MinLogLevel())            \
+      ? (void)0                                                       \
+      : ::strata::LogVoidify() &                                      \
+            ::strata::LogMessage(::strata::LogLevel::k##level, __FILE__, __LINE__).stream()
 
 #endif  // STRATA_OFFLOAD_LOG_H_

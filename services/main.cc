@@ -12,7 +12,9 @@
 #include "bench/generate_bench.h"
 #include "bench/io_bench.h"
 #include "bench/stream_bench.h"
+#include "services/client_commands.h"
 #include "services/model_commands.h"
+#include "services/server_commands.h"
 #include "services/report_commands.h"
 #include "services/train_command.h"
 
@@ -137,6 +139,73 @@ int main(int argc, char** argv) {
   train_cmd->add_flag("--resume", train.resume, "continue from the latest checkpoint");
   train_cmd->add_option("--set", train.overrides, "override a spec field: key.path=value (repeatable)");
   train_cmd->callback([&] { run = [&] { return Finish("train", strata::services::RunTrain(train)); }; });
+
+  // strata coordinator / worker
+  strata::services::CoordinatorCommand coord;
+  auto* coordinator = app.add_subcommand("coordinator", "Run the job coordinator (gRPC)");
+  coordinator->add_option("--listen", coord.listen, "HOST:PORT to serve on");
+  coordinator->add_option("--redis", coord.redis, "redis://HOST:PORT of the job store");
+  coordinator->add_option("--token-file", coord.token_file, "bearer token clients and workers must present");
+  coordinator->add_option("--tls-cert", coord.tls.cert, "PEM certificate (enables TLS)");
+  coordinator->add_option("--tls-key", coord.tls.key, "PEM private key");
+  coordinator->add_option("--tls-ca", coord.tls.ca, "PEM CA: require client certificates (mTLS)");
+  coordinator->callback([&] { run = [&] { return Finish("coordinator", strata::services::RunCoordinatorServer(coord)); }; });
+  strata::services::WorkerCommand wk;
+  auto* worker = app.add_subcommand("worker", "Run a worker that holds a job's models (gRPC)");
+  worker->add_option("--listen", wk.listen, "HOST:PORT to serve on");
+  worker->add_option("--coordinator", wk.coordinator, "HOST:PORT of the coordinator");
+  worker->add_option("--token-file", wk.token_file, "bearer token (served and presented)");
+  worker->add_option("--nvme-dir", wk.nvme_dir, "NVMe tier directory for jobs that name none");
+  worker->add_option("--device-budget-mib", wk.device_budget_mib, "device budget for jobs that name none");
+  worker->add_option("--id", wk.worker_id, "worker id (default worker-<listen>)");
+  worker->add_option("--tls-cert", wk.tls.cert, "PEM certificate (enables TLS)");
+  worker->add_option("--tls-key", wk.tls.key, "PEM private key");
+  worker->add_option("--tls-ca", wk.tls.ca, "PEM CA for the coordinator's certificate");
+  worker->callback([&] { run = [&] { return Finish("worker", strata::services::RunWorkerServer(wk)); }; });
+
+  // Client commands: submit, jobs, status, watch, cancel.
+  strata::services::ClientOptions client;
+  auto add_client_flags = [&](CLI::App* cmd) {
+    cmd->add_option("--addr", client.addr, "coordinator HOST:PORT (default $STRATA_ADDR or 127.0.0.1:50051)");
+    cmd->add_option("--token-file", client.token_file, "bearer token file (default $STRATA_TOKEN)");
+    cmd->add_option("--tls-ca", client.tls_ca, "PEM CA of the coordinator (default $STRATA_TLS_CA; plaintext without)");
+  };
+  std::string submit_spec, submit_request_id;
+  std::vector<std::string> submit_overrides;
+  auto* submit = app.add_subcommand("submit", "Submit a job; prints its id");
+  submit->add_option("spec", submit_spec, "job spec (YAML)")->required();
+  submit->add_option("--set", submit_overrides, "override a spec field: key.path=value (repeatable)");
+  submit->add_option("--request-id", submit_request_id, "idempotency key: a retry returns the same job");
+  add_client_flags(submit);
+  submit->callback([&] {
+    run = [&] {
+      return Finish("submit", strata::services::RunSubmit(client, submit_spec, submit_overrides, submit_request_id));
+    };
+  });
+  std::string jobs_state;
+  int jobs_page = 20;
+  bool jobs_all = false;
+  auto* jobs = app.add_subcommand("jobs", "List jobs, newest first");
+  jobs->add_option("--state", jobs_state, "QUEUED | RUNNING | SUCCEEDED | FAILED | CANCELLED");
+  jobs->add_option("--page-size", jobs_page, "jobs per page")->check(CLI::Range(1, 200));
+  jobs->add_flag("--all", jobs_all, "every page");
+  add_client_flags(jobs);
+  jobs->callback([&] { run = [&] { return Finish("jobs", strata::services::RunJobs(client, jobs_state, jobs_page, jobs_all)); }; });
+  std::string job_id;
+  bool status_json = false;
+  auto* status = app.add_subcommand("status", "A job's state");
+  status->add_option("job", job_id, "job id")->required();
+  status->add_flag("--json", status_json, "print one JSON object");
+  add_client_flags(status);
+  status->callback([&] { run = [&] { return Finish("status", strata::services::RunStatus(client, job_id, status_json)); }; });
+  auto* watch = app.add_subcommand("watch", "Stream a job's progress until it ends (non-zero unless it SUCCEEDED)");
+  watch->add_option("job", job_id, "job id")->required();
+  add_client_flags(watch);
+  watch->callback([&] { run = [&] { return Finish("watch", strata::services::RunWatch(client, job_id, stderr)); }; });
+  auto* cancel = app.add_subcommand("cancel", "Cancel a queued or running job");
+  cancel->add_option("job", job_id, "job id")->required();
+  add_client_flags(cancel);
+  cancel->callback([&] { run = [&] { return Finish("cancel", strata::services::RunCancel(client, job_id)); }; });
 
   // strata plan / compare
   std::vector<std::string> plan_specs, plan_overrides;
