@@ -1,0 +1,369 @@
+// The job service end to end: a real redis-server, a real coordinator and
+// two real workers on loopback, driven through the gRPC API; then faults
+// (kill -9 of a worker and of the coordinator, a Redis restart) and bad
+// input.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "gtest/gtest.h"
+#include "offload/file.h"
+#include "services/auth.h"
+#include "strata/v1/coordinator.grpc.pb.h"
+#include "tests/testutil/child_process.h"
+#include "tests/testutil/redis_server.h"
+#include "tests/testutil/testutil.h"
+
+namespace strata {
+namespace {
+
+namespace v1 = strata::v1;
+using nlohmann::json;
+using testing::ChildProcess;
+
+constexpr char kToken[] = "e2e-token-0123456789";
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!testing::RedisServer::Available()) GTEST_SKIP() << "needs redis-server (Debian package redis-server)";
+    auto redis = testing::RedisServer::Start();
+    ASSERT_TRUE(redis.ok()) << redis.status();
+    redis_ = std::move(*redis);
+    testing::WriteTextFile(dir_.Join("token"), kToken);
+    // A small model and the tiny task's tokenizer.
+    model_ = dir_.Join("model");
+    testing::WriteTextFile(dir_.Join("config.json"), R"({"vocab_size": 259, "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
+        "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0})");
+    auto init = testing::RunCommand({testing::StrataBinary(), "init-model", "--config", dir_.Join("config.json"),
+                                     "--out", model_, "--seed", "3"});
+    ASSERT_TRUE(init.ok() && init->exit_code == 0);
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
+      std::filesystem::copy_file(testing::SourcePath(std::string("examples/tiny/data/") + f), JoinPath(model_, f));
+    }
+    auto port = testing::RedisServer::FreePort();
+    ASSERT_TRUE(port.ok());
+    coordinator_addr_ = absl::StrCat("127.0.0.1:", *port);
+    StartCoordinator();
+    for (int i = 0; i < 2; ++i) StartWorker(i);
+    channel_ = grpc::CreateChannel(coordinator_addr_, grpc::InsecureChannelCredentials());
+    ASSERT_TRUE(channel_->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(20)))
+        << coordinator_->Log();
+    stub_ = v1::Coordinator::NewStub(channel_);
+  }
+
+  void StartCoordinator() {
+    auto p = ChildProcess::Spawn({testing::StrataBinary(), "coordinator", "--listen", coordinator_addr_, "--redis",
+                                  redis_->url(), "--token-file", dir_.Join("token")},
+                                 dir_.Join("coordinator.log"), dir_.path());
+    ASSERT_TRUE(p.ok()) << p.status();
+    coordinator_ = std::move(*p);
+  }
+
+  void StartWorker(int i) {
+    if (worker_addr_.size() <= static_cast<size_t>(i)) {
+      auto port = testing::RedisServer::FreePort();
+      ASSERT_TRUE(port.ok());
+      worker_addr_.push_back(absl::StrCat("127.0.0.1:", *port));
+      workers_.emplace_back();
+    }
+    auto p = ChildProcess::Spawn({testing::StrataBinary(), "worker", "--listen", worker_addr_[i], "--coordinator",
+                                  coordinator_addr_, "--token-file", dir_.Join("token"), "--id",
+                                  absl::StrCat("w", i)},
+                                 dir_.Join(absl::StrCat("worker", i, ".log")), dir_.path());
+    ASSERT_TRUE(p.ok()) << p.status();
+    workers_[i] = std::move(*p);
+  }
+
+  std::string Spec(int iterations, const std::string& out, int checkpoint_every = 2) const {
+    return absl::StrCat(R"(
+algorithm: remax
+models:
+  actor: {path: )", model_, R"(}
+  reward: {rule: vowel_fraction}
+data:
+  train: )", testing::SourcePath("examples/tiny/data/prompts.jsonl"), R"(
+  max_prompt_tokens: 16
+train: {iterations: )", iterations, R"(, batch_size: 4, lr: 1.0e-3, seed: 5}
+generation: {max_new_tokens: 8}
+checkpoint: {every: )", checkpoint_every, R"(}
+memory: {host_mib: 128}
+output: {dir: )", dir_.Join(out), "}\n");
+  }
+
+  void Auth(grpc::ClientContext* context, const std::string& token = kToken) {
+    services::AddBearer(context, token);
+    context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  }
+
+  grpc::Status Submit(const std::string& spec, v1::Job* job, const std::string& request_id = "",
+                      std::vector<std::string> overrides = {}) {
+    v1::SubmitJobRequest request;
+    request.set_spec_yaml(spec);
+    request.set_request_id(request_id);
+    for (const auto& o : overrides) request.add_overrides(o);
+    grpc::ClientContext context;
+    Auth(&context);
+    return stub_->SubmitJob(&context, request, job);
+  }
+
+  v1::Job Get(const std::string& id) {
+    v1::GetJobRequest request;
+    request.set_job_id(id);
+    v1::Job job;
+    grpc::ClientContext context;
+    Auth(&context);
+    EXPECT_TRUE(stub_->GetJob(&context, request, &job).ok());
+    return job;
+  }
+
+  // Reads the job's events until `stop` says so or the job ends; returns
+  // them. No sleeping: the stream delivers events as they happen.
+  std::vector<v1::JobEvent> Watch(const std::string& id, const std::function<bool(const v1::JobEvent&)>& stop,
+                                  std::string after = "") {
+    std::vector<v1::JobEvent> events;
+    for (int attempt = 0; attempt < 20; ++attempt) {
+      v1::WatchJobRequest request;
+      request.set_job_id(id);
+      request.set_after_event_id(after);
+      grpc::ClientContext context;
+      services::AddBearer(&context, kToken);
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+      auto reader = stub_->WatchJob(&context, request);
+      v1::JobEvent e;
+      while (reader->Read(&e)) {
+        events.push_back(e);
+        after = e.id();
+        if (stop(e)) {
+          context.TryCancel();
+          reader->Finish();
+          return events;
+        }
+      }
+      const grpc::Status status = reader->Finish();
+      if (status.ok()) return events;
+      // UNAVAILABLE while a coordinator restarts: reconnect and resume.
+      if (status.error_code() != grpc::StatusCode::UNAVAILABLE) {
+        ADD_FAILURE() << status.error_message();
+        return events;
+      }
+      channel_->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    }
+    return events;
+  }
+
+  static bool Ended(const v1::JobEvent& e) { return e.type() == "state" && e.state() >= v1::SUCCEEDED; }
+  static std::function<bool(const v1::JobEvent&)> AtIteration(int64_t n) {
+    return [n](const v1::JobEvent& e) { return (e.type() == "metrics" && e.iteration() >= n) || Ended(e); };
+  }
+  static int Count(const std::vector<v1::JobEvent>& events, const std::string& type) {
+    return static_cast<int>(std::count_if(events.begin(), events.end(), [&](const auto& e) { return e.type() == type; }));
+  }
+
+  testing::TempDir dir_;
+  std::unique_ptr<testing::RedisServer> redis_;
+  std::string model_, coordinator_addr_;
+  std::vector<std::string> worker_addr_;
+  std::unique_ptr<ChildProcess> coordinator_;
+  std::vector<std::unique_ptr<ChildProcess>> workers_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+};
+
+TEST_F(ServiceTest, SubmitWatchSucceed) {
+  v1::Job job;
+  ASSERT_TRUE(Submit(Spec(4, "out1"), &job).ok());
+  EXPECT_EQ(job.state(), v1::QUEUED);
+  const auto events = Watch(job.id(), Ended);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back().state(), v1::SUCCEEDED) << coordinator_->Log();
+  EXPECT_EQ(Count(events, "metrics"), 4);
+  const v1::Job done = Get(job.id());
+  EXPECT_EQ(done.state(), v1::SUCCEEDED);
+  EXPECT_EQ(done.iteration(), 4);
+  EXPECT_TRUE(IsRegularFile(dir_.Join("out1/model.safetensors")));
+}
+
+TEST_F(ServiceTest, CancelStopsTheJobAndFreesTheWorker) {
+  v1::Job job;
+  ASSERT_TRUE(Submit(Spec(500, "long"), &job).ok());
+  Watch(job.id(), AtIteration(1));
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(job.id());
+  v1::Job cancelled;
+  {
+    grpc::ClientContext context;
+    Auth(&context);
+    ASSERT_TRUE(stub_->CancelJob(&context, cancel, &cancelled).ok());
+  }
+  EXPECT_EQ(cancelled.state(), v1::CANCELLED);
+  {
+    grpc::ClientContext context;
+    Auth(&context);
+    EXPECT_EQ(stub_->CancelJob(&context, cancel, &cancelled).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  // Both workers take new work again: two short jobs succeed.
+  v1::Job a, b;
+  ASSERT_TRUE(Submit(Spec(1, "after_a"), &a).ok());
+  ASSERT_TRUE(Submit(Spec(1, "after_b"), &b).ok());
+  EXPECT_EQ(Watch(a.id(), Ended).back().state(), v1::SUCCEEDED);
+  EXPECT_EQ(Watch(b.id(), Ended).back().state(), v1::SUCCEEDED);
+  EXPECT_EQ(Get(job.id()).state(), v1::CANCELLED);
+}
+
+TEST_F(ServiceTest, IdempotentResubmitAndListPaging) {
+  v1::Job first, again;
+  ASSERT_TRUE(Submit(Spec(1, "idem"), &first, "request-42").ok());
+  ASSERT_TRUE(Submit(Spec(1, "idem"), &again, "request-42").ok());
+  EXPECT_EQ(first.id(), again.id());
+  std::set<std::string> ids = {first.id()};
+  for (int i = 0; i < 4; ++i) {
+    v1::Job job;
+    ASSERT_TRUE(Submit(Spec(1, absl::StrCat("page", i)), &job).ok());
+    ids.insert(job.id());
+  }
+  std::set<std::string> listed;
+  v1::ListJobsRequest request;
+  request.set_page_size(2);
+  int pages = 0;
+  do {
+    v1::ListJobsResponse response;
+    grpc::ClientContext context;
+    Auth(&context);
+    ASSERT_TRUE(stub_->ListJobs(&context, request, &response).ok());
+    EXPECT_LE(response.jobs_size(), 2);
+    for (const auto& j : response.jobs()) EXPECT_TRUE(listed.insert(j.id()).second) << "duplicate " << j.id();
+    request.set_page_token(response.next_page_token());
+    ++pages;
+  } while (!request.page_token().empty());
+  EXPECT_EQ(listed, ids);
+  EXPECT_EQ(pages, 3);
+}
+
+TEST_F(ServiceTest, WorkerKilledMidJobResumesFromCheckpoint) {
+  v1::Job job;
+  ASSERT_TRUE(Submit(Spec(8, "kw", /*checkpoint_every=*/2), &job).ok());
+  Watch(job.id(), AtIteration(3));  // a checkpoint at iteration 2 exists now
+  const v1::Job running = Get(job.id());
+  ASSERT_EQ(running.state(), v1::RUNNING);
+  const int victim = running.worker() == "w0" ? 0 : 1;
+  workers_[victim]->Kill(SIGKILL);
+  StartWorker(victim);  // it comes back
+  const auto events = Watch(job.id(), Ended);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back().state(), v1::SUCCEEDED) << coordinator_->Log();
+  EXPECT_EQ(Get(job.id()).iteration(), 8);
+  // The job went back to the queue once and resumed: from the start of the
+  // stream, the last run's metrics begin at a checkpoint (even iteration).
+  const auto all = Watch(job.id(), Ended, "");
+  std::vector<int64_t> iterations;
+  for (const auto& e : all) {
+    if (e.type() == "metrics") iterations.push_back(e.iteration());
+  }
+  ASSERT_FALSE(iterations.empty());
+  EXPECT_EQ(iterations.back(), 7);
+  size_t restart = iterations.size();
+  for (size_t i = 1; i < iterations.size(); ++i) {
+    if (iterations[i] <= iterations[i - 1]) restart = i;
+  }
+  ASSERT_LT(restart, iterations.size()) << "the job never restarted";
+  EXPECT_EQ(iterations[restart] % 2, 0);                     // resumed at a checkpoint
+  EXPECT_GE(iterations[restart], iterations[restart - 1] - 1);  // lost at most one interval
+}
+
+TEST_F(ServiceTest, CoordinatorKilledMidJobResumes) {
+  v1::Job job;
+  ASSERT_TRUE(Submit(Spec(8, "kc", 2), &job).ok());
+  Watch(job.id(), AtIteration(3));
+  coordinator_->Kill(SIGKILL);
+  StartCoordinator();
+  ASSERT_TRUE(channel_->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(20)));
+  const auto events = Watch(job.id(), Ended);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back().state(), v1::SUCCEEDED) << coordinator_->Log();
+  EXPECT_EQ(Get(job.id()).iteration(), 8);
+}
+
+TEST_F(ServiceTest, RedisRestartKeepsJobsAndEvents) {
+  v1::Job job;
+  ASSERT_TRUE(Submit(Spec(2, "rr"), &job).ok());
+  const auto before = Watch(job.id(), Ended);
+  ASSERT_EQ(before.back().state(), v1::SUCCEEDED);
+  ASSERT_TRUE(redis_->Stop().ok());
+  const absl::Status restarted = redis_->Restart();
+  ASSERT_TRUE(restarted.ok()) << restarted;
+  // The coordinator's next calls reconnect; the job and its events are there.
+  v1::GetJobRequest request;
+  request.set_job_id(job.id());
+  v1::Job after;
+  grpc::Status status;
+  for (int attempt = 0; attempt < 3; ++attempt) {  // a call may land on a dropped connection once
+    grpc::ClientContext context;
+    Auth(&context);
+    status = stub_->GetJob(&context, request, &after);
+    if (status.ok()) break;
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  }
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(after.state(), v1::SUCCEEDED);
+  const auto replay = Watch(job.id(), Ended, "");
+  EXPECT_EQ(replay.size(), before.size());
+}
+
+TEST_F(ServiceTest, BadInputGetsTheRightCodeAndServersKeepServing) {
+  struct Case {
+    std::string spec;
+    std::vector<std::string> overrides;
+    grpc::StatusCode code;
+    std::string mentions;
+  };
+  const std::vector<Case> cases = {
+      {"algorithm: [remax", {}, grpc::StatusCode::INVALID_ARGUMENT, "YAML"},
+      {Spec(1, "x"), {"algorithm=dpo"}, grpc::StatusCode::INVALID_ARGUMENT, "algorithm"},
+      {Spec(1, "x"), {"models.actor.path=/nonexistent/model"}, grpc::StatusCode::INVALID_ARGUMENT, "models.actor.path"},
+      {Spec(1, "x"), {"train.lr=-0.1"}, grpc::StatusCode::INVALID_ARGUMENT, "train.lr"},
+      {Spec(1, "x"), {"train.batch_size=1000000"}, grpc::StatusCode::RESOURCE_EXHAUSTED, "train.batch_size"},
+  };
+  for (const auto& c : cases) {
+    v1::Job job;
+    const grpc::Status status = Submit(c.spec, &job, "", c.overrides);
+    EXPECT_EQ(status.error_code(), c.code) << c.mentions << ": " << status.error_message();
+    EXPECT_NE(status.error_message().find(c.mentions), std::string::npos) << status.error_message();
+  }
+  // Garbage bytes on the coordinator's port.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(coordinator_addr_.substr(coordinator_addr_.find(':') + 1))));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const std::string garbage = "GET / HTTP/1.1\r\n\r\n\x00\xff\xfe garbage \x01\x02";
+  ASSERT_GT(::write(fd, garbage.data(), garbage.size()), 0);
+  ::close(fd);
+  // No token, a wrong token.
+  for (const std::string& token : {std::string(), std::string("wrong-token")}) {
+    v1::ListJobsRequest request;
+    v1::ListJobsResponse response;
+    grpc::ClientContext context;
+    Auth(&context, token);
+    EXPECT_EQ(stub_->ListJobs(&context, request, &response).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  // Still serving, and jobs still run.
+  v1::Job job;
+  ASSERT_TRUE(Submit(Spec(1, "still"), &job).ok());
+  EXPECT_EQ(Watch(job.id(), Ended).back().state(), v1::SUCCEEDED);
+  v1::GetJobRequest missing;
+  missing.set_job_id("job-000000000000");
+  v1::Job none;
+  grpc::ClientContext context;
+  Auth(&context);
+  EXPECT_EQ(stub_->GetJob(&context, missing, &none).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+}  // namespace
+}  // namespace strata
