@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The README's main job. Today: build strata, then run the tiny alignment
-# demo in-process: SFT -> reward model -> ReMax and PPO, each stage with a
-# progress bar, then a side-by-side ReMax vs PPO table and a few sampled
-# responses. Outputs land in ./out/tiny (OUT_ROOT overrides the directory the
-# chain runs in; it gets a copy of examples/).
+# The README's main job: build strata, start a local stack (redis-server with
+# AOF, the coordinator, two workers, all on loopback), run the tiny alignment
+# demo through the job service (SFT -> reward model -> ReMax -> PPO, each job
+# scheduled on a worker), stream each job's progress, print the ReMax vs
+# PPO table and a few sampled responses, then stop the stack.
+# Outputs land in ./out (OUT_ROOT: run somewhere else; it gets a copy of
+# examples/). `deploy/demo.sh --in-process` runs the same chain without the
+# service (strata train).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build_dir="${BUILD_DIR:-$root/build}"
@@ -15,16 +18,38 @@ mkdir -p "$work"
 if [ "$work" != "$root" ]; then cp -r "$root/examples" "$work/"; fi
 cd "$work"
 start=$(date +%s)
-for stage in sft reward remax ppo; do
-  echo "== strata train examples/tiny/$stage.yaml"
-  "$strata" --log-level warning train "examples/tiny/$stage.yaml"
-done
+
+if [ "${1:-}" = "--in-process" ]; then
+  for stage in sft reward remax ppo; do
+    echo "== strata train examples/tiny/$stage.yaml"
+    "$strata" --log-level warning train "examples/tiny/$stage.yaml"
+  done
+else
+  export STRATA_LOCAL_DIR="$work/out/local" STRATA_BIN="$strata"
+  trap 'bash "$root/deploy/local/stop.sh"' EXIT
+  bash "$root/deploy/local/start.sh"
+  export STRATA_ADDR="127.0.0.1:${STRATA_COORD_PORT:-50051}" STRATA_TOKEN="$(cat "$STRATA_LOCAL_DIR/token")"
+  for stage in sft reward; do
+    id=$("$strata" submit "examples/tiny/$stage.yaml")
+    echo "== $stage: job $id"
+    "$strata" watch "$id"
+  done
+  # One after the other, so that their time per iteration is comparable on
+  # this machine's two cores.
+  for stage in remax ppo; do
+    id=$("$strata" submit "examples/tiny/$stage.yaml")
+    echo "== $stage: job $id"
+    "$strata" watch "$id"
+  done
+  echo
+  "$strata" jobs
+fi
 echo "== chain done in $(( $(date +%s) - start )) s"
 echo
 echo "== ReMax vs PPO (strata compare out/tiny/remax out/tiny/ppo)"
 "$strata" compare out/tiny/remax out/tiny/ppo
 echo
-echo "== sampled responses to 'sun tree =>' (the rule rewards vowels)"
+echo "== sampled responses to 'sun tree =>' (the hidden rule rewards vowels)"
 for model in sft remax ppo; do
   printf '%-6s ' "$model"
   "$strata" generate --model "out/tiny/$model" --prompt "sun tree =>" --max-new-tokens 24 --seed 7 --json
