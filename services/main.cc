@@ -7,10 +7,13 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "offload/file.h"
 #include "offload/log.h"
+#include "services/auth.h"
 #include "bench/adam_bench.h"
 #include "bench/generate_bench.h"
 #include "bench/io_bench.h"
+#include "bench/service_bench.h"
 #include "bench/stream_bench.h"
 #include "services/client_commands.h"
 #include "services/model_commands.h"
@@ -262,6 +265,28 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "scalar", "avx2", "avx512"}));
   bench_adam->add_flag("--json", ab.json, "print one JSON object");
   bench_adam->callback([&] { run = [&] { return Finish("bench adam", strata::bench::RunAdamBench(ab)); }; });
+
+  strata::bench::ServiceBenchRequest svc;
+  std::string svc_spec, svc_token_file;
+  auto* bench_service = bench->add_subcommand("service", "Concurrent clients against a running coordinator");
+  bench_service->add_option("--addr", svc.addr, "coordinator HOST:PORT");
+  bench_service->add_option("--token-file", svc_token_file, "bearer token file (default $STRATA_TOKEN)");
+  bench_service->add_option("--redis", svc.redis, "redis://HOST:PORT of the same stack, for the peer figures");
+  bench_service->add_option("--spec", svc_spec, "job spec each client submits")->required();
+  bench_service->add_option("--clients", svc.clients, "concurrent clients");
+  bench_service->add_option("--seconds", svc.seconds, "how long the clients run");
+  bench_service->add_flag("--json", svc.json, "print one JSON object");
+  bench_service->callback([&] {
+    run = [&] {
+      auto spec = strata::ReadFileToString(svc_spec);
+      if (!spec.ok()) return Finish("bench service", spec.status());
+      auto token = strata::services::ResolveToken(svc_token_file);
+      if (!token.ok()) return Finish("bench service", token.status());
+      svc.spec_yaml = *spec;
+      svc.token = *token;
+      return Finish("bench service", strata::bench::RunServiceBench(svc));
+    };
+  });
 
   strata::bench::StreamBenchRequest sb;
   auto* bench_stream = bench->add_subcommand("stream", "Training step with layers streamed from host / NVMe vs resident");

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "bench/service_bench.h"
 #include "gtest/gtest.h"
 #include "offload/file.h"
 #include "services/auth.h"
@@ -363,6 +364,26 @@ TEST_F(ServiceTest, BadInputGetsTheRightCodeAndServersKeepServing) {
   grpc::ClientContext context;
   Auth(&context);
   EXPECT_EQ(stub_->GetJob(&context, missing, &none).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+// 50 concurrent clients submitting, listing, reading and watching for a
+// bounded time: every call succeeds. (Latency figures: strata bench service,
+// docs/BENCHMARKS.md.)
+TEST_F(ServiceTest, FiftyConcurrentClientsSeeNoErrors) {
+  bench::ServiceBenchRequest request;
+  request.addr = coordinator_addr_;
+  request.token = kToken;
+  request.redis = redis_->url();
+  request.spec_yaml = Spec(1, "load");
+  request.clients = 50;
+  request.seconds = 3;
+  auto result = bench::RunServiceLoad(request);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->total_errors, 0) << (result->error_samples.empty() ? "" : result->error_samples[0]);
+  EXPECT_EQ(result->calls["submit"].calls, 50);
+  EXPECT_GT(result->calls["list"].calls, 50);
+  EXPECT_GT(result->calls["get"].calls, 50);
+  EXPECT_GT(result->calls["watch_events"].calls, 50);  // at least the QUEUED event of each job
 }
 
 }  // namespace
