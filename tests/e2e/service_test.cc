@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "offload/file.h"
 #include "services/auth.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "strata/v1/coordinator.grpc.pb.h"
 #include "tests/testutil/child_process.h"
 #include "tests/testutil/redis_server.h"
@@ -364,6 +365,60 @@ TEST_F(ServiceTest, BadInputGetsTheRightCodeAndServersKeepServing) {
   grpc::ClientContext context;
   Auth(&context);
   EXPECT_EQ(stub_->GetJob(&context, missing, &none).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+// Health checks need no token, on both servers; everything else does.
+TEST_F(ServiceTest, HealthCheckIsServedWithoutAToken) {
+  for (const std::string& addr : {coordinator_addr_, worker_addr_[0]}) {
+    auto health = grpc::health::v1::Health::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
+    grpc::health::v1::HealthCheckRequest request;
+    grpc::health::v1::HealthCheckResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    context.set_wait_for_ready(true);
+    const grpc::Status status = health->Check(&context, request, &response);
+    ASSERT_TRUE(status.ok()) << addr << ": " << status.error_message();
+    EXPECT_EQ(response.status(), grpc::health::v1::HealthCheckResponse::SERVING) << addr;
+  }
+}
+
+// A coordinator serving TLS: a client that trusts its CA gets through, a
+// plaintext client does not.
+TEST_F(ServiceTest, TlsCoordinatorServesClientsThatTrustItsCa) {
+  if (!testing::HaveProgram("openssl")) GTEST_SKIP() << "needs the openssl command to make certificates";
+  auto run = [&](std::vector<std::string> argv) {
+    auto r = testing::RunCommand(argv);
+    ASSERT_TRUE(r.ok() && r->exit_code == 0) << argv[1] << ": " << (r.ok() ? r->error : r.status().ToString());
+  };
+  const auto d = [&](const char* f) { return dir_.Join(f); };
+  run({"openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", d("ca.key"), "-out", d("ca.pem"),
+       "-days", "1", "-subj", "/CN=strata-test-ca"});
+  run({"openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", d("server.key"), "-out", d("server.csr"),
+       "-subj", "/CN=localhost"});
+  testing::WriteTextFile(d("ext.cnf"), "subjectAltName=DNS:localhost,IP:127.0.0.1\n");
+  run({"openssl", "x509", "-req", "-in", d("server.csr"), "-CA", d("ca.pem"), "-CAkey", d("ca.key"),
+       "-CAcreateserial", "-out", d("server.pem"), "-days", "1", "-extfile", d("ext.cnf")});
+  auto port = testing::RedisServer::FreePort();
+  ASSERT_TRUE(port.ok());
+  const std::string addr = absl::StrCat("localhost:", *port);
+  auto tls = ChildProcess::Spawn({testing::StrataBinary(), "coordinator", "--listen", addr, "--redis", redis_->url(),
+                                  "--token-file", d("token"), "--tls-cert", d("server.pem"), "--tls-key",
+                                  d("server.key")},
+                                 d("tls-coordinator.log"), dir_.path());
+  ASSERT_TRUE(tls.ok());
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = *ReadFileToString(d("ca.pem"));
+  auto channel = grpc::CreateChannel(addr, grpc::SslCredentials(ssl));
+  ASSERT_TRUE(channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(20)))
+      << (*tls)->Log();
+  auto trusted = testing::RunCommand({testing::StrataBinary(), "jobs", "--addr", addr, "--tls-ca", d("ca.pem"),
+                                      "--token-file", d("token")});
+  ASSERT_TRUE(trusted.ok());
+  EXPECT_EQ(trusted->exit_code, 0) << trusted->error;
+  auto plaintext = testing::RunCommand({testing::StrataBinary(), "jobs", "--addr", addr, "--token-file", d("token")});
+  ASSERT_TRUE(plaintext.ok());
+  EXPECT_NE(plaintext->exit_code, 0);
+  EXPECT_NE(plaintext->error.find("UNAVAILABLE"), std::string::npos) << plaintext->error;
 }
 
 // 50 concurrent clients submitting, listing, reading and watching for a
