@@ -17,7 +17,7 @@ packages=(
   # configuration, CLI, JSON
   libcli11-dev nlohmann-json3-dev libyaml-cpp-dev
   # tests: gtest/gmock, reference tokenizer tools, reference Llama forward
-  googletest libgtest-dev libgmock-dev sentencepiece python3-torch python3-numpy
+  googletest libgtest-dev libgmock-dev sentencepiece python3-torch python3-numpy openssl
 )
 
 missing=()
