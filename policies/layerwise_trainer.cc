@@ -145,25 +145,6 @@ void LayerwiseTrainer::AccumulateGrad(ParamState& state, const at::Tensor& grad)
   }
 }
 
-absl::StatusOr<at::Tensor> LayerwiseTrainer::Hidden(const at::Tensor& input_ids, const at::Tensor& attention_mask) {
-  at::NoGradGuard no_grad;
-  const LayerContext ctx = MakeLayerContext(config_, attention_mask, input_ids.size(1),
-                                            resident_.embed_tokens.scalar_type());
-  at::Tensor h = at::embedding(resident_.embed_tokens, input_ids);
-  if (auto s = source_->BeginPass(Range(config_.num_hidden_layers, false)); !s.ok()) return s;
-  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
-    auto w = source_->Acquire(l);
-    if (!w.ok()) {
-      source_->EndPass();
-      return w.status();
-    }
-    h = DecoderLayerForward(config_, *w, h, ctx, nullptr, l);
-    source_->Release(l);
-  }
-  source_->EndPass();
-  return RmsNorm(h, resident_.norm, config_.rms_norm_eps);
-}
-
 absl::StatusOr<double> LayerwiseTrainer::ForwardBackward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
                                                          const LossFn& loss_fn) {
   const int64_t layers = config_.num_hidden_layers;

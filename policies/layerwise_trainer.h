@@ -61,9 +61,6 @@ class LayerwiseTrainer {
                                                                   const LayerwiseTrainerOptions& options,
                                                                   offload::NvmeStore* nvme = nullptr);
 
-  // Final-normed hidden states, layers brought in forward order, no grad.
-  absl::StatusOr<at::Tensor> Hidden(const at::Tensor& input_ids, const at::Tensor& attention_mask);
-
   // Forward and backward of loss_fn(head(...)); gradients are added to the
   // host gradient buffers. Returns the loss.
   absl::StatusOr<double> ForwardBackward(const at::Tensor& input_ids, const at::Tensor& attention_mask,

@@ -53,27 +53,39 @@ void ConfigureServer(grpc::ServerBuilder& builder, const std::string& listen,
   builder.SetMaxSendMessageSize(kMaxWorkerMessageBytes);
 }
 
+// The token a server checks and the credentials it listens with.
+struct ServerSecurity {
+  std::string token;
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+
+  static absl::StatusOr<ServerSecurity> Resolve(const std::string& token_file, const TlsFiles& tls) {
+    auto token = ResolveToken(token_file);
+    if (!token.ok()) return token.status();
+    if (token->empty()) STRATA_LOG(Warning) << "no --token-file or STRATA_TOKEN: authentication is OFF";
+    auto credentials = MakeServerCredentials(tls);
+    if (!credentials.ok()) return credentials.status();
+    return ServerSecurity{*token, *credentials};
+  }
+};
+
 }  // namespace
 
 absl::StatusOr<std::string> RunCoordinatorServer(const CoordinatorCommand& command) {
   const sigset_t signals = BlockShutdownSignals();
-  auto token = ResolveToken(command.token_file);
-  if (!token.ok()) return token.status();
-  if (token->empty()) STRATA_LOG(Warning) << "no --token-file or STRATA_TOKEN: authentication is OFF";
-  auto credentials = MakeServerCredentials(command.tls);
-  if (!credentials.ok()) return credentials.status();
+  auto security = ServerSecurity::Resolve(command.token_file, command.tls);
+  if (!security.ok()) return security.status();
   JobStoreOptions store_options;
   store_options.redis_url = command.redis;
   auto store = JobStore::Connect(store_options);
   if (!store.ok()) return absl::Status(store.status().code(), absl::StrCat("--redis: ", store.status().message()));
   CoordinatorOptions options;
-  options.token = *token;
+  options.token = security->token;
   options.worker_tls.ca = command.tls.ca;
   auto service = std::make_unique<CoordinatorService>(store->get(), options);
   if (auto s = service->Start(); !s.ok()) return s;
   grpc::ServerBuilder builder;
   int port = 0;
-  ConfigureServer(builder, command.listen, *credentials, &port);
+  ConfigureServer(builder, command.listen, security->credentials, &port);
   builder.RegisterService(service.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
@@ -89,20 +101,17 @@ absl::StatusOr<std::string> RunCoordinatorServer(const CoordinatorCommand& comma
 
 absl::StatusOr<std::string> RunWorkerServer(const WorkerCommand& command) {
   const sigset_t signals = BlockShutdownSignals();
-  auto token = ResolveToken(command.token_file);
-  if (!token.ok()) return token.status();
-  if (token->empty()) STRATA_LOG(Warning) << "no --token-file or STRATA_TOKEN: authentication is OFF";
-  auto credentials = MakeServerCredentials(command.tls);
-  if (!credentials.ok()) return credentials.status();
+  auto security = ServerSecurity::Resolve(command.token_file, command.tls);
+  if (!security.ok()) return security.status();
   WorkerServiceOptions options;
   options.worker_id = command.worker_id.empty() ? "worker-" + command.listen : command.worker_id;
-  options.token = *token;
+  options.token = security->token;
   options.nvme_dir = command.nvme_dir;
   options.device_budget_mib = command.device_budget_mib;
   WorkerService service(options);
   grpc::ServerBuilder builder;
   int port = 0;
-  ConfigureServer(builder, command.listen, *credentials, &port);
+  ConfigureServer(builder, command.listen, security->credentials, &port);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
@@ -123,7 +132,7 @@ absl::StatusOr<std::string> RunWorkerServer(const WorkerCommand& command) {
     int interval_ms = 1000;
     while (!stop.load()) {
       grpc::ClientContext context;
-      AddBearer(&context, *token);
+      AddBearer(&context, security->token);
       context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
       grpc::Status status;
       if (!registered) {
