@@ -368,6 +368,24 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::ve
   return spec;
 }
 
+JobSpec ResolvePaths(const JobSpec& spec, const std::string& base) {
+  JobSpec out = spec;
+  auto fix = [&](std::string& path) {
+    if (!path.empty() && path[0] != '/') path = JoinPath(base, path);
+  };
+  for (ModelSpec* m : {&out.actor, &out.reference, &out.reward, &out.critic}) {
+    fix(m->path);
+    fix(m->init);
+  }
+  fix(out.data.train);
+  fix(out.data.eval);
+  fix(out.data.tokenizer);
+  fix(out.output_dir);
+  fix(out.checkpoint.dir);
+  fix(out.memory.nvme_dir);
+  return out;
+}
+
 absl::StatusOr<std::string> ApplyOverrides(const std::string& yaml_text, const std::vector<std::string>& overrides,
                                            const std::string& source) {
   YAML::Node root;

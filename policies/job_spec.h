@@ -123,6 +123,11 @@ struct JobSpec {
 // against the working directory of whoever runs the job.
 absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::vector<std::string>& overrides,
                                      const std::string& source);
+// `spec` with every relative path (models, data, output, checkpoints, NVMe
+// directory) made absolute under `base`: what a process that does not share
+// the worker's working directory needs to reach the same files.
+JobSpec ResolvePaths(const JobSpec& spec, const std::string& base);
+
 // The spec text with `overrides` applied, as YAML: what a service stores so
 // that workers parse exactly what was validated.
 absl::StatusOr<std::string> ApplyOverrides(const std::string& yaml_text, const std::vector<std::string>& overrides,

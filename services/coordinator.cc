@@ -185,11 +185,15 @@ absl::Status CoordinatorService::Submit(const v1::SubmitJobRequest& request, v1:
     return absl::ResourceExhaustedError(absl::StrCat("spec key 'train.batch_size' (", spec->train.batch_size,
                                                      ") exceeds what workers accept (", options_.max_batch_size, ")"));
   }
-  // Paths resolve on the workers, which share this file system in the
-  // supported deployments; a missing model is reported now, not at load.
-  for (auto [key, model] : {std::pair{"actor", &spec->actor}, std::pair{"reference", &spec->reference},
-                            std::pair{"reward", &spec->reward}, std::pair{"critic", &spec->critic}}) {
-    if (!model->path.empty() && !IsDirectory(model->path)) {
+  // Paths resolve on the workers: checked against a registered worker's
+  // working directory (the workers share one file system in the supported
+  // deployments), so a missing model is reported now, not at load.
+  const std::string worker_dir = AnyWorkerDirectory();
+  const policies::JobSpec resolved = worker_dir.empty() ? *spec : policies::ResolvePaths(*spec, worker_dir);
+  for (auto [key, model] : {std::pair{"actor", &resolved.actor}, std::pair{"reference", &resolved.reference},
+                            std::pair{"reward", &resolved.reward}, std::pair{"critic", &resolved.critic}}) {
+    const bool checkable = !model->path.empty() && (model->path[0] == '/');
+    if (checkable && !IsDirectory(model->path)) {
       return absl::InvalidArgumentError(
           absl::StrCat("spec key 'models.", key, ".path': ", model->path, " is not a model directory"));
     }
@@ -298,6 +302,7 @@ grpc::ServerUnaryReactor* CoordinatorService::RegisterWorker(grpc::CallbackServe
     if (request->worker_id().empty() || request->address().empty()) {
       return absl::InvalidArgumentError("worker_id and address are required");
     }
+    RememberWorkerDirectory(request->worker_id(), request->working_directory());
     WorkerRecord worker;
     worker.id = request->worker_id();
     worker.address = request->address();
@@ -312,6 +317,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerCont
                                                         const v1::HeartbeatRequest* request,
                                                         v1::HeartbeatResponse* response) {
   return Handle(context, [this, request, response]() -> absl::Status {
+    RememberWorkerDirectory(request->worker_id(), request->working_directory());
     if (auto s = store_->Heartbeat(request->worker_id(), request->job_id(), options_.worker_ttl_ms); !s.ok()) return s;
     if (!request->job_id().empty()) {
       auto job = store_->Get(request->job_id());
@@ -377,10 +383,15 @@ void CoordinatorService::RunOnWorker(JobRecord job, WorkerRecord worker) {
     remote.job_id = job.id;
     auto group = RemoteWorkerGroup::Create(remote, *channel_credentials);
     if (!group.ok()) return group.status();
-    if (auto loaded = (*group)->LoadModels(job.spec_yaml); !loaded.ok()) return loaded.status();
-    auto tokenizer_path = !spec->data.tokenizer.empty() ? spec->data.tokenizer : spec->actor.path.empty()
-                                                                                    ? spec->reward.path
-                                                                                    : spec->actor.path;
+    auto loaded = (*group)->LoadModels(job.spec_yaml);
+    if (!loaded.ok()) return loaded.status();
+    // The loop reads data and writes checkpoints where the worker resolves
+    // the spec's relative paths.
+    *spec = policies::ResolvePaths(*spec, loaded->working_directory);
+    std::string tokenizer_path = loaded->tokenizer_path;
+    if (!tokenizer_path.empty() && tokenizer_path[0] != '/') {
+      tokenizer_path = JoinPath(loaded->working_directory, tokenizer_path);
+    }
     auto tokenizer = policies::Tokenizer::Load(tokenizer_path);
     if (!tokenizer.ok()) return tokenizer.status();
     JobRunOptions run;
@@ -425,6 +436,17 @@ void CoordinatorService::RunOnWorker(JobRecord job, WorkerRecord worker) {
     }
   }
   finish();
+}
+
+void CoordinatorService::RememberWorkerDirectory(const std::string& worker_id, const std::string& dir) {
+  if (dir.empty()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  worker_directories_[worker_id] = dir;
+}
+
+std::string CoordinatorService::AnyWorkerDirectory() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return worker_directories_.empty() ? std::string() : worker_directories_.begin()->second;
 }
 
 void CoordinatorService::Publish(const std::string& job_id, const std::string& type, const std::string& json) {

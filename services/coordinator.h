@@ -85,6 +85,9 @@ class CoordinatorService final : public strata::v1::Coordinator::CallbackService
   absl::Status Submit(const strata::v1::SubmitJobRequest& request, strata::v1::Job* response);
   void SchedulerLoop();
   void RunOnWorker(JobRecord job, WorkerRecord worker);
+  // Where workers resolve relative spec paths (from registration and heartbeats).
+  void RememberWorkerDirectory(const std::string& worker_id, const std::string& dir);
+  std::string AnyWorkerDirectory();
   // Appends an event and wakes the job's watchers.
   void Publish(const std::string& job_id, const std::string& type, const std::string& json);
   // Watchers waiting for a job's next event.
@@ -103,6 +106,7 @@ class CoordinatorService final : public strata::v1::Coordinator::CallbackService
   std::condition_variable cv_;
   bool stopping_ = false;
   std::set<std::string> busy_workers_;
+  std::map<std::string, std::string> worker_directories_;
   std::map<std::string, std::thread> job_threads_;  // by job id
   std::set<std::string> finished_threads_;
   std::thread scheduler_;

@@ -67,7 +67,7 @@ absl::Status BadReply(const std::string& address, const char* method, const absl
 
 }  // namespace
 
-absl::StatusOr<std::string> RemoteWorkerGroup::LoadModels(const std::string& spec_yaml) {
+absl::StatusOr<RemoteWorkerGroup::Loaded> RemoteWorkerGroup::LoadModels(const std::string& spec_yaml) {
   v1::LoadModelsRequest request;
   request.set_job_id(options_.job_id);
   request.set_spec_yaml(spec_yaml);
@@ -75,7 +75,7 @@ absl::StatusOr<std::string> RemoteWorkerGroup::LoadModels(const std::string& spe
   if (auto s = Call("LoadModels", &v1::Worker::Stub::LoadModels, options_.work_timeout, request, &response); !s.ok()) {
     return s;
   }
-  return response.tokenizer_path();
+  return Loaded{response.tokenizer_path(), response.working_directory()};
 }
 
 absl::Status RemoteWorkerGroup::Unload() {

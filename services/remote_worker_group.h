@@ -58,10 +58,14 @@ class RemoteWorkerGroup final : public policies::WorkerGroup {
   // is used only in errors.
   RemoteWorkerGroup(std::shared_ptr<grpc::ChannelInterface> channel, RemoteWorkerOptions options);
 
+  // What LoadModels tells about the worker's side of the file system.
+  struct Loaded {
+    std::string tokenizer_path;     // as the worker resolved it
+    std::string working_directory;  // where it resolves relative spec paths
+  };
   // Asks the worker to load `spec_yaml` (a validated spec, overrides applied;
-  // paths resolve on the worker) for options.job_id. Returns the tokenizer
-  // path on the worker.
-  absl::StatusOr<std::string> LoadModels(const std::string& spec_yaml);
+  // paths resolve on the worker) for options.job_id.
+  absl::StatusOr<Loaded> LoadModels(const std::string& spec_yaml);
   // Drops the job's models on the worker.
   absl::Status Unload();
   // What the worker is doing and its memory per tier.

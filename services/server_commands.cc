@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <filesystem>
 #include <mutex>
 #include <chrono>
 #include <thread>
@@ -139,6 +140,7 @@ absl::StatusOr<std::string> RunWorkerServer(const WorkerCommand& command) {
         v1::RegisterWorkerRequest request;
         request.set_worker_id(options.worker_id);
         request.set_address(command.listen);
+        request.set_working_directory(std::filesystem::current_path().string());
         v1::RegisterWorkerResponse response;
         status = stub->RegisterWorker(&context, request, &response);
         if (status.ok()) {
@@ -149,6 +151,7 @@ absl::StatusOr<std::string> RunWorkerServer(const WorkerCommand& command) {
       } else {
         v1::HeartbeatRequest request;
         request.set_worker_id(options.worker_id);
+        request.set_working_directory(std::filesystem::current_path().string());
         v1::HeartbeatResponse response;
         status = stub->Heartbeat(&context, request, &response);
         if (status.error_code() == grpc::StatusCode::NOT_FOUND) registered = false;  // expired: register again

@@ -1,5 +1,7 @@
 #include "services/worker_service.h"
 
+#include <filesystem>
+
 #include <c10/util/Exception.h>
 #include <time.h>
 
@@ -149,6 +151,7 @@ absl::Status WorkerService::LoadModelsOnWorkThread(const v1::LoadModelsRequest& 
   if (group_ != nullptr && spec_yaml_ == request.spec_yaml()) {
     // A retry of a load whose reply was lost: the models are already there.
     response->set_tokenizer_path(group_->tokenizer_path());
+    response->set_working_directory(std::filesystem::current_path().string());
     return absl::OkStatus();
   }
   // Free the old models before the new ones are allocated.
@@ -166,6 +169,7 @@ absl::Status WorkerService::LoadModelsOnWorkThread(const v1::LoadModelsRequest& 
   job_id_ = request.job_id();
   spec_yaml_ = request.spec_yaml();
   response->set_tokenizer_path(group_->tokenizer_path());
+  response->set_working_directory(std::filesystem::current_path().string());
   STRATA_LOG(Info) << "worker " << options_.worker_id << " loaded job " << job_id_;
   return absl::OkStatus();
 }

@@ -59,10 +59,18 @@ class ServiceTest : public ::testing::Test {
     stub_ = v1::Coordinator::NewStub(channel_);
   }
 
+  // The coordinator runs elsewhere than the workers: spec paths must
+  // resolve where the workers run.
+  std::string CoordinatorDirectory() {
+    const std::string d = dir_.Join("coordinator_cwd");
+    std::filesystem::create_directories(d);
+    return d;
+  }
+
   void StartCoordinator() {
     auto p = ChildProcess::Spawn({testing::StrataBinary(), "coordinator", "--listen", coordinator_addr_, "--redis",
                                   redis_->url(), "--token-file", dir_.Join("token")},
-                                 dir_.Join("coordinator.log"), dir_.path());
+                                 dir_.Join("coordinator.log"), CoordinatorDirectory());
     ASSERT_TRUE(p.ok()) << p.status();
     coordinator_ = std::move(*p);
   }
@@ -365,6 +373,37 @@ TEST_F(ServiceTest, BadInputGetsTheRightCodeAndServersKeepServing) {
   grpc::ClientContext context;
   Auth(&context);
   EXPECT_EQ(stub_->GetJob(&context, missing, &none).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+// Relative paths in a spec resolve in the workers' working directory, not
+// the coordinator's.
+TEST_F(ServiceTest, RelativePathsResolveWhereTheWorkersRun) {
+  std::filesystem::copy_file(testing::SourcePath("examples/tiny/data/prompts.jsonl"), dir_.Join("prompts.jsonl"));
+  const std::string spec = R"(
+algorithm: remax
+models:
+  actor: {path: model}
+  reward: {rule: vowel_fraction}
+data: {train: prompts.jsonl, max_prompt_tokens: 16}
+train: {iterations: 2, batch_size: 2, lr: 1.0e-3}
+generation: {max_new_tokens: 6}
+checkpoint: {every: 1}
+memory: {host_mib: 128}
+output: {dir: relative_out}
+)";
+  v1::Job job;
+  const grpc::Status submitted = Submit(spec, &job);
+  ASSERT_TRUE(submitted.ok()) << submitted.error_message();
+  EXPECT_EQ(Watch(job.id(), Ended).back().state(), v1::SUCCEEDED) << Get(job.id()).error_message();
+  EXPECT_TRUE(IsRegularFile(dir_.Join("relative_out/model.safetensors")));
+  EXPECT_TRUE(IsRegularFile(dir_.Join("relative_out/metrics.jsonl")));
+  EXPECT_FALSE(std::filesystem::exists(JoinPath(CoordinatorDirectory(), "relative_out")));
+  // A relative model path that does not exist where the workers run is
+  // refused at submit, naming the key.
+  v1::Job missing;
+  const grpc::Status refused = Submit(spec, &missing, "", {"models.actor.path=no_such_model"});
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(refused.error_message().find("models.actor.path"), std::string::npos);
 }
 
 // Health checks need no token, on both servers; everything else does.

@@ -410,9 +410,10 @@ TEST_F(WorkerServiceTest, RemaxAgainstRemoteWorkerMatchesLocal) {
   auto local = LocalWorkerGroup::Create(spec);
   ASSERT_TRUE(local.ok()) << local.status();
   auto remote = Remote("job-1");
-  auto tokenizer_path = remote->LoadModels(*yaml_);
-  ASSERT_TRUE(tokenizer_path.ok()) << tokenizer_path.status();
-  EXPECT_EQ(*tokenizer_path, (*local)->tokenizer_path());
+  auto loaded = remote->LoadModels(*yaml_);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->tokenizer_path, (*local)->tokenizer_path());
+  EXPECT_EQ(loaded->working_directory, std::filesystem::current_path().string());
 
   const std::vector<std::vector<int32_t>> prompts = {(*local)->tokenizer().Encode("snow fire =>"),
                                                      (*local)->tokenizer().Encode("road wind =>")};
