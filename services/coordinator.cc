@@ -7,6 +7,7 @@
 #include "offload/file.h"
 #include "offload/log.h"
 #include "policies/job_spec.h"
+#include "policies/memory_plan.h"
 #include "policies/tokenizer.h"
 #include "services/job_runner.h"
 #include "services/remote_worker_group.h"
@@ -198,6 +199,30 @@ absl::Status CoordinatorService::Submit(const v1::SubmitJobRequest& request, v1:
           absl::StrCat("spec key 'models.", key, ".path': ", model->path, " is not a model directory"));
     }
   }
+  // Admission: the model states the memory planner expects must fit the
+  // largest registered worker's host RAM (and device budget, when it has one).
+  if (!worker_dir.empty()) {
+    auto plan = policies::PlanModelStates(resolved);
+    if (plan.ok()) {
+      std::map<std::string, int64_t> largest;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (const auto& [id, memory] : worker_memory_) {
+          for (const auto& [tier, bytes] : memory) largest[tier] = std::max(largest[tier], bytes);
+        }
+      }
+      const std::pair<const char*, int64_t> needs[] = {{"host", plan->total[1]}, {"device", plan->total[0]}};
+      for (const auto& [tier, bytes] : needs) {
+        auto offer = largest.find(tier);
+        if (offer != largest.end() && offer->second > 0 && bytes > offer->second) {
+          return absl::ResourceExhaustedError(absl::StrCat(
+              "spec key 'models': the job's model states need ", bytes >> 20, " MiB of ", tier,
+              " memory (strata plan), but the largest worker offers ", offer->second >> 20,
+              " MiB; move state to another tier with models.*.placement"));
+        }
+      }
+    }
+  }
   if (options_.worker_host_bytes > 0 &&
       static_cast<int64_t>(spec->memory.host_mib) * (1 << 20) > options_.worker_host_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat("spec key 'memory.host_mib' (", spec->memory.host_mib,
@@ -303,6 +328,10 @@ grpc::ServerUnaryReactor* CoordinatorService::RegisterWorker(grpc::CallbackServe
       return absl::InvalidArgumentError("worker_id and address are required");
     }
     RememberWorkerDirectory(request->worker_id(), request->working_directory());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      worker_memory_[request->worker_id()] = {request->memory_bytes().begin(), request->memory_bytes().end()};
+    }
     WorkerRecord worker;
     worker.id = request->worker_id();
     worker.address = request->address();

@@ -107,6 +107,7 @@ class CoordinatorService final : public strata::v1::Coordinator::CallbackService
   bool stopping_ = false;
   std::set<std::string> busy_workers_;
   std::map<std::string, std::string> worker_directories_;
+  std::map<std::string, std::map<std::string, int64_t>> worker_memory_;  // tier -> bytes, by worker
   std::map<std::string, std::thread> job_threads_;  // by job id
   std::set<std::string> finished_threads_;
   std::thread scheduler_;

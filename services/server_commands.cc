@@ -3,6 +3,7 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -141,6 +142,12 @@ absl::StatusOr<std::string> RunWorkerServer(const WorkerCommand& command) {
         request.set_worker_id(options.worker_id);
         request.set_address(command.listen);
         request.set_working_directory(std::filesystem::current_path().string());
+        // What this worker can hold, for the coordinator's admission check.
+        (*request.mutable_memory_bytes())["host"] =
+            static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
+        if (command.device_budget_mib > 0) {
+          (*request.mutable_memory_bytes())["device"] = command.device_budget_mib << 20;
+        }
         v1::RegisterWorkerResponse response;
         status = stub->RegisterWorker(&context, request, &response);
         if (status.ok()) {

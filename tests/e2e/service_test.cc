@@ -332,7 +332,18 @@ TEST_F(ServiceTest, BadInputGetsTheRightCodeAndServersKeepServing) {
     grpc::StatusCode code;
     std::string mentions;
   };
+  // A finished job first: a worker has registered (the admission checks
+  // below use what workers report).
+  v1::Job warm;
+  ASSERT_TRUE(Submit(Spec(1, "warm"), &warm).ok());
+  ASSERT_EQ(Watch(warm.id(), Ended).back().state(), v1::SUCCEEDED);
+  // A model directory holding Llama-2-7B's config: its Adam states alone
+  // need ~100 GiB of host memory, more than any worker here has.
+  const std::string big = dir_.Join("llama2-7b");
+  std::filesystem::create_directories(big);
+  std::filesystem::copy_file(testing::SourcePath("examples/llama2-7b/config.json"), JoinPath(big, "config.json"));
   const std::vector<Case> cases = {
+      {Spec(1, "x"), {"models.actor.path=" + big}, grpc::StatusCode::RESOURCE_EXHAUSTED, "host memory"},
       {"algorithm: [remax", {}, grpc::StatusCode::INVALID_ARGUMENT, "YAML"},
       {Spec(1, "x"), {"algorithm=dpo"}, grpc::StatusCode::INVALID_ARGUMENT, "algorithm"},
       {Spec(1, "x"), {"models.actor.path=/nonexistent/model"}, grpc::StatusCode::INVALID_ARGUMENT, "models.actor.path"},
