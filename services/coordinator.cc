@@ -156,7 +156,7 @@ void CoordinatorService::Stop() {
   }
   cv_.notify_all();
   if (scheduler_.joinable()) scheduler_.join();
-  std::map<std::string, std::thread> threads;
+  std::map<uint64_t, std::thread> threads;
   {
     std::lock_guard<std::mutex> lock(mu_);
     threads.swap(job_threads_);
@@ -223,12 +223,7 @@ absl::Status CoordinatorService::Submit(const v1::SubmitJobRequest& request, v1:
       }
     }
   }
-  if (options_.worker_host_bytes > 0 &&
-      static_cast<int64_t>(spec->memory.host_mib) * (1 << 20) > options_.worker_host_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat("spec key 'memory.host_mib' (", spec->memory.host_mib,
-                                                     " MiB) is more than a worker offers (",
-                                                     options_.worker_host_bytes >> 20, " MiB)"));
-  }
+
   JobRecord job;
   job.algorithm = policies::AlgorithmName(spec->algorithm);
   job.name = spec->name;
@@ -360,14 +355,14 @@ void CoordinatorService::SchedulerLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
     // Reap loops that have returned.
-    for (const std::string& id : finished_threads_) {
-      auto it = job_threads_.find(id);
+    for (uint64_t run : finished_runs_) {
+      auto it = job_threads_.find(run);
       if (it != job_threads_.end()) {
         it->second.join();
         job_threads_.erase(it);
       }
     }
-    finished_threads_.clear();
+    finished_runs_.clear();
     lock.unlock();
     auto queued = store_->ListByState(JobState::kQueued);
     auto workers = store_->ListWorkers();
@@ -384,7 +379,8 @@ void CoordinatorService::SchedulerLoop() {
         if (!running.ok()) continue;  // cancelled or taken meanwhile
         busy_workers_.insert(worker.id);
         Publish(running->id, "state", nlohmann::json{{"state", "RUNNING"}, {"worker", worker.id}}.dump());
-        job_threads_[running->id] = std::thread([this, r = *running, worker] { RunOnWorker(r, worker); });
+        const uint64_t run = next_run_++;
+        job_threads_[run] = std::thread([this, run, r = *running, worker] { RunOnWorker(run, r, worker); });
       }
     } else {
       STRATA_LOG(Warning) << "scheduler: " << (queued.ok() ? workers.status() : queued.status());
@@ -394,11 +390,11 @@ void CoordinatorService::SchedulerLoop() {
   }
 }
 
-void CoordinatorService::RunOnWorker(JobRecord job, WorkerRecord worker) {
+void CoordinatorService::RunOnWorker(uint64_t run, JobRecord job, WorkerRecord worker) {
   auto finish = [&] {
     std::lock_guard<std::mutex> lock(mu_);
     busy_workers_.erase(worker.id);
-    finished_threads_.insert(job.id);
+    finished_runs_.insert(run);
     cv_.notify_all();
   };
   absl::Status status = [&]() -> absl::Status {

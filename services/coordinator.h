@@ -39,9 +39,6 @@ struct CoordinatorOptions {
   int scheduler_interval_ms = 200;
   // Largest train.batch_size accepted.
   int64_t max_batch_size = 4096;
-  // Host bytes a worker offers, for the RESOURCE_EXHAUSTED check at submit;
-  // 0 skips it.
-  int64_t worker_host_bytes = 0;
 };
 
 class WatchReactor;
@@ -84,7 +81,7 @@ class CoordinatorService final : public strata::v1::Coordinator::CallbackService
   grpc::ServerUnaryReactor* Handle(grpc::CallbackServerContext* context, std::function<absl::Status()> work);
   absl::Status Submit(const strata::v1::SubmitJobRequest& request, strata::v1::Job* response);
   void SchedulerLoop();
-  void RunOnWorker(JobRecord job, WorkerRecord worker);
+  void RunOnWorker(uint64_t run, JobRecord job, WorkerRecord worker);
   // Where workers resolve relative spec paths (from registration and heartbeats).
   void RememberWorkerDirectory(const std::string& worker_id, const std::string& dir);
   std::string AnyWorkerDirectory();
@@ -108,8 +105,11 @@ class CoordinatorService final : public strata::v1::Coordinator::CallbackService
   std::set<std::string> busy_workers_;
   std::map<std::string, std::string> worker_directories_;
   std::map<std::string, std::map<std::string, int64_t>> worker_memory_;  // tier -> bytes, by worker
-  std::map<std::string, std::thread> job_threads_;  // by job id
-  std::set<std::string> finished_threads_;
+  // Job loops by run number, not job id: a requeued job can be scheduled
+  // again before its previous loop has been reaped.
+  uint64_t next_run_ = 0;
+  std::map<uint64_t, std::thread> job_threads_;
+  std::set<uint64_t> finished_runs_;
   std::thread scheduler_;
 
   std::mutex watch_mu_;
