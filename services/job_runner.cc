@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -81,13 +82,18 @@ class Encoder {
 // run sees the data an uninterrupted one would.
 std::vector<size_t> BatchIndices(size_t examples, int64_t batch, int64_t it, uint64_t seed) {
   std::vector<size_t> out;
+  std::vector<size_t> order;
+  size_t order_epoch = SIZE_MAX;  // the epoch `order` was shuffled for
   const size_t first = static_cast<size_t>(it * batch);
   for (size_t k = first; k < first + static_cast<size_t>(batch); ++k) {
     const size_t epoch = k / examples;
-    std::vector<size_t> order(examples);
-    std::iota(order.begin(), order.end(), 0);
-    std::mt19937_64 rng(seed * 1315423911ULL + epoch);
-    std::shuffle(order.begin(), order.end(), rng);
+    if (epoch != order_epoch) {  // a batch spans at most a few epochs
+      order.resize(examples);
+      std::iota(order.begin(), order.end(), 0);
+      std::mt19937_64 rng(seed * 1315423911ULL + epoch);
+      std::shuffle(order.begin(), order.end(), rng);
+      order_epoch = epoch;
+    }
     out.push_back(order[k % examples]);
   }
   return out;
