@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "offload/device_memory.h"
+#include "offload/device_transfer.h"
 #include "offload/host_arena.h"
 #include "offload/layer_streamer.h"
 #include "offload/nvme_store.h"
@@ -47,14 +48,30 @@ int64_t DecoderBytes(const policies::LlamaConfig& c) {
 
 // Runs warm-up + timed steps of one mode. `home` is kDevice for the
 // resident peer.
+// Moves the resident parts (and, for the resident peer, the layers) to the
+// compute device; streamed layers are copied to their home from the CPU.
+void MoveToDevice(policies::LlamaWeights& w, const at::Device& device, bool layers) {
+  for (at::Tensor* t : {&w.embed_tokens, &w.norm, &w.lm_head, &w.score}) {
+    if (t->defined()) *t = t->to(device);
+  }
+  if (!layers) return;
+  for (policies::LlamaLayerWeights& layer : w.layers) {
+    for (at::Tensor* t : policies::LayerTensors(layer)) *t = t->to(device);
+  }
+}
+
 absl::StatusOr<ModeResult> RunMode(const StreamBenchRequest& r, const policies::LlamaConfig& config, Tier home,
-                                   size_t device_budget) {
-  offload::DeviceMemoryMonitor& monitor = offload::DeviceMemoryMonitor::Install();
+                                   const at::Device& device, size_t device_budget) {
+  auto found = offload::DeviceMemoryMonitor::ForDevice(device);
+  if (!found.ok()) return found.status();
+  offload::DeviceMemoryMonitor& monitor = **found;
   auto model = policies::LlamaModel::RandomInit(config, policies::LlamaHead::kLanguageModel, at::kFloat, 1);
+  MoveToDevice(model->weights(), device, /*layers=*/home == Tier::kDevice);
   offload::HostArenaOptions arena_options;
   // Master weights, gradient, two moments (16 B/param) + the streamed home
   // copy (4 B/param), plus per-tensor alignment slack.
   arena_options.capacity_bytes = static_cast<size_t>(config.NumParameters()) * 20 + (64 << 20);
+  arena_options.pin_for_cuda = !device.is_cpu();
   auto arena = offload::HostArena::Create(arena_options);
   if (!arena.ok()) return arena.status();
 
@@ -72,6 +89,7 @@ absl::StatusOr<ModeResult> RunMode(const StreamBenchRequest& r, const policies::
       store = std::move(*opened);
     }
     offload::LayerStreamerOptions options;
+    options.device = device;
     options.home = home;
     options.prefetch_depth = r.prefetch_depth;
     options.nvme_prefix = "bench/";
@@ -91,7 +109,7 @@ absl::StatusOr<ModeResult> RunMode(const StreamBenchRequest& r, const policies::
   model.reset();  // the trainer holds the resident parts
 
   at::Generator gen = at::detail::createCPUGenerator(7);
-  const at::Tensor ids = at::randint(config.vocab_size, {r.batch, r.seq}, gen, at::kLong);
+  const at::Tensor ids = at::randint(config.vocab_size, {r.batch, r.seq}, gen, at::kLong).to(device);
   const at::Tensor mask = at::ones_like(ids);
   auto loss_fn = [&](const at::Tensor& logits) {
     const at::Tensor logp = at::log_softmax(logits.narrow(1, 0, r.seq - 1), -1);
@@ -105,6 +123,7 @@ absl::StatusOr<ModeResult> RunMode(const StreamBenchRequest& r, const policies::
     auto loss = (*trainer)->ForwardBackward(ids, mask, loss_fn);
     if (!loss.ok()) return loss.status();
     if (auto s = (*trainer)->OptimizerStep(); !s.ok()) return s;
+    if (auto s = offload::SynchronizeDevice(device); !s.ok()) return s;
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (step == 0) continue;  // warm-up
     result.step_s = std::min(result.step_s, seconds);
@@ -125,6 +144,9 @@ absl::StatusOr<std::string> RunStreamBench(const StreamBenchRequest& r) {
   }
   const policies::LlamaConfig config = BenchConfig(r);
   if (auto s = config.Validate(); !s.ok()) return s;
+  auto device = offload::ParseComputeDevice(r.device);
+  if (!device.ok()) return device.status();
+  if (auto s = offload::DeviceTransfer::Create(*device).status(); !s.ok()) return s;
   const int64_t decoder_bytes = DecoderBytes(config);
   const size_t layer_bytes = static_cast<size_t>(decoder_bytes / r.layers);
   const size_t reserve = policies::LayerWorkingBytes(config, r.batch, r.seq, at::kFloat, /*training=*/true);
@@ -141,16 +163,17 @@ absl::StatusOr<std::string> RunStreamBench(const StreamBenchRequest& r) {
   std::filesystem::create_directories(r.nvme_dir, ec);
   if (ec) return absl::PermissionDeniedError(absl::StrCat("--nvme-dir ", r.nvme_dir, ": ", ec.message()));
 
-  auto resident = RunMode(r, config, Tier::kDevice, 0);  // the peer needs the weights on the device
+  auto resident = RunMode(r, config, Tier::kDevice, *device, 0);  // the peer needs the weights on the device
   if (!resident.ok()) return resident.status();
-  auto host = RunMode(r, config, Tier::kHost, budget);
+  auto host = RunMode(r, config, Tier::kHost, *device, budget);
   if (!host.ok()) return host.status();
-  auto nvme = RunMode(r, config, Tier::kNvme, budget);
+  auto nvme = RunMode(r, config, Tier::kNvme, *device, budget);
   std::filesystem::remove_all(r.nvme_dir, ec);
   if (!nvme.ok()) return nvme.status();
 
   const size_t peak = std::max(host->peak_device_bytes, nvme->peak_device_bytes);
-  nlohmann::json j{{"resident_s", resident->step_s},
+  nlohmann::json j{{"device", device->str()},
+                   {"resident_s", resident->step_s},
                    {"host_stream_s", host->step_s},
                    {"nvme_stream_s", nvme->step_s},
                    {"peak_device_bytes", peak},
@@ -171,13 +194,13 @@ absl::StatusOr<std::string> RunStreamBench(const StreamBenchRequest& r) {
                    {"losses_equal", resident->loss == host->loss && host->loss == nvme->loss}};
   if (r.json) return j.dump() + "\n";
   return absl::StrFormat(
-      "training step, %d params (%d layers x hidden %d), batch %d x %d tokens\n"
+      "training step on %s, %d params (%d layers x hidden %d), batch %d x %d tokens\n"
       "  resident (peer):      %7.3f s   device peak %8.1f MiB\n"
       "  streamed from host:   %7.3f s   device peak %8.1f MiB  (%.2fx, stalled %.3f s)\n"
       "  streamed from NVMe:   %7.3f s   device peak %8.1f MiB  (%.2fx, stalled %.3f s)\n"
       "  device budget %.1f MiB (weights + optimizer states are %.1fx that): %s\n"
       "  host arena %.1f MiB reserved for %.1f MiB requested\n",
-      config.NumParameters(), r.layers, r.hidden, r.batch, r.seq, resident->step_s,
+      device->str(), config.NumParameters(), r.layers, r.hidden, r.batch, r.seq, resident->step_s,
       resident->peak_device_bytes / 1048576.0, host->step_s, host->peak_device_bytes / 1048576.0,
       host->step_s / resident->step_s, host->streaming.stall_seconds, nvme->step_s,
       nvme->peak_device_bytes / 1048576.0, nvme->step_s / resident->step_s, nvme->streaming.stall_seconds,

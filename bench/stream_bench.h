@@ -27,6 +27,10 @@ struct StreamBenchRequest {
   std::string nvme_dir = "strata-bench-nvme";
   // Timed steps per mode (after one untimed warm-up step); best is reported.
   int steps = 2;
+  // Compute device: "cpu" (the device tier is the CPU, budget enforced by the
+  // counting allocator) or "cuda[:N]" in a CUDA build (pinned arena, copy
+  // streams, caching-allocator figures).
+  std::string device = "cpu";
   bool json = false;
 };
 

@@ -4,8 +4,16 @@
 #include <c10/core/CPUAllocator.h>
 #include <torch/version.h>
 
+#include <array>
 #include <atomic>
 #include <cstring>
+#include <mutex>
+
+#include "offload/device_transfer.h"
+
+#if STRATA_WITH_CUDA
+#include "offload/cuda/cuda_device.h"
+#endif
 
 namespace strata::offload {
 namespace {
@@ -60,15 +68,46 @@ DeviceMemoryMonitor& DeviceMemoryMonitor::Install() {
     static CountingCpuAllocator counting;
     // Priority above the default so later default registrations keep ours.
     c10::SetAllocator(c10::DeviceType::CPU, &counting, /*priority=*/100);
-    return new DeviceMemoryMonitor();
+    return new DeviceMemoryMonitor(/*cuda_index=*/-1);
   }();
   return *monitor;
 }
 
+absl::StatusOr<DeviceMemoryMonitor*> DeviceMemoryMonitor::ForDevice(const c10::Device& device) {
+  if (device.is_cpu()) return &Install();
+  // Same checks (and messages) as the transfers to that device.
+  auto transfer = DeviceTransfer::Create(device);
+  if (!transfer.ok()) return transfer.status();
+  const int index = device.has_index() ? device.index() : 0;
+  static std::mutex mu;
+  static std::array<DeviceMemoryMonitor*, 64> monitors{};
+  std::lock_guard<std::mutex> lock(mu);
+  if (monitors[index] == nullptr) monitors[index] = new DeviceMemoryMonitor(index);
+  return monitors[index];
+}
+
+#if STRATA_WITH_CUDA
+size_t DeviceMemoryMonitor::current_bytes() const {
+  return cuda_index_ >= 0 ? cuda::AllocatedBytes(cuda_index_) : g_current.load(std::memory_order_relaxed);
+}
+
+size_t DeviceMemoryMonitor::peak_bytes() const {
+  return cuda_index_ >= 0 ? cuda::PeakAllocatedBytes(cuda_index_) : g_peak.load(std::memory_order_relaxed);
+}
+
+void DeviceMemoryMonitor::ResetPeak() {
+  if (cuda_index_ >= 0) {
+    cuda::ResetPeak(cuda_index_);
+  } else {
+    g_peak.store(g_current.load(std::memory_order_relaxed));
+  }
+}
+#else
 size_t DeviceMemoryMonitor::current_bytes() const { return g_current.load(std::memory_order_relaxed); }
 
 size_t DeviceMemoryMonitor::peak_bytes() const { return g_peak.load(std::memory_order_relaxed); }
 
 void DeviceMemoryMonitor::ResetPeak() { g_peak.store(g_current.load(std::memory_order_relaxed)); }
+#endif
 
 }  // namespace strata::offload

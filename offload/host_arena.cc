@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "offload/cuda_host.h"
 #include "offload/file.h"
 #include "offload/log.h"
 
@@ -49,21 +50,31 @@ absl::StatusOr<std::unique_ptr<HostArena>> HostArena::Create(const HostArenaOpti
     ::munmap(base, capacity);
     return ErrnoToStatus(err, absl::StrCat("host arena: mlock of ", capacity, " bytes"));
   }
-  STRATA_LOG(Debug) << "host arena: " << capacity << " bytes" << (options.lock_memory ? ", locked" : "");
-  return std::unique_ptr<HostArena>(
-      new HostArena(static_cast<std::byte*>(base), capacity, options.alignment, options.lock_memory));
+  if (options.pin_for_cuda) {
+    if (auto s = RegisterWithCuda(base, capacity); !s.ok()) {
+      if (options.lock_memory) ::munlock(base, capacity);
+      ::munmap(base, capacity);
+      return s;
+    }
+  }
+  STRATA_LOG(Debug) << "host arena: " << capacity << " bytes" << (options.lock_memory ? ", locked" : "")
+                    << (options.pin_for_cuda ? ", pinned for CUDA" : "");
+  return std::unique_ptr<HostArena>(new HostArena(static_cast<std::byte*>(base), capacity, options.alignment,
+                                                  options.lock_memory, options.pin_for_cuda));
 }
 
-HostArena::HostArena(std::byte* base, size_t capacity, size_t alignment, bool locked)
-    : base_(base), capacity_(capacity), alignment_(alignment), locked_(locked) {
+HostArena::HostArena(std::byte* base, size_t capacity, size_t alignment, bool locked, bool cuda_pinned)
+    : base_(base), capacity_(capacity), alignment_(alignment), locked_(locked), cuda_pinned_(cuda_pinned) {
   stats_.capacity_bytes = capacity;
   stats_.locked = locked;
+  stats_.cuda_pinned = cuda_pinned;
 }
 
 HostArena::~HostArena() {
   if (stats_.live_buffers != 0) {
     STRATA_LOG(Error) << "host arena destroyed with " << stats_.live_buffers << " live buffers";
   }
+  if (cuda_pinned_) UnregisterWithCuda(base_);
   if (locked_) ::munlock(base_, capacity_);
   ::munmap(base_, capacity_);
 }

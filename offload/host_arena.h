@@ -31,6 +31,10 @@ struct HostArenaOptions {
   bool lock_memory = false;
   // Touch every page at creation so a machine without the memory fails now.
   bool populate = true;
+  // Register the region with CUDA (cudaHostRegister) so device copies from
+  // it are DMA and asynchronous. Fails at creation in a build without CUDA
+  // or when the driver refuses.
+  bool pin_for_cuda = false;
 
   absl::Status Validate() const;
 };
@@ -78,6 +82,7 @@ struct HostArenaStats {
   size_t live_buffers = 0;
   size_t pooled_buffers = 0;
   bool locked = false;
+  bool cuda_pinned = false;
 };
 
 // Thread-safe. The arena must outlive its buffers.
@@ -99,13 +104,14 @@ class HostArena {
 
  private:
   friend class HostBuffer;
-  HostArena(std::byte* base, size_t capacity, size_t alignment, bool locked);
+  HostArena(std::byte* base, size_t capacity, size_t alignment, bool locked, bool cuda_pinned);
   void Return(std::byte* data, size_t size, size_t reserved);
 
   std::byte* const base_;
   const size_t capacity_;
   const size_t alignment_;
   const bool locked_;
+  const bool cuda_pinned_;
 
   mutable std::mutex mu_;
   size_t top_ = 0;  // bytes carved so far

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "offload/log.h"
 
 namespace strata::offload {
 namespace {
@@ -34,16 +35,34 @@ absl::StatusOr<std::unique_ptr<LayerStreamer>> LayerStreamer::Create(const Layer
   if (options.home == Tier::kNvme && store == nullptr) {
     return absl::InvalidArgumentError("layer streamer: nvme home needs an NVMe store");
   }
-  return std::unique_ptr<LayerStreamer>(new LayerStreamer(options, arena, store, accountant));
+  if (options.home == Tier::kNvme && !options.device.is_cpu() && arena == nullptr) {
+    return absl::InvalidArgumentError("layer streamer: nvme home on a GPU needs a host arena to stage reads in");
+  }
+  auto transfer = DeviceTransfer::Create(options.device);
+  if (!transfer.ok()) return transfer.status();
+  if (!options.device.is_cpu() && arena != nullptr && !arena->stats().cuda_pinned) {
+    STRATA_LOG(Warning) << "layer streamer: the host arena is not pinned for CUDA; copies to "
+                        << options.device.str() << " will be synchronous and slow (set pin_for_cuda)";
+  }
+  DeviceMemoryMonitor* monitor = nullptr;
+  if (options.device_budget_bytes > 0) {
+    auto found = DeviceMemoryMonitor::ForDevice(options.device);
+    if (!found.ok()) return found.status();
+    monitor = *found;
+  }
+  return std::unique_ptr<LayerStreamer>(
+      new LayerStreamer(options, arena, store, accountant, *std::move(transfer), monitor));
 }
 
 LayerStreamer::LayerStreamer(const LayerStreamerOptions& options, HostArena* arena, NvmeStore* store,
-                             TierAccountant* accountant)
+                             TierAccountant* accountant, std::unique_ptr<DeviceTransfer> transfer,
+                             DeviceMemoryMonitor* monitor)
     : options_(options),
       arena_(arena),
       store_(store),
       accountant_(accountant),
-      monitor_(options.device_budget_bytes > 0 ? &DeviceMemoryMonitor::Install() : nullptr) {
+      transfer_(std::move(transfer)),
+      monitor_(monitor) {
   io_thread_ = std::thread([this] { IoLoop(); });
 }
 
@@ -157,19 +176,45 @@ const std::vector<std::string>& LayerStreamer::tensor_names(int64_t layer) const
   return layers_.at(static_cast<size_t>(layer)).names;
 }
 
-absl::Status LayerStreamer::Fetch(const Layer& layer, std::vector<at::Tensor>* out) {
-  out->reserve(layer.tensors.size());
-  for (const TensorHome& home : layer.tensors) {
-    at::Tensor device = at::empty(home.shape, at::TensorOptions().dtype(home.dtype));
-    if (options_.home == Tier::kHost) {
-      std::memcpy(device.data_ptr(), home.host.data(), home.bytes);
-    } else {
+absl::Status LayerStreamer::Fetch(const Layer& layer, Fetched* out) {
+  out->tensors.reserve(layer.tensors.size());
+  if (options_.home == Tier::kHost) {
+    // Homes do not change during a pass (StoreTensor refuses), so the
+    // uploads need no host-side wait.
+    for (const TensorHome& home : layer.tensors) {
+      auto device = transfer_->Upload(home.host.bytes(), home.shape, home.dtype);
+      if (!device.ok()) return device.status();
+      out->tensors.push_back(*std::move(device));
+    }
+    out->fence = transfer_->Fence();
+    return absl::OkStatus();
+  }
+  if (options_.device.is_cpu()) {
+    // The device is the host: read straight into the layer's tensors.
+    for (const TensorHome& home : layer.tensors) {
+      at::Tensor device = at::empty(home.shape, at::TensorOptions().dtype(home.dtype));
       auto s = store_->Get(home.nvme_id, std::span<std::byte>(static_cast<std::byte*>(device.data_ptr()), home.bytes));
       if (!s.ok()) return s;
+      out->tensors.push_back(std::move(device));
     }
-    out->push_back(std::move(device));
+    out->fence = transfer_->Fence();
+    return absl::OkStatus();
   }
-  return absl::OkStatus();
+  // GPU: NVMe -> pinned staging -> device. The staging buffers go back to
+  // the arena's pools once the uploads from them are done.
+  std::vector<HostBuffer> staging;
+  staging.reserve(layer.tensors.size());
+  for (const TensorHome& home : layer.tensors) {
+    auto buffer = arena_->Allocate(home.bytes);
+    if (!buffer.ok()) return buffer.status();
+    if (auto s = store_->Get(home.nvme_id, buffer->bytes()); !s.ok()) return s;
+    auto device = transfer_->Upload(buffer->bytes(), home.shape, home.dtype);
+    if (!device.ok()) return device.status();
+    out->tensors.push_back(*std::move(device));
+    staging.push_back(*std::move(buffer));
+  }
+  out->fence = transfer_->Fence();
+  return transfer_->WaitHost(*out->fence);
 }
 
 void LayerStreamer::IoLoop() {
@@ -208,7 +253,8 @@ void LayerStreamer::IoLoop() {
     const auto start = std::chrono::steady_clock::now();
     Fetched fetched;
     fetched.layer = layer;
-    fetched.status = Fetch(layers_[static_cast<size_t>(layer)], &fetched.tensors);
+    fetched.status = Fetch(layers_[static_cast<size_t>(layer)], &fetched);
+    if (!fetched.status.ok()) fetched.tensors.clear();
     const double seconds = SecondsSince(start);
     lock.lock();
     ++stats_.fetches;
@@ -251,6 +297,7 @@ absl::StatusOr<std::vector<at::Tensor>> LayerStreamer::Acquire(int64_t layer) {
   ready_.pop_front();
   ++next_to_acquire_;
   if (!fetched.status.ok()) return fetched.status;
+  if (auto s = transfer_->ComputeWaits(*fetched.fence, fetched.tensors); !s.ok()) return s;
   return std::move(fetched.tensors);
 }
 

@@ -2,10 +2,11 @@
 // and are brought to the device just before use, the next `prefetch_depth`
 // layers fetched by a background thread while the current one computes
 // (forward order for generation and forward, reverse for backward), and
-// dropped from the device when released. The device tier is whatever
-// libtorch allocates on (the CPU in the CPU build, where the copy is a
-// memcpy from the arena and the overlap is between the I/O thread and
-// compute).
+// dropped from the device when released. Every copy to the device goes
+// through DeviceTransfer: on the CPU device a memcpy from the arena (the
+// overlap is between the I/O thread and compute); on a GPU an asynchronous
+// copy from the pinned arena on the upload stream, which compute waits for
+// by event only when it acquires the layer.
 #ifndef STRATA_OFFLOAD_LAYER_STREAMER_H_
 #define STRATA_OFFLOAD_LAYER_STREAMER_H_
 
@@ -23,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "offload/device_memory.h"
+#include "offload/device_transfer.h"
 #include "offload/host_arena.h"
 #include "offload/nvme_store.h"
 #include "offload/tier_accounting.h"
@@ -30,6 +32,10 @@
 namespace strata::offload {
 
 struct LayerStreamerOptions {
+  // Where layers are brought for compute: the CPU, or cuda:N in a CUDA
+  // build (then the host arena should be pinned, and an NVMe home stages
+  // each layer through it).
+  at::Device device = at::kCPU;
   // Where layer weights live between uses: kHost (the arena) or kNvme.
   Tier home = Tier::kHost;
   // Layers fetched ahead of the one in use; 0 fetches on demand.
@@ -60,8 +66,10 @@ struct LayerStreamerStats {
 // pass in order, then EndPass. The I/O thread is internal.
 class LayerStreamer {
  public:
-  // `arena` holds host homes (kHost) and NVMe staging is not needed (the
-  // store bounces unaligned buffers). `store` is required for kNvme.
+  // `arena` holds host homes (kHost) and, on a GPU, the pinned staging
+  // buffers an NVMe home is read into before upload; on the CPU device NVMe
+  // reads go straight into the layer's tensors. `store` is required for
+  // kNvme.
   // `accountant` (optional) records host / nvme home bytes.
   static absl::StatusOr<std::unique_ptr<LayerStreamer>> Create(const LayerStreamerOptions& options, HostArena* arena,
                                                                NvmeStore* store, TierAccountant* accountant);
@@ -118,17 +126,21 @@ class LayerStreamer {
     int64_t layer = -1;
     absl::Status status;
     std::vector<at::Tensor> tensors;  // empty unless status is OK
+    std::shared_ptr<TransferFence> fence;  // compute waits for it at Acquire
   };
 
-  LayerStreamer(const LayerStreamerOptions& options, HostArena* arena, NvmeStore* store, TierAccountant* accountant);
+  LayerStreamer(const LayerStreamerOptions& options, HostArena* arena, NvmeStore* store, TierAccountant* accountant,
+                std::unique_ptr<DeviceTransfer> transfer, DeviceMemoryMonitor* monitor);
   absl::Status WriteHome(TensorHome& home, const at::Tensor& value);
-  absl::Status Fetch(const Layer& layer, std::vector<at::Tensor>* out);
+  // Queues the copies of `layer` to the device (I/O thread).
+  absl::Status Fetch(const Layer& layer, Fetched* out);
   void IoLoop();
 
   const LayerStreamerOptions options_;
   HostArena* const arena_;
   NvmeStore* const store_;
   TierAccountant* const accountant_;
+  const std::unique_ptr<DeviceTransfer> transfer_;
   DeviceMemoryMonitor* const monitor_;  // null without a device budget
   std::vector<Layer> layers_;
 

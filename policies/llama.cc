@@ -102,7 +102,7 @@ LayerContext MakeLayerContext(const LlamaConfig& config, const at::Tensor& atten
   TORCH_CHECK(t <= s, "attention mask covers ", s, " positions, fewer than the ", t, " new tokens");
   LayerContext ctx;
   const at::Tensor positions = PositionIdsFromMask(attention_mask).narrow(1, s - t, t);
-  const at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * InverseFrequencies(config);
+  const at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * InverseFrequencies(config).to(positions.device());
   const at::Tensor emb = at::cat({freqs, freqs}, -1);
   ctx.cos = emb.cos().to(dtype);
   ctx.sin = emb.sin().to(dtype);
@@ -110,15 +110,16 @@ LayerContext MakeLayerContext(const LlamaConfig& config, const at::Tensor& atten
   // Query i (absolute position s - t + i) sees key j when j <= s - t + i and
   // key j is a real token. A large finite negative (not -inf) keeps rows that
   // see nothing, such as pad queries, from turning into NaN.
-  const at::Tensor query_pos = at::arange(s - t, s, at::kLong).unsqueeze(1);  // [T, 1]
-  const at::Tensor key_pos = at::arange(0, s, at::kLong).unsqueeze(0);        // [1, S]
+  const at::TensorOptions on_device = at::TensorOptions().dtype(at::kLong).device(attention_mask.device());
+  const at::Tensor query_pos = at::arange(s - t, s, on_device).unsqueeze(1);  // [T, 1]
+  const at::Tensor key_pos = at::arange(0, s, on_device).unsqueeze(0);        // [1, S]
   const at::Tensor causal = key_pos.le(query_pos);                             // [T, S]
   const at::Tensor real = attention_mask.to(at::kBool).unsqueeze(1);           // [B, 1, S]
   const at::Tensor allowed = causal.unsqueeze(0).logical_and(real);            // [B, T, S]
   const double lowest = dtype == at::kBFloat16 ? -3.3895313892515355e38
                         : dtype == at::kHalf   ? -65504.0
                                                : static_cast<double>(std::numeric_limits<float>::lowest());
-  ctx.attention_bias = at::zeros(allowed.sizes(), at::TensorOptions().dtype(dtype))
+  ctx.attention_bias = at::zeros(allowed.sizes(), at::TensorOptions().dtype(dtype).device(allowed.device()))
                            .masked_fill(allowed.logical_not(), lowest)
                            .view({allowed.size(0), 1, 1, t, s});
   return ctx;
@@ -326,7 +327,9 @@ at::Tensor LlamaModel::TokenScores(const at::Tensor& input_ids, const at::Tensor
 
 at::Tensor AtLastToken(const at::Tensor& per_token, const at::Tensor& attention_mask) {
   // Last real token of each row: the largest index whose mask is 1.
-  const at::Tensor index = (attention_mask.to(at::kLong) * at::arange(attention_mask.size(1), at::kLong)).argmax(-1);
+  const at::Tensor columns =
+      at::arange(attention_mask.size(1), at::TensorOptions().dtype(at::kLong).device(attention_mask.device()));
+  const at::Tensor index = (attention_mask.to(at::kLong) * columns).argmax(-1);
   return per_token.gather(1, index.view({-1, 1, 1}).expand({per_token.size(0), 1, per_token.size(2)})).squeeze(1);
 }
 

@@ -15,6 +15,7 @@
 #include "bench/io_bench.h"
 #include "bench/service_bench.h"
 #include "bench/stream_bench.h"
+#include "bench/transfer_bench.h"
 #include "services/client_commands.h"
 #include "services/model_commands.h"
 #include "services/server_commands.h"
@@ -295,12 +296,23 @@ int main(int argc, char** argv) {
   bench_stream->add_option("--vocab", sb.vocab, "vocabulary size");
   bench_stream->add_option("--batch", sb.batch, "sequences per step");
   bench_stream->add_option("--seq", sb.seq, "tokens per sequence");
-  bench_stream->add_option("--device-budget-mib", sb.device_budget_mib, "device budget (0: a third of the weights)");
+  bench_stream->add_option("--device-budget-mib", sb.device_budget_mib, "device budget (0: the streamed step's own estimate + 10%)");
   bench_stream->add_option("--prefetch", sb.prefetch_depth, "layers prefetched ahead");
   bench_stream->add_option("--nvme-dir", sb.nvme_dir, "directory for the NVMe tier");
   bench_stream->add_option("--steps", sb.steps, "timed steps per mode (best reported)");
+  bench_stream->add_option("--device", sb.device, "compute device: cpu, cuda or cuda:N");
   bench_stream->add_flag("--json", sb.json, "print one JSON object");
   bench_stream->callback([&] { run = [&] { return Finish("bench stream", strata::bench::RunStreamBench(sb)); }; });
+
+  strata::bench::TransferBenchRequest tb;
+  auto* bench_transfer =
+      bench->add_subcommand("transfer", "Host<->device copy bandwidth: pinned arena vs torch pinned tensor copy");
+  bench_transfer->add_option("--device", tb.device, "cuda, cuda:N, or cpu (plumbing check)");
+  bench_transfer->add_option("--size-mib", tb.size_mib, "bytes per copy, in MiB");
+  bench_transfer->add_option("--repeats", tb.repeats, "timed copies per side and direction (median counts)");
+  bench_transfer->add_flag("--json", tb.json, "print one JSON object");
+  bench_transfer->callback(
+      [&] { run = [&] { return Finish("bench transfer", strata::bench::RunTransferBench(tb)); }; });
 
   try {
     app.parse(argc, argv);

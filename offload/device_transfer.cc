@@ -1,0 +1,95 @@
+#include "offload/device_transfer.h"
+
+#include <cstring>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+#if STRATA_WITH_CUDA
+#include "offload/cuda/cuda_device.h"
+#endif
+
+namespace strata::offload {
+namespace {
+
+absl::Status CheckSize(const char* what, size_t host_bytes, size_t tensor_bytes) {
+  if (host_bytes == tensor_bytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("device transfer: ", what, " of ", tensor_bytes, " tensor bytes given ", host_bytes, " host bytes"));
+}
+
+// The CPU device: the "device" is the host, so a copy is a memcpy and is
+// complete when the call returns.
+class CpuTransfer final : public DeviceTransfer {
+ public:
+  at::Device device() const override { return at::kCPU; }
+
+  absl::StatusOr<at::Tensor> Upload(std::span<const std::byte> host, at::IntArrayRef shape,
+                                    at::ScalarType dtype) override {
+    at::Tensor out = at::empty(shape, at::TensorOptions().dtype(dtype));
+    const size_t bytes = static_cast<size_t>(out.numel()) * out.element_size();
+    if (auto s = CheckSize("upload", host.size(), bytes); !s.ok()) return s;
+    // torch's copy kernel: parallel over the intra-op threads, unlike memcpy.
+    // (from_blob wants a mutable pointer; the source is only read.)
+    out.copy_(at::from_blob(const_cast<std::byte*>(host.data()), shape, at::TensorOptions().dtype(dtype)));
+    return out;
+  }
+
+  absl::Status Download(const at::Tensor& device_tensor, std::span<std::byte> host) override {
+    if (!device_tensor.device().is_cpu() || !device_tensor.is_contiguous()) {
+      return absl::InvalidArgumentError("device transfer: download needs a contiguous tensor on the CPU device");
+    }
+    const size_t bytes = static_cast<size_t>(device_tensor.numel()) * device_tensor.element_size();
+    if (auto s = CheckSize("download", host.size(), bytes); !s.ok()) return s;
+    at::from_blob(host.data(), device_tensor.sizes(), device_tensor.options()).copy_(device_tensor);
+    return absl::OkStatus();
+  }
+
+  std::shared_ptr<TransferFence> Fence() override { return std::make_shared<TransferFence>(); }
+  absl::Status WaitHost(const TransferFence&) override { return absl::OkStatus(); }
+  absl::Status ComputeWaits(const TransferFence&, std::span<const at::Tensor>) override { return absl::OkStatus(); }
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DeviceTransfer>> DeviceTransfer::Create(const at::Device& device) {
+  if (device.is_cpu()) return std::unique_ptr<DeviceTransfer>(new CpuTransfer());
+  if (!device.is_cuda()) {
+    return absl::InvalidArgumentError(absl::StrCat("compute device ", device.str(), ": only cpu and cuda are supported"));
+  }
+#if STRATA_WITH_CUDA
+  const int index = device.has_index() ? device.index() : 0;
+  const int visible = cuda::VisibleDevices();
+  if (visible == 0) {
+    return absl::FailedPreconditionError(absl::StrCat("compute device ", device.str(), ": no CUDA GPU is visible"));
+  }
+  if (index >= visible) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("compute device ", device.str(), ": only ", visible, " CUDA GPU(s) are visible"));
+  }
+  return cuda::MakeTransfer(index);
+#else
+  return absl::FailedPreconditionError(absl::StrCat(
+      "compute device ", device.str(), ": this strata was built without CUDA (configure against a CUDA libtorch)"));
+#endif
+}
+
+absl::Status SynchronizeDevice(const at::Device& device) {
+  if (device.is_cpu()) return absl::OkStatus();
+#if STRATA_WITH_CUDA
+  if (device.is_cuda()) return cuda::Synchronize(device.has_index() ? device.index() : 0);
+#endif
+  return DeviceTransfer::Create(device).status();  // the same refusal, by name
+}
+
+absl::StatusOr<at::Device> ParseComputeDevice(const std::string& text) {
+  if (text == "cpu") return at::Device(at::kCPU);
+  if (text == "cuda") return at::Device(at::kCUDA, 0);
+  int index = -1;
+  if (text.rfind("cuda:", 0) == 0 && absl::SimpleAtoi(text.substr(5), &index) && index >= 0 && index < 64) {
+    return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
+  }
+  return absl::InvalidArgumentError(absl::StrCat("device \"", text, "\": expected cpu, cuda or cuda:N"));
+}
+
+}  // namespace strata::offload

@@ -1,0 +1,61 @@
+// The offload benches that must also run without a GPU, as the real binary:
+// `bench transfer --device cpu` (the plumbing of the H2D/D2H bench) and a
+// small `bench stream`; and the clear refusal of a GPU device by a CPU build.
+#include <nlohmann/json.hpp>
+
+#include "gtest/gtest.h"
+#include "offload/cuda_host.h"
+#include "tests/testutil/testutil.h"
+
+namespace strata {
+namespace {
+
+using nlohmann::json;
+
+testing::CommandResult Strata(std::vector<std::string> args) {
+  args.insert(args.begin(), testing::StrataBinary());
+  auto result = testing::RunCommand(args);
+  EXPECT_TRUE(result.ok()) << result.status();
+  return result.ok() ? *result : testing::CommandResult{};
+}
+
+TEST(BenchTest, TransferOnTheCpuDeviceReportsBothSides) {
+  const auto run = Strata({"bench", "transfer", "--device", "cpu", "--size-mib", "4", "--repeats", "2", "--json"});
+  ASSERT_EQ(run.exit_code, 0) << run.error;
+  const json j = json::parse(run.output);
+  EXPECT_EQ(j["device"], "cpu");
+  for (const char* key : {"ours_h2d_gbps", "ours_d2h_gbps", "torch_h2d_gbps", "torch_d2h_gbps"}) {
+    EXPECT_GT(j[key].get<double>(), 0) << key;
+  }
+  EXPECT_EQ(j["arena_pinned"], false);
+}
+
+TEST(BenchTest, GpuDevicesAreRefusedByACpuBuild) {
+  if (offload::CudaBuilt()) GTEST_SKIP() << "CUDA build";
+  for (const std::string sub : {"transfer", "stream"}) {
+    const auto run = Strata({"bench", sub, "--device", "cuda"});
+    EXPECT_NE(run.exit_code, 0) << sub;
+    EXPECT_NE(run.error.find("FAILED_PRECONDITION"), std::string::npos) << run.error;
+    EXPECT_NE(run.error.find("without CUDA"), std::string::npos) << run.error;
+  }
+  const auto bad = Strata({"bench", "transfer", "--device", "tpu"});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.error.find("expected cpu, cuda or cuda:N"), std::string::npos) << bad.error;
+}
+
+TEST(BenchTest, SmallStreamStepStaysWithinItsBudget) {
+  testing::TempDir dir;
+  // 230K parameters: weights + Adam states are 3.5 MiB, 1.75x the budget.
+  const auto run = Strata({"bench", "stream", "--layers", "4", "--hidden", "64", "--vocab", "128", "--seq", "16",
+                           "--steps", "1", "--device-budget-mib", "2", "--nvme-dir", dir.Join("nvme"), "--json"});
+  ASSERT_EQ(run.exit_code, 0) << run.error;
+  const json j = json::parse(run.output);
+  EXPECT_EQ(j["device"], "cpu");
+  EXPECT_TRUE(j["within_budget"].get<bool>()) << run.output;
+  EXPECT_TRUE(j["losses_equal"].get<bool>()) << run.output;
+  EXPECT_LE(j["peak_device_bytes"].get<size_t>(), j["device_budget_bytes"].get<size_t>());
+  EXPECT_GT(j["oversubscription"].get<double>(), 1.5);
+}
+
+}  // namespace
+}  // namespace strata
