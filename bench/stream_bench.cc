@@ -71,6 +71,13 @@ absl::StatusOr<ModeResult> RunMode(const StreamBenchRequest& r, const policies::
   // Master weights, gradient, two moments (16 B/param) + the streamed home
   // copy (4 B/param), plus per-tensor alignment slack.
   arena_options.capacity_bytes = static_cast<size_t>(config.NumParameters()) * 20 + (64 << 20);
+  if (!device.is_cpu()) {
+    // Gradient staging on a GPU: two batches in flight (a layer's, or the
+    // head's) and the embedding's at the end, fp32.
+    const size_t head = static_cast<size_t>(config.vocab_size * config.hidden_size) * sizeof(float);
+    const size_t layer = static_cast<size_t>(DecoderBytes(config) / config.num_hidden_layers);
+    arena_options.capacity_bytes += 2 * std::max(head, layer) + head;
+  }
   arena_options.pin_for_cuda = !device.is_cpu();
   auto arena = offload::HostArena::Create(arena_options);
   if (!arena.ok()) return arena.status();

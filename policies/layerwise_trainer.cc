@@ -103,6 +103,12 @@ absl::StatusOr<std::unique_ptr<LayerwiseTrainer>> LayerwiseTrainer::Create(const
     trainer->nvme_adam_ = std::move(*state);
   }
   LlamaWeights& r = trainer->resident_;
+  if ((!r.embed_tokens.device().is_cpu() || options.stage_gradients) && options.optimizer != offload::Tier::kDevice) {
+    // Gradients leave the GPU through the download stream (pinned staging).
+    auto transfer = offload::DeviceTransfer::Create(r.embed_tokens.device());
+    if (!transfer.ok()) return transfer.status();
+    trainer->grad_transfer_ = *std::move(transfer);
+  }
   std::vector<std::pair<std::string, at::Tensor*>> resident_params = {{"model.embed_tokens.weight", &r.embed_tokens},
                                                                       {"model.norm.weight", &r.norm}};
   if (r.lm_head.defined()) resident_params.emplace_back("lm_head.weight", &r.lm_head);
@@ -136,13 +142,52 @@ absl::StatusOr<std::unique_ptr<LayerwiseTrainer>> LayerwiseTrainer::Create(const
   return trainer;
 }
 
-void LayerwiseTrainer::AccumulateGrad(ParamState& state, const at::Tensor& grad) {
-  if (!grad.defined()) return;
+absl::Status LayerwiseTrainer::AccumulateGrad(ParamState& state, const at::Tensor& grad) {
+  if (!grad.defined()) return absl::OkStatus();
   if (state.device_grad.defined()) {
     state.device_grad.add_(grad.reshape({-1}).to(at::kFloat));
-  } else {
-    HostView(state.grad, state.numel).add_(grad.reshape({-1}).to(at::kCPU, at::kFloat));
+    return absl::OkStatus();
   }
+  if (grad_transfer_ == nullptr) {
+    HostView(state.grad, state.numel).add_(grad.reshape({-1}).to(at::kCPU, at::kFloat));
+    return absl::OkStatus();
+  }
+  auto staging = arena_->Allocate(static_cast<size_t>(state.numel) * sizeof(float));
+  if (!staging.ok()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("gradient staging for ", state.name, ": ", staging.status().message()));
+  }
+  const at::Tensor fp32 = grad.reshape({-1}).to(at::kFloat).contiguous();
+  if (auto s = grad_transfer_->Download(fp32, staging->bytes()); !s.ok()) return s;
+  current_grads_.grads.push_back({&state, *std::move(staging)});
+  return absl::OkStatus();
+}
+
+absl::Status LayerwiseTrainer::FlushGrads(size_t keep_in_flight) {
+  if (grad_transfer_ == nullptr) return absl::OkStatus();
+  if (!current_grads_.grads.empty()) {
+    current_grads_.fence = grad_transfer_->Fence();
+    pending_grads_.push_back(std::move(current_grads_));
+    current_grads_ = PendingBatch();
+  }
+  while (pending_grads_.size() > keep_in_flight) {
+    PendingBatch& batch = pending_grads_.front();
+    if (auto s = grad_transfer_->WaitHost(*batch.fence); !s.ok()) return s;
+    for (PendingGrad& g : batch.grads) {
+      HostView(g.state->grad, g.state->numel).add_(HostView(g.staging, g.state->numel));
+    }
+    pending_grads_.pop_front();  // staging buffers go back to the arena's pools
+  }
+  return absl::OkStatus();
+}
+
+void LayerwiseTrainer::AbandonGrads() {
+  if (grad_transfer_ == nullptr) return;
+  current_grads_.fence = grad_transfer_->Fence();
+  pending_grads_.push_back(std::move(current_grads_));
+  current_grads_ = PendingBatch();
+  for (const PendingBatch& batch : pending_grads_) (void)grad_transfer_->WaitHost(*batch.fence);
+  pending_grads_.clear();
 }
 
 absl::StatusOr<double> LayerwiseTrainer::ForwardBackward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
@@ -190,10 +235,18 @@ absl::StatusOr<double> LayerwiseTrainer::ForwardBackward(const at::Tensor& input
     loss_value = loss.item<double>();
     loss.backward();
   }
+  absl::Status status;
   for (ParamState& p : params_) {
-    if (p.resident == &resident_.norm) AccumulateGrad(p, norm.grad());
+    if (p.resident == &resident_.norm) status.Update(AccumulateGrad(p, norm.grad()));
     // A tied head's gradient stays in embed.grad and is taken below.
-    if (p.resident == &resident_.lm_head || p.resident == &resident_.score) AccumulateGrad(p, head_weight.grad());
+    if (p.resident == &resident_.lm_head || p.resident == &resident_.score) {
+      status.Update(AccumulateGrad(p, head_weight.grad()));
+    }
+  }
+  status.Update(FlushGrads(/*keep_in_flight=*/1));
+  if (!status.ok()) {
+    AbandonGrads();
+    return status;
   }
   norm = at::Tensor();
   if (!head_weight.is_same(embed)) head_weight = at::Tensor();
@@ -215,7 +268,13 @@ absl::StatusOr<double> LayerwiseTrainer::ForwardBackward(const at::Tensor& input
     const at::Tensor y = DecoderLayerForward(config_, *w, x, ctx, nullptr, l);
     y.backward(grad);
     for (size_t i = 0; i < slots.size(); ++i) {
-      AccumulateGrad(params_[layer_params_[static_cast<size_t>(l)][i]], slots[i]->grad());
+      status.Update(AccumulateGrad(params_[layer_params_[static_cast<size_t>(l)][i]], slots[i]->grad()));
+    }
+    status.Update(FlushGrads(/*keep_in_flight=*/1));
+    if (!status.ok()) {
+      AbandonGrads();
+      source_->EndPass();
+      return status;
     }
     grad = x.grad();
     *w = LlamaLayerWeights();
@@ -224,7 +283,12 @@ absl::StatusOr<double> LayerwiseTrainer::ForwardBackward(const at::Tensor& input
   source_->EndPass();
 
   at::embedding(embed, input_ids).backward(grad);
-  AccumulateGrad(params_[0], embed.grad());  // params_[0] is embed_tokens (see Create)
+  status.Update(AccumulateGrad(params_[0], embed.grad()));  // params_[0] is embed_tokens (see Create)
+  status.Update(FlushGrads(/*keep_in_flight=*/0));
+  if (!status.ok()) {
+    AbandonGrads();
+    return status;
+  }
   return loss_value;
 }
 

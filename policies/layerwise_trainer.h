@@ -13,6 +13,7 @@
 
 #include <ATen/ATen.h>
 
+#include <deque>
 #include <functional>
 #include <span>
 #include <memory>
@@ -21,6 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "offload/cpu_adam.h"
+#include "offload/device_transfer.h"
 #include "offload/host_arena.h"
 #include "offload/layer_streamer.h"
 #include "offload/nvme_adam.h"
@@ -45,6 +47,11 @@ struct LayerwiseTrainerOptions {
   offload::Tier gradients = offload::Tier::kHost;
   // Tiling of NVMe optimizer states.
   offload::NvmeAdamOptions nvme_adam;
+  // Move host gradients through DeviceTransfer's staging pipeline even on
+  // the CPU device. A GPU with host gradients always uses it (download
+  // stream, pinned staging in the arena: 2 layers of fp32 gradients); tests
+  // turn it on to run that logic without a GPU.
+  bool stage_gradients = false;
 };
 
 class LayerwiseTrainer {
@@ -99,9 +106,29 @@ class LayerwiseTrainer {
     at::Tensor device_master, device_grad, device_exp_avg, device_exp_avg_sq;  // device optimizer
   };
 
+  // Gradients of one layer (or of the head) on their way to the host.
+  struct PendingGrad {
+    ParamState* state = nullptr;
+    offload::HostBuffer staging;  // pinned; the download lands here
+  };
+  struct PendingBatch {
+    std::shared_ptr<offload::TransferFence> fence;
+    std::vector<PendingGrad> grads;
+  };
+
   LayerwiseTrainer(const LlamaConfig& config, LlamaHead head, LlamaWeights resident, LayerSource* source,
                    offload::HostArena* arena, const LayerwiseTrainerOptions& options);
-  void AccumulateGrad(ParamState& state, const at::Tensor& grad);
+  // Adds `grad` to the parameter's gradient: directly on the CPU device or
+  // for a device optimizer; on a GPU with host gradients, queues its
+  // download into the current batch (see FlushGrads).
+  absl::Status AccumulateGrad(ParamState& state, const at::Tensor& grad);
+  // Closes the current download batch, then adds batches to the host
+  // gradients, oldest first, until at most `keep_in_flight` remain: the CPU
+  // adds layer l's gradients while the GPU computes layer l-1's backward.
+  absl::Status FlushGrads(size_t keep_in_flight);
+  // After an error: waits for downloads still writing into staging buffers,
+  // then drops them.
+  void AbandonGrads();
   absl::Status AllocateState(ParamState& state, const at::Tensor& value);
   // The host bytes the optimizer may write p's new weights into, or empty.
   std::span<std::byte> WriteTarget(const ParamState& p);
@@ -119,6 +146,9 @@ class LayerwiseTrainer {
   const LayerwiseTrainerOptions options_;
   std::unique_ptr<offload::CpuAdam> adam_;
   std::unique_ptr<offload::NvmeAdamState> nvme_adam_;
+  std::unique_ptr<offload::DeviceTransfer> grad_transfer_;  // GPU with host gradients only
+  PendingBatch current_grads_;
+  std::deque<PendingBatch> pending_grads_;
   std::vector<ParamState> params_;
   std::vector<std::vector<size_t>> layer_params_;  // params_ index per layer tensor
   int64_t num_parameters_ = 0;

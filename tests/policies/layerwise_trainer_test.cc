@@ -82,6 +82,49 @@ TEST(LayerwiseTrainerTest, GradientsMatchFullAutograd) {
   }
 }
 
+// The GPU's gradient path (downloads into staging buffers, added to the
+// host gradients one layer later), run on the CPU device: the same
+// gradients as direct accumulation, over two accumulated batches; and a
+// clear error when the arena has no room for the staging buffers.
+TEST(LayerwiseTrainerTest, StagedGradientsEqualDirectOnes) {
+  const Batch batch = MakeBatch();
+  auto loss_fn = [&](const at::Tensor& logits) { return NextTokenLoss(logits, batch.ids); };
+  std::vector<std::map<std::string, at::Tensor>> grads;
+  for (bool staged : {false, true}) {
+    auto model = LlamaModel::RandomInit(SmallConfig(false), LlamaHead::kLanguageModel, at::kFloat, 3, 0.2);
+    auto arena = Arena();
+    ResidentLayerSource source(model->weights().layers);
+    LayerwiseTrainerOptions options = TrainerOptions();
+    options.stage_gradients = staged;
+    auto trainer = LayerwiseTrainer::Create(model->config(), LlamaHead::kLanguageModel, model->weights(), &source,
+                                            arena.get(), options);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    const size_t live_before = arena->stats().live_buffers;
+    for (int i = 0; i < 2; ++i) ASSERT_TRUE((*trainer)->ForwardBackward(batch.ids, batch.mask, loss_fn).ok());
+    EXPECT_EQ(arena->stats().live_buffers, live_before) << "staging buffers not returned";
+    grads.emplace_back();
+    for (auto& [name, t] : model->NamedParameters()) grads.back()[name] = *(*trainer)->Gradient(name);
+  }
+  for (const auto& [name, direct] : grads[0]) {
+    EXPECT_TRUE(at::equal(direct, grads[1].at(name))) << name;
+  }
+
+  // 8 KiB beyond the optimizer states: no room to stage a layer.
+  auto model = LlamaModel::RandomInit(SmallConfig(false), LlamaHead::kLanguageModel, at::kFloat, 3, 0.2);
+  offload::HostArenaOptions small;
+  small.capacity_bytes = static_cast<size_t>(model->config().NumParameters()) * 16 + 64 * 4096 + 8192;
+  auto arena = std::move(*offload::HostArena::Create(small));
+  ResidentLayerSource source(model->weights().layers);
+  LayerwiseTrainerOptions options = TrainerOptions();
+  options.stage_gradients = true;
+  auto trainer = LayerwiseTrainer::Create(model->config(), LlamaHead::kLanguageModel, model->weights(), &source,
+                                          arena.get(), options);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  const auto loss = (*trainer)->ForwardBackward(batch.ids, batch.mask, loss_fn);
+  EXPECT_EQ(loss.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(loss.status().message().find("gradient staging"), std::string::npos) << loss.status();
+}
+
 // Every placement the engine supports runs the same math: the losses of
 // several training steps equal those of resident weights with host Adam.
 class PlacementTest : public ::testing::TestWithParam<offload::ModelPlacement> {};
