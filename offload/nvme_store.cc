@@ -10,8 +10,15 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
 #include <unordered_set>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
@@ -19,25 +26,48 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "offload/file.h"
 #include "offload/log.h"
 
 namespace strata::offload {
 
+namespace nvme_store_internal {
+
+// One state change as a JOURNAL commit records it.
+struct JournalOp {
+  enum class Kind { kSlot, kInvalid, kValid, kRemove };
+  Kind kind = Kind::kInvalid;
+  std::string id;
+  std::string file;      // kSlot
+  int64_t capacity = 0;  // kSlot
+  int64_t size = 0;      // kValid
+};
+
+}  // namespace nvme_store_internal
+
 namespace {
+
+using nvme_store_internal::JournalOp;
 
 constexpr char kManifestName[] = "MANIFEST";
 constexpr char kManifestTmpPrefix[] = "MANIFEST.tmp.";
+constexpr char kJournalName[] = "JOURNAL";
 constexpr char kLockName[] = "LOCK";
-constexpr char kManifestHeader[] = "strata-nvme-store 1";
+constexpr char kManifestMagic[] = "strata-nvme-store";
+constexpr int kManifestVersion = 2;
+constexpr char kJournalMagic[] = "strata-nvme-journal";
+constexpr int kJournalVersion = 1;
 constexpr char kSlotSuffix[] = ".slot";
 constexpr int64_t kAlign = static_cast<int64_t>(kDirectIoAlignment);
+// JOURNAL is zero-filled ahead of the appends in steps of this many bytes.
+constexpr int64_t kJournalStep = int64_t{64} << 10;
 // Engine tags carry (batch << kItemBits) | item.
 constexpr int kItemBits = 24;
 constexpr uint64_t kItemMask = (uint64_t{1} << kItemBits) - 1;
 
-uint64_t Fnv1a64(const std::string& bytes) {
+uint64_t Fnv1a64(std::string_view bytes) {
   uint64_t hash = 0xcbf29ce484222325ull;
   for (const unsigned char c : bytes) {
     hash ^= c;
@@ -57,6 +87,77 @@ absl::Status ForTensor(const std::string& id, const absl::Status& status) {
   return absl::Status(status.code(), absl::StrCat("tensor '", id, "': ", status.message()));
 }
 
+absl::Status SyncDirectory(const std::string& dir) {
+  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd < 0) return ErrnoToStatus(errno, absl::StrCat("open ", dir));
+  const int rc = ::fsync(dir_fd);
+  const int err = errno;
+  ::close(dir_fd);
+  if (rc != 0) return ErrnoToStatus(err, absl::StrCat("fsync ", dir));
+  return absl::OkStatus();
+}
+
+absl::Status PwriteAll(int fd, std::string_view data, int64_t offset, const std::string& path) {
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::pwrite(fd, data.data() + done, data.size() - done,
+                               static_cast<off_t>(offset + static_cast<int64_t>(done)));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoToStatus(errno, absl::StrCat("write ", path));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+// Writes NUL bytes over [from, to) of `fd`.
+absl::Status ZeroFill(int fd, int64_t from, int64_t to, const std::string& path) {
+  static const std::string* const zeros = new std::string(static_cast<size_t>(kJournalStep), '\0');
+  for (int64_t at = from; at < to;) {
+    const int64_t n = std::min(to - at, kJournalStep);
+    if (auto status = PwriteAll(fd, std::string_view(*zeros).substr(0, static_cast<size_t>(n)), at,
+                                path);
+        !status.ok()) {
+      return status;
+    }
+    at += n;
+  }
+  return absl::OkStatus();
+}
+
+// "<body> <FNV-1a 64 of body>\n": the shape of every JOURNAL line.
+std::string ChecksummedLine(const std::string& body) {
+  return absl::StrCat(body, " ", Hex64(Fnv1a64(body)), "\n");
+}
+
+// The body of a ChecksummedLine (without its newline), or nullopt when the
+// checksum does not match.
+std::optional<std::string_view> CheckedBody(std::string_view line) {
+  constexpr size_t kHexDigits = 16;
+  if (line.size() < kHexDigits + 2 || line[line.size() - kHexDigits - 1] != ' ') {
+    return std::nullopt;
+  }
+  const std::string_view body = line.substr(0, line.size() - kHexDigits - 1);
+  if (line.substr(line.size() - kHexDigits) != Hex64(Fnv1a64(body))) return std::nullopt;
+  return body;
+}
+
+std::string JournalHeader(uint64_t generation) {
+  return ChecksummedLine(absl::StrCat(kJournalMagic, " ", kJournalVersion, " ", generation));
+}
+
+// C-escaping leaves spaces alone; octal (not \x, which would swallow hex
+// digits that follow) keeps the id a single space-free field.
+std::string EscapeField(const std::string& id) {
+  return absl::StrReplaceAll(absl::CEscape(id), {{" ", "\\040"}});
+}
+
+bool SlotFileNameIsSane(const std::string& file) {
+  return file.find('/') == std::string::npos && absl::EndsWith(file, kSlotSuffix) &&
+         file.size() > std::strlen(kSlotSuffix);
+}
+
 struct ManifestRecord {
   std::string id;
   std::string file;
@@ -65,13 +166,28 @@ struct ManifestRecord {
   bool valid = false;
 };
 
-absl::StatusOr<std::vector<ManifestRecord>> ParseManifest(const std::string& text,
-                                                          const std::string& path) {
+struct Snapshot {
+  int version = 0;
+  uint64_t generation = 0;  // 0 for version 1, which had none
+  std::vector<ManifestRecord> records;
+};
+
+absl::StatusOr<Snapshot> ParseManifest(const std::string& text, const std::string& path) {
   auto corrupt = [&path](int line, const std::string& what) {
     return absl::DataLossError(absl::StrCat("NVMe store manifest ", path,
                                             line > 0 ? absl::StrCat(" line ", line) : "", ": ",
                                             what));
   };
+  // The version first: another version's end record may differ.
+  const std::vector<std::string> header =
+      absl::StrSplit(text.substr(0, text.find('\n')), absl::MaxSplits(' ', 2));
+  if (header.size() >= 2 && header[0] == kManifestMagic && header[1] != "1" &&
+      header[1] != absl::StrCat(kManifestVersion)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("NVMe store manifest ", path, " has format version '",
+                     absl::CHexEscape(header[1].substr(0, 32)),
+                     "'; this build reads versions 1 and ", kManifestVersion));
+  }
   if (text.empty() || text.back() != '\n') return corrupt(0, "truncated (no end record)");
   const size_t previous_newline = text.size() >= 2 ? text.rfind('\n', text.size() - 2) : std::string::npos;
   const size_t end_start = previous_newline == std::string::npos ? 0 : previous_newline + 1;
@@ -86,10 +202,17 @@ absl::StatusOr<std::vector<ManifestRecord>> ParseManifest(const std::string& tex
 
   std::vector<std::string> lines = absl::StrSplit(body, '\n');
   if (!lines.empty() && lines.back().empty()) lines.pop_back();
-  if (lines.empty() || lines[0] != kManifestHeader) {
-    return corrupt(1, absl::StrCat("expected header '", kManifestHeader, "'"));
+  Snapshot snapshot;
+  const std::string v1_header = absl::StrCat(kManifestMagic, " 1");
+  const std::string v2_prefix = absl::StrCat(kManifestMagic, " ", kManifestVersion, " ");
+  if (!lines.empty() && lines[0] == v1_header) {
+    snapshot.version = 1;
+  } else if (!lines.empty() && absl::StartsWith(lines[0], v2_prefix) &&
+             absl::SimpleAtoi(lines[0].substr(v2_prefix.size()), &snapshot.generation)) {
+    snapshot.version = kManifestVersion;
+  } else {
+    return corrupt(1, absl::StrCat("expected header '", v2_prefix, "<generation>'"));
   }
-  std::vector<ManifestRecord> records;
   std::unordered_set<std::string> ids;
   std::unordered_set<std::string> files;
   for (size_t i = 1; i < lines.size(); ++i) {
@@ -107,21 +230,338 @@ absl::StatusOr<std::vector<ManifestRecord>> ParseManifest(const std::string& tex
         (r.valid && r.capacity < PadToAlign(r.size))) {
       return corrupt(line, absl::StrCat("impossible size ", r.size, " / capacity ", r.capacity));
     }
-    if (r.file.find('/') != std::string::npos || !absl::EndsWith(r.file, kSlotSuffix)) {
+    if (!SlotFileNameIsSane(r.file)) {
       return corrupt(line, absl::StrCat("bad slot file name '", r.file, "'"));
     }
     if (!ids.insert(r.id).second || !files.insert(r.file).second) {
       return corrupt(line, absl::StrCat("duplicate record for '", r.id, "'"));
     }
-    records.push_back(std::move(r));
+    snapshot.records.push_back(std::move(r));
   }
-  if (records.size() != count) {
-    return corrupt(0, absl::StrCat("end record counts ", count, " slots, found ", records.size()));
+  if (snapshot.records.size() != count) {
+    return corrupt(0, absl::StrCat("end record counts ", count, " slots, found ",
+                                   snapshot.records.size()));
   }
-  return records;
+  return snapshot;
+}
+
+// What replaying a JOURNAL found.
+struct JournalScan {
+  int64_t used = 0;          // bytes of the header and the commits replayed
+  int64_t header_bytes = 0;  // bytes of a well-formed header, of any generation
+  uint64_t commits = 0;      // commits replayed
+  // False only for a well-formed, empty journal of the current generation,
+  // the one case where appending may simply continue.
+  bool needs_compaction = false;
+};
+
+void AppendOp(const JournalOp& op, std::string* body) {
+  switch (op.kind) {
+    case JournalOp::Kind::kSlot:
+      absl::StrAppend(body, " slot ", op.capacity, " ", op.file, " ", EscapeField(op.id));
+      break;
+    case JournalOp::Kind::kInvalid:
+      absl::StrAppend(body, " inv ", EscapeField(op.id));
+      break;
+    case JournalOp::Kind::kValid:
+      absl::StrAppend(body, " val ", op.size, " ", EscapeField(op.id));
+      break;
+    case JournalOp::Kind::kRemove:
+      absl::StrAppend(body, " rm ", EscapeField(op.id));
+      break;
+  }
+}
+
+// Parses "<seq> <op> [<op> ...]"; an error message on malformed text.
+absl::StatusOr<std::vector<JournalOp>> ParseCommit(std::string_view body, uint64_t* seq) {
+  const std::vector<std::string> f = absl::StrSplit(std::string(body), ' ');
+  // Wrapped with the file and line by the caller.
+  auto malformed = [](const std::string& what) { return absl::DataLossError(what); };
+  if (f.empty() || !absl::SimpleAtoi(f[0], seq)) return malformed("malformed sequence number");
+  std::vector<JournalOp> ops;
+  size_t i = 1;
+  auto take_id = [&](JournalOp& op) {
+    return i < f.size() && absl::CUnescape(f[i++], &op.id);
+  };
+  while (i < f.size()) {
+    JournalOp op;
+    const std::string& kind = f[i++];
+    bool ok = false;
+    if (kind == "slot") {
+      op.kind = JournalOp::Kind::kSlot;
+      ok = i + 1 < f.size() && absl::SimpleAtoi(f[i], &op.capacity) && !f[i + 1].empty();
+      if (ok) {
+        op.file = f[i + 1];
+        i += 2;
+        ok = take_id(op);
+      }
+    } else if (kind == "inv") {
+      op.kind = JournalOp::Kind::kInvalid;
+      ok = take_id(op);
+    } else if (kind == "val") {
+      op.kind = JournalOp::Kind::kValid;
+      ok = i < f.size() && absl::SimpleAtoi(f[i++], &op.size) && take_id(op);
+    } else if (kind == "rm") {
+      op.kind = JournalOp::Kind::kRemove;
+      ok = take_id(op);
+    } else {
+      return malformed(
+          absl::StrCat("unknown operation '", absl::CHexEscape(kind.substr(0, 16)), "'"));
+    }
+    if (!ok) return malformed(absl::StrCat("malformed '", kind, "' operation"));
+    ops.push_back(std::move(op));
+  }
+  if (ops.empty()) return malformed("commit without operations");
+  return ops;
+}
+
+// Applies one replayed operation to the snapshot's slots, keyed by id;
+// `owners` maps slot file to id. An error names the impossible change.
+absl::Status ApplyOp(const JournalOp& op, std::map<std::string, ManifestRecord>& slots,
+                     std::unordered_map<std::string, std::string>& owners) {
+  auto it = slots.find(op.id);
+  const std::string quoted = absl::StrCat("'", absl::CEscape(op.id), "'");
+  switch (op.kind) {
+    case JournalOp::Kind::kSlot: {
+      if (op.capacity < 0 || op.capacity % kAlign != 0 || !SlotFileNameIsSane(op.file)) {
+        return absl::DataLossError(absl::StrCat("impossible slot ", op.capacity, " ", op.file,
+                                                " for ", quoted));
+      }
+      auto owner = owners.find(op.file);
+      if (owner != owners.end() && owner->second != op.id) {
+        return absl::DataLossError(absl::StrCat("slot file ", op.file, " of ", quoted,
+                                                " already belongs to '",
+                                                absl::CEscape(owner->second), "'"));
+      }
+      if (it == slots.end()) {
+        ManifestRecord r;
+        r.id = op.id;
+        r.file = op.file;
+        it = slots.emplace(op.id, std::move(r)).first;
+        owners[op.file] = op.id;
+      } else if (it->second.file != op.file) {
+        return absl::DataLossError(absl::StrCat(quoted, " moved from ", it->second.file, " to ",
+                                                op.file));
+      }
+      if (it->second.valid && op.capacity < PadToAlign(it->second.size)) {
+        return absl::DataLossError(absl::StrCat("slot of ", quoted, " shrank below its contents"));
+      }
+      it->second.capacity = op.capacity;
+      return absl::OkStatus();
+    }
+    case JournalOp::Kind::kInvalid:
+      if (it == slots.end()) {
+        return absl::DataLossError(absl::StrCat("invalidates unknown ", quoted));
+      }
+      it->second.valid = false;
+      return absl::OkStatus();
+    case JournalOp::Kind::kValid:
+      if (it == slots.end()) return absl::DataLossError(absl::StrCat("validates unknown ", quoted));
+      if (op.size < 0 || it->second.capacity < PadToAlign(op.size)) {
+        return absl::DataLossError(absl::StrCat("impossible size ", op.size, " for ", quoted,
+                                                " (capacity ", it->second.capacity, ")"));
+      }
+      it->second.size = op.size;
+      it->second.valid = true;
+      return absl::OkStatus();
+    case JournalOp::Kind::kRemove:
+      // Also written for slots that never reached the disk (see Remove).
+      if (it != slots.end()) {
+        owners.erase(it->second.file);
+        slots.erase(it);
+      }
+      return absl::OkStatus();
+  }
+  return absl::OkStatus();
+}
+
+// Replays the JOURNAL text `text` onto `slots`, the MANIFEST of `generation`.
+absl::StatusOr<JournalScan> ReplayJournal(const std::string& text, const std::string& path,
+                                          uint64_t generation,
+                                          std::map<std::string, ManifestRecord>& slots) {
+  JournalScan scan;
+  auto corrupt = [&path](int line, const std::string& what) {
+    return absl::DataLossError(
+        absl::StrCat("NVMe store journal ", path, " line ", line, ": ", what));
+  };
+  // Trailing NULs are preallocation (or a crash while it was written).
+  const size_t last = text.find_last_not_of('\0');
+  const std::string_view content =
+      last == std::string::npos ? std::string_view() : std::string_view(text).substr(0, last + 1);
+  if (content.empty()) {
+    scan.needs_compaction = true;  // no header yet: a crash before one was written
+    return scan;
+  }
+  std::unordered_map<std::string, std::string> owners;
+  for (const auto& [id, r] : slots) owners[r.file] = id;
+
+  size_t pos = 0;
+  for (int line = 1; pos < content.size(); ++line) {
+    const size_t newline = content.find('\n', pos);
+    const bool complete = newline != std::string_view::npos;
+    const size_t next = complete ? newline + 1 : content.size();
+    const bool is_last = next >= content.size();
+    const std::optional<std::string_view> body =
+        complete ? CheckedBody(content.substr(pos, newline - pos)) : std::nullopt;
+    if (!body.has_value()) {
+      const std::string why = complete ? "checksum mismatch" : "no end of line";
+      if (!is_last) return corrupt(line, absl::StrCat(why, ", and records follow (corrupt)"));
+      // Appends are the only writes, each made durable before the next: only
+      // the last one can have been cut short by a crash.
+      STRATA_LOG(Warning) << "NVMe store journal " << path << " line " << line
+                          << ": dropping a torn last record (" << why
+                          << "); a crash interrupted its append";
+      scan.needs_compaction = true;
+      return scan;
+    }
+    if (line == 1) {
+      const std::vector<std::string> f = absl::StrSplit(std::string(*body), ' ');
+      uint64_t journal_generation = 0;
+      if (f.size() != 3 || f[0] != kJournalMagic || f[1] != absl::StrCat(kJournalVersion) ||
+          !absl::SimpleAtoi(f[2], &journal_generation)) {
+        return corrupt(line, absl::StrCat("expected header '", kJournalMagic, " ", kJournalVersion,
+                                          " <generation>'"));
+      }
+      scan.header_bytes = static_cast<int64_t>(next);
+      if (journal_generation > generation) {
+        return corrupt(line, absl::StrCat("journal of generation ", journal_generation,
+                                          " is newer than the manifest's ", generation));
+      }
+      if (journal_generation < generation) {
+        // Written before the latest snapshot, which already holds all of it.
+        STRATA_LOG(Info) << "ignoring NVMe store journal " << path << " of generation "
+                         << journal_generation << " (manifest has " << generation << ")";
+        scan.needs_compaction = true;
+        return scan;
+      }
+    } else {
+      uint64_t seq = 0;
+      auto ops = ParseCommit(*body, &seq);
+      if (!ops.ok()) return corrupt(line, std::string(ops.status().message()));
+      if (seq != scan.commits + 1) {
+        return corrupt(line, absl::StrCat("commit ", seq, " where ", scan.commits + 1,
+                                          " was expected"));
+      }
+      for (const JournalOp& op : *ops) {
+        if (auto status = ApplyOp(op, slots, owners); !status.ok()) {
+          return corrupt(line, std::string(status.message()));
+        }
+      }
+      ++scan.commits;
+      scan.needs_compaction = true;
+    }
+    scan.used = static_cast<int64_t>(next);
+    pos = next;
+  }
+  return scan;
 }
 
 }  // namespace
+
+namespace nvme_store_internal {
+
+// The JOURNAL file. Commits overwrite zero-filled space past the last one, so
+// their fdatasync rarely has a size change to commit.
+class Journal {
+ public:
+  static absl::StatusOr<std::unique_ptr<Journal>> Open(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("open ", path));
+    return std::unique_ptr<Journal>(new Journal(path, fd));
+  }
+  ~Journal() { ::close(fd_); }
+  Journal(const Journal&) = delete;
+  Journal& operator=(const Journal&) = delete;
+
+  // Bytes of the header and the commits.
+  int64_t bytes() const { return used_; }
+  // False until Adopt (of a clean journal) or Reset, and after any failure:
+  // what follows the last commit is then unknown, and only Reset may follow.
+  bool usable() const { return usable_; }
+  void Abandon() { usable_ = false; }
+
+  // Continues the journal Open replayed; the file is `file_bytes` long.
+  void Adopt(const JournalScan& scan, int64_t file_bytes) {
+    used_ = scan.used;
+    header_bytes_ = scan.header_bytes;
+    allocated_ = file_bytes;
+    next_seq_ = scan.commits + 1;
+    usable_ = !scan.needs_compaction;
+  }
+
+  // Empties the journal and starts it for `generation`, whose MANIFEST must
+  // already be durable.
+  absl::Status Reset(uint64_t generation) {
+    usable_ = false;
+    // The old header stays until the new one overwrites it: a crash in
+    // between leaves a journal of an older generation, which Open ignores.
+    if (::ftruncate(fd_, header_bytes_) != 0) {
+      return ErrnoToStatus(errno, absl::StrCat("truncate ", path_));
+    }
+    const std::string header = JournalHeader(generation);
+    const int64_t allocated = static_cast<int64_t>(
+        RoundUpTo(std::max(header.size(), static_cast<size_t>(header_bytes_)) + 1,
+                  static_cast<size_t>(kJournalStep)));
+    if (auto status = ZeroFill(fd_, header_bytes_, allocated, path_); !status.ok()) return status;
+    if (auto status = Sync(); !status.ok()) return status;
+    std::string padded = header;
+    if (padded.size() < static_cast<size_t>(header_bytes_)) {
+      padded.resize(static_cast<size_t>(header_bytes_), '\0');
+    }
+    if (auto status = PwriteAll(fd_, padded, 0, path_); !status.ok()) return status;
+    if (auto status = Sync(); !status.ok()) return status;
+    used_ = static_cast<int64_t>(header.size());
+    header_bytes_ = used_;
+    allocated_ = allocated;
+    next_seq_ = 1;
+    usable_ = true;
+    return absl::OkStatus();
+  }
+
+  // Appends one commit holding `ops` and makes it durable.
+  absl::Status Append(const std::vector<JournalOp>& ops) {
+    if (!usable_) {
+      return absl::FailedPreconditionError(absl::StrCat("NVMe store journal ", path_,
+                                                        " needs a reset before appending"));
+    }
+    std::string body = absl::StrCat(next_seq_);
+    for (const JournalOp& op : ops) AppendOp(op, &body);
+    const std::string line = ChecksummedLine(body);
+    // Unusable until the whole line is known to be durable: a half-written
+    // one followed by later commits would read as corruption.
+    usable_ = false;
+    const int64_t end = used_ + static_cast<int64_t>(line.size());
+    if (auto status = PwriteAll(fd_, line, used_, path_); !status.ok()) return status;
+    if (end > allocated_) {
+      const int64_t allocated = static_cast<int64_t>(
+          RoundUpTo(static_cast<size_t>(end), static_cast<size_t>(kJournalStep)));
+      if (auto status = ZeroFill(fd_, end, allocated, path_); !status.ok()) return status;
+      allocated_ = allocated;
+    }
+    if (auto status = Sync(); !status.ok()) return status;
+    used_ = end;
+    ++next_seq_;
+    usable_ = true;
+    return absl::OkStatus();
+  }
+
+ private:
+  Journal(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  absl::Status Sync() {
+    if (::fdatasync(fd_) != 0) return ErrnoToStatus(errno, absl::StrCat("fdatasync ", path_));
+    return absl::OkStatus();
+  }
+
+  std::string path_;
+  int fd_;
+  int64_t used_ = 0;
+  int64_t header_bytes_ = 0;  // of the header on disk, of whatever generation
+  int64_t allocated_ = 0;     // file length; zeros past used_
+  uint64_t next_seq_ = 1;
+  bool usable_ = false;
+};
+
+}  // namespace nvme_store_internal
 
 absl::Status NvmeStoreOptions::Validate() const {
   if (directory.empty()) return absl::InvalidArgumentError("NVMe store directory is empty");
@@ -140,6 +580,10 @@ absl::Status NvmeStoreOptions::Validate() const {
   if (max_open_files < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("NVMe store max_open_files must be >= 1, got ", max_open_files));
+  }
+  if (journal_limit_bytes < 4096) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "NVMe store journal_limit_bytes must be >= 4096, got ", journal_limit_bytes));
   }
   return absl::OkStatus();
 }
@@ -230,6 +674,7 @@ NvmeStore::~NvmeStore() {
   }
   for (auto& [id, entry] : entries_) CloseFile(entry);
   engine_.reset();
+  journal_.reset();
   if (lock_fd_ >= 0) ::close(lock_fd_);
 }
 
@@ -252,6 +697,14 @@ absl::Status NvmeStore::Load() {
   }
   for (const std::string& name : stale_temporaries) ::unlink(JoinPath(dir, name).c_str());
 
+  // Created before any MANIFEST that needs it, so the directory sync that
+  // makes that MANIFEST durable covers its name too.
+  const std::string journal_path = JoinPath(dir, kJournalName);
+  const bool journal_existed = IsRegularFile(journal_path);
+  auto journal = Journal::Open(journal_path);
+  if (!journal.ok()) return journal.status();
+  journal_ = *std::move(journal);
+
   const std::string manifest_path = JoinPath(dir, kManifestName);
   auto text = ReadFileToString(manifest_path);
   if (!text.ok()) {
@@ -261,18 +714,46 @@ absl::Status NvmeStore::Load() {
                                               " slot files but no MANIFEST; refusing to guess "
                                               "which are valid"));
     }
-    return WriteManifest();  // a fresh store
+    return Compact();  // a fresh store
   }
-  auto records = ParseManifest(*text, manifest_path);
-  if (!records.ok()) return records.status();
+  auto snapshot = ParseManifest(*text, manifest_path);
+  if (!snapshot.ok()) return snapshot.status();
+  generation_ = snapshot->generation;
+  manifest_bytes_ = static_cast<int64_t>(text->size());
+  std::map<std::string, ManifestRecord> slots;
+  for (ManifestRecord& r : snapshot->records) {
+    std::string id = r.id;
+    slots.emplace(std::move(id), std::move(r));
+  }
 
-  bool dropped = false;
-  for (ManifestRecord& r : *records) {
+  JournalScan scan;
+  if (snapshot->version != kManifestVersion) {
+    // Version 1 kept no journal; the compaction below rewrites it as this one.
+    STRATA_LOG(Info) << "upgrading NVMe store manifest " << manifest_path
+                     << " from format version " << snapshot->version;
+    scan.needs_compaction = true;
+  } else {
+    if (!journal_existed) {
+      return absl::DataLossError(absl::StrCat("NVMe store journal ", journal_path,
+                                              " is missing; manifest ", manifest_path,
+                                              " (generation ", generation_, ") needs it"));
+    }
+    auto journal_text = ReadFileToString(journal_path);
+    if (!journal_text.ok()) return journal_text.status();
+    auto replayed = ReplayJournal(*journal_text, journal_path, generation_, slots);
+    if (!replayed.ok()) return replayed.status();
+    scan = *replayed;
+    journal_->Adopt(scan, static_cast<int64_t>(journal_text->size()));
+  }
+
+  bool compact = scan.needs_compaction;
+  for (auto& [id, r] : slots) {
     Entry entry;
-    entry.id = std::move(r.id);
+    entry.id = id;
     entry.file = std::move(r.file);
     entry.size = r.size;
     entry.capacity = r.capacity;
+    entry.recorded_capacity = r.capacity;
     entry.valid = r.valid;
     const std::string path = PathOf(entry);
     struct stat st;
@@ -283,7 +764,7 @@ absl::Status NvmeStore::Load() {
       }
       STRATA_LOG(Warning) << "dropping reservation for '" << entry.id << "': " << path
                           << " is missing";
-      dropped = true;
+      compact = true;
       continue;
     }
     const int64_t on_disk = static_cast<int64_t>(st.st_size) / kAlign * kAlign;
@@ -297,39 +778,54 @@ absl::Status NvmeStore::Load() {
     entry.durable_valid = entry.valid;
     allocated_bytes_ += entry.capacity;
     files_in_use_.insert(entry.file);
-    const std::string id = entry.id;
     entries_.emplace(id, std::move(entry));
   }
   for (const std::string& name : slot_files) {
     if (files_in_use_.count(name) > 0) continue;
-    // Created by a write that never reached the MANIFEST (crash or failure).
+    // Created by a write that never got recorded, or recorded as removed
+    // just before a crash.
     STRATA_LOG(Info) << "removing orphaned slot file " << JoinPath(dir, name);
     ::unlink(JoinPath(dir, name).c_str());
   }
-  return dropped ? WriteManifest() : absl::OkStatus();
+  // Folding the journal in now keeps it from growing across restarts, and
+  // any torn tail from being followed by new commits.
+  return compact ? Compact() : absl::OkStatus();
 }
 
-absl::Status NvmeStore::WriteManifest() {
-  std::string text = absl::StrCat(kManifestHeader, "\n");
+absl::Status NvmeStore::Compact() {
+  // A fresh number even if this attempt fails part way: the journal on disk
+  // then names an older generation than any MANIFEST this may have left.
+  ++generation_;
+  std::string text = absl::StrCat(kManifestMagic, " ", kManifestVersion, " ", generation_, "\n");
   for (const auto& [id, e] : entries_) {
     absl::StrAppend(&text, "slot ", e.valid ? 1 : 0, " ", e.size, " ", e.capacity, " ", e.file,
                     " ", absl::CEscape(id), "\n");
   }
   absl::StrAppend(&text, "end ", entries_.size(), " ", Hex64(Fnv1a64(text)), "\n");
   const std::string& dir = options_.directory;
-  if (auto status = WriteFileAtomically(JoinPath(dir, kManifestName), text); !status.ok()) {
+  absl::Status status = WriteFileAtomically(JoinPath(dir, kManifestName), text);
+  // The rename (and every slot file's name) is durable only once the
+  // directory itself is synced.
+  if (status.ok()) status = SyncDirectory(dir);
+  if (!status.ok()) {
+    journal_->Abandon();
     return status;
   }
-  // The rename (and any new slot file's name) is durable only once the
-  // directory itself is synced.
-  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd < 0) return ErrnoToStatus(errno, absl::StrCat("open ", dir));
-  const int rc = ::fsync(dir_fd);
-  const int err = errno;
-  ::close(dir_fd);
-  if (rc != 0) return ErrnoToStatus(err, absl::StrCat("fsync ", dir));
-  for (auto& [id, e] : entries_) e.durable_valid = e.valid;
-  return absl::OkStatus();
+  manifest_bytes_ = static_cast<int64_t>(text.size());
+  for (auto& [id, e] : entries_) {
+    e.durable_valid = e.valid;
+    e.recorded_capacity = e.capacity;
+    e.name_durable = true;
+  }
+  return journal_->Reset(generation_);
+}
+
+absl::Status NvmeStore::Commit(const std::vector<JournalOp>& ops) {
+  if (ops.empty()) return absl::OkStatus();
+  const int64_t limit = std::max(options_.journal_limit_bytes, manifest_bytes_);
+  if (journal_->usable() && journal_->bytes() < limit) return journal_->Append(ops);
+  // The snapshot is taken from memory, which already holds what `ops` says.
+  return Compact();
 }
 
 absl::Status NvmeStore::EnsureOpen(Entry& entry) {
@@ -383,6 +879,7 @@ absl::StatusOr<NvmeStore::Entry*> NvmeStore::Allocate(const std::string& id, int
     Entry entry;
     entry.id = id;
     entry.file = SlotFileName(id);
+    entry.name_durable = false;
     // Ids that sanitise alike and collide in 64 bits still get distinct files.
     const std::string stem = entry.file.substr(0, entry.file.size() - std::strlen(kSlotSuffix));
     for (int n = 2; files_in_use_.count(entry.file) > 0; ++n) {
@@ -457,7 +954,21 @@ absl::Status NvmeStore::Reserve(const std::string& id, int64_t bytes) {
   }
   auto entry = Allocate(id, bytes);
   if (!entry.ok()) return entry.status();
-  return WriteManifest();
+  Entry& e = **entry;
+  if (e.recorded_capacity == e.capacity) return absl::OkStatus();
+  // Recorded only with its name durable, or a crash could leave a record
+  // without a file.
+  if (!e.name_durable) {
+    if (auto status = SyncDirectory(options_.directory); !status.ok()) return status;
+    e.name_durable = true;
+  }
+  e.recorded_capacity = -1;  // unknown should the commit fail
+  if (auto status = Commit({JournalOp{JournalOp::Kind::kSlot, e.id, e.file, e.capacity, 0}});
+      !status.ok()) {
+    return status;
+  }
+  e.recorded_capacity = e.capacity;
+  return absl::OkStatus();
 }
 
 absl::Status NvmeStore::SubmitItem(uint64_t batch_id, size_t index, Batch& batch) {
@@ -545,19 +1056,19 @@ absl::StatusOr<NvmeStore::Ticket> NvmeStore::StartWrite(std::span<const NvmeWrit
     item.entry->writing = true;
     batch.items.push_back(std::move(item));
   }
-  // Before any byte of a durable slot is overwritten, MANIFEST must stop
-  // calling it valid: one rewrite covers the whole batch.
-  bool overwrites_durable = false;
+  // Before any byte of a durable slot is overwritten, the on-disk state must
+  // stop calling it valid: one journal commit covers the whole batch.
+  std::vector<JournalOp> invalidations;
   for (Item& item : batch.items) {
-    overwrites_durable |= item.entry->durable_valid;
-    item.entry->valid = false;
+    Entry& e = *item.entry;
+    e.valid = false;
+    if (e.durable_valid) invalidations.push_back({JournalOp::Kind::kInvalid, e.id, "", 0, 0});
   }
-  if (overwrites_durable) {
-    if (auto status = WriteManifest(); !status.ok()) {
-      unwind();
-      return status;
-    }
+  if (auto status = Commit(invalidations); !status.ok()) {
+    unwind();  // durable_valid stays: the invalidation may not have landed
+    return status;
   }
+  for (Item& item : batch.items) item.entry->durable_valid = false;
   const uint64_t batch_id = next_batch_++;
   Batch& stored = batches_[batch_id] = std::move(batch);
   for (size_t i = 0; i < stored.items.size(); ++i) {
@@ -666,12 +1177,13 @@ absl::Status NvmeStore::FinishRead(Batch& batch) {
 
 absl::Status NvmeStore::FinishWrite(Batch& batch) {
   absl::Status first;
-  bool any_valid = false;
+  std::vector<Entry*> written;
+  bool names_durable = true;
   for (Item& item : batch.items) {
     Entry& e = *item.entry;
     e.writing = false;
     // Data (and the extent conversion of freshly fallocated blocks) must be on
-    // stable storage before MANIFEST may call the slot valid.
+    // stable storage before the journal may call the slot valid.
     if (item.status.ok() && item.size > 0 && ::fdatasync(e.fd) != 0) {
       item.status = ErrnoToStatus(errno, absl::StrCat("fdatasync ", PathOf(e)));
     }
@@ -682,14 +1194,37 @@ absl::Status NvmeStore::FinishWrite(Batch& batch) {
     }
     e.size = item.size;
     e.valid = true;
-    any_valid = true;
+    names_durable &= e.name_durable;
+    written.push_back(&e);
   }
-  if (any_valid) {
-    if (auto status = WriteManifest(); !status.ok()) {
-      // Not recorded, so not valid: memory agrees with what a reopen would see.
-      for (Item& item : batch.items) item.entry->valid = false;
-      return status;
+  if (written.empty()) return first;
+  absl::Status status;
+  // A new slot file's name must be durable before a record may call it valid.
+  if (!names_durable) {
+    status = SyncDirectory(options_.directory);
+    for (Entry* e : written) e->name_durable |= status.ok();
+  }
+  std::vector<JournalOp> ops;
+  for (const Entry* e : written) {
+    if (e->recorded_capacity != e->capacity) {
+      ops.push_back({JournalOp::Kind::kSlot, e->id, e->file, e->capacity, 0});
     }
+    ops.push_back({JournalOp::Kind::kValid, e->id, "", 0, e->size});
+  }
+  if (status.ok()) status = Commit(ops);
+  if (!status.ok()) {
+    // Not known to be recorded, so not valid here; but the commit may have
+    // landed, so a later overwrite must invalidate first.
+    for (Entry* e : written) {
+      e->valid = false;
+      e->durable_valid = true;
+      e->recorded_capacity = -1;
+    }
+    return status;
+  }
+  for (Entry* e : written) {
+    e->durable_valid = true;
+    e->recorded_capacity = e->capacity;
   }
   return first;
 }
@@ -719,12 +1254,22 @@ absl::Status NvmeStore::Remove(const std::string& id) {
   }
   const std::string path = PathOf(e);
   CloseFile(e);
-  allocated_bytes_ -= e.capacity;
-  files_in_use_.erase(e.file);
+  Entry removed = std::move(e);
+  allocated_bytes_ -= removed.capacity;
+  files_in_use_.erase(removed.file);
   entries_.erase(it);
-  // MANIFEST first: a crash in between leaves an orphan that Open deletes,
-  // never a record pointing at a missing file.
-  if (auto status = WriteManifest(); !status.ok()) return status;
+  // The record first: a crash in between leaves an orphan that Open deletes,
+  // never a record pointing at a missing file. Written even for a slot the
+  // disk may not know: replaying it is harmless, skipping it might not be.
+  if (auto status = Commit({JournalOp{JournalOp::Kind::kRemove, id, "", 0, 0}}); !status.ok()) {
+    // The disk may still record the slot, so keep it, unreadable: a later
+    // write then invalidates it before overwriting, a later Remove retries.
+    removed.valid = false;
+    allocated_bytes_ += removed.capacity;
+    files_in_use_.insert(removed.file);
+    entries_.emplace(id, std::move(removed));
+    return status;
+  }
   if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
     return ErrnoToStatus(errno, absl::StrCat("remove ", path));
   }

@@ -4,7 +4,9 @@
 // On-disk layout of `NvmeStoreOptions::directory`:
 //
 //   LOCK          flock'ed while an NvmeStore has the directory open
-//   MANIFEST      which tensor lives in which slot file, replaced atomically
+//   MANIFEST      snapshot of which tensor lives in which slot file, replaced
+//                 atomically
+//   JOURNAL       the state changes since that snapshot, appended in place
 //   <name>.slot   one preallocated (fallocate) file per tensor id, opened
 //                 O_DIRECT; its length is the tensor's size rounded up to 4096
 //
@@ -12,26 +14,68 @@
 // of the id with everything outside [A-Za-z0-9._-] replaced by '_', a '-',
 // the 16 hex digits of the id's FNV-1a 64-bit hash, and ".slot". The same id
 // gets the same file in every store, so a directory can be checkpointed by
-// copying it; the MANIFEST is still the authority on which file holds what.
+// copying it; MANIFEST + JOURNAL are still the authority on which file holds
+// what.
 //
 // MANIFEST is text, one record per line:
 //
-//   strata-nvme-store 1
+//   strata-nvme-store 2 <generation>
 //   slot <valid 0|1> <size> <capacity> <file> <id, C-escaped>
 //   ...
 //   end <number of slot lines> <FNV-1a 64 of every byte before this line, hex>
 //
 // A missing or mismatched end line means a truncated or corrupt manifest:
-// Open returns DATA_LOSS naming the file rather than guessing.
+// Open returns DATA_LOSS naming the file rather than guessing. A version 1
+// manifest (header "strata-nvme-store 1": no generation, no JOURNAL) is read
+// as generation 0 and rewritten in this format by Open; any other version is
+// FAILED_PRECONDITION naming the file and the version.
 //
-// Crash safety. A slot is marked valid in MANIFEST only after its data has
-// been written and fdatasync'ed, and MANIFEST is only ever replaced by
-// write-temporary + fsync + rename (+ fsync of the directory). Before a valid
-// slot is overwritten, a MANIFEST marking it invalid is written first. So
-// after a crash at any point a slot that MANIFEST calls valid holds exactly
+// JOURNAL is text as well. Its first line names the snapshot it continues;
+// every further line is one commit, a group of operations that became
+// durable together (one write + one fdatasync), numbered 1, 2, ...:
+//
+//   strata-nvme-journal 1 <generation> <FNV-1a 64 of the line before this field, hex>
+//   <seq> <op> [<op> ...] <FNV-1a 64 of the line before this field, hex>
+//
+// where each <op> is one of
+//
+//   slot <capacity> <file> <id>   slot file created (invalid) or grown to
+//                                 <capacity> bytes; contents unchanged
+//   inv <id>                      contents invalid
+//   val <size> <id>               contents valid, <size> bytes
+//   rm <id>                       tensor removed
+//
+// and <id> is C-escaped with spaces written as \040, so no field holds a
+// space. Past the last line the file is zero-filled preallocation (NUL bytes,
+// so that an append overwrites written blocks and fdatasync need not commit
+// a size change); readers ignore trailing NULs.
+//
+// Open loads MANIFEST and replays JOURNAL when its generation matches. A
+// JOURNAL of an older generation is a leftover from before the latest
+// snapshot and is ignored. A last line that lacks its newline or fails its
+// checksum is a commit torn by a crash: it is dropped with a warning (safe by
+// the ordering below). A bad line followed by good ones, a commit out of
+// sequence or describing an impossible change, a JOURNAL newer than MANIFEST,
+// or a version 2 MANIFEST without a JOURNAL is DATA_LOSS naming the JOURNAL
+// and the line. If the journal held any commit (or anything was dropped),
+// Open then compacts: it writes MANIFEST generation+1 (write temporary +
+// fsync + rename + fsync of the directory) and afterwards empties JOURNAL for
+// the new generation (truncate to the old header, zero-fill, fdatasync, then
+// overwrite the header, fdatasync). A crash inside compaction leaves either
+// the old generation's JOURNAL, ignored, or an empty one. The running store
+// compacts the same way once JOURNAL holds more than
+// max(journal_limit_bytes, size of MANIFEST) bytes.
+//
+// Crash safety. An `inv` commit is durable before any byte of a slot the
+// on-disk state calls valid is overwritten, and a `val` commit is appended
+// only after the slot's data has been written and fdatasync'ed (and, for a
+// new slot file, after the directory holding its name was fsync'ed). A torn
+// last commit therefore never hides anything unsafe: a torn `inv` means no
+// data was written yet, a torn `val` leaves the slot invalid. So after a
+// crash at any point a slot that MANIFEST + JOURNAL call valid holds exactly
 // the bytes of a completed write; a half-written slot is never valid. Slot
-// files that MANIFEST does not mention (a crash between creating a slot and
-// recording it) are deleted by Open.
+// files that neither mentions (a crash between creating a slot and recording
+// it, or between recording a removal and unlinking it) are deleted by Open.
 //
 // Failed writes. When a write fails (ENOSPC, EIO, ...) the tensor has no
 // readable value in this store object: Get/StartRead return NOT_FOUND until a
@@ -62,6 +106,12 @@
 
 namespace strata::offload {
 
+namespace nvme_store_internal {
+// MANIFEST + JOURNAL machinery, defined in nvme_store.cc.
+class Journal;
+struct JournalOp;
+}  // namespace nvme_store_internal
+
 struct NvmeStoreOptions {
   // Existing, writable directory for the slot files and MANIFEST. It is not
   // created: a missing directory is NOT_FOUND, a read-only one
@@ -82,6 +132,11 @@ struct NvmeStoreOptions {
   // Slot files kept open at once. Idle ones beyond this are closed and
   // reopened on demand, so thousands of tensors stay clear of RLIMIT_NOFILE.
   int max_open_files = 256;
+  // JOURNAL bytes (see above) that trigger a compaction into a new MANIFEST;
+  // when MANIFEST itself is larger, its size is the trigger instead, so a
+  // compaction's cost stays proportional to the journal traffic it saves.
+  // Also bounds the replay Open does. At least 4096.
+  int64_t journal_limit_bytes = int64_t{1} << 20;
 
   absl::Status Validate() const;
 };
@@ -106,11 +161,13 @@ class NvmeStore {
   using Ticket = uint64_t;
 
   // Opens (or initialises) the store in options.directory: takes the LOCK,
-  // reads MANIFEST, deletes orphaned slot files, and builds the I/O engine
+  // reads MANIFEST, replays JOURNAL (compacting it into a new MANIFEST if it
+  // held anything), deletes orphaned slot files, and builds the I/O engine
   // options.engine names. NOT_FOUND / PERMISSION_DENIED for a missing or
-  // read-only directory, DATA_LOSS for a corrupt or truncated MANIFEST or a
-  // missing valid slot file, FAILED_PRECONDITION when another NvmeStore has
-  // the directory open.
+  // read-only directory, DATA_LOSS for a corrupt or truncated MANIFEST, a
+  // corrupt JOURNAL (other than a torn last line) or a missing valid slot
+  // file, FAILED_PRECONDITION when another NvmeStore has the directory open
+  // or MANIFEST has an unknown format version.
   static absl::StatusOr<std::unique_ptr<NvmeStore>> Open(const NvmeStoreOptions& options);
   // As above with a caller-built engine (tests inject fault wrappers).
   static absl::StatusOr<std::unique_ptr<NvmeStore>> Open(const NvmeStoreOptions& options,
@@ -173,13 +230,18 @@ class NvmeStore {
   static std::string SlotFileName(const std::string& id);
 
  private:
+  using Journal = nvme_store_internal::Journal;
+  using JournalOp = nvme_store_internal::JournalOp;
+
   struct Entry {
     std::string id;
     std::string file;           // name inside the directory
     int64_t size = 0;           // bytes of contents (meaningful when valid)
     int64_t capacity = 0;       // bytes allocated to the slot file
     bool valid = false;         // readable in this process
-    bool durable_valid = false; // MANIFEST on disk says valid
+    bool durable_valid = false; // the on-disk state may call it valid
+    bool name_durable = true;   // the slot file's directory entry is synced
+    int64_t recorded_capacity = -1;  // capacity the on-disk state records; -1: unknown
     bool writing = false;
     int readers = 0;
     int fd = -1;
@@ -206,7 +268,12 @@ class NvmeStore {
 
   NvmeStore(const NvmeStoreOptions& options, int lock_fd, bool o_direct);
   absl::Status Load();
-  absl::Status WriteManifest();
+  // Writes MANIFEST generation+1 from memory, then empties JOURNAL for it.
+  absl::Status Compact();
+  // Makes `ops` durable: one journal commit, or a compaction when the
+  // journal is over its bound or unusable after a failure. Memory must
+  // already reflect `ops` (a compaction snapshots it).
+  absl::Status Commit(const std::vector<JournalOp>& ops);
   std::string PathOf(const Entry& entry) const;
   absl::Status EnsureOpen(Entry& entry);
   void CloseFile(Entry& entry);
@@ -221,6 +288,9 @@ class NvmeStore {
 
   NvmeStoreOptions options_;
   std::unique_ptr<IoEngine> engine_;
+  std::unique_ptr<Journal> journal_;
+  uint64_t generation_ = 0;     // of the latest MANIFEST written or read
+  int64_t manifest_bytes_ = 0;  // its size
   int lock_fd_ = -1;
   bool o_direct_ = true;
   std::map<std::string, Entry> entries_;  // ordered: MANIFEST is deterministic
