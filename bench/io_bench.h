@@ -11,8 +11,9 @@
 // disk mounted with discard, host-side reallocation of punched blocks).
 // Both bypass the page cache with O_DIRECT, both register their files and
 // buffers with io_uring (fio: registerfiles, fixedbufs), and both make the
-// write durable inside the timed pass (our fdatasync and manifest updates,
-// fio's end_fsync=1). MB/s means 1e6 bytes per second.
+// write durable inside the timed pass (our fdatasync and journal commits,
+// fio's end_fsync=1). MB/s means 1e6 bytes per second. The *_ratio fields
+// compare the best runs of each side; *_ratio_median the medians.
 #ifndef STRATA_BENCH_IO_BENCH_H_
 #define STRATA_BENCH_IO_BENCH_H_
 
