@@ -76,12 +76,12 @@ absl::StatusOr<std::string> RunTransferBench(const TransferBenchRequest& r) {
     auto uploaded = t.Upload(source->bytes(), {static_cast<int64_t>(bytes)}, at::kByte);
     if (!uploaded.ok()) return uploaded.status();
     on_device = *std::move(uploaded);
-    return t.WaitHost(*t.Fence());
+    return t.WaitAll();
   });
   if (!ours_h2d.ok()) return ours_h2d.status();
   auto ours_d2h = MedianRate(r.repeats, bytes, [&]() -> absl::Status {
     if (auto s = t.Download(on_device, sink->bytes()); !s.ok()) return s;
-    return t.WaitHost(*t.Fence());
+    return t.WaitAll();
   });
   if (!ours_d2h.ok()) return ours_d2h.status();
   if (std::memcmp(source->data(), sink->data(), bytes) != 0) {

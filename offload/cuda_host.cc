@@ -16,7 +16,8 @@ namespace strata::offload {
 bool CudaBuilt() { return true; }
 
 absl::Status RegisterWithCuda(void* base, size_t bytes) {
-  const cudaError_t error = ::cudaHostRegister(base, bytes, cudaHostRegisterDefault);
+  // Portable: pinned for every device's context, not only the current one.
+  const cudaError_t error = ::cudaHostRegister(base, bytes, cudaHostRegisterPortable);
   if (error == cudaSuccess) return absl::OkStatus();
   ::cudaGetLastError();  // so a later cudaGetLastError does not report this failure again
   const std::string message = absl::StrCat("host arena: cudaHostRegister of ", bytes, " bytes failed: ",

@@ -79,6 +79,9 @@ absl::StatusOr<DeviceMemoryMonitor*> DeviceMemoryMonitor::ForDevice(const c10::D
   auto transfer = DeviceTransfer::Create(device);
   if (!transfer.ok()) return transfer.status();
   const int index = device.has_index() ? device.index() : 0;
+#if STRATA_WITH_CUDA
+  if (auto s = cuda::InitAllocator(index); !s.ok()) return s;
+#endif
   static std::mutex mu;
   static std::array<DeviceMemoryMonitor*, 64> monitors{};
   std::lock_guard<std::mutex> lock(mu);

@@ -45,12 +45,18 @@ class CpuTransfer final : public DeviceTransfer {
     return absl::OkStatus();
   }
 
-  std::shared_ptr<TransferFence> Fence() override { return std::make_shared<TransferFence>(); }
+  absl::StatusOr<std::shared_ptr<TransferFence>> Fence() override { return std::make_shared<TransferFence>(); }
   absl::Status WaitHost(const TransferFence&) override { return absl::OkStatus(); }
   absl::Status ComputeWaits(const TransferFence&, std::span<const at::Tensor>) override { return absl::OkStatus(); }
 };
 
 }  // namespace
+
+absl::Status DeviceTransfer::WaitAll() {
+  auto fence = Fence();
+  if (!fence.ok()) return fence.status();
+  return WaitHost(**fence);
+}
 
 absl::StatusOr<std::unique_ptr<DeviceTransfer>> DeviceTransfer::Create(const at::Device& device) {
   if (device.is_cpu()) return std::unique_ptr<DeviceTransfer>(new CpuTransfer());

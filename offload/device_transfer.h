@@ -49,8 +49,9 @@ class DeviceTransfer {
   // stream. `host` holds the result once a later fence passes WaitHost.
   virtual absl::Status Download(const at::Tensor& device_tensor, std::span<std::byte> host) = 0;
 
-  // A point after every upload and download queued so far.
-  virtual std::shared_ptr<TransferFence> Fence() = 0;
+  // A point after every upload and download queued so far. Fails only when
+  // the device does (a CUDA error that poisons the context).
+  virtual absl::StatusOr<std::shared_ptr<TransferFence>> Fence() = 0;
   // Blocks the calling thread until the copies before `fence` are done.
   virtual absl::Status WaitHost(const TransferFence& fence) = 0;
   // Makes compute queued later on the calling thread's stream wait for the
@@ -58,6 +59,9 @@ class DeviceTransfer {
   // being reused by the allocator until that compute is done. Does not
   // block the host.
   virtual absl::Status ComputeWaits(const TransferFence& fence, std::span<const at::Tensor> tensors) = 0;
+
+  // Fence + WaitHost: every copy queued so far is done when this returns OK.
+  absl::Status WaitAll();
 };
 
 // Blocks until all work queued on `device` is done (timing, teardown); a

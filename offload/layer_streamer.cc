@@ -68,6 +68,9 @@ LayerStreamer::LayerStreamer(const LayerStreamerOptions& options, HostArena* are
 
 LayerStreamer::~LayerStreamer() {
   EndPass();
+  // Uploads still in flight read from homes and staging in the arena, which
+  // may be unmapped right after this.
+  (void)transfer_->WaitAll();
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -186,7 +189,9 @@ absl::Status LayerStreamer::Fetch(const Layer& layer, Fetched* out) {
       if (!device.ok()) return device.status();
       out->tensors.push_back(*std::move(device));
     }
-    out->fence = transfer_->Fence();
+    auto fence = transfer_->Fence();
+    if (!fence.ok()) return fence.status();
+    out->fence = *std::move(fence);
     return absl::OkStatus();
   }
   if (options_.device.is_cpu()) {
@@ -197,24 +202,39 @@ absl::Status LayerStreamer::Fetch(const Layer& layer, Fetched* out) {
       if (!s.ok()) return s;
       out->tensors.push_back(std::move(device));
     }
-    out->fence = transfer_->Fence();
+    auto fence = transfer_->Fence();
+    if (!fence.ok()) return fence.status();
+    out->fence = *std::move(fence);
     return absl::OkStatus();
   }
   // GPU: NVMe -> pinned staging -> device. The staging buffers go back to
-  // the arena's pools once the uploads from them are done.
+  // the arena's pools once the uploads from them are done, also on error.
   std::vector<HostBuffer> staging;
   staging.reserve(layer.tensors.size());
+  absl::Status status;
   for (const TensorHome& home : layer.tensors) {
     auto buffer = arena_->Allocate(home.bytes);
-    if (!buffer.ok()) return buffer.status();
-    if (auto s = store_->Get(home.nvme_id, buffer->bytes()); !s.ok()) return s;
-    auto device = transfer_->Upload(buffer->bytes(), home.shape, home.dtype);
-    if (!device.ok()) return device.status();
-    out->tensors.push_back(*std::move(device));
+    if (!buffer.ok()) {
+      status = buffer.status();
+      break;
+    }
     staging.push_back(*std::move(buffer));
+    if (status = store_->Get(home.nvme_id, staging.back().bytes()); !status.ok()) break;
+    auto device = transfer_->Upload(staging.back().bytes(), home.shape, home.dtype);
+    if (!device.ok()) {
+      status = device.status();
+      break;
+    }
+    out->tensors.push_back(*std::move(device));
   }
-  out->fence = transfer_->Fence();
-  return transfer_->WaitHost(*out->fence);
+  auto fence = transfer_->Fence();
+  if (!fence.ok()) {
+    // The device failed: nothing more will be copied out of staging.
+    return status.ok() ? fence.status() : status;
+  }
+  out->fence = *std::move(fence);
+  if (auto s = transfer_->WaitHost(*out->fence); !s.ok() && status.ok()) status = s;
+  return status;
 }
 
 void LayerStreamer::IoLoop() {

@@ -389,7 +389,14 @@ absl::StatusOr<JournalScan> ReplayJournal(const std::string& text, const std::st
   const std::string_view content =
       last == std::string::npos ? std::string_view() : std::string_view(text).substr(0, last + 1);
   if (content.empty()) {
-    scan.needs_compaction = true;  // no header yet: a crash before one was written
+    // No header yet: only a crash while the first snapshot was being made
+    // (generation 1) leaves that. Later compactions keep the old header
+    // until the new one overwrites it, so an empty journal then was lost.
+    if (generation > 1) {
+      return absl::DataLossError(absl::StrCat("NVMe store journal ", path, " is empty but the manifest (generation ",
+                                              generation, ") needs its records"));
+    }
+    scan.needs_compaction = true;
     return scan;
   }
   std::unordered_map<std::string, std::string> owners;
@@ -697,16 +704,28 @@ absl::Status NvmeStore::Load() {
   }
   for (const std::string& name : stale_temporaries) ::unlink(JoinPath(dir, name).c_str());
 
-  // Created before any MANIFEST that needs it, so the directory sync that
-  // makes that MANIFEST durable covers its name too.
   const std::string journal_path = JoinPath(dir, kJournalName);
   const bool journal_existed = IsRegularFile(journal_path);
+  const std::string manifest_path = JoinPath(dir, kManifestName);
+  auto text = ReadFileToString(manifest_path);
+  // Checked before the JOURNAL is opened (and so created): a missing one
+  // must stay missing, or the next Open would take the new empty file for
+  // a fresh journal and lose the records.
+  absl::StatusOr<Snapshot> snapshot = absl::NotFoundError("no manifest");
+  if (text.ok()) {
+    snapshot = ParseManifest(*text, manifest_path);
+    if (!snapshot.ok()) return snapshot.status();
+    if (snapshot->version == kManifestVersion && !journal_existed) {
+      return absl::DataLossError(absl::StrCat("NVMe store journal ", journal_path, " is missing; manifest ",
+                                              manifest_path, " (generation ", snapshot->generation, ") needs it"));
+    }
+  }
+  // Created before any MANIFEST that needs it, so the directory sync that
+  // makes that MANIFEST durable covers its name too.
   auto journal = Journal::Open(journal_path);
   if (!journal.ok()) return journal.status();
   journal_ = *std::move(journal);
 
-  const std::string manifest_path = JoinPath(dir, kManifestName);
-  auto text = ReadFileToString(manifest_path);
   if (!text.ok()) {
     if (text.status().code() != absl::StatusCode::kNotFound) return text.status();
     if (!slot_files.empty()) {
@@ -716,8 +735,6 @@ absl::Status NvmeStore::Load() {
     }
     return Compact();  // a fresh store
   }
-  auto snapshot = ParseManifest(*text, manifest_path);
-  if (!snapshot.ok()) return snapshot.status();
   generation_ = snapshot->generation;
   manifest_bytes_ = static_cast<int64_t>(text->size());
   std::map<std::string, ManifestRecord> slots;
@@ -733,11 +750,6 @@ absl::Status NvmeStore::Load() {
                      << " from format version " << snapshot->version;
     scan.needs_compaction = true;
   } else {
-    if (!journal_existed) {
-      return absl::DataLossError(absl::StrCat("NVMe store journal ", journal_path,
-                                              " is missing; manifest ", manifest_path,
-                                              " (generation ", generation_, ") needs it"));
-    }
     auto journal_text = ReadFileToString(journal_path);
     if (!journal_text.ok()) return journal_text.status();
     auto replayed = ReplayJournal(*journal_text, journal_path, generation_, slots);

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "offload/placement.h"
@@ -166,7 +167,9 @@ absl::Status LayerwiseTrainer::AccumulateGrad(ParamState& state, const at::Tenso
 absl::Status LayerwiseTrainer::FlushGrads(size_t keep_in_flight) {
   if (grad_transfer_ == nullptr) return absl::OkStatus();
   if (!current_grads_.grads.empty()) {
-    current_grads_.fence = grad_transfer_->Fence();
+    auto fence = grad_transfer_->Fence();
+    if (!fence.ok()) return fence.status();
+    current_grads_.fence = *std::move(fence);
     pending_grads_.push_back(std::move(current_grads_));
     current_grads_ = PendingBatch();
   }
@@ -183,15 +186,19 @@ absl::Status LayerwiseTrainer::FlushGrads(size_t keep_in_flight) {
 
 void LayerwiseTrainer::AbandonGrads() {
   if (grad_transfer_ == nullptr) return;
-  current_grads_.fence = grad_transfer_->Fence();
-  pending_grads_.push_back(std::move(current_grads_));
+  // One wait covers every download queued, whichever batch it belongs to.
+  if (!grad_transfer_->WaitAll().ok()) (void)offload::SynchronizeDevice(grad_transfer_->device());
   current_grads_ = PendingBatch();
-  for (const PendingBatch& batch : pending_grads_) (void)grad_transfer_->WaitHost(*batch.fence);
   pending_grads_.clear();
 }
 
+LayerwiseTrainer::~LayerwiseTrainer() { AbandonGrads(); }
+
 absl::StatusOr<double> LayerwiseTrainer::ForwardBackward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
                                                          const LossFn& loss_fn) {
+  // However this returns early (an error, or an exception from libtorch),
+  // no download may still be writing into a staging buffer afterwards.
+  absl::Cleanup abandon_grads = [this] { AbandonGrads(); };
   const int64_t layers = config_.num_hidden_layers;
   const LayerContext ctx = MakeLayerContext(config_, attention_mask, input_ids.size(1),
                                             resident_.embed_tokens.scalar_type());
@@ -244,10 +251,7 @@ absl::StatusOr<double> LayerwiseTrainer::ForwardBackward(const at::Tensor& input
     }
   }
   status.Update(FlushGrads(/*keep_in_flight=*/1));
-  if (!status.ok()) {
-    AbandonGrads();
-    return status;
-  }
+  if (!status.ok()) return status;
   norm = at::Tensor();
   if (!head_weight.is_same(embed)) head_weight = at::Tensor();
   at::Tensor grad = top.grad();
@@ -272,7 +276,6 @@ absl::StatusOr<double> LayerwiseTrainer::ForwardBackward(const at::Tensor& input
     }
     status.Update(FlushGrads(/*keep_in_flight=*/1));
     if (!status.ok()) {
-      AbandonGrads();
       source_->EndPass();
       return status;
     }
@@ -285,10 +288,8 @@ absl::StatusOr<double> LayerwiseTrainer::ForwardBackward(const at::Tensor& input
   at::embedding(embed, input_ids).backward(grad);
   status.Update(AccumulateGrad(params_[0], embed.grad()));  // params_[0] is embed_tokens (see Create)
   status.Update(FlushGrads(/*keep_in_flight=*/0));
-  if (!status.ok()) {
-    AbandonGrads();
-    return status;
-  }
+  if (!status.ok()) return status;
+  std::move(abandon_grads).Cancel();
   return loss_value;
 }
 

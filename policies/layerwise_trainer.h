@@ -68,8 +68,11 @@ class LayerwiseTrainer {
                                                                   const LayerwiseTrainerOptions& options,
                                                                   offload::NvmeStore* nvme = nullptr);
 
+  ~LayerwiseTrainer();
+
   // Forward and backward of loss_fn(head(...)); gradients are added to the
-  // host gradient buffers. Returns the loss.
+  // host gradient buffers. Returns the loss. After an error the gradients
+  // accumulated since the last OptimizerStep are unspecified.
   absl::StatusOr<double> ForwardBackward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
                                          const LossFn& loss_fn);
 
@@ -126,8 +129,8 @@ class LayerwiseTrainer {
   // gradients, oldest first, until at most `keep_in_flight` remain: the CPU
   // adds layer l's gradients while the GPU computes layer l-1's backward.
   absl::Status FlushGrads(size_t keep_in_flight);
-  // After an error: waits for downloads still writing into staging buffers,
-  // then drops them.
+  // After an error (and at destruction): waits for downloads still writing
+  // into staging buffers, then drops them unadded.
   void AbandonGrads();
   absl::Status AllocateState(ParamState& state, const at::Tensor& value);
   // The host bytes the optimizer may write p's new weights into, or empty.

@@ -91,20 +91,31 @@ class CudaTransfer final : public DeviceTransfer {
           e != cudaSuccess) {
         return CudaError(absl::StrCat("device-to-host copy of ", bytes, " bytes"), e);
       }
+    } catch (const std::exception& e) {
+      return TorchError("download", e);
+    }
+    try {
       // The caller may drop the tensor now; its block must outlive the copy.
       c10::cuda::CUDACachingAllocator::recordStream(device_tensor.storage().data_ptr(), download_stream_);
       return absl::OkStatus();
     } catch (const std::exception& e) {
-      return TorchError("download", e);
+      // The copy is queued but its source is unprotected: let it finish
+      // before the caller frees either side.
+      ::cudaStreamSynchronize(download_stream_.stream());
+      return TorchError("protecting a download's source", e);
     }
   }
 
-  std::shared_ptr<TransferFence> Fence() override {
-    auto fence = std::make_shared<CudaFence>();
-    c10::cuda::CUDAGuard device_guard(index_);
-    fence->upload.record(upload_stream_);
-    fence->download.record(download_stream_);
-    return fence;
+  absl::StatusOr<std::shared_ptr<TransferFence>> Fence() override {
+    try {
+      auto fence = std::make_shared<CudaFence>();
+      c10::cuda::CUDAGuard device_guard(index_);
+      fence->upload.record(upload_stream_);
+      fence->download.record(download_stream_);
+      return std::shared_ptr<TransferFence>(std::move(fence));
+    } catch (const std::exception& e) {
+      return TorchError("recording a fence", e);
+    }
   }
 
   absl::Status WaitHost(const TransferFence& fence) override {
@@ -166,20 +177,44 @@ absl::Status Synchronize(int index) {
   }
 }
 
+absl::Status InitAllocator(int index) {
+  try {
+    // The allocator's statistics calls check that it was initialised, which
+    // the first allocation on the device does.
+    (void)at::empty({1}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, static_cast<c10::DeviceIndex>(index)));
+    return absl::OkStatus();
+  } catch (const std::exception& e) {
+    return TorchError(absl::StrCat("initialising the caching allocator on cuda:", index), e);
+  }
+}
+
 // allocated_bytes[0] is the aggregate over the small and large pools (the
-// StatType enum moved namespaces between libtorch versions; its order did not).
+// StatType enum moved namespaces between libtorch versions; its order did
+// not). These run on the streamer's I/O thread: nothing may throw there, so
+// a failure reads as 0 (InitAllocator made the normal case succeed).
 size_t AllocatedBytes(int index) {
-  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(index));
-  return static_cast<size_t>(stats.allocated_bytes[0].current);
+  try {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(index));
+    return static_cast<size_t>(stats.allocated_bytes[0].current);
+  } catch (const std::exception&) {
+    return 0;
+  }
 }
 
 size_t PeakAllocatedBytes(int index) {
-  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(index));
-  return static_cast<size_t>(stats.allocated_bytes[0].peak);
+  try {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(index));
+    return static_cast<size_t>(stats.allocated_bytes[0].peak);
+  } catch (const std::exception&) {
+    return 0;
+  }
 }
 
 void ResetPeak(int index) {
-  c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(index));
+  try {
+    c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(index));
+  } catch (const std::exception&) {
+  }
 }
 
 }  // namespace strata::offload::cuda

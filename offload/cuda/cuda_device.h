@@ -20,8 +20,12 @@ absl::StatusOr<std::unique_ptr<DeviceTransfer>> MakeTransfer(int index);
 // cudaDeviceSynchronize on GPU `index`.
 absl::Status Synchronize(int index);
 
+// Makes the caching allocator ready to report on GPU `index` (its
+// statistics are refused before its first allocation there).
+absl::Status InitAllocator(int index);
+
 // The CUDA caching allocator's figures for GPU `index`: bytes handed to
-// tensors now and at most since the last ResetPeak.
+// tensors now and at most since the last ResetPeak; 0 if it cannot say.
 size_t AllocatedBytes(int index);
 size_t PeakAllocatedBytes(int index);
 void ResetPeak(int index);

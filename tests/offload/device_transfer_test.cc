@@ -43,10 +43,12 @@ void ExpectRoundTrip(DeviceTransfer& transfer, HostArena& arena) {
   ASSERT_TRUE(device.ok()) << device.status();
   EXPECT_EQ(device->device(), transfer.device());
   const at::Tensor uploaded[] = {*device};
-  ASSERT_TRUE(transfer.ComputeWaits(*transfer.Fence(), uploaded).ok());
+  auto fence = transfer.Fence();
+  ASSERT_TRUE(fence.ok()) << fence.status();
+  ASSERT_TRUE(transfer.ComputeWaits(**fence, uploaded).ok());
   const at::Tensor doubled = *device * 2;  // compute on the device after the wait
   ASSERT_TRUE(transfer.Download(doubled, down->bytes()).ok());
-  ASSERT_TRUE(transfer.WaitHost(*transfer.Fence()).ok());
+  ASSERT_TRUE(transfer.WaitAll().ok());
 
   const at::Tensor back = at::from_blob(down->data(), source.sizes(), at::TensorOptions().dtype(at::kBFloat16));
   EXPECT_TRUE(at::equal(back, source * 2));
