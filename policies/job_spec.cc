@@ -354,6 +354,7 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::ve
     STRATA_RETURN_IF_ERROR(memory->Read("device_mib", &spec.memory.device_mib));
     STRATA_RETURN_IF_ERROR(memory->Read("host_mib", &spec.memory.host_mib));
     STRATA_RETURN_IF_ERROR(memory->Read("nvme_dir", &spec.memory.nvme_dir));
+    STRATA_RETURN_IF_ERROR(memory->Read("pin_host", &spec.memory.pin_host));
     STRATA_RETURN_IF_ERROR(memory->CheckNoUnknownKeys());
 
     auto output = r.Child("output");

@@ -96,6 +96,9 @@ struct MemorySpec {
   int64_t device_mib = 0;   // device-tier budget; 0: unlimited
   int64_t host_mib = 2048;  // host arena size
   std::string nvme_dir;     // NVMe tier directory; required when any placement uses nvme
+  // Lock all of host_mib in RAM at start and register it with io_uring as
+  // fixed buffers (and with CUDA on a GPU); see docs/job-spec.md.
+  bool pin_host = false;
 };
 
 struct JobSpec {

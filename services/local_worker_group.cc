@@ -132,9 +132,15 @@ absl::StatusOr<std::unique_ptr<LocalWorkerGroup>> LocalWorkerGroup::Create(const
   std::unique_ptr<LocalWorkerGroup> group(new LocalWorkerGroup(spec));
   offload::HostArenaOptions arena_options;
   arena_options.capacity_bytes = static_cast<size_t>(spec.memory.host_mib) << 20;
-  arena_options.populate = false;  // touched as used; the budget is still enforced
+  // Unpinned, the arena is a budget touched as used; pinned, all of it is
+  // committed and locked now, so a machine without the memory fails here.
+  arena_options.lock_memory = spec.memory.pin_host;
+  arena_options.populate = spec.memory.pin_host;
   auto arena = offload::HostArena::Create(arena_options);
-  if (!arena.ok()) return absl::Status(arena.status().code(), absl::StrCat("memory.host_mib: ", arena.status().message()));
+  if (!arena.ok()) {
+    const std::string key = spec.memory.pin_host ? "memory.pin_host (with memory.host_mib)" : "memory.host_mib";
+    return absl::Status(arena.status().code(), absl::StrCat(key, ": ", arena.status().message()));
+  }
   group->arena_ = std::move(*arena);
   if (!spec.memory.nvme_dir.empty()) {
     std::error_code ec;
@@ -146,6 +152,12 @@ absl::StatusOr<std::unique_ptr<LocalWorkerGroup>> LocalWorkerGroup::Create(const
       return absl::Status(store.status().code(), absl::StrCat("memory.nvme_dir: ", store.status().message()));
     }
     group->nvme_ = std::move(*store);
+    if (spec.memory.pin_host) {
+      const std::span<std::byte> region = group->arena_->region();
+      if (auto s = group->nvme_->RegisterBuffers({&region, 1}); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("memory.pin_host: ", s.message()));
+      }
+    }
   }
   if (auto s = group->LoadModels(); !s.ok()) return s;
   return group;

@@ -45,6 +45,10 @@ TEST(JobSpecTest, SetOverridesAnyFieldIncludingNewOnes) {
   EXPECT_EQ(spec->checkpoint.every, 2);
   EXPECT_EQ(spec->actor.placement.weights, offload::Tier::kHost);
   EXPECT_EQ(spec->algorithm, Algorithm::kPpo);
+  EXPECT_FALSE(spec->memory.pin_host);  // default
+  auto pinned = ParseJobSpec(kRemax, {"memory.pin_host=true"}, "job.yaml");
+  ASSERT_TRUE(pinned.ok()) << pinned.status();
+  EXPECT_TRUE(pinned->memory.pin_host);
 }
 
 TEST(JobSpecTest, ErrorsNameTheKey) {
@@ -60,6 +64,7 @@ TEST(JobSpecTest, ErrorsNameTheKey) {
   EXPECT_NE(ErrorOf(kRemax, {"models.actor.path="}).find("models.actor.path"), std::string::npos);
   EXPECT_NE(ErrorOf(kRemax, {"output.dir="}).find("output.dir"), std::string::npos);
   EXPECT_NE(ErrorOf(kRemax, {"bogus=1"}).find("bogus"), std::string::npos);
+  EXPECT_NE(ErrorOf(kRemax, {"memory.pin_host=3"}).find("memory.pin_host"), std::string::npos);
   EXPECT_NE(ErrorOf(kRemax, {"noequals"}).find("noequals"), std::string::npos);
   EXPECT_NE(ErrorOf("algorithm: [remax"), "");  // malformed YAML
   EXPECT_NE(ErrorOf("- a\n- b\n").find("mapping"), std::string::npos);
