@@ -48,25 +48,14 @@ int64_t DecoderBytes(const policies::LlamaConfig& c) {
 
 // Runs warm-up + timed steps of one mode. `home` is kDevice for the
 // resident peer.
-// Moves the resident parts (and, for the resident peer, the layers) to the
-// compute device; streamed layers are copied to their home from the CPU.
-void MoveToDevice(policies::LlamaWeights& w, const at::Device& device, bool layers) {
-  for (at::Tensor* t : {&w.embed_tokens, &w.norm, &w.lm_head, &w.score}) {
-    if (t->defined()) *t = t->to(device);
-  }
-  if (!layers) return;
-  for (policies::LlamaLayerWeights& layer : w.layers) {
-    for (at::Tensor* t : policies::LayerTensors(layer)) *t = t->to(device);
-  }
-}
-
 absl::StatusOr<ModeResult> RunMode(const StreamBenchRequest& r, const policies::LlamaConfig& config, Tier home,
                                    const at::Device& device, size_t device_budget) {
   auto found = offload::DeviceMemoryMonitor::ForDevice(device);
   if (!found.ok()) return found.status();
   offload::DeviceMemoryMonitor& monitor = **found;
   auto model = policies::LlamaModel::RandomInit(config, policies::LlamaHead::kLanguageModel, at::kFloat, 1);
-  MoveToDevice(model->weights(), device, /*layers=*/home == Tier::kDevice);
+  // Streamed layers are copied to their home from the CPU.
+  policies::MoveToDevice(model->weights(), device, /*include_layers=*/home == Tier::kDevice);
   offload::HostArenaOptions arena_options;
   // Master weights, gradient, two moments (16 B/param) + the streamed home
   // copy (4 B/param), plus per-tensor alignment slack.

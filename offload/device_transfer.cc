@@ -2,8 +2,8 @@
 
 #include <cstring>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "offload/placement.h"
 
 #if STRATA_WITH_CUDA
 #include "offload/cuda/cuda_device.h"
@@ -89,13 +89,10 @@ absl::Status SynchronizeDevice(const at::Device& device) {
 }
 
 absl::StatusOr<at::Device> ParseComputeDevice(const std::string& text) {
-  if (text == "cpu") return at::Device(at::kCPU);
-  if (text == "cuda") return at::Device(at::kCUDA, 0);
-  int index = -1;
-  if (text.rfind("cuda:", 0) == 0 && absl::SimpleAtoi(text.substr(5), &index) && index >= 0 && index < 64) {
-    return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
-  }
-  return absl::InvalidArgumentError(absl::StrCat("device \"", text, "\": expected cpu, cuda or cuda:N"));
+  auto index = ParseDeviceName(text);
+  if (!index.ok()) return index.status();
+  if (*index < 0) return at::Device(at::kCPU);
+  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(*index));
 }
 
 }  // namespace strata::offload

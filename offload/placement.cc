@@ -1,5 +1,6 @@
 #include "offload/placement.h"
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace strata::offload {
@@ -28,6 +29,16 @@ absl::Status ModelPlacement::Validate() const {
 std::string ModelPlacement::ToString() const {
   return absl::StrCat("weights=", TierName(weights), " optimizer=", TierName(optimizer),
                       " gradients=", TierName(gradients), " prefetch=", prefetch_depth);
+}
+
+absl::StatusOr<int> ParseDeviceName(const std::string& text) {
+  if (text == "cpu") return -1;
+  if (text == "cuda") return 0;
+  int index = -1;
+  if (text.rfind("cuda:", 0) == 0 && absl::SimpleAtoi(text.substr(5), &index) && index >= 0 && index < 64) {
+    return index;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("device \"", text, "\": expected cpu, cuda or cuda:N"));
 }
 
 }  // namespace strata::offload

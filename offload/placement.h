@@ -34,6 +34,11 @@ struct ModelPlacement {
   std::string ToString() const;
 };
 
+// The compute device a job names: "cpu" -> -1, "cuda" -> 0, "cuda:N" -> N;
+// INVALID_ARGUMENT naming `text` otherwise. Torch-free, for spec parsing;
+// ParseComputeDevice (device_transfer.h) builds the at::Device from it.
+absl::StatusOr<int> ParseDeviceName(const std::string& text);
+
 }  // namespace strata::offload
 
 #endif  // STRATA_OFFLOAD_PLACEMENT_H_

@@ -82,10 +82,15 @@ absl::StatusOr<GenerationOutput> Generate(const LlamaModel& model, const std::ve
   }
 
   at::NoGradGuard no_grad;
+  // The model runs where its weights are; sampling stays on the CPU with a
+  // CPU generator, so a seed draws the same tokens on every device.
+  const at::Device device = model.device();
+  ids = ids.to(device);
+  mask = mask.to(device);
   at::Generator generator = at::detail::createCPUGenerator(options.seed);
   std::unique_ptr<KvCache> cache;
   if (options.use_kv_cache) {
-    cache = std::make_unique<KvCache>(config, batch, total, at::TensorOptions().dtype(model.dtype()));
+    cache = std::make_unique<KvCache>(config, batch, total, at::TensorOptions().dtype(model.dtype()).device(device));
   }
   const at::Tensor eos = at::tensor(std::vector<int64_t>(eos_ids.begin(), eos_ids.end()), at::kLong);
 
@@ -96,7 +101,7 @@ absl::StatusOr<GenerationOutput> Generate(const LlamaModel& model, const std::ve
   at::Tensor step_ids = ids;  // tokens fed this step
   for (int64_t step = 0; step < options.max_new_tokens; ++step) {
     at::Tensor hidden = cache ? model.Hidden(step_ids, mask, cache.get()) : model.Hidden(ids, mask);
-    const at::Tensor logits = model.LogitsFromHidden(hidden.select(1, hidden.size(1) - 1));  // [B, V]
+    const at::Tensor logits = model.LogitsFromHidden(hidden.select(1, hidden.size(1) - 1)).to(at::kCPU);  // [B, V]
     const at::Tensor next = SampleNextTokens(logits, options, generator);                   // [B]
     const at::Tensor logp = at::log_softmax(logits, -1).gather(-1, next.unsqueeze(-1)).squeeze(-1);
     const at::Tensor is_eos = eos.numel() > 0 ? at::isin(next, eos) : at::zeros_like(next, at::kBool);
@@ -111,9 +116,9 @@ absl::StatusOr<GenerationOutput> Generate(const LlamaModel& model, const std::ve
     }
     if (all_done) break;
     // Finished rows keep decoding padding; their outputs are already final.
-    step_ids = next.unsqueeze(1);
+    step_ids = next.unsqueeze(1).to(device);
     ids = at::cat({ids, step_ids}, 1);
-    mask = at::cat({mask, at::ones({batch, 1}, at::kLong)}, 1);
+    mask = at::cat({mask, at::ones({batch, 1}, mask.options())}, 1);
   }
   return out;
 }

@@ -177,6 +177,9 @@ absl::Status JobSpec::Validate() const {
   if (eval.every < 0) return KeyError("eval.every", "must be >= 0");
   if (eval.prompts < 1) return KeyError("eval.prompts", "must be >= 1");
   if (checkpoint.every < 0) return KeyError("checkpoint.every", "must be >= 0");
+  if (auto device = offload::ParseDeviceName(memory.device); !device.ok()) {
+    return KeyError("memory.device", std::string(device.status().message()));
+  }
   if (memory.device_mib < 0) return KeyError("memory.device_mib", "must be >= 0");
   if (memory.host_mib < 1) return KeyError("memory.host_mib", "must be >= 1");
   if (!(remax.discount > 0 && remax.discount <= 1)) return KeyError("remax.discount", "must be in (0, 1]");
@@ -351,6 +354,7 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::ve
 
     auto memory = r.Child("memory");
     if (!memory.ok()) return memory.status();
+    STRATA_RETURN_IF_ERROR(memory->Read("device", &spec.memory.device));
     STRATA_RETURN_IF_ERROR(memory->Read("device_mib", &spec.memory.device_mib));
     STRATA_RETURN_IF_ERROR(memory->Read("host_mib", &spec.memory.host_mib));
     STRATA_RETURN_IF_ERROR(memory->Read("nvme_dir", &spec.memory.nvme_dir));

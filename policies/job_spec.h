@@ -93,6 +93,7 @@ struct CheckpointSpec {
 };
 
 struct MemorySpec {
+  std::string device = "cpu";  // compute device: cpu, cuda or cuda:N
   int64_t device_mib = 0;   // device-tier budget; 0: unlimited
   int64_t host_mib = 2048;  // host arena size
   std::string nvme_dir;     // NVMe tier directory; required when any placement uses nvme

@@ -125,6 +125,16 @@ LayerContext MakeLayerContext(const LlamaConfig& config, const at::Tensor& atten
   return ctx;
 }
 
+void MoveToDevice(LlamaWeights& w, const at::Device& device, bool include_layers) {
+  for (at::Tensor* t : {&w.embed_tokens, &w.norm, &w.lm_head, &w.score}) {
+    if (t->defined()) *t = t->to(device);
+  }
+  if (!include_layers) return;
+  for (LlamaLayerWeights& layer : w.layers) {
+    for (auto& [name, t] : layer.Named()) *t = t->to(device);
+  }
+}
+
 at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   // Variance in float32 whatever the model dtype, as HF does.
   const at::Tensor x32 = x.to(at::kFloat);

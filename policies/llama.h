@@ -46,6 +46,10 @@ struct LlamaWeights {
   at::Tensor score;         // [num_labels, H]; only for kScalar
 };
 
+// Moves the resident parts of `w` (embeddings, norm, heads) to `device`,
+// and its layers too when `include_layers`.
+void MoveToDevice(LlamaWeights& w, const at::Device& device, bool include_layers);
+
 // Keys and values of every layer for incremental decoding. Storage is
 // allocated once for `capacity` positions; Append writes in place.
 class KvCache {
@@ -135,6 +139,8 @@ class LlamaModel {
   LlamaWeights& weights() { return weights_; }
   const LlamaWeights& weights() const { return weights_; }
   at::ScalarType dtype() const { return weights_.embed_tokens.scalar_type(); }
+  // Where the resident weights (and so inputs and activations) live.
+  at::Device device() const { return weights_.embed_tokens.device(); }
   // Every parameter with its HF name; tied heads appear once.
   std::vector<std::pair<std::string, at::Tensor>> NamedParameters() const;
 

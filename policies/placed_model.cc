@@ -18,12 +18,16 @@ absl::StatusOr<std::unique_ptr<PlacedModel>> PlacedModel::Create(std::unique_ptr
   }
   std::unique_ptr<PlacedModel> placed(new PlacedModel(std::move(model), options));
   LlamaModel& m = *placed->model_;
+  // Resident parts always compute on the device; layers only when resident
+  // (streamed ones go to their home from wherever they were loaded).
+  MoveToDevice(m.weights(), context.device, /*include_layers=*/placement.weights == offload::Tier::kDevice);
   if (placement.weights == offload::Tier::kDevice) {
     // The source shares storage with the model's tensors, so optimizer
     // updates are what generation sees.
     placed->source_ = std::make_unique<ResidentLayerSource>(m.weights().layers);
   } else {
     offload::LayerStreamerOptions streaming;
+    streaming.device = context.device;
     streaming.home = placement.weights;
     streaming.prefetch_depth = placement.prefetch_depth;
     streaming.nvme_prefix = options.name + "/";

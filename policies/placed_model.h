@@ -25,6 +25,9 @@ struct OffloadContext {
   offload::NvmeStore* nvme = nullptr;        // required by nvme placements
   offload::TierAccountant* accountant = nullptr;  // optional: home bytes per tier
   size_t device_budget_bytes = 0;            // 0: unlimited
+  // Where the model computes: the CPU, or cuda:N in a CUDA build (the arena
+  // should then be pinned). Inputs must be on it; outputs are.
+  at::Device device = at::kCPU;
 };
 
 struct PlacedModelOptions {

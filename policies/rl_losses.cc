@@ -17,7 +17,7 @@ at::Tensor PadRows(const std::vector<std::vector<float>>& rows, int64_t width) {
 }
 
 std::vector<std::vector<float>> UnpadRows(const at::Tensor& padded, const std::vector<size_t>& lengths) {
-  const at::Tensor c = padded.to(at::kFloat).contiguous();
+  const at::Tensor c = padded.to(at::kCPU, at::kFloat).contiguous();
   std::vector<std::vector<float>> out(lengths.size());
   for (size_t i = 0; i < lengths.size(); ++i) {
     const float* row = c[static_cast<int64_t>(i)].data_ptr<float>();

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "offload/device_memory.h"
+#include "offload/device_transfer.h"
 #include "offload/file.h"
 #include "offload/log.h"
 #include "policies/rl_losses.h"
@@ -27,8 +28,9 @@ struct Packed {
   at::Tensor response_mask;  // [N, R] float
 };
 
+// Built on the CPU, returned on `device` (where the models compute).
 Packed Pack(const std::vector<const std::vector<int32_t>*>& prompts,
-            const std::vector<const std::vector<int32_t>*>& responses) {
+            const std::vector<const std::vector<int32_t>*>& responses, const at::Device& device) {
   const int64_t n = static_cast<int64_t>(prompts.size());
   int64_t s = 1, r = 1;
   for (int64_t i = 0; i < n; ++i) {
@@ -60,6 +62,7 @@ Packed Pack(const std::vector<const std::vector<int32_t>*>& prompts,
       rmask[i][static_cast<int64_t>(k)] = 1.0f;
     }
   }
+  for (at::Tensor* t : {&p.ids, &p.mask, &p.positions, &p.targets, &p.response_mask}) *t = t->to(device);
   return p;
 }
 
@@ -126,16 +129,25 @@ LocalWorkerGroup::~LocalWorkerGroup() {
 
 absl::StatusOr<std::unique_ptr<LocalWorkerGroup>> LocalWorkerGroup::Create(const policies::JobSpec& spec) {
   if (auto s = spec.Validate(); !s.ok()) return s;
+  auto device = offload::ParseComputeDevice(spec.memory.device);
+  if (!device.ok()) return absl::InvalidArgumentError(absl::StrCat("memory.device: ", device.status().message()));
   // Count device allocations from the start, so the models' own weights are
-  // part of the device figures.
-  offload::DeviceMemoryMonitor::Install();
+  // part of the device figures. Also refuses a device this build or
+  // machine cannot use.
+  auto monitor = offload::DeviceMemoryMonitor::ForDevice(*device);
+  if (!monitor.ok()) {
+    return absl::Status(monitor.status().code(), absl::StrCat("memory.device: ", monitor.status().message()));
+  }
   std::unique_ptr<LocalWorkerGroup> group(new LocalWorkerGroup(spec));
+  group->device_ = *device;
+  group->monitor_ = *monitor;
   offload::HostArenaOptions arena_options;
   arena_options.capacity_bytes = static_cast<size_t>(spec.memory.host_mib) << 20;
   // Unpinned, the arena is a budget touched as used; pinned, all of it is
   // committed and locked now, so a machine without the memory fails here.
   arena_options.lock_memory = spec.memory.pin_host;
   arena_options.populate = spec.memory.pin_host;
+  arena_options.pin_for_cuda = !device->is_cpu();  // DMA and asynchronous copies
   auto arena = offload::HostArena::Create(arena_options);
   if (!arena.ok()) {
     const std::string key = spec.memory.pin_host ? "memory.pin_host (with memory.host_mib)" : "memory.host_mib";
@@ -181,6 +193,7 @@ absl::StatusOr<std::unique_ptr<policies::PlacedModel>> LocalWorkerGroup::Place(c
   context.arena = arena_.get();
   context.nvme = nvme_.get();
   context.device_budget_bytes = static_cast<size_t>(spec_.memory.device_mib) << 20;
+  context.device = device_;
   return policies::PlacedModel::Create(std::move(*loaded), options, context);
 }
 
@@ -282,14 +295,14 @@ absl::StatusOr<policies::Scores> LocalWorkerGroup::Score(const std::vector<polic
   at::NoGradGuard no_grad;
   std::vector<const std::vector<int32_t>*> prompts, responses;
   for (const auto& r : rollouts) prompts.push_back(&r.prompt), responses.push_back(&r.response);
-  const Packed packed = Pack(prompts, responses);
+  const Packed packed = Pack(prompts, responses, device_);
   if (request.rewards) {
     if (rule_) {
       for (const auto& r : rollouts) {
         scores.rewards.push_back(static_cast<float>(rule_(tokenizer_->Decode(r.prompt), tokenizer_->Decode(r.response))));
       }
     } else {
-      const at::Tensor s = reward_->model().Scores(packed.ids, packed.mask).select(1, 0).contiguous();
+      const at::Tensor s = reward_->model().Scores(packed.ids, packed.mask).select(1, 0).to(at::kCPU).contiguous();
       scores.rewards.assign(s.data_ptr<float>(), s.data_ptr<float>() + s.numel());
     }
   }
@@ -340,15 +353,16 @@ absl::StatusOr<policies::UpdateStats> LocalWorkerGroup::Update(const policies::P
           old_v.push_back(update.old_values[i]);
         }
       }
-      const Packed packed = Pack(prompts, responses);
+      const Packed packed = Pack(prompts, responses, device_);
       const int64_t width = packed.targets.size(1);
-      const at::Tensor advantages = policies::PadRows(adv, width);
+      auto rows = [&](const std::vector<std::vector<float>>& r) { return policies::PadRows(r, width).to(device_); };
+      const at::Tensor advantages = rows(adv);
       double clipfrac = 0, approx_kl = 0;
       auto policy_loss = [&](const at::Tensor& logits) {
         const at::Tensor logp = ResponseLogProbs(logits, packed);
         if (!ppo) return policies::ReinforceLoss(logp, advantages, packed.response_mask);
         const auto out =
-            policies::PpoClippedLoss(logp, policies::PadRows(old_lp, width), advantages, packed.response_mask, update.clip_range);
+            policies::PpoClippedLoss(logp, rows(old_lp), advantages, packed.response_mask, update.clip_range);
         clipfrac = out.clipfrac.item<double>();
         approx_kl = out.approx_kl.item<double>();
         return out.loss;
@@ -362,8 +376,8 @@ absl::StatusOr<policies::UpdateStats> LocalWorkerGroup::Update(const policies::P
       if (ppo) {
         double value_clipfrac = 0;
         auto value_loss = [&](const at::Tensor& values) {
-          const auto out = policies::PpoValueLossClipped(ResponseValues(values, packed), policies::PadRows(old_v, width),
-                                                         policies::PadRows(ret, width), packed.response_mask, update.value_clip);
+          const auto out = policies::PpoValueLossClipped(ResponseValues(values, packed), rows(old_v), rows(ret),
+                                                         packed.response_mask, update.value_clip);
           value_clipfrac = out.clipfrac.item<double>();
           return out.loss;
         };
@@ -385,7 +399,7 @@ absl::StatusOr<policies::TrainStats> LocalWorkerGroup::TrainSft(const std::vecto
   if (actor_ == nullptr || actor_->trainer() == nullptr) return absl::FailedPreconditionError("no trainable actor");
   std::vector<const std::vector<int32_t>*> prompts, responses;
   for (const auto& pair : batch) prompts.push_back(&pair.prompt), responses.push_back(&pair.response);
-  const Packed packed = Pack(prompts, responses);
+  const Packed packed = Pack(prompts, responses, device_);
   auto loss = actor_->trainer()->ForwardBackward(packed.ids, packed.mask, [&](const at::Tensor& logits) {
     return policies::CrossEntropyLoss(ResponseLogProbs(logits, packed), packed.response_mask);
   });
@@ -397,11 +411,11 @@ absl::StatusOr<policies::TrainStats> LocalWorkerGroup::TrainSft(const std::vecto
 namespace {
 
 // Chosen rows first, then rejected rows, as one batch.
-Packed PackPairs(const std::vector<policies::PreferencePair>& pairs) {
+Packed PackPairs(const std::vector<policies::PreferencePair>& pairs, const at::Device& device) {
   std::vector<const std::vector<int32_t>*> prompts, responses;
   for (const auto& p : pairs) prompts.push_back(&p.prompt), responses.push_back(&p.chosen);
   for (const auto& p : pairs) prompts.push_back(&p.prompt), responses.push_back(&p.rejected);
-  return Pack(prompts, responses);
+  return Pack(prompts, responses, device);
 }
 
 }  // namespace
@@ -409,7 +423,7 @@ Packed PackPairs(const std::vector<policies::PreferencePair>& pairs) {
 absl::StatusOr<policies::TrainStats> LocalWorkerGroup::TrainRewardModel(
     const std::vector<policies::PreferencePair>& batch) {
   if (reward_ == nullptr || reward_->trainer() == nullptr) return absl::FailedPreconditionError("no trainable reward model");
-  const Packed packed = PackPairs(batch);
+  const Packed packed = PackPairs(batch, device_);
   const int64_t n = static_cast<int64_t>(batch.size());
   double accuracy = 0;
   auto loss = reward_->trainer()->ForwardBackward(packed.ids, packed.mask, [&](const at::Tensor& values) {
@@ -427,7 +441,7 @@ absl::StatusOr<policies::TrainStats> LocalWorkerGroup::EvaluateRewardModel(
     const std::vector<policies::PreferencePair>& pairs) {
   if (reward_ == nullptr) return absl::FailedPreconditionError("this job has no reward model");
   at::NoGradGuard no_grad;
-  const Packed packed = PackPairs(pairs);
+  const Packed packed = PackPairs(pairs, device_);
   const int64_t n = static_cast<int64_t>(pairs.size());
   const at::Tensor scores = reward_->model().Scores(packed.ids, packed.mask).select(1, 0);
   const at::Tensor chosen = scores.narrow(0, 0, n), rejected = scores.narrow(0, n, n);
@@ -436,10 +450,9 @@ absl::StatusOr<policies::TrainStats> LocalWorkerGroup::EvaluateRewardModel(
 }
 
 void LocalWorkerGroup::BeginPhase(const std::string& phase) {
-  offload::DeviceMemoryMonitor& monitor = offload::DeviceMemoryMonitor::Install();
   if (!phase_.empty()) phase_memory_[phase_] = PhaseMemory(phase_);
   phase_ = phase;
-  monitor.ResetPeak();
+  monitor_->ResetPeak();
 }
 
 policies::MemoryStats LocalWorkerGroup::PhaseMemory(const std::string& phase) {
@@ -448,7 +461,7 @@ policies::MemoryStats LocalWorkerGroup::PhaseMemory(const std::string& phase) {
     return it == phase_memory_.end() ? policies::MemoryStats{} : it->second;
   }
   policies::MemoryStats stats;
-  stats.peak_bytes["device"] = static_cast<int64_t>(offload::DeviceMemoryMonitor::Install().peak_bytes());
+  stats.peak_bytes["device"] = static_cast<int64_t>(monitor_->peak_bytes());
   stats.peak_bytes["host"] = static_cast<int64_t>(arena_->stats().peak_requested_bytes);
   stats.peak_bytes["nvme"] = nvme_ ? nvme_->allocated_bytes() : 0;
   return stats;

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "offload/device_memory.h"
 #include "offload/host_arena.h"
 #include "offload/nvme_store.h"
 #include "policies/job_spec.h"
@@ -57,6 +58,8 @@ class LocalWorkerGroup final : public policies::WorkerGroup {
   absl::Status CopyTokenizer(const std::string& dir) const;
 
   const policies::JobSpec spec_;
+  at::Device device_ = at::kCPU;                        // memory.device
+  offload::DeviceMemoryMonitor* monitor_ = nullptr;     // of device_
   std::unique_ptr<offload::HostArena> arena_;
   std::unique_ptr<offload::NvmeStore> nvme_;
   std::unique_ptr<policies::Tokenizer> tokenizer_;

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gtest/gtest.h"
+#include "offload/cuda_host.h"
 #include "offload/file.h"
 #include "tests/testutil/testutil.h"
 
@@ -140,6 +141,12 @@ TEST_F(TrainTest, BadSpecsFailWithTheKeyNamed) {
   auto no_file = Strata({"train", dir_.Join("nope.yaml")});
   EXPECT_NE(no_file.exit_code, 0);
   EXPECT_NE(no_file.error.find("nope.yaml"), std::string::npos);
+  if (!offload::CudaBuilt()) {
+    auto gpu = Strata({"train", spec_, "--out", dir_.Join("x"), "--set", "memory.device=cuda"});
+    EXPECT_NE(gpu.exit_code, 0);
+    EXPECT_NE(gpu.error.find("memory.device"), std::string::npos) << gpu.error;
+    EXPECT_NE(gpu.error.find("without CUDA"), std::string::npos) << gpu.error;
+  }
   auto bad_data = Strata({"train", spec_, "--out", dir_.Join("x"), "--set", "data.train=" + spec_});
   EXPECT_NE(bad_data.exit_code, 0);
   EXPECT_NE(bad_data.error.find("job.yaml:"), std::string::npos) << bad_data.error;  // file:line

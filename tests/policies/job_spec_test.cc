@@ -49,6 +49,10 @@ TEST(JobSpecTest, SetOverridesAnyFieldIncludingNewOnes) {
   auto pinned = ParseJobSpec(kRemax, {"memory.pin_host=true"}, "job.yaml");
   ASSERT_TRUE(pinned.ok()) << pinned.status();
   EXPECT_TRUE(pinned->memory.pin_host);
+  EXPECT_EQ(spec->memory.device, "cpu");  // default
+  auto gpu = ParseJobSpec(kRemax, {"memory.device=cuda:1"}, "job.yaml");
+  ASSERT_TRUE(gpu.ok()) << gpu.status();  // whether it exists is the worker's check
+  EXPECT_EQ(gpu->memory.device, "cuda:1");
 }
 
 TEST(JobSpecTest, ErrorsNameTheKey) {
@@ -65,6 +69,7 @@ TEST(JobSpecTest, ErrorsNameTheKey) {
   EXPECT_NE(ErrorOf(kRemax, {"output.dir="}).find("output.dir"), std::string::npos);
   EXPECT_NE(ErrorOf(kRemax, {"bogus=1"}).find("bogus"), std::string::npos);
   EXPECT_NE(ErrorOf(kRemax, {"memory.pin_host=3"}).find("memory.pin_host"), std::string::npos);
+  EXPECT_NE(ErrorOf(kRemax, {"memory.device=gpu"}).find("memory.device"), std::string::npos);
   EXPECT_NE(ErrorOf(kRemax, {"noequals"}).find("noequals"), std::string::npos);
   EXPECT_NE(ErrorOf("algorithm: [remax"), "");  // malformed YAML
   EXPECT_NE(ErrorOf("- a\n- b\n").find("mapping"), std::string::npos);
