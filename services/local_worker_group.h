@@ -46,6 +46,9 @@ class LocalWorkerGroup final : public policies::WorkerGroup {
   // Where the tokenizer was loaded from (copied next to saved models).
   const std::string& tokenizer_path() const { return tokenizer_path_; }
 
+  // Measures the job's compute device (memory.device).
+  offload::DeviceMemoryMonitor& device_monitor() const { return *monitor_; }
+
  private:
   explicit LocalWorkerGroup(policies::JobSpec spec) : spec_(std::move(spec)) {}
   absl::Status LoadModels();

@@ -139,6 +139,7 @@ void WorkerService::PublishStats() {
   std::lock_guard<std::mutex> lock(stats_mu_);
   published_job_id_ = group_ != nullptr ? job_id_ : std::string();
   published_peaks_ = std::move(peaks);
+  published_monitor_ = group_ != nullptr ? &group_->device_monitor() : &offload::DeviceMemoryMonitor::Install();
 }
 
 absl::Status WorkerService::LoadModelsOnWorkThread(const v1::LoadModelsRequest& request,
@@ -279,17 +280,18 @@ grpc::ServerUnaryReactor* WorkerService::GetStats(grpc::CallbackServerContext* c
                                                   const v1::GetStatsRequest* /*request*/, v1::WorkerStats* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (grpc::Status auth = auth_.Check(context); !auth.ok()) return FinishNow(reactor, auth);
-  const offload::DeviceMemoryMonitor& monitor = offload::DeviceMemoryMonitor::Install();
+  const offload::DeviceMemoryMonitor* monitor = &offload::DeviceMemoryMonitor::Install();
   response->set_worker_id(options_.worker_id);
   {
     std::lock_guard<std::mutex> lock(stats_mu_);
+    if (published_monitor_ != nullptr) monitor = published_monitor_;
     response->set_job_id(published_job_id_);
     for (const auto& [tier, bytes] : published_peaks_) (*response->mutable_peak_bytes())[tier] = bytes;
   }
   // The device counter is live, so a long operation's peak shows while it runs.
   auto& device_peak = (*response->mutable_peak_bytes())["device"];
-  device_peak = std::max<int64_t>(device_peak, static_cast<int64_t>(monitor.peak_bytes()));
-  (*response->mutable_current_bytes())["device"] = static_cast<int64_t>(monitor.current_bytes());
+  device_peak = std::max<int64_t>(device_peak, static_cast<int64_t>(monitor->peak_bytes()));
+  (*response->mutable_current_bytes())["device"] = static_cast<int64_t>(monitor->current_bytes());
   response->set_cpu_seconds(ProcessCpuSeconds());
   return FinishNow(reactor, grpc::Status::OK);
 }

@@ -135,6 +135,8 @@ class WorkerService final : public strata::v1::Worker::CallbackService {
   std::mutex stats_mu_;
   std::string published_job_id_;
   std::map<std::string, int64_t> published_peaks_;
+  // The loaded job's device (monitors live for the whole process).
+  offload::DeviceMemoryMonitor* published_monitor_ = nullptr;
 };
 
 }  // namespace strata::services
