@@ -17,6 +17,9 @@ strata="$build_dir/strata"
 mkdir -p "$work"
 if [ "$work" != "$root" ]; then cp -r "$root/examples" "$work/"; fi
 cd "$work"
+# A fresh chain every time: jobs resume from checkpoints in their output
+# directory, so a previous run's would otherwise be continued.
+rm -rf out/tiny
 start=$(date +%s)
 
 if [ "${1:-}" = "--in-process" ]; then
