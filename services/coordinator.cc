@@ -421,6 +421,7 @@ void CoordinatorService::RunOnWorker(uint64_t run, JobRecord job, WorkerRecord w
     if (!tokenizer.ok()) return tokenizer.status();
     JobRunOptions run;
     run.resume = true;  // a requeued job continues from its last checkpoint
+    run.run_id = job.id;  // ... and only its own
     run.on_metrics = [&](const nlohmann::json& line) {
       Publish(job.id, "metrics", line.dump());
       if (line.contains("iteration")) (void)store_->SetProgress(job.id, line["iteration"].get<int64_t>() + 1);

@@ -270,6 +270,13 @@ absl::Status RunJob(const policies::JobSpec& spec, policies::WorkerGroup& worker
       if (state.is_discarded() || !state.contains("metrics_lines")) {
         return absl::DataLossError(absl::StrCat(dir, "/state.json is corrupt"));
       }
+      const std::string owner = state.value("run_id", std::string());
+      if (!options.run_id.empty() && owner != options.run_id) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "checkpoint.dir ", spec.checkpoint.dir, " holds checkpoints of ",
+            owner.empty() ? std::string("an earlier run") : absl::StrCat("job ", owner), " (newest: ", dir,
+            "); give job ", options.run_id, " its own output.dir, or remove that run's outputs"));
+      }
       if (auto s = workers.LoadCheckpoint(dir); !s.ok()) return s;
       if (algorithm && state.contains("algorithm")) {
         algorithm->Restore(state["algorithm"].get<std::map<std::string, double>>());
@@ -344,7 +351,10 @@ absl::Status RunJob(const policies::JobSpec& spec, policies::WorkerGroup& worker
       std::filesystem::create_directories(tmp_dir, ec);
       if (ec) return absl::PermissionDeniedError(absl::StrCat("checkpoint.dir: cannot create ", tmp_dir));
       if (auto s = workers.SaveCheckpoint(tmp_dir); !s.ok()) return s;
-      json state{{"iteration", it + 1}, {"metrics_lines", metrics_lines}, {"algorithm", algorithm ? algorithm->State() : policies::Metrics{}}};
+      json state{{"iteration", it + 1},
+                 {"metrics_lines", metrics_lines},
+                 {"run_id", options.run_id},
+                 {"algorithm", algorithm ? algorithm->State() : policies::Metrics{}}};
       if (auto s = WriteFileAtomically(JoinPath(tmp_dir, "state.json"), state.dump()); !s.ok()) return s;
       std::filesystem::remove_all(final_dir, ec);
       std::filesystem::rename(tmp_dir, final_dir, ec);

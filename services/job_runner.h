@@ -21,6 +21,11 @@ struct JobRunOptions {
   std::string metrics_path;
   // Continue from the latest checkpoint under checkpoint.dir, if any.
   bool resume = false;
+  // Names this run in its checkpoints (the service uses the job id). When
+  // set, resume continues only this run's checkpoints; finding another
+  // run's is FAILED_PRECONDITION naming both, so a new job never silently
+  // continues an old one that wrote to the same directory.
+  std::string run_id;
   // Draw a progress bar with \r (a terminal); otherwise print plain lines.
   bool progress_bar = false;
   // Where progress goes; null for none.

@@ -290,6 +290,20 @@ TEST_F(ServiceTest, WorkerKilledMidJobResumesFromCheckpoint) {
   EXPECT_EQ(all.back().state(), v1::SUCCEEDED);
 }
 
+// A new job whose output.dir holds another job's checkpoints is refused,
+// naming that job, instead of silently continuing it.
+TEST_F(ServiceTest, NewJobDoesNotContinueAnotherJobsCheckpoints) {
+  v1::Job first;
+  ASSERT_TRUE(Submit(Spec(2, "shared", /*checkpoint_every=*/1), &first).ok());
+  ASSERT_EQ(Watch(first.id(), Ended).back().state(), v1::SUCCEEDED) << coordinator_->Log();
+  v1::Job second;
+  ASSERT_TRUE(Submit(Spec(2, "shared", /*checkpoint_every=*/1), &second).ok());
+  EXPECT_EQ(Watch(second.id(), Ended).back().state(), v1::FAILED);
+  const std::string error = Get(second.id()).error_message();
+  EXPECT_NE(error.find("job " + first.id()), std::string::npos) << error;
+  EXPECT_NE(error.find("output.dir"), std::string::npos) << error;
+}
+
 TEST_F(ServiceTest, CoordinatorKilledMidJobResumes) {
   v1::Job job;
   ASSERT_TRUE(Submit(Spec(8, "kc", 2), &job).ok());
