@@ -65,7 +65,7 @@ namespace {
 
 // Index of the last counted token of each row and whether the row has one.
 std::pair<at::Tensor, at::Tensor> LastCounted(const at::Tensor& mask) {
-  const at::Tensor positions = at::arange(mask.size(1), at::TensorOptions().dtype(at::kLong)).unsqueeze(0);
+  const at::Tensor positions = at::arange(mask.size(1), mask.options().dtype(at::kLong)).unsqueeze(0);
   const at::Tensor last = (positions * mask.to(at::kLong)).argmax(-1, /*keepdim=*/true);
   const at::Tensor any = mask.sum(-1, /*keepdim=*/true).gt(0);
   return {last, any};

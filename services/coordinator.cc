@@ -422,6 +422,7 @@ void CoordinatorService::RunOnWorker(uint64_t run, JobRecord job, WorkerRecord w
     JobRunOptions run;
     run.resume = true;  // a requeued job continues from its last checkpoint
     run.run_id = job.id;  // ... and only its own
+    run.own_checkpoint = job.checkpoint_dir;
     run.on_metrics = [&](const nlohmann::json& line) {
       Publish(job.id, "metrics", line.dump());
       if (line.contains("iteration")) (void)store_->SetProgress(job.id, line["iteration"].get<int64_t>() + 1);

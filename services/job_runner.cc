@@ -110,6 +110,12 @@ absl::Status AppendLine(const std::string& path, const std::string& line) {
   return absl::OkStatus();
 }
 
+// True when both paths name the same existing file or directory.
+bool SameFile(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  return std::filesystem::equivalent(a, b, ec) && !ec;
+}
+
 // Keeps the first `lines` lines of the metrics file (a resumed run rewrites
 // what came after its checkpoint).
 absl::Status TruncateLines(const std::string& path, int64_t lines) {
@@ -270,8 +276,12 @@ absl::Status RunJob(const policies::JobSpec& spec, policies::WorkerGroup& worker
       if (state.is_discarded() || !state.contains("metrics_lines")) {
         return absl::DataLossError(absl::StrCat(dir, "/state.json is corrupt"));
       }
+      if (state.contains("run_id") && !state["run_id"].is_string()) {
+        return absl::DataLossError(absl::StrCat(dir, "/state.json: run_id is not a string"));
+      }
       const std::string owner = state.value("run_id", std::string());
-      if (!options.run_id.empty() && owner != options.run_id) {
+      const bool known_own = owner.empty() && !options.own_checkpoint.empty() && SameFile(dir, options.own_checkpoint);
+      if (!options.run_id.empty() && owner != options.run_id && !known_own) {
         return absl::FailedPreconditionError(absl::StrCat(
             "checkpoint.dir ", spec.checkpoint.dir, " holds checkpoints of ",
             owner.empty() ? std::string("an earlier run") : absl::StrCat("job ", owner), " (newest: ", dir,

@@ -26,6 +26,9 @@ struct JobRunOptions {
   // run's is FAILED_PRECONDITION naming both, so a new job never silently
   // continues an old one that wrote to the same directory.
   std::string run_id;
+  // A checkpoint this run is known to have written (the job store's record)
+  // is accepted even without a run_id: written before checkpoints had one.
+  std::string own_checkpoint;
   // Draw a progress bar with \r (a terminal); otherwise print plain lines.
   bool progress_bar = false;
   // Where progress goes; null for none.

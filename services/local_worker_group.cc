@@ -150,7 +150,14 @@ absl::StatusOr<std::unique_ptr<LocalWorkerGroup>> LocalWorkerGroup::Create(const
   arena_options.pin_for_cuda = !device->is_cpu();  // DMA and asynchronous copies
   auto arena = offload::HostArena::Create(arena_options);
   if (!arena.ok()) {
-    const std::string key = spec.memory.pin_host ? "memory.pin_host (with memory.host_mib)" : "memory.host_mib";
+    // Name the setting that asked for what failed: locking, CUDA pinning, or the size.
+    std::string key = "memory.host_mib";
+    if (arena.status().message().find("cudaHostRegister") != std::string::npos ||
+        arena.status().message().find("without CUDA") != std::string::npos) {
+      key = "memory.device (pinning memory.host_mib)";
+    } else if (spec.memory.pin_host) {
+      key = "memory.pin_host (with memory.host_mib)";
+    }
     return absl::Status(arena.status().code(), absl::StrCat(key, ": ", arena.status().message()));
   }
   group->arena_ = std::move(*arena);

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "offload/device_memory.h"
+#include "offload/device_transfer.h"
 #include "offload/log.h"
 #include "policies/job_spec.h"
 #include "services/wire.h"
@@ -164,6 +165,13 @@ absl::Status WorkerService::LoadModelsOnWorkThread(const v1::LoadModelsRequest& 
   if (!spec.ok()) return spec.status();
   if (spec->memory.nvme_dir.empty()) spec->memory.nvme_dir = options_.nvme_dir;
   if (spec->memory.device_mib == 0) spec->memory.device_mib = options_.device_budget_mib;
+  // GetStats reports the new job's device from now on, during the load too.
+  if (auto device = offload::ParseComputeDevice(spec->memory.device); device.ok()) {
+    if (auto monitor = offload::DeviceMemoryMonitor::ForDevice(*device); monitor.ok()) {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      published_monitor_ = *monitor;
+    }
+  }
   auto group = LocalWorkerGroup::Create(*spec);
   if (!group.ok()) return group.status();
   group_ = std::move(*group);

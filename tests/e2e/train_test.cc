@@ -1,5 +1,7 @@
 // `strata train` as a user runs it: real processes, the tiny task's data,
 // checkpoints and --resume.
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -7,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "offload/cuda_host.h"
 #include "offload/file.h"
+#include "offload/host_arena.h"
 #include "tests/testutil/testutil.h"
 
 namespace strata {
@@ -114,10 +117,16 @@ INSTANTIATE_TEST_SUITE_P(Algorithms, ResumeTest, ::testing::Values("remax", "ppo
 TEST_F(TrainTest, PlacementChangesMemoryNotMetrics) {
   auto resident = Strata({"train", spec_, "--out", dir_.Join("resident"), "--set", "train.iterations=2"});
   ASSERT_EQ(resident.exit_code, 0) << resident.error;
-  auto streamed = Strata({"train", spec_, "--out", dir_.Join("streamed"), "--set", "train.iterations=2", "--set",
-                          "models.actor.placement.weights=host", "--set", "models.actor.placement.optimizer=nvme",
-                          "--set", "models.reference.placement.weights=nvme", "--set",
-                          "memory.nvme_dir=" + dir_.Join("nvme"), "--set", "memory.pin_host=true"});
+  std::vector<std::string> args = {"train", spec_, "--out", dir_.Join("streamed"), "--set", "train.iterations=2",
+                                   "--set", "models.actor.placement.weights=host", "--set",
+                                   "models.actor.placement.optimizer=nvme", "--set",
+                                   "models.reference.placement.weights=nvme", "--set",
+                                   "memory.nvme_dir=" + dir_.Join("nvme")};
+  // Pinned (locked + io_uring fixed buffers) where the 256 MiB arena may be
+  // locked: root, or a memlock limit that allows it.
+  const bool can_pin = ::geteuid() == 0 || offload::MemlockLimitBytes() >= (size_t{256} << 20);
+  if (can_pin) args.insert(args.end(), {"--set", "memory.pin_host=true"});
+  auto streamed = Strata(args);
   ASSERT_EQ(streamed.exit_code, 0) << streamed.error;
   EXPECT_EQ(Metrics(dir_.Join("streamed/metrics.jsonl")), Metrics(dir_.Join("resident/metrics.jsonl")));
   std::ifstream a(dir_.Join("resident/metrics.jsonl")), b(dir_.Join("streamed/metrics.jsonl"));
@@ -128,6 +137,23 @@ TEST_F(TrainTest, PlacementChangesMemoryNotMetrics) {
   EXPECT_LT(jb["memory/device_peak_bytes"].get<double>(), ja["memory/device_peak_bytes"].get<double>());
   EXPECT_EQ(ja["memory/nvme_peak_bytes"].get<double>(), 0.0);
   EXPECT_GT(jb["memory/nvme_peak_bytes"].get<double>(), 0.0);
+}
+
+// On a GPU (CUDA build and a visible device): the same job runs with
+// memory.device=cuda, streaming the actor from the pinned arena, and reports
+// the GPU's caching-allocator peak.
+TEST_F(TrainTest, RunsOnTheGpuWhenThereIsOne) {
+  if (!offload::CudaBuilt()) GTEST_SKIP() << "needs a CUDA build and a GPU";
+  auto run = Strata({"train", spec_, "--out", dir_.Join("gpu"), "--set", "train.iterations=2", "--set",
+                     "memory.device=cuda", "--set", "models.actor.placement.weights=host"});
+  if (run.exit_code != 0 && run.error.find("no CUDA GPU is visible") != std::string::npos) {
+    GTEST_SKIP() << "CUDA build without a visible GPU";
+  }
+  ASSERT_EQ(run.exit_code, 0) << run.error;
+  std::ifstream metrics(dir_.Join("gpu/metrics.jsonl"));
+  std::string first;
+  ASSERT_TRUE(std::getline(metrics, first));
+  EXPECT_GT(json::parse(first)["memory/device_peak_bytes"].get<double>(), 0.0) << first;
 }
 
 TEST_F(TrainTest, BadSpecsFailWithTheKeyNamed) {
