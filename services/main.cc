@@ -9,18 +9,23 @@
 #include "absl/status/statusor.h"
 #include "offload/file.h"
 #include "offload/log.h"
-#include "services/auth.h"
 #include "bench/adam_bench.h"
 #include "bench/generate_bench.h"
 #include "bench/io_bench.h"
-#include "bench/service_bench.h"
 #include "bench/stream_bench.h"
 #include "bench/transfer_bench.h"
-#include "services/client_commands.h"
 #include "services/model_commands.h"
-#include "services/server_commands.h"
 #include "services/report_commands.h"
 #include "services/train_command.h"
+
+// The job service (gRPC, Redis) is left out of builds configured with
+// -DSTRATA_WITH_SERVICE=OFF, e.g. on a GPU machine without those libraries.
+#if STRATA_WITH_SERVICE
+#include "bench/service_bench.h"
+#include "services/auth.h"
+#include "services/client_commands.h"
+#include "services/server_commands.h"
+#endif
 
 namespace {
 
@@ -144,6 +149,7 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--set", train.overrides, "override a spec field: key.path=value (repeatable)");
   train_cmd->callback([&] { run = [&] { return Finish("train", strata::services::RunTrain(train)); }; });
 
+#if STRATA_WITH_SERVICE
   // strata coordinator / worker
   strata::services::CoordinatorCommand coord;
   auto* coordinator = app.add_subcommand("coordinator", "Run the job coordinator (gRPC)");
@@ -210,6 +216,7 @@ int main(int argc, char** argv) {
   cancel->add_option("job", job_id, "job id")->required();
   add_client_flags(cancel);
   cancel->callback([&] { run = [&] { return Finish("cancel", strata::services::RunCancel(client, job_id)); }; });
+#endif
 
   // strata plan / compare
   std::vector<std::string> plan_specs, plan_overrides;
@@ -267,6 +274,7 @@ int main(int argc, char** argv) {
   bench_adam->add_flag("--json", ab.json, "print one JSON object");
   bench_adam->callback([&] { run = [&] { return Finish("bench adam", strata::bench::RunAdamBench(ab)); }; });
 
+#if STRATA_WITH_SERVICE
   strata::bench::ServiceBenchRequest svc;
   std::string svc_spec, svc_token_file;
   auto* bench_service = bench->add_subcommand("service", "Concurrent clients against a running coordinator");
@@ -288,6 +296,7 @@ int main(int argc, char** argv) {
       return Finish("bench service", strata::bench::RunServiceBench(svc));
     };
   });
+#endif
 
   strata::bench::StreamBenchRequest sb;
   auto* bench_stream = bench->add_subcommand("stream", "Training step with layers streamed from host / NVMe vs resident");
