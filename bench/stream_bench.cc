@@ -142,7 +142,7 @@ absl::StatusOr<std::string> RunStreamBench(const StreamBenchRequest& r) {
   if (auto s = config.Validate(); !s.ok()) return s;
   auto device = offload::ParseComputeDevice(r.device);
   if (!device.ok()) return device.status();
-  if (auto s = offload::DeviceTransfer::Create(*device).status(); !s.ok()) return s;
+  if (auto s = offload::CheckComputeDevice(*device); !s.ok()) return s;
   const int64_t decoder_bytes = DecoderBytes(config);
   const size_t layer_bytes = static_cast<size_t>(decoder_bytes / r.layers);
   const size_t reserve = policies::LayerWorkingBytes(config, r.batch, r.seq, at::kFloat, /*training=*/true);

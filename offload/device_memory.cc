@@ -75,17 +75,17 @@ DeviceMemoryMonitor& DeviceMemoryMonitor::Install() {
 
 absl::StatusOr<DeviceMemoryMonitor*> DeviceMemoryMonitor::ForDevice(const c10::Device& device) {
   if (device.is_cpu()) return &Install();
-  // Same checks (and messages) as the transfers to that device.
-  auto transfer = DeviceTransfer::Create(device);
-  if (!transfer.ok()) return transfer.status();
-  const int index = device.has_index() ? device.index() : 0;
-#if STRATA_WITH_CUDA
-  if (auto s = cuda::InitAllocator(index); !s.ok()) return s;
-#endif
+  if (auto s = CheckComputeDevice(device); !s.ok()) return s;
+  const int index = CudaIndex(device);
   static std::mutex mu;
   static std::array<DeviceMemoryMonitor*, 64> monitors{};
   std::lock_guard<std::mutex> lock(mu);
-  if (monitors[index] == nullptr) monitors[index] = new DeviceMemoryMonitor(index);
+  if (monitors[index] == nullptr) {
+#if STRATA_WITH_CUDA
+    if (auto s = cuda::InitAllocator(index); !s.ok()) return s;
+#endif
+    monitors[index] = new DeviceMemoryMonitor(index);
+  }
   return monitors[index];
 }
 

@@ -58,34 +58,43 @@ absl::Status DeviceTransfer::WaitAll() {
   return WaitHost(**fence);
 }
 
-absl::StatusOr<std::unique_ptr<DeviceTransfer>> DeviceTransfer::Create(const at::Device& device) {
-  if (device.is_cpu()) return std::unique_ptr<DeviceTransfer>(new CpuTransfer());
+absl::Status CheckComputeDevice(const at::Device& device) {
+  if (device.is_cpu()) return absl::OkStatus();
   if (!device.is_cuda()) {
     return absl::InvalidArgumentError(absl::StrCat("compute device ", device.str(), ": only cpu and cuda are supported"));
   }
 #if STRATA_WITH_CUDA
-  const int index = device.has_index() ? device.index() : 0;
   const int visible = cuda::VisibleDevices();
   if (visible == 0) {
     return absl::FailedPreconditionError(absl::StrCat("compute device ", device.str(), ": no CUDA GPU is visible"));
   }
-  if (index >= visible) {
+  if (CudaIndex(device) >= visible) {
     return absl::InvalidArgumentError(
         absl::StrCat("compute device ", device.str(), ": only ", visible, " CUDA GPU(s) are visible"));
   }
-  return cuda::MakeTransfer(index);
+  return absl::OkStatus();
 #else
   return absl::FailedPreconditionError(absl::StrCat(
       "compute device ", device.str(), ": this strata was built without CUDA (configure against a CUDA libtorch)"));
 #endif
 }
 
-absl::Status SynchronizeDevice(const at::Device& device) {
-  if (device.is_cpu()) return absl::OkStatus();
+int CudaIndex(const at::Device& device) { return device.has_index() ? device.index() : 0; }
+
+absl::StatusOr<std::unique_ptr<DeviceTransfer>> DeviceTransfer::Create(const at::Device& device) {
+  if (auto s = CheckComputeDevice(device); !s.ok()) return s;
 #if STRATA_WITH_CUDA
-  if (device.is_cuda()) return cuda::Synchronize(device.has_index() ? device.index() : 0);
+  if (device.is_cuda()) return cuda::MakeTransfer(CudaIndex(device));
 #endif
-  return DeviceTransfer::Create(device).status();  // the same refusal, by name
+  return std::unique_ptr<DeviceTransfer>(new CpuTransfer());  // the check let only the CPU through
+}
+
+absl::Status SynchronizeDevice(const at::Device& device) {
+  if (auto s = CheckComputeDevice(device); !s.ok()) return s;
+#if STRATA_WITH_CUDA
+  if (device.is_cuda()) return cuda::Synchronize(CudaIndex(device));
+#endif
+  return absl::OkStatus();  // the CPU: nothing is queued
 }
 
 absl::StatusOr<at::Device> ParseComputeDevice(const std::string& text) {

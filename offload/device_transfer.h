@@ -30,9 +30,7 @@ class TransferFence {
 
 class DeviceTransfer {
  public:
-  // For `device`: the CPU, or cuda:N in a CUDA build with that GPU visible.
-  // FAILED_PRECONDITION for CUDA in a CPU build or with no GPU,
-  // INVALID_ARGUMENT for another device type or an index out of range.
+  // For `device`; fails as CheckComputeDevice does.
   static absl::StatusOr<std::unique_ptr<DeviceTransfer>> Create(const at::Device& device);
 
   virtual ~DeviceTransfer() = default;
@@ -64,8 +62,15 @@ class DeviceTransfer {
   absl::Status WaitAll();
 };
 
+// OK for the CPU, or cuda:N in a CUDA build with that GPU visible;
+// FAILED_PRECONDITION (CUDA in a CPU build, no GPU) or INVALID_ARGUMENT
+// (another device type, an index out of range) naming the device.
+absl::Status CheckComputeDevice(const at::Device& device);
+// The GPU index of a CUDA device ("cuda" means cuda:0).
+int CudaIndex(const at::Device& device);
+
 // Blocks until all work queued on `device` is done (timing, teardown); a
-// no-op for the CPU. Errors as DeviceTransfer::Create.
+// no-op for the CPU. Errors as CheckComputeDevice.
 absl::Status SynchronizeDevice(const at::Device& device);
 
 // "cpu", "cuda" (device 0) or "cuda:N"; INVALID_ARGUMENT naming `text`

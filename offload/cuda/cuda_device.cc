@@ -192,22 +192,26 @@ absl::Status InitAllocator(int index) {
 // StatType enum moved namespaces between libtorch versions; its order did
 // not). These run on the streamer's I/O thread: nothing may throw there, so
 // a failure reads as 0 (InitAllocator made the normal case succeed).
-size_t AllocatedBytes(int index) {
+namespace {
+
+template <typename Pick>
+size_t AllocatedStat(int index, Pick pick) {
   try {
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(index));
-    return static_cast<size_t>(stats.allocated_bytes[0].current);
+    return static_cast<size_t>(pick(stats.allocated_bytes[0]));
   } catch (const std::exception&) {
     return 0;
   }
 }
 
+}  // namespace
+
+size_t AllocatedBytes(int index) {
+  return AllocatedStat(index, [](const auto& stat) { return stat.current; });
+}
+
 size_t PeakAllocatedBytes(int index) {
-  try {
-    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(index));
-    return static_cast<size_t>(stats.allocated_bytes[0].peak);
-  } catch (const std::exception&) {
-    return 0;
-  }
+  return AllocatedStat(index, [](const auto& stat) { return stat.peak; });
 }
 
 void ResetPeak(int index) {
