@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/stats.h"
 #include "offload/cpu_adam.h"
 
 namespace strata::bench {
@@ -68,12 +69,6 @@ Timings TimeAlternating(int64_t repeats, const std::function<void()>& a, const s
 }
 
 double Best(const std::vector<double>& seconds) { return *std::min_element(seconds.begin(), seconds.end()); }
-
-double Median(std::vector<double> seconds) {
-  std::sort(seconds.begin(), seconds.end());
-  const size_t n = seconds.size();
-  return n % 2 == 1 ? seconds[n / 2] : (seconds[n / 2 - 1] + seconds[n / 2]) / 2;
-}
 
 // The floor kernel: the loads and stores of an AdamW step with a streamed
 // bf16 copy and no arithmetic: it writes back exactly what it read, so it can

@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/stats.h"
 #include "offload/aligned_buffer.h"
 #include "offload/file.h"
 #include "offload/io_engine.h"
@@ -81,13 +82,6 @@ struct Rates {
     read_runs.push_back(read);
   }
 };
-
-double Median(std::vector<double> runs) {
-  if (runs.empty()) return 0;
-  std::sort(runs.begin(), runs.end());
-  const size_t n = runs.size();
-  return n % 2 == 1 ? runs[n / 2] : (runs[n / 2 - 1] + runs[n / 2]) / 2;
-}
 
 double Ratio(double ours, double peer) { return peer > 0 ? ours / peer : 0; }
 

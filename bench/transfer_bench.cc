@@ -9,17 +9,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/stats.h"
 #include "offload/device_transfer.h"
 #include "offload/host_arena.h"
 
 namespace strata::bench {
 namespace {
-
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
 
 // Runs `copy` once untimed, then `repeats` times; returns the median rate in
 // GB/s (1e9 bytes). `copy` must return only when the bytes have landed.
