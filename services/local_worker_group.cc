@@ -78,6 +78,15 @@ at::Tensor ResponseValues(const at::Tensor& values, const Packed& p) {
   return values.squeeze(-1).gather(1, p.positions) * p.response_mask;
 }
 
+// One optimizer step of a trainable model on `packed`: forward, backward,
+// AdamW. Returns the loss.
+absl::StatusOr<double> TrainStep(policies::PlacedModel& model, const Packed& packed, const policies::LossFn& loss_fn) {
+  auto loss = model.trainer()->ForwardBackward(packed.ids, packed.mask, loss_fn);
+  if (!loss.ok()) return loss.status();
+  if (auto s = model.trainer()->OptimizerStep(); !s.ok()) return s;
+  return loss;
+}
+
 std::vector<std::vector<float>> Rows(const at::Tensor& t, const std::vector<policies::Rollout>& rollouts) {
   std::vector<size_t> lengths;
   for (const auto& r : rollouts) lengths.push_back(r.response.size());
@@ -374,9 +383,8 @@ absl::StatusOr<policies::UpdateStats> LocalWorkerGroup::Update(const policies::P
         approx_kl = out.approx_kl.item<double>();
         return out.loss;
       };
-      auto loss = actor_->trainer()->ForwardBackward(packed.ids, packed.mask, policy_loss);
+      auto loss = TrainStep(*actor_, packed, policy_loss);
       if (!loss.ok()) return loss.status();
-      if (auto s = actor_->trainer()->OptimizerStep(); !s.ok()) return s;
       stats.policy_loss += *loss;
       stats.clipfrac += clipfrac;
       stats.approx_kl += approx_kl;
@@ -388,9 +396,8 @@ absl::StatusOr<policies::UpdateStats> LocalWorkerGroup::Update(const policies::P
           value_clipfrac = out.clipfrac.item<double>();
           return out.loss;
         };
-        auto vloss = critic_->trainer()->ForwardBackward(packed.ids, packed.mask, value_loss);
+        auto vloss = TrainStep(*critic_, packed, value_loss);
         if (!vloss.ok()) return vloss.status();
-        if (auto s = critic_->trainer()->OptimizerStep(); !s.ok()) return s;
         stats.value_loss += *vloss;
         stats.value_clipfrac += value_clipfrac;
       }
@@ -407,11 +414,10 @@ absl::StatusOr<policies::TrainStats> LocalWorkerGroup::TrainSft(const std::vecto
   std::vector<const std::vector<int32_t>*> prompts, responses;
   for (const auto& pair : batch) prompts.push_back(&pair.prompt), responses.push_back(&pair.response);
   const Packed packed = Pack(prompts, responses, device_);
-  auto loss = actor_->trainer()->ForwardBackward(packed.ids, packed.mask, [&](const at::Tensor& logits) {
+  auto loss = TrainStep(*actor_, packed, [&](const at::Tensor& logits) {
     return policies::CrossEntropyLoss(ResponseLogProbs(logits, packed), packed.response_mask);
   });
   if (!loss.ok()) return loss.status();
-  if (auto s = actor_->trainer()->OptimizerStep(); !s.ok()) return s;
   return policies::TrainStats{*loss, 0};
 }
 
@@ -433,14 +439,13 @@ absl::StatusOr<policies::TrainStats> LocalWorkerGroup::TrainRewardModel(
   const Packed packed = PackPairs(batch, device_);
   const int64_t n = static_cast<int64_t>(batch.size());
   double accuracy = 0;
-  auto loss = reward_->trainer()->ForwardBackward(packed.ids, packed.mask, [&](const at::Tensor& values) {
+  auto loss = TrainStep(*reward_, packed, [&](const at::Tensor& values) {
     const at::Tensor scores = policies::AtLastToken(values, packed.mask).select(1, 0);
     const at::Tensor chosen = scores.narrow(0, 0, n), rejected = scores.narrow(0, n, n);
     accuracy = chosen.gt(rejected).to(at::kFloat).mean().item<double>();
     return policies::BradleyTerryLoss(chosen, rejected);
   });
   if (!loss.ok()) return loss.status();
-  if (auto s = reward_->trainer()->OptimizerStep(); !s.ok()) return s;
   return policies::TrainStats{*loss, accuracy};
 }
 
