@@ -184,129 +184,101 @@ class MessageParser {
   WireReader* r_;
 };
 
-bool ParsePiece(std::string_view bytes, size_t base, SentencePieceModelProto::Piece* piece,
-                std::string* error) {
+// Reads the fields of one message from `bytes`, handing each to
+// `on_field(reader, parser, field, wire_type)`, which returns false on a bad
+// field (after reader.Fail, or a parser call that failed). False, with the
+// reader's error in *error, when the message is malformed.
+template <typename OnField>
+bool ParseFields(std::string_view bytes, size_t base, std::string* error, OnField on_field) {
   WireReader r(bytes, base);
   MessageParser p(&r);
   while (!r.AtEnd()) {
     uint32_t field = 0;
     int wt = 0;
-    if (!r.ReadTag(&field, &wt)) break;
-    bool ok = true;
-    switch (field) {
-      case 1:
-        ok = p.String(field, wt, &piece->piece);
-        break;
-      case 2:
-        ok = p.Float(field, wt, &piece->score);
-        break;
-      case 3: {
-        int32_t type = 0;
-        ok = p.Int32(field, wt, &type);
-        if (ok && (type < 1 || type > 6)) ok = r.Fail(absl::StrCat("unknown piece type ", type));
-        if (ok) piece->type = static_cast<PieceType>(type);
-        break;
-      }
-      default:
-        ok = r.Skip(field, wt);
-    }
-    if (!ok) break;
+    if (!r.ReadTag(&field, &wt) || !on_field(r, p, field, wt)) break;
   }
   *error = r.error();
   return error->empty();
+}
+
+bool ParsePiece(std::string_view bytes, size_t base, SentencePieceModelProto::Piece* piece,
+                std::string* error) {
+  return ParseFields(bytes, base, error, [piece](WireReader& r, MessageParser& p, uint32_t field, int wt) {
+    switch (field) {
+      case 1:
+        return p.String(field, wt, &piece->piece);
+      case 2:
+        return p.Float(field, wt, &piece->score);
+      case 3: {
+        int32_t type = 0;
+        if (!p.Int32(field, wt, &type)) return false;
+        if (type < 1 || type > 6) return r.Fail(absl::StrCat("unknown piece type ", type));
+        piece->type = static_cast<PieceType>(type);
+        return true;
+      }
+      default:
+        return r.Skip(field, wt);
+    }
+  });
 }
 
 bool ParseTrainerSpec(std::string_view bytes, size_t base, SentencePieceModelProto* m,
                       std::string* error) {
-  WireReader r(bytes, base);
-  MessageParser p(&r);
-  while (!r.AtEnd()) {
-    uint32_t field = 0;
-    int wt = 0;
-    if (!r.ReadTag(&field, &wt)) break;
-    bool ok = true;
+  return ParseFields(bytes, base, error, [m](WireReader& r, MessageParser& p, uint32_t field, int wt) {
     switch (field) {
       case 3: {
         int32_t type = 0;
-        ok = p.Int32(field, wt, &type);
-        if (ok && (type < 1 || type > 4)) ok = r.Fail(absl::StrCat("unknown model_type ", type));
-        if (ok) m->model_type = static_cast<ModelType>(type);
-        break;
+        if (!p.Int32(field, wt, &type)) return false;
+        if (type < 1 || type > 4) return r.Fail(absl::StrCat("unknown model_type ", type));
+        m->model_type = static_cast<ModelType>(type);
+        return true;
       }
       case 24:
-        ok = p.Bool(field, wt, &m->treat_whitespace_as_suffix);
-        break;
+        return p.Bool(field, wt, &m->treat_whitespace_as_suffix);
       case 35:
-        ok = p.Bool(field, wt, &m->byte_fallback);
-        break;
+        return p.Bool(field, wt, &m->byte_fallback);
       case 40:
-        ok = p.Int32(field, wt, &m->unk_id);
-        break;
+        return p.Int32(field, wt, &m->unk_id);
       case 41:
-        ok = p.Int32(field, wt, &m->bos_id);
-        break;
+        return p.Int32(field, wt, &m->bos_id);
       case 42:
-        ok = p.Int32(field, wt, &m->eos_id);
-        break;
+        return p.Int32(field, wt, &m->eos_id);
       case 43:
-        ok = p.Int32(field, wt, &m->pad_id);
-        break;
+        return p.Int32(field, wt, &m->pad_id);
       case 44:
-        ok = p.String(field, wt, &m->unk_surface);
-        break;
+        return p.String(field, wt, &m->unk_surface);
       case 45:
-        ok = p.String(field, wt, &m->unk_piece);
-        break;
+        return p.String(field, wt, &m->unk_piece);
       case 46:
-        ok = p.String(field, wt, &m->bos_piece);
-        break;
+        return p.String(field, wt, &m->bos_piece);
       case 47:
-        ok = p.String(field, wt, &m->eos_piece);
-        break;
+        return p.String(field, wt, &m->eos_piece);
       case 48:
-        ok = p.String(field, wt, &m->pad_piece);
-        break;
+        return p.String(field, wt, &m->pad_piece);
       default:
-        ok = r.Skip(field, wt);
+        return r.Skip(field, wt);
     }
-    if (!ok) break;
-  }
-  *error = r.error();
-  return error->empty();
+  });
 }
 
 bool ParseNormalizerSpec(std::string_view bytes, size_t base, SentencePieceModelProto* m,
                          std::string* error) {
-  WireReader r(bytes, base);
-  MessageParser p(&r);
-  while (!r.AtEnd()) {
-    uint32_t field = 0;
-    int wt = 0;
-    if (!r.ReadTag(&field, &wt)) break;
-    bool ok = true;
+  return ParseFields(bytes, base, error, [m](WireReader& r, MessageParser& p, uint32_t field, int wt) {
     switch (field) {
       case 1:
-        ok = p.String(field, wt, &m->normalizer_name);
-        break;
+        return p.String(field, wt, &m->normalizer_name);
       case 2:
-        ok = p.String(field, wt, &m->precompiled_charsmap);
-        break;
+        return p.String(field, wt, &m->precompiled_charsmap);
       case 3:
-        ok = p.Bool(field, wt, &m->add_dummy_prefix);
-        break;
+        return p.Bool(field, wt, &m->add_dummy_prefix);
       case 4:
-        ok = p.Bool(field, wt, &m->remove_extra_whitespaces);
-        break;
+        return p.Bool(field, wt, &m->remove_extra_whitespaces);
       case 5:
-        ok = p.Bool(field, wt, &m->escape_whitespaces);
-        break;
+        return p.Bool(field, wt, &m->escape_whitespaces);
       default:
-        ok = r.Skip(field, wt);
+        return r.Skip(field, wt);
     }
-    if (!ok) break;
-  }
-  *error = r.error();
-  return error->empty();
+  });
 }
 
 // "<0x41>" -> 0x41; -1 when `piece` is not a byte piece.
