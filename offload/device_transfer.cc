@@ -1,7 +1,5 @@
 #include "offload/device_transfer.h"
 
-#include <cstring>
-
 #include "absl/strings/str_cat.h"
 #include "offload/placement.h"
 
@@ -18,7 +16,7 @@ absl::Status CheckSize(const char* what, size_t host_bytes, size_t tensor_bytes)
       absl::StrCat("device transfer: ", what, " of ", tensor_bytes, " tensor bytes given ", host_bytes, " host bytes"));
 }
 
-// The CPU device: the "device" is the host, so a copy is a memcpy and is
+// The CPU device: the "device" is the host, so a copy is a host copy and is
 // complete when the call returns.
 class CpuTransfer final : public DeviceTransfer {
  public:
