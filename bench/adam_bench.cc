@@ -20,7 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/stats.h"
-#include "offload/cpu_adam.h"
+#include "offload/adam/cpu_adam.h"
 
 namespace strata::bench {
 namespace {

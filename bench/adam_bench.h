@@ -1,4 +1,4 @@
-// `strata bench adam`: our CPU AdamW (offload/cpu_adam.h) against
+// `strata bench adam`: our CPU AdamW (offload/adam/cpu_adam.h) against
 // torch::optim::AdamW on the same weights and gradients, and against the
 // memory-bandwidth floor measured in the same run on the same buffers.
 //

@@ -7,8 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "policies/generation.h"
-#include "policies/llama.h"
+#include "policies/model/generation.h"
+#include "policies/model/llama.h"
 
 namespace strata::bench {
 

@@ -17,11 +17,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/stats.h"
-#include "offload/aligned_buffer.h"
-#include "offload/file.h"
-#include "offload/io_engine.h"
-#include "offload/nvme_store.h"
-#include "offload/subprocess.h"
+#include "offload/nvme/aligned_buffer.h"
+#include "base/file.h"
+#include "offload/nvme/io_engine.h"
+#include "offload/nvme/nvme_store.h"
+#include "base/subprocess.h"
 
 
 namespace strata::bench {

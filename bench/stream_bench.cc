@@ -6,12 +6,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "offload/device_memory.h"
-#include "offload/device_transfer.h"
-#include "offload/host_arena.h"
-#include "offload/layer_streamer.h"
-#include "offload/nvme_store.h"
-#include "policies/layerwise_trainer.h"
+#include "offload/device/device_memory.h"
+#include "offload/device/device_transfer.h"
+#include "offload/host/host_arena.h"
+#include "offload/stream/layer_streamer.h"
+#include "offload/nvme/nvme_store.h"
+#include "policies/train/layerwise_trainer.h"
+#include "policies/train/streamed_layers.h"
 
 namespace strata::bench {
 namespace {
@@ -53,9 +54,11 @@ absl::StatusOr<ModeResult> RunMode(const StreamBenchRequest& r, const policies::
   auto found = offload::DeviceMemoryMonitor::ForDevice(device);
   if (!found.ok()) return found.status();
   offload::DeviceMemoryMonitor& monitor = **found;
-  auto model = policies::LlamaModel::RandomInit(config, policies::LlamaHead::kLanguageModel, at::kFloat, 1);
+  // The weights alone: streamed layers are then freed as they reach home.
+  policies::LlamaWeights weights =
+      policies::LlamaModel::RandomInit(config, policies::LlamaHead::kLanguageModel, at::kFloat, 1)->weights();
   // Streamed layers are copied to their home from the CPU.
-  policies::MoveToDevice(model->weights(), device, /*include_layers=*/home == Tier::kDevice);
+  policies::MoveToDevice(weights, device, /*include_layers=*/home == Tier::kDevice);
   offload::HostArenaOptions arena_options;
   // Master weights, gradient, two moments (16 B/param) + the streamed home
   // copy (4 B/param), plus per-tensor alignment slack.
@@ -75,7 +78,7 @@ absl::StatusOr<ModeResult> RunMode(const StreamBenchRequest& r, const policies::
   std::unique_ptr<offload::LayerStreamer> streamer;
   std::unique_ptr<policies::LayerSource> source;
   if (home == Tier::kDevice) {
-    source = std::make_unique<policies::ResidentLayerSource>(std::move(model->weights().layers));
+    source = std::make_unique<policies::ResidentLayerSource>(std::move(weights.layers));
   } else {
     if (home == Tier::kNvme) {
       offload::NvmeStoreOptions store_options;
@@ -94,15 +97,15 @@ absl::StatusOr<ModeResult> RunMode(const StreamBenchRequest& r, const policies::
     auto created = offload::LayerStreamer::Create(options, arena->get(), store.get(), nullptr);
     if (!created.ok()) return created.status();
     streamer = std::move(*created);
-    if (auto s = policies::AddLayersToStreamer(std::move(model->weights().layers), streamer.get()); !s.ok()) return s;
+    if (auto s = policies::AddLayersToStreamer(std::move(weights.layers), streamer.get()); !s.ok()) return s;
     source = std::make_unique<policies::StreamedLayerSource>(streamer.get());
   }
-  model->weights().layers.clear();
+  weights.layers.clear();
   policies::LayerwiseTrainerOptions trainer_options;
-  auto trainer = policies::LayerwiseTrainer::Create(config, policies::LlamaHead::kLanguageModel, model->weights(),
+  auto trainer = policies::LayerwiseTrainer::Create(config, policies::LlamaHead::kLanguageModel, weights,
                                                     source.get(), arena->get(), trainer_options);
   if (!trainer.ok()) return trainer.status();
-  model.reset();  // the trainer holds the resident parts
+  weights = policies::LlamaWeights();  // the trainer holds the resident parts
 
   at::Generator gen = at::detail::createCPUGenerator(7);
   const at::Tensor ids = at::randint(config.vocab_size, {r.batch, r.seq}, gen, at::kLong).to(device);

@@ -10,8 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/stats.h"
-#include "offload/device_transfer.h"
-#include "offload/host_arena.h"
+#include "offload/device/device_transfer.h"
+#include "offload/host/host_arena.h"
 
 namespace strata::bench {
 namespace {

@@ -4,7 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gtest/gtest.h"
-#include "offload/cuda_host.h"
+#include "offload/host/cuda_host.h"
 #include "tests/testutil/testutil.h"
 
 namespace strata {

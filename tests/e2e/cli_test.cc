@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gtest/gtest.h"
-#include "offload/file.h"
+#include "base/file.h"
 #include "tests/testutil/testutil.h"
 
 namespace strata {
@@ -22,7 +22,7 @@ class CliTest : public ::testing::Test {
     dir_ = new testing::TempDir();
     auto probe = RunCommand({kPython, "-c", "import torch"});
     if (!probe.ok() || probe->exit_code != 0) return;
-    auto run = RunCommand({kPython, testing::SourcePath("tests/policies/llama_reference.py"), dir_->path(),
+    auto run = RunCommand({kPython, testing::SourcePath("tests/policies/model/llama_reference.py"), dir_->path(),
                            "gqa_untied"});
     if (!run.ok() || run->exit_code != 0) return;
     auto text = ReadFileToString(dir_->Join("expected.json"));

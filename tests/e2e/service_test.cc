@@ -10,10 +10,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "bench/service_bench.h"
+#include "services/coordinator/service_bench.h"
 #include "gtest/gtest.h"
-#include "offload/file.h"
-#include "services/auth.h"
+#include "base/file.h"
+#include "services/rpc/auth.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "strata/v1/coordinator.grpc.pb.h"
 #include "tests/testutil/child_process.h"
@@ -493,14 +493,14 @@ TEST_F(ServiceTest, TlsCoordinatorServesClientsThatTrustItsCa) {
 // bounded time: every call succeeds. (Latency figures: strata bench service,
 // docs/BENCHMARKS.md.)
 TEST_F(ServiceTest, FiftyConcurrentClientsSeeNoErrors) {
-  bench::ServiceBenchRequest request;
+  services::ServiceBenchRequest request;
   request.addr = coordinator_addr_;
   request.token = kToken;
   request.redis = redis_->url();
   request.spec_yaml = Spec(1, "load");
   request.clients = 50;
   request.seconds = 3;
-  auto result = bench::RunServiceLoad(request);
+  auto result = services::RunServiceLoad(request);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->total_errors, 0) << (result->error_samples.empty() ? "" : result->error_samples[0]);
   EXPECT_EQ(result->calls["submit"].calls, 50);

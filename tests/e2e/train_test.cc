@@ -7,9 +7,9 @@
 #include <nlohmann/json.hpp>
 
 #include "gtest/gtest.h"
-#include "offload/cuda_host.h"
-#include "offload/file.h"
-#include "offload/host_arena.h"
+#include "offload/host/cuda_host.h"
+#include "base/file.h"
+#include "offload/host/host_arena.h"
 #include "tests/testutil/testutil.h"
 
 namespace strata {
@@ -142,7 +142,7 @@ TEST_F(TrainTest, PlacementChangesMemoryNotMetrics) {
 // On a GPU (CUDA build and a visible device): the same job runs with
 // memory.device=cuda, streaming the actor from the pinned arena, and reports
 // the GPU's caching-allocator peak.
-TEST_F(TrainTest, RunsOnTheGpuWhenThereIsOne) {
+TEST_F(TrainTest, RunsOnTheGpu_CUDA) {
   if (!offload::CudaBuilt()) GTEST_SKIP() << "needs a CUDA build and a GPU";
   auto run = Strata({"train", spec_, "--out", dir_.Join("gpu"), "--set", "train.iterations=2", "--set",
                      "memory.device=cuda", "--set", "models.actor.placement.weights=host"});

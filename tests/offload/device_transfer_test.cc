@@ -1,15 +1,15 @@
 // DeviceTransfer, DeviceMemoryMonitor::ForDevice and the GPU side of the
 // host arena and layer streamer. The CPU cases run everywhere; the CUDA
 // cases run in a CUDA build on a machine with a GPU and skip otherwise.
-#include "offload/device_transfer.h"
+#include "offload/device/device_transfer.h"
 
 #include <cstring>
 
 #include "gtest/gtest.h"
-#include "offload/cuda_host.h"
-#include "offload/device_memory.h"
-#include "offload/host_arena.h"
-#include "offload/layer_streamer.h"
+#include "offload/host/cuda_host.h"
+#include "offload/device/device_memory.h"
+#include "offload/host/host_arena.h"
+#include "offload/stream/layer_streamer.h"
 #include "tests/testutil/testutil.h"
 
 namespace strata::offload {
@@ -107,7 +107,7 @@ TEST(DeviceTransferTest, UnsupportedDevicesAreRefusedByName) {
   EXPECT_EQ(streamer.status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
-TEST(DeviceTransferTest, CudaRoundTripFromPinnedArena) {
+TEST(DeviceTransferTest, RoundTripFromPinnedArena_CUDA) {
   if (!GpuAvailable()) GTEST_SKIP() << "needs a CUDA build and a GPU";
   auto transfer = DeviceTransfer::Create(at::Device(at::kCUDA, 0));
   ASSERT_TRUE(transfer.ok()) << transfer.status();
@@ -116,7 +116,7 @@ TEST(DeviceTransferTest, CudaRoundTripFromPinnedArena) {
   ExpectRoundTrip(**transfer, *arena);
 }
 
-TEST(DeviceTransferTest, CudaMonitorSeesCachingAllocatorBytes) {
+TEST(DeviceTransferTest, MonitorSeesCachingAllocatorBytes_CUDA) {
   if (!GpuAvailable()) GTEST_SKIP() << "needs a CUDA build and a GPU";
   auto monitor = DeviceMemoryMonitor::ForDevice(at::Device(at::kCUDA, 0));
   ASSERT_TRUE(monitor.ok()) << monitor.status();
@@ -130,7 +130,7 @@ TEST(DeviceTransferTest, CudaMonitorSeesCachingAllocatorBytes) {
   EXPECT_GE((*monitor)->peak_bytes(), before + (4u << 20));
 }
 
-TEST(DeviceTransferTest, CudaStreamedLayersMatchHostHomesWithinBudget) {
+TEST(DeviceTransferTest, StreamedLayersMatchHostHomesWithinBudget_CUDA) {
   if (!GpuAvailable()) GTEST_SKIP() << "needs a CUDA build and a GPU";
   testing::TempDir dir;
   auto arena = MakeArena(64 << 20, /*pin_for_cuda=*/true);

@@ -15,13 +15,13 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "policies/job_spec.h"
-#include "policies/llama.h"
-#include "policies/rl_algorithms.h"
-#include "services/local_worker_group.h"
-#include "services/remote_worker_group.h"
-#include "services/wire.h"
-#include "services/worker_service.h"
+#include "policies/job/job_spec.h"
+#include "policies/model/llama.h"
+#include "policies/rl/rl_algorithms.h"
+#include "services/runtime/local_worker_group.h"
+#include "services/coordinator/remote_worker_group.h"
+#include "services/rpc/wire.h"
+#include "services/worker/worker_service.h"
 #include "tests/testutil/testutil.h"
 
 namespace strata::services {

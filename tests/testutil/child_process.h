@@ -15,7 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "offload/file.h"
+#include "base/file.h"
 
 extern char** environ;
 

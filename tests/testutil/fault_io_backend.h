@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "offload/io_engine.h"
+#include "offload/nvme/io_backend.h"
 
 namespace strata::testing {
 

@@ -28,7 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "offload/file.h"
+#include "base/file.h"
 #include "tests/testutil/testutil.h"
 
 extern char** environ;

@@ -8,8 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "offload/file.h"
-#include "offload/subprocess.h"
+#include "base/file.h"
+#include "base/subprocess.h"
 
 namespace strata::testing {
 

@@ -1,0 +1,116 @@
+#include "offload/device/device_memory.h"
+
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <torch/version.h>
+
+#include <array>
+#include <atomic>
+#include <cstring>
+#include <mutex>
+
+#include "offload/device/device_transfer.h"
+
+#if STRATA_WITH_CUDA
+#include "offload/device/cuda/cuda_device.h"
+#endif
+
+namespace strata::offload {
+namespace {
+
+std::atomic<size_t> g_current{0};
+std::atomic<size_t> g_peak{0};
+
+// Each allocation carries its size in a header just before the data, so the
+// raw (context == data) interface keeps working and frees need no lookup.
+// 64 bytes keep the data at the alignment libtorch's CPU allocator gives.
+constexpr size_t kHeader = 64;
+
+c10::Allocator* g_inner = nullptr;
+
+void CountedDelete(void* data) {
+  if (data == nullptr) return;
+  auto* base = static_cast<char*>(data) - kHeader;
+  size_t bytes;
+  std::memcpy(&bytes, base, sizeof(bytes));
+  g_current.fetch_sub(bytes, std::memory_order_relaxed);
+  g_inner->raw_deallocate(base);
+}
+
+class CountingCpuAllocator final : public c10::Allocator {
+ public:
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+  c10::DataPtr allocate(size_t n) override { return Allocate(n); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
+#else
+  c10::DataPtr allocate(size_t n) const override { return Allocate(n); }
+#endif
+  c10::DeleterFnPtr raw_deleter() const override { return &CountedDelete; }
+
+ private:
+  static c10::DataPtr Allocate(size_t n) {
+    auto* base = static_cast<char*>(g_inner->raw_allocate(n + kHeader));
+    std::memcpy(base, &n, sizeof(n));
+    const size_t now = g_current.fetch_add(n, std::memory_order_relaxed) + n;
+    size_t peak = g_peak.load(std::memory_order_relaxed);
+    while (now > peak && !g_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+    }
+    void* data = base + kHeader;
+    return {data, data, &CountedDelete, c10::Device(c10::DeviceType::CPU)};
+  }
+};
+
+}  // namespace
+
+DeviceMemoryMonitor& DeviceMemoryMonitor::Install() {
+  static DeviceMemoryMonitor* monitor = [] {
+    g_inner = c10::GetAllocator(c10::DeviceType::CPU);
+    static CountingCpuAllocator counting;
+    // Priority above the default so later default registrations keep ours.
+    c10::SetAllocator(c10::DeviceType::CPU, &counting, /*priority=*/100);
+    return new DeviceMemoryMonitor(/*cuda_index=*/-1);
+  }();
+  return *monitor;
+}
+
+absl::StatusOr<DeviceMemoryMonitor*> DeviceMemoryMonitor::ForDevice(const c10::Device& device) {
+  if (device.is_cpu()) return &Install();
+  if (auto s = CheckComputeDevice(device); !s.ok()) return s;
+  const int index = CudaIndex(device);
+  static std::mutex mu;
+  static std::array<DeviceMemoryMonitor*, 64> monitors{};
+  std::lock_guard<std::mutex> lock(mu);
+  if (monitors[index] == nullptr) {
+#if STRATA_WITH_CUDA
+    if (auto s = cuda::InitAllocator(index); !s.ok()) return s;
+#endif
+    monitors[index] = new DeviceMemoryMonitor(index);
+  }
+  return monitors[index];
+}
+
+#if STRATA_WITH_CUDA
+size_t DeviceMemoryMonitor::current_bytes() const {
+  return cuda_index_ >= 0 ? cuda::AllocatedBytes(cuda_index_) : g_current.load(std::memory_order_relaxed);
+}
+
+size_t DeviceMemoryMonitor::peak_bytes() const {
+  return cuda_index_ >= 0 ? cuda::PeakAllocatedBytes(cuda_index_) : g_peak.load(std::memory_order_relaxed);
+}
+
+void DeviceMemoryMonitor::ResetPeak() {
+  if (cuda_index_ >= 0) {
+    cuda::ResetPeak(cuda_index_);
+  } else {
+    g_peak.store(g_current.load(std::memory_order_relaxed));
+  }
+}
+#else
+size_t DeviceMemoryMonitor::current_bytes() const { return g_current.load(std::memory_order_relaxed); }
+
+size_t DeviceMemoryMonitor::peak_bytes() const { return g_peak.load(std::memory_order_relaxed); }
+
+void DeviceMemoryMonitor::ResetPeak() { g_peak.store(g_current.load(std::memory_order_relaxed)); }
+#endif
+
+}  // namespace strata::offload

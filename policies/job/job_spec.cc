@@ -1,0 +1,416 @@
+#include "policies/job/job_spec.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <functional>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "base/file.h"
+
+namespace strata::policies {
+namespace {
+
+absl::Status KeyError(const std::string& path, const std::string& why) {
+  return absl::InvalidArgumentError(absl::StrCat("spec key '", path, "' ", why));
+}
+
+// Reads one YAML mapping, remembering which keys were used so that anything
+// left over is reported as unknown.
+class MapReader {
+ public:
+  MapReader(YAML::Node node, std::string path) : node_(std::move(node)), path_(std::move(path)) {}
+
+  absl::Status CheckIsMap() const {
+    if (node_ && !node_.IsNull() && !node_.IsMap()) return KeyError(path_.empty() ? "<root>" : path_, "must be a mapping");
+    return absl::OkStatus();
+  }
+
+  std::string Path(const std::string& key) const { return path_.empty() ? key : absl::StrCat(path_, ".", key); }
+
+  // Child mapping; absent gives an empty reader.
+  absl::StatusOr<MapReader> Child(const std::string& key) {
+    used_.insert(key);
+    YAML::Node child = node_ && node_.IsMap() ? node_[key] : YAML::Node();
+    MapReader reader(child, Path(key));
+    if (auto s = reader.CheckIsMap(); !s.ok()) return s;
+    return reader;
+  }
+
+  template <typename T>
+  absl::Status Read(const std::string& key, T* out) {
+    used_.insert(key);
+    if (!node_ || !node_.IsMap()) return absl::OkStatus();
+    YAML::Node value = node_[key];
+    if (!value || value.IsNull()) return absl::OkStatus();
+    if (!value.IsScalar()) return KeyError(Path(key), "must be a scalar");
+    try {
+      *out = value.as<T>();
+    } catch (const YAML::Exception&) {
+      return KeyError(Path(key), absl::StrCat("has the wrong type ('", value.Scalar(), "' is not ", TypeName<T>(), ")"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status CheckNoUnknownKeys() const {
+    if (!node_ || !node_.IsMap()) return absl::OkStatus();
+    for (const auto& entry : node_) {
+      const std::string key = entry.first.as<std::string>();
+      if (!used_.count(key)) return KeyError(Path(key), "is unknown");
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  template <typename T>
+  static const char* TypeName() {
+    if constexpr (std::is_same_v<T, bool>) return "true or false";
+    if constexpr (std::is_integral_v<T>) return "an integer";
+    if constexpr (std::is_floating_point_v<T>) return "a number";
+    return "a string";
+  }
+
+  YAML::Node node_;
+  std::string path_;
+  std::set<std::string> used_;
+};
+
+#define STRATA_RETURN_IF_ERROR(expr)    \
+  do {                                  \
+    if (auto _s = (expr); !_s.ok()) return _s; \
+  } while (0)
+
+absl::Status ReadTier(MapReader& r, const std::string& key, offload::Tier* out) {
+  std::string name;
+  STRATA_RETURN_IF_ERROR(r.Read(key, &name));
+  if (name.empty()) return absl::OkStatus();
+  auto tier = offload::ParseTier(name);
+  if (!tier.ok()) return KeyError(r.Path(key), absl::StrCat("must be device, host or nvme, got '", name, "'"));
+  *out = *tier;
+  return absl::OkStatus();
+}
+
+absl::Status ReadModel(MapReader& parent, const std::string& key, ModelSpec* model) {
+  auto r = parent.Child(key);
+  if (!r.ok()) return r.status();
+  STRATA_RETURN_IF_ERROR(r->Read("path", &model->path));
+  STRATA_RETURN_IF_ERROR(r->Read("init", &model->init));
+  STRATA_RETURN_IF_ERROR(r->Read("rule", &model->rule));
+  STRATA_RETURN_IF_ERROR(r->Read("dtype", &model->dtype));
+  if (model->dtype != "fp32" && model->dtype != "bf16") {
+    return KeyError(r->Path("dtype"), absl::StrCat("must be fp32 or bf16, got '", model->dtype, "'"));
+  }
+  auto p = r->Child("placement");
+  if (!p.ok()) return p.status();
+  STRATA_RETURN_IF_ERROR(ReadTier(*p, "weights", &model->placement.weights));
+  STRATA_RETURN_IF_ERROR(ReadTier(*p, "optimizer", &model->placement.optimizer));
+  STRATA_RETURN_IF_ERROR(ReadTier(*p, "gradients", &model->placement.gradients));
+  STRATA_RETURN_IF_ERROR(p->Read("prefetch", &model->placement.prefetch_depth));
+  STRATA_RETURN_IF_ERROR(p->CheckNoUnknownKeys());
+  if (auto s = model->placement.Validate(); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("spec key '", r->Path("placement"), "': ", s.message()));
+  }
+  return r->CheckNoUnknownKeys();
+}
+
+// Applies "a.b.c=value" to the document, creating mappings on the way.
+absl::Status ApplyOverride(YAML::Node& root, const std::string& assignment) {
+  const size_t eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--set '", assignment, "' is not key.path=value"));
+  }
+  const std::string path = assignment.substr(0, eq);
+  YAML::Node value;
+  try {
+    value = YAML::Load(assignment.substr(eq + 1));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("--set ", path, ": value is not valid YAML: ", e.what()));
+  }
+  std::vector<std::string> keys = absl::StrSplit(path, '.');
+  // yaml-cpp nodes are handles: walking with operator[] on copies mutates root.
+  std::vector<YAML::Node> chain = {root};
+  for (size_t i = 0; i + 1 < keys.size(); ++i) {
+    YAML::Node next = chain.back()[keys[i]];
+    if (next && !next.IsNull() && !next.IsMap()) {
+      return absl::InvalidArgumentError(absl::StrCat("--set ", path, ": '", keys[i], "' is not a mapping"));
+    }
+    chain.push_back(next);
+  }
+  chain.back()[keys.back()] = value;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const char* AlgorithmName(Algorithm algorithm) {
+  switch (algorithm) {
+    case Algorithm::kSft: return "sft";
+    case Algorithm::kRewardModel: return "reward_model";
+    case Algorithm::kRemax: return "remax";
+    case Algorithm::kPpo: return "ppo";
+    case Algorithm::kGrpo: return "grpo";
+    case Algorithm::kRloo: return "rloo";
+  }
+  return "?";
+}
+
+absl::Status JobSpec::Validate() const {
+  auto need = [](const std::string& key, const std::string& value) -> absl::Status {
+    if (value.empty()) return KeyError(key, "is required");
+    return absl::OkStatus();
+  };
+  STRATA_RETURN_IF_ERROR(need("output.dir", output_dir));
+  STRATA_RETURN_IF_ERROR(need("data.train", data.train));
+  if (train.iterations < 1) return KeyError("train.iterations", absl::StrCat("must be >= 1, got ", train.iterations));
+  if (train.batch_size < 1) return KeyError("train.batch_size", absl::StrCat("must be >= 1, got ", train.batch_size));
+  if (!(train.lr >= 0)) return KeyError("train.lr", absl::StrCat("must be >= 0, got ", train.lr));
+  if (!(train.weight_decay >= 0)) return KeyError("train.weight_decay", "must be >= 0");
+  if (train.log_every < 1) return KeyError("train.log_every", "must be >= 1");
+  if (data.max_prompt_tokens < 1) return KeyError("data.max_prompt_tokens", "must be >= 1");
+  if (data.max_response_tokens < 1) return KeyError("data.max_response_tokens", "must be >= 1");
+  if (generation.max_new_tokens < 1) return KeyError("generation.max_new_tokens", "must be >= 1");
+  if (!(generation.temperature > 0)) return KeyError("generation.temperature", "must be > 0");
+  if (!(generation.top_p > 0 && generation.top_p <= 1)) return KeyError("generation.top_p", "must be in (0, 1]");
+  if (generation.top_k < 0) return KeyError("generation.top_k", "must be >= 0");
+  if (eval.every < 0) return KeyError("eval.every", "must be >= 0");
+  if (eval.prompts < 1) return KeyError("eval.prompts", "must be >= 1");
+  if (checkpoint.every < 0) return KeyError("checkpoint.every", "must be >= 0");
+  if (auto device = offload::ParseDeviceName(memory.device); !device.ok()) {
+    return KeyError("memory.device", std::string(device.status().message()));
+  }
+  if (memory.device_mib < 0) return KeyError("memory.device_mib", "must be >= 0");
+  if (memory.host_mib < 1) return KeyError("memory.host_mib", "must be >= 1");
+  if (!(remax.discount > 0 && remax.discount <= 1)) return KeyError("remax.discount", "must be in (0, 1]");
+  if (!(remax.kl_coef >= 0)) return KeyError("remax.kl_coef", "must be >= 0");
+  if (!(ppo.kl_coef >= 0)) return KeyError("ppo.kl_coef", "must be >= 0");
+  if (!(ppo.gamma > 0 && ppo.gamma <= 1)) return KeyError("ppo.gamma", "must be in (0, 1]");
+  if (!(ppo.lambda >= 0 && ppo.lambda <= 1)) return KeyError("ppo.lambda", "must be in [0, 1]");
+  if (!(ppo.clip_range > 0)) return KeyError("ppo.clip_range", "must be > 0");
+  if (!(ppo.value_clip > 0)) return KeyError("ppo.value_clip", "must be > 0");
+  if (ppo.epochs < 1) return KeyError("ppo.epochs", "must be >= 1");
+  if (ppo.minibatches < 1) return KeyError("ppo.minibatches", "must be >= 1");
+  if (train.batch_size % ppo.minibatches != 0 && algorithm == Algorithm::kPpo) {
+    return KeyError("ppo.minibatches", absl::StrCat("must divide train.batch_size (", train.batch_size, ")"));
+  }
+  if (!(ppo.critic_lr >= 0)) return KeyError("ppo.critic_lr", "must be >= 0");
+  if (group.samples_per_prompt < 2) return KeyError("group.samples_per_prompt", "must be >= 2");
+  for (const auto& [key, name] : {std::pair{"remax.kl_estimator", remax.kl_estimator},
+                                  std::pair{"ppo.kl_estimator", ppo.kl_estimator},
+                                  std::pair{"group.kl_estimator", group.kl_estimator}}) {
+    if (name != "k1" && name != "k2" && name != "k3") {
+      return KeyError(key, absl::StrCat("must be k1, k2 or k3, got '", name, "'"));
+    }
+  }
+  const bool nvme_used = [&] {
+    for (const ModelSpec* m : {&actor, &reference, &reward, &critic}) {
+      if (m->placement.weights == offload::Tier::kNvme || m->placement.optimizer == offload::Tier::kNvme) return true;
+    }
+    return false;
+  }();
+  if (nvme_used && memory.nvme_dir.empty()) return KeyError("memory.nvme_dir", "is required when a placement uses nvme");
+
+  switch (algorithm) {
+    case Algorithm::kSft:
+      if (actor.path.empty() && actor.init.empty()) return KeyError("models.actor.path", "or models.actor.init is required");
+      break;
+    case Algorithm::kRewardModel:
+      if (reward.path.empty() && reward.init.empty()) {
+        return KeyError("models.reward.path", "or models.reward.init is required");
+      }
+      if (!reward.rule.empty()) return KeyError("models.reward.rule", "cannot be trained: give a path or init");
+      break;
+    case Algorithm::kPpo:
+      if (critic.path.empty() && reward.path.empty()) {
+        return KeyError("models.critic.path", "is required when the reward is a rule (the critic defaults to the reward model)");
+      }
+      [[fallthrough]];
+    case Algorithm::kRemax:
+    case Algorithm::kGrpo:
+    case Algorithm::kRloo:
+      STRATA_RETURN_IF_ERROR(need("models.actor.path", actor.path));
+      if (reward.path.empty() && reward.rule.empty()) return KeyError("models.reward.path", "or models.reward.rule is required");
+      if (!reward.path.empty() && !reward.rule.empty()) {
+        return KeyError("models.reward", "takes a path or a rule, not both");
+      }
+      break;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::vector<std::string>& overrides,
+                                     const std::string& source) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not valid YAML: ", e.what()));
+  }
+  if (!root || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  if (!root.IsMap()) return absl::InvalidArgumentError(absl::StrCat(source, ": the spec must be a YAML mapping"));
+  for (const std::string& o : overrides) STRATA_RETURN_IF_ERROR(ApplyOverride(root, o));
+
+  auto with_source = [&](absl::Status s) {
+    return s.ok() ? s : absl::Status(s.code(), absl::StrCat(source, ": ", s.message()));
+  };
+  JobSpec spec;
+  MapReader r(root, "");
+  std::string algorithm;
+  if (auto s = r.Read("algorithm", &algorithm); !s.ok()) return with_source(s);
+  const std::map<std::string, Algorithm> algorithms = {
+      {"sft", Algorithm::kSft},   {"reward_model", Algorithm::kRewardModel}, {"remax", Algorithm::kRemax},
+      {"ppo", Algorithm::kPpo},   {"grpo", Algorithm::kGrpo},                {"rloo", Algorithm::kRloo}};
+  if (algorithm.empty()) return with_source(KeyError("algorithm", "is required"));
+  auto it = algorithms.find(algorithm);
+  if (it == algorithms.end()) {
+    return with_source(KeyError(
+        "algorithm", absl::StrCat("'", algorithm, "' is not one of sft, reward_model, remax, ppo, grpo, rloo")));
+  }
+  spec.algorithm = it->second;
+
+  auto body = [&]() -> absl::Status {
+    STRATA_RETURN_IF_ERROR(r.Read("name", &spec.name));
+    auto models = r.Child("models");
+    if (!models.ok()) return models.status();
+    STRATA_RETURN_IF_ERROR(ReadModel(*models, "actor", &spec.actor));
+    STRATA_RETURN_IF_ERROR(ReadModel(*models, "reference", &spec.reference));
+    STRATA_RETURN_IF_ERROR(ReadModel(*models, "reward", &spec.reward));
+    STRATA_RETURN_IF_ERROR(ReadModel(*models, "critic", &spec.critic));
+    STRATA_RETURN_IF_ERROR(models->CheckNoUnknownKeys());
+
+    auto data = r.Child("data");
+    if (!data.ok()) return data.status();
+    STRATA_RETURN_IF_ERROR(data->Read("train", &spec.data.train));
+    STRATA_RETURN_IF_ERROR(data->Read("eval", &spec.data.eval));
+    STRATA_RETURN_IF_ERROR(data->Read("tokenizer", &spec.data.tokenizer));
+    STRATA_RETURN_IF_ERROR(data->Read("max_prompt_tokens", &spec.data.max_prompt_tokens));
+    STRATA_RETURN_IF_ERROR(data->Read("max_response_tokens", &spec.data.max_response_tokens));
+    STRATA_RETURN_IF_ERROR(data->CheckNoUnknownKeys());
+
+    auto train = r.Child("train");
+    if (!train.ok()) return train.status();
+    STRATA_RETURN_IF_ERROR(train->Read("iterations", &spec.train.iterations));
+    STRATA_RETURN_IF_ERROR(train->Read("batch_size", &spec.train.batch_size));
+    STRATA_RETURN_IF_ERROR(train->Read("lr", &spec.train.lr));
+    STRATA_RETURN_IF_ERROR(train->Read("weight_decay", &spec.train.weight_decay));
+    STRATA_RETURN_IF_ERROR(train->Read("seed", &spec.train.seed));
+    STRATA_RETURN_IF_ERROR(train->Read("log_every", &spec.train.log_every));
+    STRATA_RETURN_IF_ERROR(train->CheckNoUnknownKeys());
+
+    auto gen = r.Child("generation");
+    if (!gen.ok()) return gen.status();
+    STRATA_RETURN_IF_ERROR(gen->Read("max_new_tokens", &spec.generation.max_new_tokens));
+    STRATA_RETURN_IF_ERROR(gen->Read("temperature", &spec.generation.temperature));
+    STRATA_RETURN_IF_ERROR(gen->Read("top_p", &spec.generation.top_p));
+    STRATA_RETURN_IF_ERROR(gen->Read("top_k", &spec.generation.top_k));
+    STRATA_RETURN_IF_ERROR(gen->CheckNoUnknownKeys());
+
+    auto remax = r.Child("remax");
+    if (!remax.ok()) return remax.status();
+    STRATA_RETURN_IF_ERROR(remax->Read("kl_coef", &spec.remax.kl_coef));
+    STRATA_RETURN_IF_ERROR(remax->Read("kl_estimator", &spec.remax.kl_estimator));
+    STRATA_RETURN_IF_ERROR(remax->Read("reward_clip", &spec.remax.reward_clip));
+    STRATA_RETURN_IF_ERROR(remax->Read("discount", &spec.remax.discount));
+    STRATA_RETURN_IF_ERROR(remax->CheckNoUnknownKeys());
+
+    auto ppo = r.Child("ppo");
+    if (!ppo.ok()) return ppo.status();
+    STRATA_RETURN_IF_ERROR(ppo->Read("kl_coef", &spec.ppo.kl_coef));
+    STRATA_RETURN_IF_ERROR(ppo->Read("kl_estimator", &spec.ppo.kl_estimator));
+    STRATA_RETURN_IF_ERROR(ppo->Read("kl_target", &spec.ppo.kl_target));
+    STRATA_RETURN_IF_ERROR(ppo->Read("kl_horizon", &spec.ppo.kl_horizon));
+    STRATA_RETURN_IF_ERROR(ppo->Read("reward_clip", &spec.ppo.reward_clip));
+    STRATA_RETURN_IF_ERROR(ppo->Read("gamma", &spec.ppo.gamma));
+    STRATA_RETURN_IF_ERROR(ppo->Read("lambda", &spec.ppo.lambda));
+    STRATA_RETURN_IF_ERROR(ppo->Read("clip_range", &spec.ppo.clip_range));
+    STRATA_RETURN_IF_ERROR(ppo->Read("value_clip", &spec.ppo.value_clip));
+    STRATA_RETURN_IF_ERROR(ppo->Read("epochs", &spec.ppo.epochs));
+    STRATA_RETURN_IF_ERROR(ppo->Read("minibatches", &spec.ppo.minibatches));
+    STRATA_RETURN_IF_ERROR(ppo->Read("whiten_advantages", &spec.ppo.whiten_advantages));
+    STRATA_RETURN_IF_ERROR(ppo->Read("critic_lr", &spec.ppo.critic_lr));
+    STRATA_RETURN_IF_ERROR(ppo->CheckNoUnknownKeys());
+
+    auto group = r.Child("group");
+    if (!group.ok()) return group.status();
+    STRATA_RETURN_IF_ERROR(group->Read("samples_per_prompt", &spec.group.samples_per_prompt));
+    STRATA_RETURN_IF_ERROR(group->Read("kl_coef", &spec.group.kl_coef));
+    STRATA_RETURN_IF_ERROR(group->Read("kl_estimator", &spec.group.kl_estimator));
+    STRATA_RETURN_IF_ERROR(group->Read("reward_clip", &spec.group.reward_clip));
+    STRATA_RETURN_IF_ERROR(group->CheckNoUnknownKeys());
+
+    auto eval = r.Child("eval");
+    if (!eval.ok()) return eval.status();
+    STRATA_RETURN_IF_ERROR(eval->Read("every", &spec.eval.every));
+    STRATA_RETURN_IF_ERROR(eval->Read("rule", &spec.eval.rule));
+    STRATA_RETURN_IF_ERROR(eval->Read("prompts", &spec.eval.prompts));
+    STRATA_RETURN_IF_ERROR(eval->CheckNoUnknownKeys());
+
+    auto checkpoint = r.Child("checkpoint");
+    if (!checkpoint.ok()) return checkpoint.status();
+    STRATA_RETURN_IF_ERROR(checkpoint->Read("every", &spec.checkpoint.every));
+    STRATA_RETURN_IF_ERROR(checkpoint->Read("dir", &spec.checkpoint.dir));
+    STRATA_RETURN_IF_ERROR(checkpoint->CheckNoUnknownKeys());
+
+    auto memory = r.Child("memory");
+    if (!memory.ok()) return memory.status();
+    STRATA_RETURN_IF_ERROR(memory->Read("device", &spec.memory.device));
+    STRATA_RETURN_IF_ERROR(memory->Read("device_mib", &spec.memory.device_mib));
+    STRATA_RETURN_IF_ERROR(memory->Read("host_mib", &spec.memory.host_mib));
+    STRATA_RETURN_IF_ERROR(memory->Read("nvme_dir", &spec.memory.nvme_dir));
+    STRATA_RETURN_IF_ERROR(memory->Read("pin_host", &spec.memory.pin_host));
+    STRATA_RETURN_IF_ERROR(memory->CheckNoUnknownKeys());
+
+    auto output = r.Child("output");
+    if (!output.ok()) return output.status();
+    STRATA_RETURN_IF_ERROR(output->Read("dir", &spec.output_dir));
+    STRATA_RETURN_IF_ERROR(output->CheckNoUnknownKeys());
+    STRATA_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
+    if (spec.checkpoint.dir.empty() && !spec.output_dir.empty()) spec.checkpoint.dir = spec.output_dir + "/checkpoints";
+    return spec.Validate();
+  };
+  if (auto s = body(); !s.ok()) return with_source(s);
+  return spec;
+}
+
+JobSpec ResolvePaths(const JobSpec& spec, const std::string& base) {
+  JobSpec out = spec;
+  auto fix = [&](std::string& path) {
+    if (!path.empty() && path[0] != '/') path = JoinPath(base, path);
+  };
+  for (ModelSpec* m : {&out.actor, &out.reference, &out.reward, &out.critic}) {
+    fix(m->path);
+    fix(m->init);
+  }
+  fix(out.data.train);
+  fix(out.data.eval);
+  fix(out.data.tokenizer);
+  fix(out.output_dir);
+  fix(out.checkpoint.dir);
+  fix(out.memory.nvme_dir);
+  return out;
+}
+
+absl::StatusOr<std::string> ApplyOverrides(const std::string& yaml_text, const std::vector<std::string>& overrides,
+                                           const std::string& source) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not valid YAML: ", e.what()));
+  }
+  if (!root || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  if (!root.IsMap()) return absl::InvalidArgumentError(absl::StrCat(source, ": the spec must be a YAML mapping"));
+  for (const std::string& o : overrides) STRATA_RETURN_IF_ERROR(ApplyOverride(root, o));
+  YAML::Emitter out;
+  out << root;
+  return std::string(out.c_str());
+}
+
+absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path, const std::vector<std::string>& overrides) {
+  auto text = ReadFileToString(path);
+  if (!text.ok()) return text.status();
+  return ParseJobSpec(*text, overrides, path);
+}
+
+}  // namespace strata::policies

@@ -1,0 +1,144 @@
+// The job spec: one YAML document that names the algorithm, the models and
+// where each is placed, the data, the hyperparameters, generation settings,
+// evaluation, checkpoints and memory budgets. Every field, with its
+// default, is documented in docs/job-spec.md. Unknown keys, wrong types and
+// impossible values are INVALID_ARGUMENT errors that name the key path.
+#ifndef STRATA_POLICIES_JOB_JOB_SPEC_H_
+#define STRATA_POLICIES_JOB_JOB_SPEC_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "offload/tiers/placement.h"
+
+namespace strata::policies {
+
+enum class Algorithm { kSft, kRewardModel, kRemax, kPpo, kGrpo, kRloo };
+const char* AlgorithmName(Algorithm algorithm);
+
+struct ModelSpec {
+  std::string path;       // HF model directory ("" when absent)
+  std::string init;       // config.json to initialise from (SFT / reward model from scratch)
+  std::string rule;       // reward only: a rule-based reward instead of a model
+  std::string dtype = "fp32";
+  offload::ModelPlacement placement;
+};
+
+struct DataSpec {
+  std::string train;             // JSONL
+  std::string eval;              // JSONL; optional
+  std::string tokenizer;         // tokenizer path; default: the first model's directory
+  int64_t max_prompt_tokens = 64;
+  int64_t max_response_tokens = 64;
+};
+
+struct TrainSpec {
+  int64_t iterations = 100;
+  int64_t batch_size = 16;
+  double lr = 1e-5;
+  double weight_decay = 0.0;
+  uint64_t seed = 1;
+  int64_t log_every = 1;
+};
+
+struct GenerationSpec {
+  int64_t max_new_tokens = 32;
+  double temperature = 1.0;
+  double top_p = 1.0;
+  int64_t top_k = 0;
+};
+
+struct RemaxSpec {
+  double kl_coef = 0.05;
+  std::string kl_estimator = "k1";
+  double reward_clip = 10.0;  // scores clipped to [-clip, clip]; 0 turns clipping off
+  double discount = 1.0;
+};
+
+struct PpoSpec {
+  double kl_coef = 0.05;
+  std::string kl_estimator = "k1";
+  double kl_target = 0.0;       // > 0: adaptive controller towards this KL
+  double kl_horizon = 10000.0;
+  double reward_clip = 10.0;
+  double gamma = 1.0;
+  double lambda = 0.95;
+  double clip_range = 0.2;
+  double value_clip = 0.2;
+  int64_t epochs = 2;
+  int64_t minibatches = 2;
+  bool whiten_advantages = true;
+  double critic_lr = 1e-5;
+};
+
+struct GroupSpec {  // GRPO and RLOO
+  int64_t samples_per_prompt = 4;
+  double kl_coef = 0.05;
+  std::string kl_estimator = "k3";
+  double reward_clip = 10.0;
+};
+
+struct EvalSpec {
+  int64_t every = 0;        // iterations between evaluations; 0: never
+  std::string rule;         // the rule that scores eval responses (RL)
+  int64_t prompts = 64;     // eval prompts used
+};
+
+struct CheckpointSpec {
+  int64_t every = 0;        // iterations between checkpoints; 0: only at the end
+  std::string dir;          // default: <output.dir>/checkpoints
+};
+
+struct MemorySpec {
+  std::string device = "cpu";  // compute device: cpu, cuda or cuda:N
+  int64_t device_mib = 0;   // device-tier budget; 0: unlimited
+  int64_t host_mib = 2048;  // host arena size
+  std::string nvme_dir;     // NVMe tier directory; required when any placement uses nvme
+  // Lock all of host_mib in RAM at start and register it with io_uring as
+  // fixed buffers (and with CUDA on a GPU); see docs/job-spec.md.
+  bool pin_host = false;
+};
+
+struct JobSpec {
+  Algorithm algorithm = Algorithm::kRemax;
+  std::string name;         // optional label
+  ModelSpec actor, reference, reward, critic;  // per algorithm; see docs/job-spec.md
+  DataSpec data;
+  TrainSpec train;
+  GenerationSpec generation;
+  RemaxSpec remax;
+  PpoSpec ppo;
+  GroupSpec group;
+  EvalSpec eval;
+  CheckpointSpec checkpoint;
+  MemorySpec memory;
+  std::string output_dir;   // required
+
+  // Which models the algorithm uses, and cross-field checks.
+  absl::Status Validate() const;
+};
+
+// Parses YAML text. `overrides` are "key.path=value" strings applied before
+// parsing (the value is YAML: numbers, booleans, strings). `source` names
+// the file in errors. Relative paths are kept as written: they are resolved
+// against the working directory of whoever runs the job.
+absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::vector<std::string>& overrides,
+                                     const std::string& source);
+// `spec` with every relative path (models, data, output, checkpoints, NVMe
+// directory) made absolute under `base`: what a process that does not share
+// the worker's working directory needs to reach the same files.
+JobSpec ResolvePaths(const JobSpec& spec, const std::string& base);
+
+// The spec text with `overrides` applied, as YAML: what a service stores so
+// that workers parse exactly what was validated.
+absl::StatusOr<std::string> ApplyOverrides(const std::string& yaml_text, const std::vector<std::string>& overrides,
+                                           const std::string& source);
+
+absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path, const std::vector<std::string>& overrides);
+
+}  // namespace strata::policies
+
+#endif  // STRATA_POLICIES_JOB_JOB_SPEC_H_

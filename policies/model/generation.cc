@@ -1,0 +1,126 @@
+#include "policies/model/generation.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+
+namespace strata::policies {
+
+absl::Status SamplingOptions::Validate() const {
+  if (!greedy && !(temperature > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("temperature must be > 0, got ", temperature));
+  }
+  if (top_k < 0) return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 0, got ", top_k));
+  if (!(top_p > 0 && top_p <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("top_p must be in (0, 1], got ", top_p));
+  }
+  if (max_new_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("max_new_tokens must be >= 0, got ", max_new_tokens));
+  }
+  return absl::OkStatus();
+}
+
+at::Tensor SampleNextTokens(const at::Tensor& logits, const SamplingOptions& options, at::Generator& generator) {
+  if (options.greedy) return logits.argmax(-1);
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  at::Tensor scores = logits.to(at::kFloat) / options.temperature;
+  if (options.top_k > 0 && options.top_k < scores.size(-1)) {
+    const at::Tensor kth = std::get<0>(scores.topk(options.top_k, -1)).narrow(-1, options.top_k - 1, 1);
+    scores = scores.masked_fill(scores < kth, neg_inf);
+  }
+  if (options.top_p < 1.0) {
+    // As HF does: sort ascending and drop the low tail whose total mass is at
+    // most 1 - top_p; the most likely token always survives.
+    auto [sorted, order] = scores.sort(-1, /*descending=*/false);
+    const at::Tensor cumulative = sorted.softmax(-1).cumsum(-1);
+    at::Tensor drop_sorted = cumulative <= (1.0 - options.top_p);
+    drop_sorted.narrow(-1, drop_sorted.size(-1) - 1, 1).fill_(false);
+    const at::Tensor drop = drop_sorted.scatter(-1, order, drop_sorted);
+    scores = scores.masked_fill(drop, neg_inf);
+  }
+  return at::multinomial(scores.softmax(-1), 1, /*replacement=*/false, generator).squeeze(-1);
+}
+
+absl::StatusOr<GenerationOutput> Generate(const LlamaModel& model, const std::vector<std::vector<int32_t>>& prompts,
+                                          const SamplingOptions& options, const std::vector<int64_t>& eos_ids,
+                                          int64_t pad_id) {
+  if (auto s = options.Validate(); !s.ok()) return s;
+  if (prompts.empty()) return absl::InvalidArgumentError("no prompts given");
+  const LlamaConfig& config = model.config();
+  size_t longest = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    if (prompts[i].empty()) return absl::InvalidArgumentError(absl::StrCat("prompt ", i, " is empty"));
+    for (int32_t id : prompts[i]) {
+      if (id < 0 || id >= config.vocab_size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("prompt ", i, " has token id ", id, " outside the vocabulary [0, ", config.vocab_size, ")"));
+      }
+    }
+    longest = std::max(longest, prompts[i].size());
+  }
+  const int64_t batch = static_cast<int64_t>(prompts.size());
+  const int64_t prompt_len = static_cast<int64_t>(longest);
+  const int64_t total = prompt_len + options.max_new_tokens;
+  if (total > config.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt length ", prompt_len, " + max_new_tokens ",
+                                                   options.max_new_tokens, " exceeds max_position_embeddings ",
+                                                   config.max_position_embeddings));
+  }
+
+  // Left padding keeps every row's last prompt token in the last column.
+  const int64_t pad = pad_id >= 0 ? pad_id : 0;
+  at::Tensor ids = at::full({batch, prompt_len}, pad, at::kLong);
+  at::Tensor mask = at::zeros({batch, prompt_len}, at::kLong);
+  for (int64_t b = 0; b < batch; ++b) {
+    const auto& p = prompts[static_cast<size_t>(b)];
+    const int64_t offset = prompt_len - static_cast<int64_t>(p.size());
+    for (size_t j = 0; j < p.size(); ++j) ids[b][offset + static_cast<int64_t>(j)] = p[j];
+    mask[b].narrow(0, offset, static_cast<int64_t>(p.size())).fill_(1);
+  }
+
+  at::NoGradGuard no_grad;
+  // The model runs where its weights are; sampling stays on the CPU with a
+  // CPU generator, so a seed draws the same tokens on every device.
+  const at::Device device = model.device();
+  ids = ids.to(device);
+  mask = mask.to(device);
+  at::Generator generator = at::detail::createCPUGenerator(options.seed);
+  std::unique_ptr<KvCache> cache;
+  if (options.use_kv_cache) {
+    cache = std::make_unique<KvCache>(config, batch, total, at::TensorOptions().dtype(model.dtype()).device(device));
+  }
+  const at::Tensor eos = at::tensor(std::vector<int64_t>(eos_ids.begin(), eos_ids.end()), at::kLong);
+
+  GenerationOutput out;
+  out.tokens.resize(prompts.size());
+  out.logprobs.resize(prompts.size());
+  std::vector<bool> done(prompts.size(), false);
+  at::Tensor step_ids = ids;  // tokens fed this step
+  for (int64_t step = 0; step < options.max_new_tokens; ++step) {
+    at::Tensor hidden = cache ? model.Hidden(step_ids, mask, cache.get()) : model.Hidden(ids, mask);
+    const at::Tensor logits = model.LogitsFromHidden(hidden.select(1, hidden.size(1) - 1)).to(at::kCPU);  // [B, V]
+    const at::Tensor next = SampleNextTokens(logits, options, generator);                   // [B]
+    const at::Tensor logp = at::log_softmax(logits, -1).gather(-1, next.unsqueeze(-1)).squeeze(-1);
+    const at::Tensor is_eos = eos.numel() > 0 ? at::isin(next, eos) : at::zeros_like(next, at::kBool);
+    bool all_done = true;
+    for (int64_t b = 0; b < batch; ++b) {
+      const auto i = static_cast<size_t>(b);
+      if (done[i]) continue;
+      out.tokens[i].push_back(static_cast<int32_t>(next[b].item<int64_t>()));
+      out.logprobs[i].push_back(logp[b].item<float>());
+      if (options.stop_at_eos && is_eos[b].item<bool>()) done[i] = true;
+      all_done = all_done && done[i];
+    }
+    if (all_done) break;
+    // Finished rows keep decoding padding; their outputs are already final.
+    step_ids = next.unsqueeze(1).to(device);
+    ids = at::cat({ids, step_ids}, 1);
+    mask = at::cat({mask, at::ones({batch, 1}, mask.options())}, 1);
+  }
+  return out;
+}
+
+}  // namespace strata::policies

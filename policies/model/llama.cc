@@ -1,0 +1,383 @@
+#include "policies/model/llama.h"
+
+#include <cmath>
+#include <numeric>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "base/file.h"
+#include "policies/model/layer_source.h"
+#include "policies/checkpoint/safetensors.h"
+#include "policies/checkpoint/tensor_io.h"
+
+namespace strata::policies {
+
+std::vector<std::pair<std::string, at::Tensor*>> LlamaLayerWeights::Named() {
+  return {{"input_layernorm.weight", &input_layernorm},
+          {"self_attn.q_proj.weight", &q_proj},
+          {"self_attn.k_proj.weight", &k_proj},
+          {"self_attn.v_proj.weight", &v_proj},
+          {"self_attn.o_proj.weight", &o_proj},
+          {"post_attention_layernorm.weight", &post_attention_layernorm},
+          {"mlp.gate_proj.weight", &gate_proj},
+          {"mlp.up_proj.weight", &up_proj},
+          {"mlp.down_proj.weight", &down_proj}};
+}
+
+namespace {
+
+// Expected shape of each layer tensor, in the order of Named().
+std::vector<std::vector<int64_t>> LayerShapes(const LlamaConfig& c) {
+  const int64_t h = c.hidden_size, i = c.intermediate_size;
+  const int64_t q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
+  return {{h}, {q, h}, {kv, h}, {kv, h}, {h, q}, {h}, {i, h}, {i, h}, {h, i}};
+}
+
+std::string LayerPrefix(size_t index) { return absl::StrCat("model.layers.", index, "."); }
+
+// HF's rotary inverse frequencies, including rope_scaling.
+at::Tensor InverseFrequencies(const LlamaConfig& c) {
+  const int64_t d = c.head_dim;
+  at::Tensor exponent = at::arange(0, d, 2, at::kLong).to(at::kFloat) / static_cast<double>(d);
+  at::Tensor inv_freq = 1.0 / at::pow(c.rope_theta, exponent);
+  const RopeScaling& s = c.rope_scaling;
+  switch (s.type) {
+    case RopeScaling::Type::kNone:
+      break;
+    case RopeScaling::Type::kLinear:
+      inv_freq = inv_freq / s.factor;
+      break;
+    case RopeScaling::Type::kLlama3: {
+      const double old_ctx = static_cast<double>(s.original_max_position_embeddings);
+      const double low_freq_wavelen = old_ctx / s.low_freq_factor;
+      const double high_freq_wavelen = old_ctx / s.high_freq_factor;
+      at::Tensor wavelen = 2 * M_PI / inv_freq;
+      at::Tensor scaled = at::where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq);
+      at::Tensor smooth = (old_ctx / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+      at::Tensor smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled;
+      at::Tensor medium = (wavelen >= high_freq_wavelen).logical_and(wavelen <= low_freq_wavelen);
+      inv_freq = at::where(medium, smoothed, scaled);
+      break;
+    }
+  }
+  return inv_freq;
+}
+
+at::Tensor RotateHalf(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  return x * cos + RotateHalf(x) * sin;
+}
+
+}  // namespace
+
+KvCache::KvCache(const LlamaConfig& config, int64_t batch, int64_t capacity, at::TensorOptions options)
+    : capacity_(capacity) {
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    keys_.push_back(at::zeros({batch, config.num_key_value_heads, capacity, config.head_dim}, options));
+    values_.push_back(at::zeros({batch, config.num_key_value_heads, capacity, config.head_dim}, options));
+  }
+}
+
+std::pair<at::Tensor, at::Tensor> KvCache::Append(int64_t layer, const at::Tensor& k, const at::Tensor& v) {
+  const int64_t t = k.size(2);
+  TORCH_CHECK(length_ + t <= capacity_, "KV cache overflow: ", length_, " + ", t, " > capacity ", capacity_);
+  keys_[layer].narrow(2, length_, t).copy_(k);
+  values_[layer].narrow(2, length_, t).copy_(v);
+  return {keys_[layer].narrow(2, 0, length_ + t), values_[layer].narrow(2, 0, length_ + t)};
+}
+
+at::Tensor PositionIdsFromMask(const at::Tensor& attention_mask) {
+  at::Tensor positions = attention_mask.to(at::kLong).cumsum(-1) - 1;
+  return positions.clamp_min(0);
+}
+
+LayerContext MakeLayerContext(const LlamaConfig& config, const at::Tensor& attention_mask, int64_t new_tokens,
+                              at::ScalarType dtype) {
+  const int64_t s = attention_mask.size(1);
+  const int64_t t = new_tokens;
+  TORCH_CHECK(t <= s, "attention mask covers ", s, " positions, fewer than the ", t, " new tokens");
+  LayerContext ctx;
+  const at::Tensor positions = PositionIdsFromMask(attention_mask).narrow(1, s - t, t);
+  const at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * InverseFrequencies(config).to(positions.device());
+  const at::Tensor emb = at::cat({freqs, freqs}, -1);
+  ctx.cos = emb.cos().to(dtype);
+  ctx.sin = emb.sin().to(dtype);
+
+  // Query i (absolute position s - t + i) sees key j when j <= s - t + i and
+  // key j is a real token. A large finite negative (not -inf) keeps rows that
+  // see nothing, such as pad queries, from turning into NaN.
+  const at::TensorOptions on_device = at::TensorOptions().dtype(at::kLong).device(attention_mask.device());
+  const at::Tensor query_pos = at::arange(s - t, s, on_device).unsqueeze(1);  // [T, 1]
+  const at::Tensor key_pos = at::arange(0, s, on_device).unsqueeze(0);        // [1, S]
+  const at::Tensor causal = key_pos.le(query_pos);                             // [T, S]
+  const at::Tensor real = attention_mask.to(at::kBool).unsqueeze(1);           // [B, 1, S]
+  const at::Tensor allowed = causal.unsqueeze(0).logical_and(real);            // [B, T, S]
+  const double lowest = dtype == at::kBFloat16 ? -3.3895313892515355e38
+                        : dtype == at::kHalf   ? -65504.0
+                                               : static_cast<double>(std::numeric_limits<float>::lowest());
+  ctx.attention_bias = at::zeros(allowed.sizes(), at::TensorOptions().dtype(dtype).device(allowed.device()))
+                           .masked_fill(allowed.logical_not(), lowest)
+                           .view({allowed.size(0), 1, 1, t, s});
+  return ctx;
+}
+
+void MoveToDevice(LlamaWeights& w, const at::Device& device, bool include_layers) {
+  for (at::Tensor* t : {&w.embed_tokens, &w.norm, &w.lm_head, &w.score}) {
+    if (t->defined()) *t = t->to(device);
+  }
+  if (!include_layers) return;
+  for (LlamaLayerWeights& layer : w.layers) {
+    for (auto& [name, t] : layer.Named()) *t = t->to(device);
+  }
+}
+
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  // Variance in float32 whatever the model dtype, as HF does.
+  const at::Tensor x32 = x.to(at::kFloat);
+  const at::Tensor normed = x32 * at::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return weight * normed.to(x.scalar_type());
+}
+
+at::Tensor DecoderLayerForward(const LlamaConfig& config, const LlamaLayerWeights& w, const at::Tensor& hidden,
+                               const LayerContext& ctx, KvCache* cache, int64_t layer_index) {
+  const int64_t b = hidden.size(0), t = hidden.size(1);
+  const int64_t n_h = config.num_attention_heads, n_kv = config.num_key_value_heads, d = config.head_dim;
+  const int64_t groups = n_h / n_kv;
+
+  const at::Tensor x = RmsNorm(hidden, w.input_layernorm, config.rms_norm_eps);
+  const at::Tensor cos = ctx.cos.unsqueeze(1), sin = ctx.sin.unsqueeze(1);
+  const at::Tensor q = ApplyRope(at::linear(x, w.q_proj).view({b, t, n_h, d}).transpose(1, 2), cos, sin);
+  at::Tensor k = ApplyRope(at::linear(x, w.k_proj).view({b, t, n_kv, d}).transpose(1, 2), cos, sin);
+  at::Tensor v = at::linear(x, w.v_proj).view({b, t, n_kv, d}).transpose(1, 2);
+  if (cache != nullptr) std::tie(k, v) = cache->Append(layer_index, k, v);
+  const int64_t s = k.size(2);
+
+  // Grouped-query attention without copying K/V: the `groups` query heads
+  // that share a key/value head are stacked along the query axis.
+  const at::Tensor q_grouped = q.reshape({b, n_kv, groups * t, d});
+  at::Tensor scores = at::matmul(q_grouped, k.transpose(-1, -2)) * (1.0 / std::sqrt(static_cast<double>(d)));
+  scores = scores.view({b, n_kv, groups, t, s}) + ctx.attention_bias;
+  const at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
+  const at::Tensor attended = at::matmul(probs.view({b, n_kv, groups * t, s}), v)
+                                  .view({b, n_h, t, d})
+                                  .transpose(1, 2)
+                                  .reshape({b, t, n_h * d});
+  const at::Tensor h = hidden + at::linear(attended, w.o_proj);
+
+  const at::Tensor y = RmsNorm(h, w.post_attention_layernorm, config.rms_norm_eps);
+  const at::Tensor mlp = at::linear(at::silu(at::linear(y, w.gate_proj)) * at::linear(y, w.up_proj), w.down_proj);
+  return h + mlp;
+}
+
+LlamaModel::LlamaModel(LlamaConfig config, LlamaHead head, LlamaWeights weights, LayerSource* layers)
+    : config_(std::move(config)), head_(head), weights_(std::move(weights)), layer_source_(layers) {}
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& dir, LlamaHead head,
+                                                             at::ScalarType dtype) {
+  auto config = LlamaConfig::Load(dir);
+  if (!config.ok()) return config.status();
+  auto checkpoint = Checkpoint::Open(dir);
+  if (!checkpoint.ok()) return checkpoint.status();
+  const Checkpoint& ckpt = **checkpoint;
+  const LlamaConfig& c = *config;
+
+  auto load = [&](const std::string& name, std::vector<int64_t> shape) -> absl::StatusOr<at::Tensor> {
+    auto view = ckpt.Get(name);
+    if (!view.ok()) return view.status();
+    auto tensor = ToTensorWithShape(*view, shape, dtype);
+    if (!tensor.ok()) return absl::InvalidArgumentError(absl::StrCat(dir, ": ", tensor.status().message()));
+    return tensor;
+  };
+
+  LlamaWeights w;
+  auto embed = load("model.embed_tokens.weight", {c.vocab_size, c.hidden_size});
+  if (!embed.ok()) return embed.status();
+  w.embed_tokens = *embed;
+  const auto shapes = LayerShapes(c);
+  w.layers.resize(static_cast<size_t>(c.num_hidden_layers));
+  for (size_t l = 0; l < w.layers.size(); ++l) {
+    auto named = w.layers[l].Named();
+    for (size_t p = 0; p < named.size(); ++p) {
+      auto tensor = load(LayerPrefix(l) + named[p].first, shapes[p]);
+      if (!tensor.ok()) return tensor.status();
+      *named[p].second = *tensor;
+    }
+  }
+  auto norm = load("model.norm.weight", {c.hidden_size});
+  if (!norm.ok()) return norm.status();
+  w.norm = *norm;
+  if (head == LlamaHead::kLanguageModel) {
+    // Some tied checkpoints still carry lm_head.weight; a tied model ignores it.
+    if (!c.tie_word_embeddings) {
+      auto lm_head = load("lm_head.weight", {c.vocab_size, c.hidden_size});
+      if (!lm_head.ok()) return lm_head.status();
+      w.lm_head = *lm_head;
+    }
+  } else {
+    auto score = load("score.weight", {c.num_labels, c.hidden_size});
+    if (!score.ok()) return score.status();
+    w.score = *score;
+  }
+  return std::make_unique<LlamaModel>(c, head, std::move(w));
+}
+
+std::unique_ptr<LlamaModel> LlamaModel::RandomInit(const LlamaConfig& config, LlamaHead head, at::ScalarType dtype,
+                                                   uint64_t seed, double init_std) {
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  auto normal = [&](std::vector<int64_t> shape) {
+    return at::empty(shape, at::kFloat).normal_(0.0, init_std, gen).to(dtype);
+  };
+  auto ones = [&](int64_t n) { return at::ones({n}, at::TensorOptions().dtype(dtype)); };
+  LlamaWeights w;
+  w.embed_tokens = normal({config.vocab_size, config.hidden_size});
+  const auto shapes = LayerShapes(config);
+  w.layers.resize(static_cast<size_t>(config.num_hidden_layers));
+  for (auto& layer : w.layers) {
+    auto named = layer.Named();
+    for (size_t p = 0; p < named.size(); ++p) {
+      *named[p].second = shapes[p].size() == 1 ? ones(shapes[p][0]) : normal(shapes[p]);
+    }
+  }
+  w.norm = ones(config.hidden_size);
+  if (head == LlamaHead::kLanguageModel && !config.tie_word_embeddings) {
+    w.lm_head = normal({config.vocab_size, config.hidden_size});
+  }
+  if (head == LlamaHead::kScalar) w.score = normal({config.num_labels, config.hidden_size});
+  return std::make_unique<LlamaModel>(config, head, std::move(w));
+}
+
+std::vector<std::pair<std::string, at::Tensor>> LlamaModel::NamedParameters() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  out.emplace_back("model.embed_tokens.weight", weights_.embed_tokens);
+  for (size_t l = 0; l < weights_.layers.size(); ++l) {
+    auto layer = weights_.layers[l];  // Named() hands out pointers; copies share storage.
+    for (auto& [name, tensor] : layer.Named()) out.emplace_back(LayerPrefix(l) + name, *tensor);
+  }
+  out.emplace_back("model.norm.weight", weights_.norm);
+  if (weights_.lm_head.defined()) out.emplace_back("lm_head.weight", weights_.lm_head);
+  if (weights_.score.defined()) out.emplace_back("score.weight", weights_.score);
+  return out;
+}
+
+absl::Status LlamaModel::Save(const std::string& dir, size_t max_shard_bytes) const {
+  if (!IsDirectory(dir)) return absl::NotFoundError(absl::StrCat("model directory ", dir, " does not exist"));
+  TensorWriteBatch batch;
+  for (const auto& [name, tensor] : NamedParameters()) {
+    if (auto s = batch.Add(name, tensor); !s.ok()) return s;
+  }
+  if (auto s = WriteCheckpoint(dir, batch.entries(), max_shard_bytes); !s.ok()) return s;
+  LlamaConfig config = config_;
+  config.torch_dtype = dtype() == at::kBFloat16 ? "bfloat16" : dtype() == at::kHalf ? "float16" : "float32";
+  const std::string arch =
+      head_ == LlamaHead::kScalar ? "LlamaForSequenceClassification" : "LlamaForCausalLM";
+  // config.json last: a directory with a config always has its weights.
+  return WriteFileAtomically(JoinPath(dir, "config.json"), config.ToJson(arch));
+}
+
+const at::Tensor& LlamaModel::OutputHead() const {
+  return weights_.lm_head.defined() ? weights_.lm_head : weights_.embed_tokens;
+}
+
+at::Tensor LlamaModel::Hidden(const at::Tensor& input_ids, const at::Tensor& attention_mask, KvCache* cache) const {
+  const int64_t t = input_ids.size(1);
+  const int64_t cached = cache != nullptr ? cache->length() : 0;
+  TORCH_CHECK(attention_mask.size(0) == input_ids.size(0) && attention_mask.size(1) == cached + t,
+              "attention_mask must be [batch, cached + new] = [", input_ids.size(0), ", ", cached + t, "], got ",
+              attention_mask.sizes());
+  const LayerContext ctx = MakeLayerContext(config_, attention_mask, t, dtype());
+  at::Tensor h = at::embedding(weights_.embed_tokens, input_ids);
+  if (layer_source_ != nullptr) {
+    std::vector<int64_t> order(static_cast<size_t>(config_.num_hidden_layers));
+    std::iota(order.begin(), order.end(), 0);
+    const absl::Status begun = layer_source_->BeginPass(order);
+    TORCH_CHECK(begun.ok(), std::string(begun.message()));
+    for (int64_t l : order) {
+      auto w = layer_source_->Acquire(l);
+      if (!w.ok()) {
+        layer_source_->EndPass();
+        TORCH_CHECK(false, std::string(w.status().message()));
+      }
+      h = DecoderLayerForward(config_, *w, h, ctx, cache, l);
+      layer_source_->Release(l);
+    }
+    layer_source_->EndPass();
+  } else {
+    for (size_t l = 0; l < weights_.layers.size(); ++l) {
+      h = DecoderLayerForward(config_, weights_.layers[l], h, ctx, cache, static_cast<int64_t>(l));
+    }
+  }
+  if (cache != nullptr) cache->Advance(t);
+  return RmsNorm(h, weights_.norm, config_.rms_norm_eps);
+}
+
+at::Tensor LlamaModel::Logits(const at::Tensor& input_ids, const at::Tensor& attention_mask, KvCache* cache) const {
+  TORCH_CHECK(head_ == LlamaHead::kLanguageModel, "Logits() needs a language-model head");
+  return at::linear(Hidden(input_ids, attention_mask, cache), OutputHead()).to(at::kFloat);
+}
+
+at::Tensor LlamaModel::LogitsFromHidden(const at::Tensor& hidden) const {
+  TORCH_CHECK(head_ == LlamaHead::kLanguageModel, "LogitsFromHidden() needs a language-model head");
+  return at::linear(hidden, OutputHead()).to(at::kFloat);
+}
+
+at::Tensor LlamaModel::Scores(const at::Tensor& input_ids, const at::Tensor& attention_mask) const {
+  TORCH_CHECK(head_ == LlamaHead::kScalar, "Scores() needs a scalar head");
+  const at::Tensor hidden = Hidden(input_ids, attention_mask);
+  return at::linear(AtLastToken(hidden, attention_mask), weights_.score).to(at::kFloat);
+}
+
+at::Tensor LlamaModel::TokenScores(const at::Tensor& input_ids, const at::Tensor& attention_mask) const {
+  TORCH_CHECK(head_ == LlamaHead::kScalar, "TokenScores() needs a scalar head");
+  return at::linear(Hidden(input_ids, attention_mask), weights_.score).to(at::kFloat);
+}
+
+at::Tensor AtLastToken(const at::Tensor& per_token, const at::Tensor& attention_mask) {
+  // Last real token of each row: the largest index whose mask is 1.
+  const at::Tensor columns =
+      at::arange(attention_mask.size(1), at::TensorOptions().dtype(at::kLong).device(attention_mask.device()));
+  const at::Tensor index = (attention_mask.to(at::kLong) * columns).argmax(-1);
+  return per_token.gather(1, index.view({-1, 1, 1}).expand({per_token.size(0), 1, per_token.size(2)})).squeeze(1);
+}
+
+at::Tensor TokenLogProbs(const at::Tensor& logits, const at::Tensor& targets) {
+  return at::log_softmax(logits.to(at::kFloat), -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1);
+}
+
+at::Tensor TokenEntropy(const at::Tensor& logits) {
+  const at::Tensor logp = at::log_softmax(logits.to(at::kFloat), -1);
+  return -(logp.exp() * logp).sum(-1);
+}
+
+at::Tensor SequenceLogProbs(const LlamaModel& model, const at::Tensor& ids, const at::Tensor& attention_mask) {
+  const int64_t s = ids.size(1);
+  const at::Tensor logits = model.Logits(ids, attention_mask).narrow(1, 0, s - 1);
+  const at::Tensor logp = TokenLogProbs(logits, ids.narrow(1, 1, s - 1));
+  return logp * attention_mask.narrow(1, 1, s - 1).to(at::kFloat);
+}
+
+size_t LayerWorkingBytes(const LlamaConfig& c, int64_t batch, int64_t seq, at::ScalarType dtype, bool training) {
+  const size_t es = c10::elementSize(dtype);
+  const size_t bth = static_cast<size_t>(batch * seq * c.hidden_size);
+  const size_t bti = static_cast<size_t>(batch * seq * c.intermediate_size);
+  // Scores, their float32 softmax and the probabilities in the model dtype.
+  const size_t attention = static_cast<size_t>(batch * c.num_attention_heads * seq * seq) * (4 + 4 + es);
+  if (!training) return (4 * bth + 3 * bti) * es + attention;
+  const size_t layer_params = static_cast<size_t>(
+      c.hidden_size * (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim +
+      c.hidden_size * c.num_attention_heads * c.head_dim + 3 * c.hidden_size * c.intermediate_size +
+      2 * c.hidden_size);
+  // Saved activations and their gradients (x2), plus the weight gradients.
+  return 2 * ((10 * bth + 4 * bti) * es + attention) + layer_params * es;
+}
+
+absl::StatusOr<at::ScalarType> ParseModelDType(const std::string& name) {
+  if (name == "fp32" || name == "float32") return at::kFloat;
+  if (name == "bf16" || name == "bfloat16") return at::kBFloat16;
+  return absl::InvalidArgumentError(absl::StrCat("dtype '", name, "' is not supported (fp32, bf16)"));
+}
+
+}  // namespace strata::policies

@@ -1,0 +1,180 @@
+// A Llama-family decoder (RMSNorm, RoPE, SwiGLU, grouped-query attention,
+// KV cache) written with ATen ops so that each layer can be run on its own:
+// the offload engine streams layers to the device and calls
+// DecoderLayerForward one layer at a time.
+//
+// Shapes: B batch, T new tokens, S = cached + new tokens, H hidden,
+// n_h query heads, n_kv key/value heads, d head_dim, V vocabulary.
+#ifndef STRATA_POLICIES_MODEL_LLAMA_H_
+#define STRATA_POLICIES_MODEL_LLAMA_H_
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "policies/model/llama_config.h"
+
+namespace strata::policies {
+
+// Weights of one decoder layer, HF layout ([out, in] for projections).
+struct LlamaLayerWeights {
+  at::Tensor input_layernorm;           // [H]
+  at::Tensor q_proj, k_proj, v_proj;    // [n_h*d, H], [n_kv*d, H], [n_kv*d, H]
+  at::Tensor o_proj;                    // [H, n_h*d]
+  at::Tensor post_attention_layernorm;  // [H]
+  at::Tensor gate_proj, up_proj;        // [I, H]
+  at::Tensor down_proj;                 // [H, I]
+
+  // Every tensor, with its HF name relative to "model.layers.<i>.".
+  std::vector<std::pair<std::string, at::Tensor*>> Named();
+};
+
+// Which output the model produces on top of the decoder.
+enum class LlamaHead {
+  kLanguageModel,  // LlamaForCausalLM: lm_head -> logits over the vocabulary
+  kScalar,         // LlamaForSequenceClassification: score -> num_labels values
+};
+
+struct LlamaWeights {
+  at::Tensor embed_tokens;  // [V, H]
+  std::vector<LlamaLayerWeights> layers;
+  at::Tensor norm;          // [H]
+  at::Tensor lm_head;       // [V, H]; undefined when tied to embed_tokens
+  at::Tensor score;         // [num_labels, H]; only for kScalar
+};
+
+// Moves the resident parts of `w` (embeddings, norm, heads) to `device`,
+// and its layers too when `include_layers`.
+void MoveToDevice(LlamaWeights& w, const at::Device& device, bool include_layers);
+
+// Keys and values of every layer for incremental decoding. Storage is
+// allocated once for `capacity` positions; Append writes in place.
+class KvCache {
+ public:
+  KvCache(const LlamaConfig& config, int64_t batch, int64_t capacity, at::TensorOptions options);
+
+  int64_t length() const { return length_; }
+  int64_t capacity() const { return capacity_; }
+  // Stores k, v ([B, n_kv, T, d]) for `layer` at positions [length, length+T)
+  // and returns views of all cached keys and values, [B, n_kv, length+T, d].
+  std::pair<at::Tensor, at::Tensor> Append(int64_t layer, const at::Tensor& k, const at::Tensor& v);
+  // Called once all layers have appended a step of T tokens.
+  void Advance(int64_t tokens) { length_ += tokens; }
+
+ private:
+  std::vector<at::Tensor> keys_, values_;
+  int64_t capacity_;
+  int64_t length_ = 0;
+};
+
+// Per-call inputs that every layer shares.
+struct LayerContext {
+  at::Tensor cos, sin;         // [B, T, d], model dtype
+  at::Tensor attention_bias;   // [B, 1, 1, T, S] additive, 0 or a large negative
+};
+
+// Builds rotary tables and the causal + padding mask for a step.
+// `attention_mask` is [B, S] (1 for real tokens, 0 for padding) and covers
+// the cached tokens plus the T new ones.
+LayerContext MakeLayerContext(const LlamaConfig& config, const at::Tensor& attention_mask, int64_t new_tokens,
+                              at::ScalarType dtype);
+
+// Position of every token: the count of real tokens before it, so that
+// left padding does not shift positions (HF convention). [B, S] int64.
+at::Tensor PositionIdsFromMask(const at::Tensor& attention_mask);
+
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// One decoder layer: hidden [B, T, H] -> [B, T, H]. `cache` may be null.
+at::Tensor DecoderLayerForward(const LlamaConfig& config, const LlamaLayerWeights& w, const at::Tensor& hidden,
+                               const LayerContext& ctx, KvCache* cache, int64_t layer_index);
+
+class LayerSource;
+
+class LlamaModel {
+ public:
+  // With `layers` set, decoder layers are drawn from it (streamed by the
+  // offload engine) and weights.layers should be empty; `layers` must outlive
+  // the model, and forward calls throw if a fetch fails.
+  LlamaModel(LlamaConfig config, LlamaHead head, LlamaWeights weights, LayerSource* layers = nullptr);
+
+  // Loads config.json and the safetensors weights of a HF model directory,
+  // converting to `dtype` (at::kFloat or at::kBFloat16). Errors name the
+  // file and tensor: missing tensors, wrong shapes, unsupported dtypes.
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const std::string& dir, LlamaHead head,
+                                                          at::ScalarType dtype);
+
+  // Fresh weights drawn from N(0, init_std), norms at 1; reproducible for a seed.
+  static std::unique_ptr<LlamaModel> RandomInit(const LlamaConfig& config, LlamaHead head, at::ScalarType dtype,
+                                                uint64_t seed, double init_std = 0.02);
+
+  // Writes config.json and model.safetensors (or shards above
+  // max_shard_bytes) in HF layout, in the weights' own dtype.
+  absl::Status Save(const std::string& dir, size_t max_shard_bytes = 0) const;
+
+  // Final-normed hidden states [B, T, H] for the T new tokens `input_ids`
+  // ([B, T] int64). `attention_mask` is [B, S] over cached + new tokens.
+  at::Tensor Hidden(const at::Tensor& input_ids, const at::Tensor& attention_mask, KvCache* cache = nullptr) const;
+
+  // LM logits [B, T, V] in float32. Requires kLanguageModel.
+  at::Tensor Logits(const at::Tensor& input_ids, const at::Tensor& attention_mask, KvCache* cache = nullptr) const;
+
+  // LM logits [..., V] float32 for hidden states from Hidden().
+  at::Tensor LogitsFromHidden(const at::Tensor& hidden) const;
+
+  // Scalar head read at each row's last real token: [B, num_labels] float32.
+  // Requires kScalar.
+  at::Tensor Scores(const at::Tensor& input_ids, const at::Tensor& attention_mask) const;
+  // Scalar head at every position: [B, T, num_labels] float32 (critic values).
+  at::Tensor TokenScores(const at::Tensor& input_ids, const at::Tensor& attention_mask) const;
+
+
+  const LlamaConfig& config() const { return config_; }
+  LlamaHead head() const { return head_; }
+  // The resident weights. Tensors are handles: a copy shares their storage.
+  const LlamaWeights& weights() const { return weights_; }
+  at::ScalarType dtype() const { return weights_.embed_tokens.scalar_type(); }
+  // Where the resident weights (and so inputs and activations) live.
+  at::Device device() const { return weights_.embed_tokens.device(); }
+  // Every parameter with its HF name; tied heads appear once.
+  std::vector<std::pair<std::string, at::Tensor>> NamedParameters() const;
+
+ private:
+  const at::Tensor& OutputHead() const;
+
+  LlamaConfig config_;
+  LlamaHead head_;
+  LlamaWeights weights_;
+  LayerSource* layer_source_ = nullptr;
+};
+
+// The scalar head's output at each row's last real token: [B, T, L] with
+// mask [B, T] -> [B, L].
+at::Tensor AtLastToken(const at::Tensor& per_token, const at::Tensor& attention_mask);
+
+// log p(targets) under `logits`: [B, T, V] x [B, T] -> [B, T] float32.
+at::Tensor TokenLogProbs(const at::Tensor& logits, const at::Tensor& targets);
+
+// Entropy of each position's distribution: [B, T, V] -> [B, T] float32.
+at::Tensor TokenEntropy(const at::Tensor& logits);
+
+// log p(ids[t] | ids[<t]) for t = 1..S-1 of each row: [B, S] -> [B, S-1].
+// Positions whose target is padding hold 0.
+at::Tensor SequenceLogProbs(const LlamaModel& model, const at::Tensor& ids, const at::Tensor& attention_mask);
+
+// Estimated device bytes that running one decoder layer over [batch, seq]
+// tokens needs besides its weights: the temporaries of a no-grad forward, or
+// for training the recomputed forward's saved activations, their gradients
+// and the layer's weight gradients. Used to keep room for compute when
+// layers are streamed under a device budget.
+size_t LayerWorkingBytes(const LlamaConfig& config, int64_t batch, int64_t seq, at::ScalarType dtype, bool training);
+
+// Parses "fp32" / "bf16" (also "float32", "bfloat16").
+absl::StatusOr<at::ScalarType> ParseModelDType(const std::string& name);
+
+}  // namespace strata::policies
+
+#endif  // STRATA_POLICIES_MODEL_LLAMA_H_

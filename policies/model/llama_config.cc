@@ -1,0 +1,226 @@
+#include "policies/model/llama_config.h"
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "base/file.h"
+
+namespace strata::policies {
+namespace {
+
+using nlohmann::json;
+
+absl::Status FieldError(const std::string& source, const std::string& key, const std::string& why) {
+  return absl::InvalidArgumentError(absl::StrCat(source, ": field '", key, "' ", why));
+}
+
+// Reads an optional integer field; absent or null keeps `*out`.
+absl::Status ReadInt(const json& j, const std::string& key, const std::string& source, int64_t* out) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_number_integer()) return FieldError(source, key, "must be an integer");
+  *out = it->get<int64_t>();
+  return absl::OkStatus();
+}
+
+absl::Status ReadDouble(const json& j, const std::string& key, const std::string& source, double* out) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_number()) return FieldError(source, key, "must be a number");
+  *out = it->get<double>();
+  return absl::OkStatus();
+}
+
+absl::Status ReadRopeScaling(const json& j, const std::string& source, RopeScaling* out) {
+  auto it = j.find("rope_scaling");
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_object()) return FieldError(source, "rope_scaling", "must be an object or null");
+  std::string type;
+  for (const char* key : {"rope_type", "type"}) {
+    auto t = it->find(key);
+    if (t != it->end() && t->is_string()) {
+      type = t->get<std::string>();
+      break;
+    }
+  }
+  if (type == "linear") {
+    out->type = RopeScaling::Type::kLinear;
+  } else if (type == "llama3") {
+    out->type = RopeScaling::Type::kLlama3;
+  } else if (type == "default" || type.empty()) {
+    out->type = RopeScaling::Type::kNone;
+  } else {
+    return FieldError(source, "rope_scaling.type",
+                      absl::StrCat("'", type, "' is not supported (linear, llama3)"));
+  }
+  for (auto [key, field] : {std::pair{"factor", &out->factor},
+                            std::pair{"low_freq_factor", &out->low_freq_factor},
+                            std::pair{"high_freq_factor", &out->high_freq_factor}}) {
+    auto f = it->find(key);
+    if (f == it->end()) continue;
+    if (!f->is_number()) return FieldError(source, absl::StrCat("rope_scaling.", key), "must be a number");
+    *field = f->get<double>();
+  }
+  auto orig = it->find("original_max_position_embeddings");
+  if (orig != it->end()) {
+    if (!orig->is_number_integer()) {
+      return FieldError(source, "rope_scaling.original_max_position_embeddings", "must be an integer");
+    }
+    out->original_max_position_embeddings = orig->get<int64_t>();
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status LlamaConfig::Validate() const {
+  auto positive = [](const char* key, int64_t v) -> absl::Status {
+    if (v <= 0) return absl::InvalidArgumentError(absl::StrCat("config field '", key, "' must be positive, got ", v));
+    return absl::OkStatus();
+  };
+  for (auto [key, value] : {std::pair{"vocab_size", vocab_size}, std::pair{"hidden_size", hidden_size},
+                            std::pair{"intermediate_size", intermediate_size},
+                            std::pair{"num_hidden_layers", num_hidden_layers},
+                            std::pair{"num_attention_heads", num_attention_heads},
+                            std::pair{"num_key_value_heads", num_key_value_heads},
+                            std::pair{"head_dim", head_dim},
+                            std::pair{"max_position_embeddings", max_position_embeddings},
+                            std::pair{"num_labels", num_labels}}) {
+    if (auto s = positive(key, value); !s.ok()) return s;
+  }
+  if (num_attention_heads % num_key_value_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config field 'num_key_value_heads' (", num_key_value_heads,
+        ") must divide 'num_attention_heads' (", num_attention_heads, ")"));
+  }
+  if (head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("config field 'head_dim' must be even for RoPE, got ", head_dim));
+  }
+  if (!(rope_theta > 0)) return absl::InvalidArgumentError("config field 'rope_theta' must be positive");
+  if (!(rms_norm_eps > 0)) return absl::InvalidArgumentError("config field 'rms_norm_eps' must be positive");
+  if (rope_scaling.type != RopeScaling::Type::kNone && !(rope_scaling.factor > 0)) {
+    return absl::InvalidArgumentError("config field 'rope_scaling.factor' must be positive");
+  }
+  for (int64_t id : eos_token_ids) {
+    if (id < 0 || id >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("config field 'eos_token_id' ", id, " is outside the vocabulary"));
+    }
+  }
+  if (bos_token_id >= vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat("config field 'bos_token_id' ", bos_token_id, " is outside the vocabulary"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LlamaConfig> LlamaConfig::FromJson(const std::string& text, const std::string& source) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(source, ": not valid JSON"));
+  if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(source, ": expected a JSON object"));
+  auto mt = j.find("model_type");
+  if (mt != j.end() && mt->is_string() && mt->get<std::string>() != "llama") {
+    return FieldError(source, "model_type", absl::StrCat("is '", mt->get<std::string>(), "'; only 'llama' is supported"));
+  }
+  LlamaConfig c;
+  c.num_key_value_heads = -1;
+  c.head_dim = -1;
+  for (auto [key, field] : {std::pair{"vocab_size", &c.vocab_size}, std::pair{"hidden_size", &c.hidden_size},
+                            std::pair{"intermediate_size", &c.intermediate_size},
+                            std::pair{"num_hidden_layers", &c.num_hidden_layers},
+                            std::pair{"num_attention_heads", &c.num_attention_heads},
+                            std::pair{"num_key_value_heads", &c.num_key_value_heads},
+                            std::pair{"head_dim", &c.head_dim},
+                            std::pair{"max_position_embeddings", &c.max_position_embeddings},
+                            std::pair{"bos_token_id", &c.bos_token_id},
+                            std::pair{"pad_token_id", &c.pad_token_id}}) {
+    if (auto s = ReadInt(j, key, source, field); !s.ok()) return s;
+  }
+  for (auto [key, field] : {std::pair{"rope_theta", &c.rope_theta}, std::pair{"rms_norm_eps", &c.rms_norm_eps}}) {
+    if (auto s = ReadDouble(j, key, source, field); !s.ok()) return s;
+  }
+  if (auto it = j.find("tie_word_embeddings"); it != j.end() && !it->is_null()) {
+    if (!it->is_boolean()) return FieldError(source, "tie_word_embeddings", "must be true or false");
+    c.tie_word_embeddings = it->get<bool>();
+  }
+  if (auto it = j.find("eos_token_id"); it != j.end() && !it->is_null()) {
+    c.eos_token_ids.clear();
+    if (it->is_number_integer()) {
+      c.eos_token_ids.push_back(it->get<int64_t>());
+    } else if (it->is_array()) {
+      for (const auto& e : *it) {
+        if (!e.is_number_integer()) return FieldError(source, "eos_token_id", "must be an integer or a list of integers");
+        c.eos_token_ids.push_back(e.get<int64_t>());
+      }
+    } else {
+      return FieldError(source, "eos_token_id", "must be an integer or a list of integers");
+    }
+  }
+  if (auto it = j.find("id2label"); it != j.end() && it->is_object() && !it->empty()) {
+    c.num_labels = static_cast<int64_t>(it->size());
+  }
+  if (auto it = j.find("num_labels"); it != j.end() && it->is_number_integer()) c.num_labels = it->get<int64_t>();
+  if (auto it = j.find("torch_dtype"); it != j.end() && it->is_string()) c.torch_dtype = it->get<std::string>();
+  if (auto s = ReadRopeScaling(j, source, &c.rope_scaling); !s.ok()) return s;
+  if (c.num_key_value_heads < 0) c.num_key_value_heads = c.num_attention_heads;
+  if (c.head_dim < 0 && c.num_attention_heads > 0) c.head_dim = c.hidden_size / c.num_attention_heads;
+  if (auto s = c.Validate(); !s.ok()) return absl::InvalidArgumentError(absl::StrCat(source, ": ", s.message()));
+  return c;
+}
+
+absl::StatusOr<LlamaConfig> LlamaConfig::Load(const std::string& model_dir) {
+  const std::string path = JoinPath(model_dir, "config.json");
+  auto text = ReadFileToString(path);
+  if (!text.ok()) return text.status();
+  return FromJson(*text, path);
+}
+
+std::string LlamaConfig::ToJson(const std::string& architecture) const {
+  json j;
+  j["architectures"] = {architecture};
+  j["model_type"] = "llama";
+  j["vocab_size"] = vocab_size;
+  j["hidden_size"] = hidden_size;
+  j["intermediate_size"] = intermediate_size;
+  j["num_hidden_layers"] = num_hidden_layers;
+  j["num_attention_heads"] = num_attention_heads;
+  j["num_key_value_heads"] = num_key_value_heads;
+  j["head_dim"] = head_dim;
+  j["max_position_embeddings"] = max_position_embeddings;
+  j["rope_theta"] = rope_theta;
+  j["rms_norm_eps"] = rms_norm_eps;
+  j["tie_word_embeddings"] = tie_word_embeddings;
+  j["hidden_act"] = "silu";
+  j["attention_bias"] = false;
+  j["mlp_bias"] = false;
+  j["bos_token_id"] = bos_token_id >= 0 ? json(bos_token_id) : json(nullptr);
+  j["eos_token_id"] = eos_token_ids.size() == 1 ? json(eos_token_ids[0]) : json(eos_token_ids);
+  j["pad_token_id"] = pad_token_id >= 0 ? json(pad_token_id) : json(nullptr);
+  j["torch_dtype"] = torch_dtype;
+  if (architecture == "LlamaForSequenceClassification") j["num_labels"] = num_labels;
+  switch (rope_scaling.type) {
+    case RopeScaling::Type::kNone:
+      j["rope_scaling"] = nullptr;
+      break;
+    case RopeScaling::Type::kLinear:
+      j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", rope_scaling.factor}};
+      break;
+    case RopeScaling::Type::kLlama3:
+      j["rope_scaling"] = {{"rope_type", "llama3"},
+                           {"factor", rope_scaling.factor},
+                           {"low_freq_factor", rope_scaling.low_freq_factor},
+                           {"high_freq_factor", rope_scaling.high_freq_factor},
+                           {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
+      break;
+  }
+  return j.dump(2) + "\n";
+}
+
+int64_t LlamaConfig::NumParameters() const {
+  const int64_t h = hidden_size;
+  const int64_t attn = h * num_attention_heads * head_dim * 2 + h * num_key_value_heads * head_dim * 2;
+  const int64_t mlp = 3 * h * intermediate_size;
+  const int64_t per_layer = attn + mlp + 2 * h;
+  const int64_t embed = vocab_size * h;
+  return embed * (tie_word_embeddings ? 1 : 2) + num_hidden_layers * per_layer + h;
+}
+
+}  // namespace strata::policies

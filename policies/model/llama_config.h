@@ -1,0 +1,69 @@
+// The hyperparameters of a Llama-family decoder, read from and written to a
+// Hugging Face `config.json`. No torch here, so the planner and the services
+// can reason about model shapes without linking libtorch.
+#ifndef STRATA_POLICIES_MODEL_LLAMA_CONFIG_H_
+#define STRATA_POLICIES_MODEL_LLAMA_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace strata::policies {
+
+// `rope_scaling` from config.json. kNone leaves the frequencies as they are.
+struct RopeScaling {
+  enum class Type { kNone, kLinear, kLlama3 };
+  Type type = Type::kNone;
+  double factor = 1.0;                        // linear and llama3
+  double low_freq_factor = 1.0;               // llama3
+  double high_freq_factor = 4.0;              // llama3
+  int64_t original_max_position_embeddings = 8192;  // llama3
+};
+
+struct LlamaConfig {
+  int64_t vocab_size = 32000;
+  int64_t hidden_size = 4096;
+  int64_t intermediate_size = 11008;
+  int64_t num_hidden_layers = 32;
+  int64_t num_attention_heads = 32;
+  // Grouped-query attention: heads share key/value projections in groups of
+  // num_attention_heads / num_key_value_heads. Defaults to num_attention_heads.
+  int64_t num_key_value_heads = 32;
+  // Per-head width; config.json may set it, otherwise hidden / heads.
+  int64_t head_dim = 128;
+  int64_t max_position_embeddings = 4096;
+  double rope_theta = 10000.0;
+  double rms_norm_eps = 1e-5;
+  bool tie_word_embeddings = false;
+  RopeScaling rope_scaling;
+  int64_t bos_token_id = 1;                 // -1 when absent
+  std::vector<int64_t> eos_token_ids = {2};  // config may give one id or a list
+  int64_t pad_token_id = -1;                // -1 when absent
+  // Outputs of the scalar head (LlamaForSequenceClassification); 1 for reward/critic.
+  int64_t num_labels = 1;
+  // "float32", "bfloat16", "float16" as written by HF; informational.
+  std::string torch_dtype = "float32";
+
+  // Checks every field; the message names the offending key.
+  absl::Status Validate() const;
+
+  // Parses config.json text. `source` names the file in error messages.
+  static absl::StatusOr<LlamaConfig> FromJson(const std::string& text, const std::string& source);
+  // Reads DIR/config.json.
+  static absl::StatusOr<LlamaConfig> Load(const std::string& model_dir);
+
+  // HF config.json text; `architecture` is "LlamaForCausalLM" or
+  // "LlamaForSequenceClassification".
+  std::string ToJson(const std::string& architecture) const;
+
+  // Parameter count of the decoder stack with embeddings and, unless tied,
+  // the LM head.
+  int64_t NumParameters() const;
+};
+
+}  // namespace strata::policies
+
+#endif  // STRATA_POLICIES_MODEL_LLAMA_CONFIG_H_

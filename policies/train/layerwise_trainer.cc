@@ -1,0 +1,557 @@
+#include "policies/train/layerwise_trainer.h"
+
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <numeric>
+#include <span>
+#include <vector>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "offload/device/device_transfer.h"
+#include "offload/tiers/placement.h"
+#include "policies/checkpoint/safetensors.h"
+#include "policies/checkpoint/tensor_io.h"
+
+namespace strata::policies {
+namespace {
+
+constexpr size_t kTensorsPerLayer = 9;  // LlamaLayerWeights::Named()
+
+std::vector<int64_t> Range(int64_t n, bool reverse) {
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  if (reverse) std::reverse(order.begin(), order.end());
+  return order;
+}
+
+at::Tensor HostView(const offload::HostBuffer& buffer, int64_t numel) {
+  return at::from_blob(buffer.data(), {numel}, at::TensorOptions().dtype(at::kFloat));
+}
+
+}  // namespace
+
+class LayerwiseTrainerImpl final : public LayerwiseTrainer {
+ public:
+  LayerwiseTrainerImpl(const LlamaConfig& config, LlamaHead head, LlamaWeights resident, LayerSource* source,
+                   offload::HostArena* arena, const LayerwiseTrainerOptions& options);
+  ~LayerwiseTrainerImpl() override;
+  absl::StatusOr<double> ForwardBackward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                         const LossFn& loss_fn) override;
+  absl::Status OptimizerStep() override;
+  absl::Status SaveState(const std::string& path) override;
+  absl::Status LoadState(const std::string& path) override;
+  absl::StatusOr<at::Tensor> Gradient(const std::string& name) const override;
+  int64_t num_parameters() const override { return num_parameters_; }
+  const offload::CpuAdam& adam() const override { return *adam_; }
+
+ private:
+  friend class LayerwiseTrainer;  // its factory finishes construction
+
+  // Host-side state of one parameter tensor.
+  struct ParamState {
+    std::string name;
+    int64_t layer = -1;  // -1: resident
+    size_t index = 0;    // in Named() order for layers
+    at::Tensor* resident = nullptr;
+    int64_t numel = 0;
+    std::vector<int64_t> shape;
+    at::ScalarType dtype = at::kFloat;  // of the device weights
+    int64_t step = 0;
+    offload::HostBuffer master, grad, exp_avg, exp_avg_sq;  // host optimizer (grad also for NVMe)
+    at::Tensor device_master, device_grad, device_exp_avg, device_exp_avg_sq;  // device optimizer
+  };
+
+  // Gradients of one layer (or of the head) on their way to the host.
+  struct PendingGrad {
+    ParamState* state = nullptr;
+    offload::HostBuffer staging;  // pinned; the download lands here
+  };
+  struct PendingBatch {
+    std::shared_ptr<offload::TransferFence> fence;
+    std::vector<PendingGrad> grads;
+  };
+
+  // Adds `grad` to the parameter's gradient: directly on the CPU device or
+  // for a device optimizer; on a GPU with host gradients, queues its
+  // download into the current batch (see FlushGrads).
+  absl::Status AccumulateGrad(ParamState& state, const at::Tensor& grad);
+  // Closes the current download batch, then adds batches to the host
+  // gradients, oldest first, until at most `keep_in_flight` remain: the CPU
+  // adds layer l's gradients while the GPU computes layer l-1's backward.
+  absl::Status FlushGrads(size_t keep_in_flight);
+  // After an error (and at destruction): waits for downloads still writing
+  // into staging buffers, then drops them unadded.
+  void AbandonGrads();
+  absl::Status AllocateState(ParamState& state, const at::Tensor& value);
+  // The host bytes the optimizer may write p's new weights into, or empty.
+  std::span<std::byte> WriteTarget(const ParamState& p);
+  // Copies new fp32 weights `master` into p's device tensor or layer home.
+  absl::Status WriteBack(const ParamState& p, const at::Tensor& master);
+  absl::Status HostStep();
+  absl::Status NvmeStep();
+  absl::Status DeviceStep();
+
+  const LlamaConfig config_;
+  const LlamaHead head_;
+  LlamaWeights resident_;
+  LayerSource* const source_;
+  offload::HostArena* const arena_;
+  const LayerwiseTrainerOptions options_;
+  std::unique_ptr<offload::CpuAdam> adam_;
+  std::unique_ptr<offload::NvmeAdamState> nvme_adam_;
+  std::unique_ptr<offload::DeviceTransfer> grad_transfer_;  // GPU with host gradients only
+  PendingBatch current_grads_;
+  std::deque<PendingBatch> pending_grads_;
+  std::vector<ParamState> params_;
+  std::vector<std::vector<size_t>> layer_params_;  // params_ index per layer tensor
+  int64_t num_parameters_ = 0;
+};
+
+LayerwiseTrainerImpl::LayerwiseTrainerImpl(const LlamaConfig& config, LlamaHead head, LlamaWeights resident,
+                                           LayerSource* source, offload::HostArena* arena,
+                                           const LayerwiseTrainerOptions& options)
+    : config_(config), head_(head), resident_(std::move(resident)), source_(source), arena_(arena), options_(options) {
+  resident_.layers.clear();
+}
+
+absl::Status LayerwiseTrainerImpl::AllocateState(ParamState& state, const at::Tensor& value) {
+  state.numel = value.numel();
+  state.shape.assign(value.sizes().begin(), value.sizes().end());
+  state.dtype = value.scalar_type();
+  num_parameters_ += state.numel;
+  if (options_.optimizer == offload::Tier::kDevice) {
+    state.device_master = value.detach().to(at::kFloat, /*non_blocking=*/false, /*copy=*/true).reshape({-1});
+    state.device_grad = at::zeros_like(state.device_master);
+    state.device_exp_avg = at::zeros_like(state.device_master);
+    state.device_exp_avg_sq = at::zeros_like(state.device_master);
+    return absl::OkStatus();
+  }
+  const size_t bytes = static_cast<size_t>(state.numel) * sizeof(float);
+  std::vector<offload::HostBuffer*> buffers = {&state.grad};
+  if (options_.optimizer == offload::Tier::kHost) {
+    buffers.insert(buffers.end(), {&state.master, &state.exp_avg, &state.exp_avg_sq});
+  }
+  for (offload::HostBuffer* buffer : buffers) {
+    auto allocated = arena_->Allocate(bytes);
+    if (!allocated.ok()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("optimizer state for ", state.name, ": ", allocated.status().message()));
+    }
+    *buffer = std::move(*allocated);
+    std::memset(buffer->data(), 0, bytes);
+  }
+  const at::Tensor master = value.detach().to(at::kCPU, at::kFloat).contiguous().reshape({-1});
+  if (options_.optimizer == offload::Tier::kNvme) {
+    return nvme_adam_->Register(state.name,
+                                std::span<const float>(master.data_ptr<float>(), static_cast<size_t>(state.numel)));
+  }
+  HostView(state.master, state.numel).copy_(master);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<LayerwiseTrainer>> LayerwiseTrainer::Create(const LlamaConfig& config, LlamaHead head,
+                                                                           LlamaWeights resident, LayerSource* source,
+                                                                           offload::HostArena* arena,
+                                                                           const LayerwiseTrainerOptions& options,
+                                                                           offload::NvmeStore* nvme) {
+  if (source->num_layers() != config.num_hidden_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("layer source has ", source->num_layers(), " layers, config has ",
+                                                   config.num_hidden_layers));
+  }
+  offload::ModelPlacement placement;  // validates the optimizer / gradient pair
+  placement.weights = offload::Tier::kDevice;
+  placement.optimizer = options.optimizer;
+  placement.gradients = options.gradients;
+  if (auto s = placement.Validate(); !s.ok()) return s;
+  auto adam = offload::CpuAdam::Create(options.adam);
+  if (!adam.ok()) return adam.status();
+  std::unique_ptr<LayerwiseTrainerImpl> trainer(
+      new LayerwiseTrainerImpl(config, head, std::move(resident), source, arena, options));
+  trainer->adam_ = std::move(*adam);
+  if (options.optimizer == offload::Tier::kNvme) {
+    if (nvme == nullptr) return absl::InvalidArgumentError("an NVMe optimizer needs an NVMe store");
+    auto state = offload::NvmeAdamState::Create(options.nvme_adam, nvme, arena, trainer->adam_.get());
+    if (!state.ok()) return state.status();
+    trainer->nvme_adam_ = std::move(*state);
+  }
+  LlamaWeights& r = trainer->resident_;
+  if ((!r.embed_tokens.device().is_cpu() || options.stage_gradients) && options.optimizer != offload::Tier::kDevice) {
+    // Gradients leave the GPU through the download stream (pinned staging).
+    auto transfer = offload::DeviceTransfer::Create(r.embed_tokens.device());
+    if (!transfer.ok()) return transfer.status();
+    trainer->grad_transfer_ = *std::move(transfer);
+  }
+  std::vector<std::pair<std::string, at::Tensor*>> resident_params = {{"model.embed_tokens.weight", &r.embed_tokens},
+                                                                      {"model.norm.weight", &r.norm}};
+  if (r.lm_head.defined()) resident_params.emplace_back("lm_head.weight", &r.lm_head);
+  if (r.score.defined()) resident_params.emplace_back("score.weight", &r.score);
+  // Reserve first: ParamState holds pointers into resident_ only, but the
+  // vector must not reallocate while layer_params_ indexes it.
+  trainer->params_.reserve(resident_params.size() + static_cast<size_t>(config.num_hidden_layers) * kTensorsPerLayer);
+  for (auto& [name, tensor] : resident_params) {
+    LayerwiseTrainerImpl::ParamState state;
+    state.name = name;
+    state.resident = tensor;
+    if (auto s = trainer->AllocateState(state, *tensor); !s.ok()) return s;
+    trainer->params_.push_back(std::move(state));
+  }
+  LlamaLayerWeights names_only;
+  const auto named = names_only.Named();
+  trainer->layer_params_.resize(static_cast<size_t>(config.num_hidden_layers));
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    for (size_t i = 0; i < named.size(); ++i) {
+      auto value = source->Load(l, i);
+      if (!value.ok()) return value.status();
+      LayerwiseTrainerImpl::ParamState state;
+      state.name = absl::StrCat("model.layers.", l, ".", named[i].first);
+      state.layer = l;
+      state.index = i;
+      if (auto s = trainer->AllocateState(state, *value); !s.ok()) return s;
+      trainer->layer_params_[static_cast<size_t>(l)].push_back(trainer->params_.size());
+      trainer->params_.push_back(std::move(state));
+    }
+  }
+  return trainer;
+}
+
+absl::Status LayerwiseTrainerImpl::AccumulateGrad(ParamState& state, const at::Tensor& grad) {
+  if (!grad.defined()) return absl::OkStatus();
+  if (state.device_grad.defined()) {
+    state.device_grad.add_(grad.reshape({-1}).to(at::kFloat));
+    return absl::OkStatus();
+  }
+  if (grad_transfer_ == nullptr) {
+    HostView(state.grad, state.numel).add_(grad.reshape({-1}).to(at::kCPU, at::kFloat));
+    return absl::OkStatus();
+  }
+  auto staging = arena_->Allocate(static_cast<size_t>(state.numel) * sizeof(float));
+  if (!staging.ok()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("gradient staging for ", state.name, ": ", staging.status().message()));
+  }
+  const at::Tensor fp32 = grad.reshape({-1}).to(at::kFloat).contiguous();
+  if (auto s = grad_transfer_->Download(fp32, staging->bytes()); !s.ok()) return s;
+  current_grads_.grads.push_back({&state, *std::move(staging)});
+  return absl::OkStatus();
+}
+
+absl::Status LayerwiseTrainerImpl::FlushGrads(size_t keep_in_flight) {
+  if (grad_transfer_ == nullptr) return absl::OkStatus();
+  if (!current_grads_.grads.empty()) {
+    auto fence = grad_transfer_->Fence();
+    if (!fence.ok()) return fence.status();
+    current_grads_.fence = *std::move(fence);
+    pending_grads_.push_back(std::move(current_grads_));
+    current_grads_ = PendingBatch();
+  }
+  while (pending_grads_.size() > keep_in_flight) {
+    PendingBatch& batch = pending_grads_.front();
+    if (auto s = grad_transfer_->WaitHost(*batch.fence); !s.ok()) return s;
+    for (PendingGrad& g : batch.grads) {
+      HostView(g.state->grad, g.state->numel).add_(HostView(g.staging, g.state->numel));
+    }
+    pending_grads_.pop_front();  // staging buffers go back to the arena's pools
+  }
+  return absl::OkStatus();
+}
+
+void LayerwiseTrainerImpl::AbandonGrads() {
+  if (grad_transfer_ == nullptr) return;
+  // One wait covers every download queued, whichever batch it belongs to.
+  if (!grad_transfer_->WaitAll().ok()) (void)offload::SynchronizeDevice(grad_transfer_->device());
+  current_grads_ = PendingBatch();
+  pending_grads_.clear();
+}
+
+LayerwiseTrainerImpl::~LayerwiseTrainerImpl() { AbandonGrads(); }
+
+absl::StatusOr<double> LayerwiseTrainerImpl::ForwardBackward(const at::Tensor& input_ids,
+                                                             const at::Tensor& attention_mask, const LossFn& loss_fn) {
+  // However this returns early (an error, or an exception from libtorch),
+  // no download may still be writing into a staging buffer afterwards.
+  absl::Cleanup abandon_grads = [this] { AbandonGrads(); };
+  const int64_t layers = config_.num_hidden_layers;
+  const LayerContext ctx = MakeLayerContext(config_, attention_mask, input_ids.size(1),
+                                            resident_.embed_tokens.scalar_type());
+  // Forward without autograd, keeping each layer's input.
+  std::vector<at::Tensor> inputs(static_cast<size_t>(layers) + 1);
+  {
+    at::NoGradGuard no_grad;
+    inputs[0] = at::embedding(resident_.embed_tokens, input_ids);
+    if (auto s = source_->BeginPass(Range(layers, false)); !s.ok()) return s;
+    for (int64_t l = 0; l < layers; ++l) {
+      auto w = source_->Acquire(l);
+      if (!w.ok()) {
+        source_->EndPass();
+        return w.status();
+      }
+      inputs[static_cast<size_t>(l) + 1] = DecoderLayerForward(config_, *w, inputs[static_cast<size_t>(l)], ctx,
+                                                               nullptr, l);
+      source_->Release(l);
+    }
+    source_->EndPass();
+  }
+
+  // Head and loss with autograd; leaves stand in for the resident weights.
+  at::Tensor embed = resident_.embed_tokens.detach().requires_grad_();
+  at::Tensor norm = resident_.norm.detach().requires_grad_();
+  at::Tensor head_weight;
+  if (head_ == LlamaHead::kScalar) {
+    head_weight = resident_.score.detach().requires_grad_();
+  } else {
+    head_weight = resident_.lm_head.defined() ? resident_.lm_head.detach().requires_grad_() : embed;
+  }
+  at::Tensor top = inputs.back().detach().requires_grad_();
+  inputs.back() = at::Tensor();
+  double loss_value = 0;
+  {
+    // Scoped so that logits, the loss graph and the head's gradient are
+    // freed before the backward pass brings layers back to the device.
+    const at::Tensor hidden = RmsNorm(top, norm, config_.rms_norm_eps);
+    const at::Tensor output = at::linear(hidden, head_weight).to(at::kFloat);
+    const at::Tensor loss = loss_fn(output);
+    loss_value = loss.item<double>();
+    loss.backward();
+  }
+  absl::Status status;
+  for (ParamState& p : params_) {
+    if (p.resident == &resident_.norm) status.Update(AccumulateGrad(p, norm.grad()));
+    // A tied head's gradient stays in embed.grad and is taken below.
+    if (p.resident == &resident_.lm_head || p.resident == &resident_.score) {
+      status.Update(AccumulateGrad(p, head_weight.grad()));
+    }
+  }
+  status.Update(FlushGrads(/*keep_in_flight=*/1));
+  if (!status.ok()) return status;
+  norm = at::Tensor();
+  if (!head_weight.is_same(embed)) head_weight = at::Tensor();
+  at::Tensor grad = top.grad();
+  top = at::Tensor();
+
+  // Backward, one recomputed layer at a time.
+  if (auto s = source_->BeginPass(Range(layers, true)); !s.ok()) return s;
+  for (int64_t l = layers - 1; l >= 0; --l) {
+    auto w = source_->Acquire(l);
+    if (!w.ok()) {
+      source_->EndPass();
+      return w.status();
+    }
+    std::vector<at::Tensor*> slots = LayerTensors(*w);
+    for (at::Tensor* t : slots) *t = t->detach().requires_grad_();
+    at::Tensor x = inputs[static_cast<size_t>(l)].detach().requires_grad_();
+    inputs[static_cast<size_t>(l)] = at::Tensor();
+    const at::Tensor y = DecoderLayerForward(config_, *w, x, ctx, nullptr, l);
+    y.backward(grad);
+    for (size_t i = 0; i < slots.size(); ++i) {
+      status.Update(AccumulateGrad(params_[layer_params_[static_cast<size_t>(l)][i]], slots[i]->grad()));
+    }
+    status.Update(FlushGrads(/*keep_in_flight=*/1));
+    if (!status.ok()) {
+      source_->EndPass();
+      return status;
+    }
+    grad = x.grad();
+    *w = LlamaLayerWeights();
+    source_->Release(l);
+  }
+  source_->EndPass();
+
+  at::embedding(embed, input_ids).backward(grad);
+  status.Update(AccumulateGrad(params_[0], embed.grad()));  // params_[0] is embed_tokens (see Create)
+  status.Update(FlushGrads(/*keep_in_flight=*/0));
+  if (!status.ok()) return status;
+  std::move(abandon_grads).Cancel();
+  return loss_value;
+}
+
+absl::Status LayerwiseTrainerImpl::SaveState(const std::string& path) {
+  TensorWriteBatch batch;
+  std::map<std::string, std::string> metadata = {{"format", "strata-optimizer"}};
+  for (ParamState& p : params_) {
+    at::Tensor master, m, v;
+    if (options_.optimizer == offload::Tier::kDevice) {
+      master = p.device_master, m = p.device_exp_avg, v = p.device_exp_avg_sq;
+    } else if (options_.optimizer == offload::Tier::kHost) {
+      master = HostView(p.master, p.numel), m = HostView(p.exp_avg, p.numel), v = HostView(p.exp_avg_sq, p.numel);
+    } else {
+      master = at::empty({p.numel}, at::kFloat), m = at::empty({p.numel}, at::kFloat), v = at::empty({p.numel}, at::kFloat);
+      auto span = [&](at::Tensor& t) { return std::span<float>(t.data_ptr<float>(), static_cast<size_t>(p.numel)); };
+      if (auto s = nvme_adam_->ReadState(p.name, span(master), span(m), span(v)); !s.ok()) return s;
+    }
+    for (auto [suffix, tensor] : {std::pair{".master", &master}, std::pair{".exp_avg", &m},
+                                  std::pair{".exp_avg_sq", &v}}) {
+      if (auto s = batch.Add(p.name + suffix, *tensor); !s.ok()) return s;
+    }
+    metadata["step." + p.name] = std::to_string(p.step);
+  }
+  return WriteSafetensors(path, batch.entries(), metadata);
+}
+
+absl::Status LayerwiseTrainerImpl::LoadState(const std::string& path) {
+  auto file = SafetensorsFile::Open(path);
+  if (!file.ok()) return file.status();
+  for (ParamState& p : params_) {
+    std::array<at::Tensor, 3> loaded;
+    const char* suffixes[] = {".master", ".exp_avg", ".exp_avg_sq"};
+    for (int i = 0; i < 3; ++i) {
+      const TensorView* view = (*file)->Find(p.name + suffixes[i]);
+      if (view == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": optimizer state has no tensor ", p.name, suffixes[i]));
+      }
+      auto tensor = ToTensorWithShape(*view, {p.numel}, at::kFloat);
+      if (!tensor.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", tensor.status().message()));
+      loaded[static_cast<size_t>(i)] = *tensor;
+    }
+    auto step = (*file)->metadata().find("step." + p.name);
+    if (step == (*file)->metadata().end() || !absl::SimpleAtoi(step->second, &p.step)) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": optimizer state has no step count for ", p.name));
+    }
+    if (options_.optimizer == offload::Tier::kDevice) {
+      p.device_master.copy_(loaded[0]), p.device_exp_avg.copy_(loaded[1]), p.device_exp_avg_sq.copy_(loaded[2]);
+    } else if (options_.optimizer == offload::Tier::kHost) {
+      HostView(p.master, p.numel).copy_(loaded[0]);
+      HostView(p.exp_avg, p.numel).copy_(loaded[1]);
+      HostView(p.exp_avg_sq, p.numel).copy_(loaded[2]);
+    } else {
+      auto span = [&](const at::Tensor& t) {
+        return std::span<const float>(t.data_ptr<float>(), static_cast<size_t>(p.numel));
+      };
+      if (auto s = nvme_adam_->WriteState(p.name, span(loaded[0]), span(loaded[1]), span(loaded[2])); !s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<at::Tensor> LayerwiseTrainerImpl::Gradient(const std::string& name) const {
+  for (const ParamState& p : params_) {
+    if (p.name != name) continue;
+    const at::Tensor grad = p.device_grad.defined() ? p.device_grad : HostView(p.grad, p.numel);
+    return grad.to(at::kCPU).clone().view(p.shape);
+  }
+  return absl::NotFoundError(absl::StrCat("no parameter named ", name));
+}
+
+std::span<std::byte> LayerwiseTrainerImpl::WriteTarget(const ParamState& p) {
+  return p.resident != nullptr ? WritableCpuBytes(*p.resident) : source_->WritableHome(p.layer, p.index);
+}
+
+absl::Status LayerwiseTrainerImpl::WriteBack(const ParamState& p, const at::Tensor& master) {
+  at::NoGradGuard no_grad;
+  if (p.resident != nullptr) {
+    p.resident->copy_(master.view(p.shape));
+    return absl::OkStatus();
+  }
+  return source_->Store(p.layer, p.index, master.view(p.shape).to(p.dtype));
+}
+
+absl::Status LayerwiseTrainerImpl::OptimizerStep() {
+  absl::Status status;
+  switch (options_.optimizer) {
+    case offload::Tier::kHost: status = HostStep(); break;
+    case offload::Tier::kNvme: status = NvmeStep(); break;
+    case offload::Tier::kDevice: status = DeviceStep(); break;
+  }
+  if (!status.ok()) return status;
+  for (ParamState& p : params_) {
+    if (p.device_grad.defined()) {
+      p.device_grad.zero_();
+    } else {
+      std::memset(p.grad.data(), 0, static_cast<size_t>(p.numel) * sizeof(float));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LayerwiseTrainerImpl::HostStep() {
+  std::vector<offload::AdamTensorSpan> spans;
+  spans.reserve(params_.size());
+  std::vector<const ParamState*> write_back;  // homes the optimizer cannot write in place
+  for (ParamState& p : params_) {
+    offload::AdamTensorSpan span;
+    span.name = p.name;
+    const size_t n = static_cast<size_t>(p.numel);
+    span.param = p.master.floats().first(n);
+    span.grad = p.grad.floats().first(n);
+    span.exp_avg = p.exp_avg.floats().first(n);
+    span.exp_avg_sq = p.exp_avg_sq.floats().first(n);
+    span.step = ++p.step;
+    // The device weights are written in the same pass as the update when
+    // their home is host memory we can reach (ZeRO-Offload's fused copy).
+    const std::span<std::byte> home = WriteTarget(p);
+    if (!home.empty() && p.dtype == at::kFloat) {
+      span.device_fp32 = {reinterpret_cast<float*>(home.data()), n};
+    } else if (!home.empty() && p.dtype == at::kBFloat16) {
+      span.device_bf16 = {reinterpret_cast<uint16_t*>(home.data()), n};
+    } else {
+      write_back.push_back(&p);
+    }
+    spans.push_back(span);
+  }
+  if (auto s = adam_->Step(spans); !s.ok()) return s;
+  for (const ParamState* p : write_back) {
+    if (auto s = WriteBack(*p, HostView(p->master, p->numel)); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LayerwiseTrainerImpl::NvmeStep() {
+  std::vector<offload::NvmeAdamUpdate> updates;
+  std::vector<std::pair<const ParamState*, offload::HostBuffer>> write_back;
+  write_back.reserve(params_.size());
+  for (ParamState& p : params_) {
+    offload::NvmeAdamUpdate update;
+    update.name = p.name;
+    const size_t n = static_cast<size_t>(p.numel);
+    update.grad = p.grad.floats().first(n);
+    update.step = ++p.step;
+    std::span<std::byte> home = WriteTarget(p);
+    if (home.empty() || (p.dtype != at::kFloat && p.dtype != at::kBFloat16)) {
+      // No reachable home: the new fp32 weights land in a pooled scratch
+      // buffer and are stored after the step.
+      auto scratch = arena_->Allocate(n * sizeof(float));
+      if (!scratch.ok()) return scratch.status();
+      update.out_fp32 = scratch->floats().first(n);
+      write_back.emplace_back(&p, std::move(*scratch));
+    } else if (p.dtype == at::kFloat) {
+      update.out_fp32 = {reinterpret_cast<float*>(home.data()), n};
+    } else {
+      update.out_bf16 = {reinterpret_cast<uint16_t*>(home.data()), n};
+    }
+    updates.push_back(update);
+  }
+  if (auto s = nvme_adam_->Step(updates); !s.ok()) return s;
+  for (const auto& [p, scratch] : write_back) {
+    if (auto s = WriteBack(*p, HostView(scratch, p->numel)); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LayerwiseTrainerImpl::DeviceStep() {
+  // AdamW with torch ops on the device, in torch::optim::AdamW's order.
+  at::NoGradGuard no_grad;
+  const offload::AdamOptions& o = options_.adam.adam;
+  for (ParamState& p : params_) {
+    const int64_t step = ++p.step;
+    const double bias1 = 1 - std::pow(o.beta1, static_cast<double>(step));
+    const double bias2 = 1 - std::pow(o.beta2, static_cast<double>(step));
+    at::Tensor grad = p.device_grad;
+    if (o.decoupled) {
+      p.device_master.mul_(1 - o.lr * o.weight_decay);
+    } else if (o.weight_decay != 0) {
+      grad = grad.add(p.device_master, o.weight_decay);
+    }
+    p.device_exp_avg.mul_(o.beta1).add_(grad, 1 - o.beta1);
+    p.device_exp_avg_sq.mul_(o.beta2).addcmul_(grad, grad, 1 - o.beta2);
+    const at::Tensor denom = (p.device_exp_avg_sq.sqrt() / std::sqrt(bias2)).add_(o.eps);
+    p.device_master.addcdiv_(p.device_exp_avg, denom, -o.lr / bias1);
+    if (auto s = WriteBack(p, p.device_master); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace strata::policies

@@ -1,0 +1,100 @@
+// Training a Llama one decoder layer at a time, so that layer weights need
+// not stay on the device: the forward pass keeps only each layer's input,
+// the backward pass brings each layer back (reverse order), recomputes it
+// with autograd and backpropagates through it alone (activation
+// checkpointing at layer granularity). Gradients go to host fp32 buffers as
+// each layer finishes; the optimizer (CPU AdamW) updates fp32 master weights
+// on the host and writes the device-dtype weights back to the layers' home.
+//
+// Where layer weights come from is a LayerSource: resident on the device, or
+// streamed from host / NVMe by the offload engine.
+#ifndef STRATA_POLICIES_TRAIN_LAYERWISE_TRAINER_H_
+#define STRATA_POLICIES_TRAIN_LAYERWISE_TRAINER_H_
+
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "offload/adam/cpu_adam.h"
+#include "offload/adam/nvme_adam.h"
+#include "offload/host/host_arena.h"
+#include "offload/nvme/nvme_store.h"
+#include "offload/tiers/placement.h"
+#include "policies/model/layer_source.h"
+#include "policies/model/llama.h"
+
+namespace strata::policies {
+
+// Maps the head output at every position (LM logits [B, T, V] or scalar
+// head values [B, T, num_labels], float32) to a scalar loss. Reward models
+// read their score with AtLastToken.
+using LossFn = std::function<at::Tensor(const at::Tensor& output)>;
+
+struct LayerwiseTrainerOptions {
+  // Adam hyperparameters, threads and ISA (the device optimizer uses the
+  // hyperparameters only).
+  offload::CpuAdamOptions adam;
+  // Where master weights and moments live (kDevice, kHost or kNvme) and
+  // where gradients accumulate; see offload::ModelPlacement for the
+  // combinations that work. Weights' placement is the LayerSource's.
+  offload::Tier optimizer = offload::Tier::kHost;
+  offload::Tier gradients = offload::Tier::kHost;
+  // Tiling of NVMe optimizer states.
+  offload::NvmeAdamOptions nvme_adam;
+  // Move host gradients through DeviceTransfer's staging pipeline even on
+  // the CPU device. A GPU with host gradients always uses it (download
+  // stream, pinned staging in the arena: 2 layers of fp32 gradients); tests
+  // turn it on to run that logic without a GPU.
+  bool stage_gradients = false;
+};
+
+class LayerwiseTrainer {
+ public:
+  // `resident` holds embed_tokens, norm, and lm_head or score (its `layers`
+  // are ignored: they come from `source`). With a host optimizer, master
+  // weights, gradients and both moments (16 bytes per parameter) are
+  // allocated in `arena`; with an NVMe optimizer only the gradients (4
+  // bytes per parameter) and a few staging tiles are, and the states go to
+  // `nvme`. `source`, `arena` and `nvme` must outlive the trainer.
+  static absl::StatusOr<std::unique_ptr<LayerwiseTrainer>> Create(const LlamaConfig& config, LlamaHead head,
+                                                                  LlamaWeights resident, LayerSource* source,
+                                                                  offload::HostArena* arena,
+                                                                  const LayerwiseTrainerOptions& options,
+                                                                  offload::NvmeStore* nvme = nullptr);
+
+  virtual ~LayerwiseTrainer() = default;
+
+  // Forward and backward of loss_fn(head(...)); gradients are added to the
+  // host gradient buffers. Returns the loss. After an error the gradients
+  // accumulated since the last OptimizerStep are unspecified.
+  virtual absl::StatusOr<double> ForwardBackward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                                 const LossFn& loss_fn) = 0;
+
+  // One AdamW step from the accumulated gradients, then writes the new
+  // weights back (device tensors for resident parts, the source for layers)
+  // and zeroes the gradients.
+  virtual absl::Status OptimizerStep() = 0;
+
+  // Optimizer state (fp32 master weights, both moments and step count of
+  // every parameter) as one safetensors file, and its restore. LoadState
+  // checks names and sizes and names the offending tensor.
+  virtual absl::Status SaveState(const std::string& path) = 0;
+  virtual absl::Status LoadState(const std::string& path) = 0;
+
+  // A copy of the accumulated gradient of the parameter with this HF name,
+  // shaped like the parameter; NOT_FOUND for an unknown name.
+  virtual absl::StatusOr<at::Tensor> Gradient(const std::string& name) const = 0;
+
+  virtual int64_t num_parameters() const = 0;
+  virtual const offload::CpuAdam& adam() const = 0;
+
+ protected:
+  LayerwiseTrainer() = default;
+};
+
+}  // namespace strata::policies
+
+#endif  // STRATA_POLICIES_TRAIN_LAYERWISE_TRAINER_H_

@@ -1,0 +1,104 @@
+#include "policies/train/placed_model.h"
+
+#include "absl/strings/str_cat.h"
+#include "policies/train/streamed_layers.h"
+
+namespace strata::policies {
+
+absl::StatusOr<std::unique_ptr<PlacedModel>> PlacedModel::Create(std::unique_ptr<LlamaModel> model,
+                                                                 const PlacedModelOptions& options,
+                                                                 const OffloadContext& context) {
+  if (auto s = options.placement.Validate(); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(options.name, ": ", s.message()));
+  }
+  const offload::ModelPlacement& placement = options.placement;
+  const bool needs_nvme = placement.weights == offload::Tier::kNvme ||
+                          (options.trainable && placement.optimizer == offload::Tier::kNvme);
+  if (needs_nvme && context.nvme == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(options.name, ": placement uses nvme but no NVMe directory is set"));
+  }
+  std::unique_ptr<PlacedModel> placed(new PlacedModel(options));
+  const LlamaConfig config = model->config();
+  const LlamaHead head = model->head();
+  const at::ScalarType dtype = model->dtype();
+  // The copy shares the tensors' storage; dropping the model leaves it the
+  // only owner, so streamed layers are freed as they reach their home.
+  LlamaWeights weights = model->weights();
+  model.reset();
+  // Resident parts always compute on the device; layers only when resident
+  // (streamed ones go to their home from wherever they were loaded).
+  MoveToDevice(weights, context.device, /*include_layers=*/placement.weights == offload::Tier::kDevice);
+  if (placement.weights == offload::Tier::kDevice) {
+    // The source shares storage with the model's tensors, so optimizer
+    // updates are what generation sees.
+    placed->source_ = std::make_unique<ResidentLayerSource>(weights.layers);
+    placed->model_ = std::make_unique<LlamaModel>(config, head, weights);
+  } else {
+    offload::LayerStreamerOptions streaming;
+    streaming.device = context.device;
+    streaming.home = placement.weights;
+    streaming.prefetch_depth = placement.prefetch_depth;
+    streaming.nvme_prefix = options.name + "/";
+    streaming.device_budget_bytes = context.device_budget_bytes;
+    if (context.device_budget_bytes > 0) {
+      streaming.compute_reserve_bytes = LayerWorkingBytes(config, options.batch, options.seq, dtype, options.trainable);
+    }
+    auto streamer = offload::LayerStreamer::Create(streaming, context.arena, context.nvme, context.accountant);
+    if (!streamer.ok()) return streamer.status();
+    placed->streamer_ = std::move(*streamer);
+    if (auto s = AddLayersToStreamer(std::move(weights.layers), placed->streamer_.get()); !s.ok()) return s;
+    weights.layers.clear();
+    placed->source_ = std::make_unique<StreamedLayerSource>(placed->streamer_.get());
+    placed->model_ = std::make_unique<LlamaModel>(config, head, weights, placed->source_.get());
+  }
+  if (options.trainable) {
+    LayerwiseTrainerOptions trainer_options = options.trainer;
+    trainer_options.optimizer = placement.optimizer;
+    trainer_options.gradients = placement.gradients;
+    trainer_options.nvme_adam.id_prefix = options.name + "/";
+    auto trainer = LayerwiseTrainer::Create(config, head, weights, placed->source_.get(), context.arena,
+                                            trainer_options, context.nvme);
+    if (!trainer.ok()) {
+      return absl::Status(trainer.status().code(), absl::StrCat(options.name, ": ", trainer.status().message()));
+    }
+    placed->trainer_ = std::move(*trainer);
+  }
+  return placed;
+}
+
+absl::Status PlacedModel::Save(const std::string& dir) const {
+  if (placement().weights == offload::Tier::kDevice) return model_->Save(dir);
+  // Gather the streamed layers back for the write.
+  LlamaWeights weights = model_->weights();
+  weights.layers.resize(static_cast<size_t>(model_->config().num_hidden_layers));
+  for (size_t l = 0; l < weights.layers.size(); ++l) {
+    std::vector<at::Tensor*> slots = LayerTensors(weights.layers[l]);
+    for (size_t i = 0; i < slots.size(); ++i) {
+      auto tensor = source_->Load(static_cast<int64_t>(l), i);
+      if (!tensor.ok()) return tensor.status();
+      *slots[i] = *tensor;
+    }
+  }
+  return LlamaModel(model_->config(), model_->head(), std::move(weights)).Save(dir);
+}
+
+absl::Status PlacedModel::LoadWeights(const std::string& dir) {
+  auto loaded = LlamaModel::Load(dir, model_->head(), model_->dtype());
+  if (!loaded.ok()) return loaded.status();
+  at::NoGradGuard no_grad;
+  LlamaWeights from = (*loaded)->weights();
+  const LlamaWeights& to = model_->weights();
+  to.embed_tokens.copy_(from.embed_tokens);
+  to.norm.copy_(from.norm);
+  if (to.lm_head.defined()) to.lm_head.copy_(from.lm_head);
+  if (to.score.defined()) to.score.copy_(from.score);
+  for (size_t l = 0; l < from.layers.size(); ++l) {
+    std::vector<at::Tensor*> slots = LayerTensors(from.layers[l]);
+    for (size_t i = 0; i < slots.size(); ++i) {
+      if (auto s = source_->Store(static_cast<int64_t>(l), i, *slots[i]); !s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace strata::policies

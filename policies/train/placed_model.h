@@ -1,0 +1,77 @@
+// One model of a job under its placement: weights resident or streamed
+// through the offload engine, and, when trainable, a layer-wise trainer
+// whose optimizer and gradients sit where the placement says. The worker
+// holds the actor, reference, reward model and critic as PlacedModels.
+#ifndef STRATA_POLICIES_TRAIN_PLACED_MODEL_H_
+#define STRATA_POLICIES_TRAIN_PLACED_MODEL_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "offload/host/host_arena.h"
+#include "offload/stream/layer_streamer.h"
+#include "offload/nvme/nvme_store.h"
+#include "offload/tiers/placement.h"
+#include "policies/model/layer_source.h"
+#include "policies/train/layerwise_trainer.h"
+#include "policies/model/llama.h"
+
+namespace strata::policies {
+
+// Memory shared by every model of a worker; each must outlive the models.
+struct OffloadContext {
+  offload::HostArena* arena = nullptr;       // host homes, optimizer states, staging
+  offload::NvmeStore* nvme = nullptr;        // required by nvme placements
+  offload::TierAccountant* accountant = nullptr;  // optional: home bytes per tier
+  size_t device_budget_bytes = 0;            // 0: unlimited
+  // Where the model computes: the CPU, or cuda:N in a CUDA build (the arena
+  // should then be pinned). Inputs must be on it; outputs are.
+  at::Device device = at::kCPU;
+};
+
+struct PlacedModelOptions {
+  std::string name;  // "actor", ...: prefixes NVMe ids and names errors
+  offload::ModelPlacement placement;
+  bool trainable = false;
+  // Adam hyperparameters and threads; optimizer and gradient tiers are taken
+  // from `placement`.
+  LayerwiseTrainerOptions trainer;
+  // Batch and sequence length the model runs at, for the compute reserve
+  // kept free under a device budget.
+  int64_t batch = 8;
+  int64_t seq = 128;
+};
+
+class PlacedModel {
+ public:
+  static absl::StatusOr<std::unique_ptr<PlacedModel>> Create(std::unique_ptr<LlamaModel> model,
+                                                             const PlacedModelOptions& options,
+                                                             const OffloadContext& context);
+
+  // Forward and generation; layers come through the placement.
+  LlamaModel& model() { return *model_; }
+  const LlamaModel& model() const { return *model_; }
+  // Null unless trainable.
+  LayerwiseTrainer* trainer() { return trainer_.get(); }
+  const offload::ModelPlacement& placement() const { return options_.placement; }
+  const std::string& name() const { return options_.name; }
+
+  // Writes the current weights in HF layout (layers read back from their home).
+  absl::Status Save(const std::string& dir) const;
+  // Reads weights saved by Save (same shapes) into the placed model.
+  absl::Status LoadWeights(const std::string& dir);
+
+ private:
+  explicit PlacedModel(const PlacedModelOptions& options) : options_(options) {}
+
+  std::unique_ptr<LlamaModel> model_;
+  const PlacedModelOptions options_;
+  std::unique_ptr<offload::LayerStreamer> streamer_;
+  std::unique_ptr<LayerSource> source_;
+  std::unique_ptr<LayerwiseTrainer> trainer_;
+};
+
+}  // namespace strata::policies
+
+#endif  // STRATA_POLICIES_TRAIN_PLACED_MODEL_H_

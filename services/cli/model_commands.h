@@ -1,0 +1,67 @@
+// The model-level CLI commands (`strata generate`, `strata logprobs`,
+// `strata tokenize`). main() parses flags into these structs; each Run*
+// returns the text to print on stdout, or a Status for the user.
+#ifndef STRATA_SERVICES_CLI_MODEL_COMMANDS_H_
+#define STRATA_SERVICES_CLI_MODEL_COMMANDS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace strata::services {
+
+struct GenerateRequest {
+  std::string model_dir;
+  // Exactly one of the two: text (tokenized, BOS added when the tokenizer
+  // config asks for one) or ids used as given.
+  std::optional<std::string> prompt;
+  std::optional<std::vector<int32_t>> prompt_ids;
+  int64_t max_new_tokens = 64;
+  bool greedy = false;
+  double temperature = 1.0;
+  double top_p = 1.0;
+  int64_t top_k = 0;
+  uint64_t seed = 0;
+  std::string dtype = "fp32";
+  bool ignore_eos = false;
+  bool json = false;
+};
+
+struct LogProbsRequest {
+  std::string model_dir;
+  std::vector<int32_t> ids;  // at least two
+  std::string dtype = "fp32";
+  bool json = false;
+};
+
+struct TokenizeRequest {
+  std::string tokenizer_path;  // model dir, tokenizer.json or tokenizer.model
+  std::optional<std::string> text;
+  std::optional<std::vector<int32_t>> decode_ids;
+  bool json = false;
+};
+
+struct InitModelRequest {
+  std::string config_path;  // a HF config.json for a Llama model
+  std::string out_dir;      // created if missing; must not already hold a model
+  std::string head = "lm";  // "lm" (LlamaForCausalLM) or "scalar" (LlamaForSequenceClassification)
+  std::string dtype = "fp32";
+  uint64_t seed = 0;
+  double init_std = 0.02;
+};
+
+absl::StatusOr<std::string> RunGenerate(const GenerateRequest& request);
+absl::StatusOr<std::string> RunLogProbs(const LogProbsRequest& request);
+absl::StatusOr<std::string> RunTokenize(const TokenizeRequest& request);
+// Writes a freshly initialised model directory (config.json + safetensors).
+absl::StatusOr<std::string> RunInitModel(const InitModelRequest& request);
+
+// Parses "1,2,3" (spaces allowed). INVALID_ARGUMENT naming `flag` otherwise.
+absl::StatusOr<std::vector<int32_t>> ParseIdList(const std::string& text, const std::string& flag);
+
+}  // namespace strata::services
+
+#endif  // STRATA_SERVICES_CLI_MODEL_COMMANDS_H_

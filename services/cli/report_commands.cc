@@ -1,0 +1,116 @@
+#include "services/cli/report_commands.h"
+
+#include <filesystem>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/file.h"
+#include "policies/job/memory_plan.h"
+
+namespace strata::services {
+namespace {
+
+using nlohmann::json;
+
+std::string GiB(int64_t bytes) { return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / (1 << 30)); }
+std::string MiB(double bytes) { return absl::StrFormat("%.1f MiB", bytes / (1 << 20)); }
+
+}  // namespace
+
+absl::StatusOr<std::string> RunPlan(const std::vector<std::string>& spec_paths,
+                                    const std::vector<std::string>& overrides, bool as_json) {
+  json all = json::array();
+  std::string text;
+  for (const auto& path : spec_paths) {
+    auto spec = policies::LoadJobSpec(path, overrides);
+    if (!spec.ok()) return spec.status();
+    auto plan = policies::PlanModelStates(*spec);
+    if (!plan.ok()) return plan.status();
+    json j{{"spec", path}, {"algorithm", policies::AlgorithmName(spec->algorithm)}};
+    text += absl::StrFormat("%s (%s): model states, by tier\n", path, policies::AlgorithmName(spec->algorithm));
+    text += absl::StrFormat("  %-10s %14s %12s %12s %12s\n", "model", "parameters", "device", "host", "nvme");
+    for (const auto& m : plan->models) {
+      text += absl::StrFormat("  %-10s %14d %12s %12s %12s\n", m.role, m.parameters, GiB(m.total(0)), GiB(m.total(1)),
+                              GiB(m.total(2)));
+      j["models"].push_back({{"role", m.role},
+                             {"parameters", m.parameters},
+                             {"trainable", m.trainable},
+                             {"device_bytes", m.total(0)},
+                             {"host_bytes", m.total(1)},
+                             {"nvme_bytes", m.total(2)}});
+    }
+    text += absl::StrFormat("  %-10s %14s %12s %12s %12s\n", "total", "", GiB(plan->total[0]), GiB(plan->total[1]),
+                            GiB(plan->total[2]));
+    j["device_bytes"] = plan->total[0];
+    j["host_bytes"] = plan->total[1];
+    j["nvme_bytes"] = plan->total[2];
+    all.push_back(j);
+  }
+  if (as_json) return all.dump() + "\n";
+  return text;
+}
+
+absl::StatusOr<std::string> RunCompare(const std::vector<std::string>& run_dirs, bool as_json) {
+  json all = json::array();
+  for (const auto& dir : run_dirs) {
+    const std::string path = JoinPath(dir, "metrics.jsonl");
+    auto text = ReadFileToString(path);
+    if (!text.ok()) return text.status();
+    json summary{{"run", dir}, {"iterations", 0}};
+    double sums[4] = {0, 0, 0, 0};
+    const char* times[4] = {"time/iteration_s", "time/rollout_s", "time/score_s", "time/update_s"};
+    size_t pos = 0;
+    while (pos < text->size()) {
+      size_t nl = text->find('\n', pos);
+      if (nl == std::string::npos) nl = text->size();
+      json line = json::parse(text->substr(pos, nl - pos), nullptr, false);
+      pos = nl + 1;
+      if (line.is_discarded()) return absl::DataLossError(absl::StrCat(path, ": a line is not JSON"));
+      summary["iterations"] = summary["iterations"].get<int64_t>() + 1;
+      for (int i = 0; i < 4; ++i) sums[i] += line.value(times[i], 0.0);
+      for (const char* tier : {"device", "host", "nvme"}) {
+        const std::string key = absl::StrCat("memory/", tier, "_peak_bytes");
+        summary[key] = std::max(summary.value(key, 0.0), line.value(key, 0.0));
+      }
+      for (const char* key : {"eval/score", "eval/pairwise_accuracy"}) {
+        if (!line.contains(key)) continue;
+        if (!summary.contains(std::string(key) + "_first")) summary[std::string(key) + "_first"] = line[key];
+        summary[std::string(key) + "_last"] = line[key];
+      }
+      if (line.contains("objective/kl")) summary["objective/kl_last"] = line["objective/kl"];
+    }
+    const double n = std::max<double>(1, summary["iterations"].get<double>());
+    for (int i = 0; i < 4; ++i) summary[std::string(times[i]) + "_mean"] = sums[i] / n;
+    all.push_back(summary);
+  }
+  if (as_json) return all.dump() + "\n";
+  std::string out = absl::StrFormat("%-26s", "");
+  for (const auto& s : all) out += absl::StrFormat("%18s", std::filesystem::path(s["run"].get<std::string>()).filename().string());
+  out += "\n";
+  auto row = [&](const std::string& label, const std::function<std::string(const json&)>& cell) {
+    out += absl::StrFormat("%-26s", label);
+    for (const auto& s : all) out += absl::StrFormat("%18s", cell(s));
+    out += "\n";
+  };
+  auto num = [](const json& s, const std::string& key) {
+    return s.contains(key) ? absl::StrFormat("%.3f", s[key].get<double>()) : std::string("-");
+  };
+  row("iterations", [](const json& s) { return std::to_string(s["iterations"].get<int64_t>()); });
+  row("eval score (first)", [&](const json& s) { return num(s, "eval/score_first"); });
+  row("eval score (last)", [&](const json& s) { return num(s, "eval/score_last"); });
+  row("KL (last iteration)", [&](const json& s) { return num(s, "objective/kl_last"); });
+  row("s / iteration", [&](const json& s) { return num(s, "time/iteration_s_mean"); });
+  row("  rollout s", [&](const json& s) { return num(s, "time/rollout_s_mean"); });
+  row("  score s", [&](const json& s) { return num(s, "time/score_s_mean"); });
+  row("  update s", [&](const json& s) { return num(s, "time/update_s_mean"); });
+  for (const char* tier : {"device", "host", "nvme"}) {
+    row(absl::StrCat("peak ", tier), [&](const json& s) {
+      return MiB(s.value(absl::StrCat("memory/", tier, "_peak_bytes"), 0.0));
+    });
+  }
+  return out;
+}
+
+}  // namespace strata::services

@@ -1,0 +1,185 @@
+#include "services/cli/server_commands.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <filesystem>
+#include <mutex>
+#include <chrono>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "base/log.h"
+#include "services/coordinator/coordinator.h"
+#include "services/store/job_store.h"
+#include "services/rpc/wire.h"
+#include "services/worker/worker_service.h"
+
+namespace strata::services {
+namespace {
+
+namespace v1 = strata::v1;
+
+// Blocks SIGINT and SIGTERM in every thread (call before starting any) so
+// that WaitForShutdownSignal receives them.
+sigset_t BlockShutdownSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  return set;
+}
+
+int WaitForShutdownSignal(const sigset_t& set) {
+  int signal = 0;
+  sigwait(&set, &signal);
+  return signal;
+}
+
+void ConfigureServer(grpc::ServerBuilder& builder, const std::string& listen,
+                     std::shared_ptr<grpc::ServerCredentials> credentials, int* port) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  builder.AddListeningPort(listen, std::move(credentials), port);
+  // Keepalive: notice dead peers on idle connections within ~30 s.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+  builder.SetMaxReceiveMessageSize(kMaxWorkerMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxWorkerMessageBytes);
+}
+
+// The token a server checks and the credentials it listens with.
+struct ServerSecurity {
+  std::string token;
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+
+  static absl::StatusOr<ServerSecurity> Resolve(const std::string& token_file, const TlsFiles& tls) {
+    auto token = ResolveToken(token_file);
+    if (!token.ok()) return token.status();
+    if (token->empty()) STRATA_LOG(Warning) << "no --token-file or STRATA_TOKEN: authentication is OFF";
+    auto credentials = MakeServerCredentials(tls);
+    if (!credentials.ok()) return credentials.status();
+    return ServerSecurity{*token, *credentials};
+  }
+};
+
+}  // namespace
+
+absl::StatusOr<std::string> RunCoordinatorServer(const CoordinatorCommand& command) {
+  const sigset_t signals = BlockShutdownSignals();
+  auto security = ServerSecurity::Resolve(command.token_file, command.tls);
+  if (!security.ok()) return security.status();
+  JobStoreOptions store_options;
+  store_options.redis_url = command.redis;
+  auto store = JobStore::Connect(store_options);
+  if (!store.ok()) return absl::Status(store.status().code(), absl::StrCat("--redis: ", store.status().message()));
+  CoordinatorOptions options;
+  options.token = security->token;
+  options.worker_tls.ca = command.tls.ca;
+  auto service = std::make_unique<CoordinatorService>(store->get(), options);
+  if (auto s = service->Start(); !s.ok()) return s;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  ConfigureServer(builder, command.listen, security->credentials, &port);
+  builder.RegisterService(service.get());
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("--listen: cannot listen on ", command.listen));
+  }
+  STRATA_LOG(Info) << "coordinator listening on " << command.listen << " (redis " << command.redis << ")";
+  const int signal = WaitForShutdownSignal(signals);
+  STRATA_LOG(Info) << "coordinator: signal " << signal << ", shutting down";
+  service->Stop();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  return std::string("coordinator stopped\n");
+}
+
+absl::StatusOr<std::string> RunWorkerServer(const WorkerCommand& command) {
+  const sigset_t signals = BlockShutdownSignals();
+  auto security = ServerSecurity::Resolve(command.token_file, command.tls);
+  if (!security.ok()) return security.status();
+  WorkerServiceOptions options;
+  options.worker_id = command.worker_id.empty() ? "worker-" + command.listen : command.worker_id;
+  options.token = security->token;
+  options.nvme_dir = command.nvme_dir;
+  options.device_budget_mib = command.device_budget_mib;
+  WorkerService service(options);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  ConfigureServer(builder, command.listen, security->credentials, &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("--listen: cannot listen on ", command.listen));
+  }
+  STRATA_LOG(Info) << options.worker_id << " listening on " << command.listen;
+
+  // Registration and heartbeats until shutdown. A coordinator that is down or
+  // restarting is retried; an expired registration is renewed.
+  auto channel_credentials = MakeChannelCredentials(command.tls);
+  if (!channel_credentials.ok()) return channel_credentials.status();
+  auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(command.coordinator, *channel_credentials));
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  std::condition_variable cv;
+  std::thread heartbeat([&] {
+    bool registered = false;
+    int interval_ms = 1000;
+    while (!stop.load()) {
+      grpc::ClientContext context;
+      AddBearer(&context, security->token);
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+      grpc::Status status;
+      if (!registered) {
+        v1::RegisterWorkerRequest request;
+        request.set_worker_id(options.worker_id);
+        request.set_address(command.listen);
+        request.set_working_directory(std::filesystem::current_path().string());
+        // What this worker can hold, for the coordinator's admission check.
+        (*request.mutable_memory_bytes())["host"] =
+            static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
+        if (command.device_budget_mib > 0) {
+          (*request.mutable_memory_bytes())["device"] = command.device_budget_mib << 20;
+        }
+        v1::RegisterWorkerResponse response;
+        status = stub->RegisterWorker(&context, request, &response);
+        if (status.ok()) {
+          registered = true;
+          interval_ms = static_cast<int>(std::max<int64_t>(100, response.heartbeat_interval_ms()));
+          STRATA_LOG(Info) << options.worker_id << " registered with " << command.coordinator;
+        }
+      } else {
+        v1::HeartbeatRequest request;
+        request.set_worker_id(options.worker_id);
+        request.set_working_directory(std::filesystem::current_path().string());
+        v1::HeartbeatResponse response;
+        status = stub->Heartbeat(&context, request, &response);
+        if (status.error_code() == grpc::StatusCode::NOT_FOUND) registered = false;  // expired: register again
+      }
+      if (!status.ok() && status.error_code() != grpc::StatusCode::NOT_FOUND) {
+        STRATA_LOG(Warning) << options.worker_id << ": coordinator " << command.coordinator << ": "
+                            << status.error_message();
+        registered = false;
+      }
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait_for(lock, std::chrono::milliseconds(interval_ms), [&] { return stop.load(); });
+    }
+  });
+  const int signal = WaitForShutdownSignal(signals);
+  STRATA_LOG(Info) << options.worker_id << ": signal " << signal << ", shutting down";
+  stop.store(true);
+  cv.notify_all();
+  heartbeat.join();
+  service.Shutdown();  // finishes queued calls first: Server::Shutdown waits for them
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  return std::string("worker stopped\n");
+}
+
+}  // namespace strata::services

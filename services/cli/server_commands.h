@@ -1,0 +1,37 @@
+// `strata coordinator` and `strata worker`: the two servers, each with gRPC
+// health checking and reflection, keepalive, and a clean shutdown on
+// SIGINT / SIGTERM.
+#ifndef STRATA_SERVICES_CLI_SERVER_COMMANDS_H_
+#define STRATA_SERVICES_CLI_SERVER_COMMANDS_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "services/rpc/auth.h"
+
+namespace strata::services {
+
+struct CoordinatorCommand {
+  std::string listen = "127.0.0.1:50051";
+  std::string redis = "redis://127.0.0.1:6379";
+  std::string token_file;
+  TlsFiles tls;
+};
+
+struct WorkerCommand {
+  std::string listen = "127.0.0.1:50061";
+  std::string coordinator = "127.0.0.1:50051";
+  std::string token_file;
+  std::string nvme_dir;
+  int64_t device_budget_mib = 0;
+  std::string worker_id;  // default: worker-<listen address>
+  TlsFiles tls;
+};
+
+// Run until SIGINT / SIGTERM; the returned text is printed on exit.
+absl::StatusOr<std::string> RunCoordinatorServer(const CoordinatorCommand& command);
+absl::StatusOr<std::string> RunWorkerServer(const WorkerCommand& command);
+
+}  // namespace strata::services
+
+#endif  // STRATA_SERVICES_CLI_SERVER_COMMANDS_H_

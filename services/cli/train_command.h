@@ -1,0 +1,25 @@
+// `strata train SPEC.yaml`: runs one job in-process through LocalWorkerGroup.
+#ifndef STRATA_SERVICES_CLI_TRAIN_COMMAND_H_
+#define STRATA_SERVICES_CLI_TRAIN_COMMAND_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace strata::services {
+
+struct TrainRequest {
+  std::string spec_path;
+  std::vector<std::string> overrides;  // --set key.path=value
+  std::string out_dir;                 // --out: replaces output.dir
+  std::string metrics_path;            // --metrics
+  bool resume = false;
+};
+
+// Returns a one-line summary for stdout; progress goes to stderr.
+absl::StatusOr<std::string> RunTrain(const TrainRequest& request);
+
+}  // namespace strata::services
+
+#endif  // STRATA_SERVICES_CLI_TRAIN_COMMAND_H_

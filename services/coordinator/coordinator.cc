@@ -1,0 +1,522 @@
+#include "services/coordinator/coordinator.h"
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "base/file.h"
+#include "base/log.h"
+#include "policies/job/job_spec.h"
+#include "policies/job/memory_plan.h"
+#include "policies/tokenizer/tokenizer.h"
+#include "services/runtime/job_runner.h"
+#include "services/coordinator/remote_worker_group.h"
+#include "services/rpc/wire.h"
+
+namespace strata::services {
+namespace v1 = strata::v1;
+
+strata::v1::JobState ToProtoState(JobState state) {
+  switch (state) {
+    case JobState::kQueued: return v1::QUEUED;
+    case JobState::kRunning: return v1::RUNNING;
+    case JobState::kSucceeded: return v1::SUCCEEDED;
+    case JobState::kFailed: return v1::FAILED;
+    case JobState::kCancelled: return v1::CANCELLED;
+  }
+  return v1::JOB_STATE_UNSPECIFIED;
+}
+
+void ToProto(const JobRecord& r, v1::Job* job) {
+  job->set_id(r.id);
+  job->set_state(ToProtoState(r.state));
+  job->set_algorithm(r.algorithm);
+  job->set_name(r.name);
+  job->set_iteration(r.iteration);
+  job->set_iterations(r.iterations);
+  job->set_error_code(r.error_code);
+  job->set_error_message(r.error_message);
+  job->set_created_unix_ms(r.created_unix_ms);
+  job->set_updated_unix_ms(r.updated_unix_ms);
+  job->set_worker(r.worker);
+  job->set_spec_yaml(r.spec_yaml);
+  job->set_output_dir(r.output_dir);
+}
+
+// Streams a job's events: reads what Redis has after the client's last event,
+// writes them one by one, and when it has caught up parks until the job
+// publishes more. Exactly one step (a read on the executor, a write, or
+// parking) is in progress at a time, and that step owns the next one, so
+// Finish is called once.
+class WatchReactor final : public grpc::ServerWriteReactor<v1::JobEvent> {
+ public:
+  WatchReactor(CoordinatorService* service, std::string job_id, std::string after)
+      : service_(service), job_id_(std::move(job_id)), last_(std::move(after)) {}
+
+  void Read() {
+    service_->watch_executor_.Submit([this] {
+      if (cancelled_.load()) return Finish(grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled"));
+      auto events = service_->store_->ReadEvents(job_id_, last_, 64, /*block_ms=*/0);
+      if (!events.ok()) return Finish(ToGrpcStatus(events.status()));
+      pending_ = std::move(*events);
+      next_ = 0;
+      if (!pending_.empty()) return WriteNext();
+      if (ended_) return Finish(grpc::Status::OK);
+      // Caught up: a terminal job has nothing more to say.
+      auto job = service_->store_->Get(job_id_);
+      if (!job.ok()) return Finish(ToGrpcStatus(job.status()));
+      if (IsTerminal(job->state)) {
+        ended_ = true;
+        return Read();  // one more read picks up the final events
+      }
+      service_->Park(job_id_, this);
+    });
+  }
+
+  void Wake() { Read(); }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) return Finish(grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
+    if (next_ < pending_.size()) return WriteNext();
+    if (stop_after_write_) return Finish(grpc::Status::OK);
+    Read();
+  }
+
+  void OnCancel() override {
+    cancelled_.store(true);
+    // If parked, nothing else will move this reactor: finish it here.
+    if (service_->Unpark(job_id_, this)) Finish(grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled"));
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void WriteNext() {
+    const JobEventRecord& e = pending_[next_++];
+    last_ = e.id;
+    event_.Clear();
+    event_.set_id(e.id);
+    event_.set_type(e.type);
+    event_.set_json(e.json);
+    nlohmann::json j = nlohmann::json::parse(e.json, nullptr, false);
+    if (!j.is_discarded() && j.is_object()) {
+      if (j.contains("iteration") && j["iteration"].is_number_integer()) event_.set_iteration(j["iteration"].get<int64_t>());
+      if (e.type == "state" && j.contains("state") && j["state"].is_string()) {
+        auto state = ParseJobState(j["state"].get<std::string>());
+        if (state.ok()) {
+          event_.set_state(ToProtoState(*state));
+          if (IsTerminal(*state)) stop_after_write_ = true;
+        }
+      }
+    }
+    StartWrite(&event_);
+  }
+
+  CoordinatorService* const service_;
+  const std::string job_id_;
+  std::string last_;
+  std::vector<JobEventRecord> pending_;
+  size_t next_ = 0;
+  v1::JobEvent event_;
+  bool ended_ = false;
+  bool stop_after_write_ = false;
+  std::atomic<bool> cancelled_{false};
+};
+
+CoordinatorService::CoordinatorService(JobStore* store, CoordinatorOptions options)
+    : store_(store),
+      options_(std::move(options)),
+      auth_(options_.token),
+      rpc_executor_(options_.rpc_threads),
+      watch_executor_(options_.rpc_threads) {}
+
+CoordinatorService::~CoordinatorService() { Stop(); }
+
+absl::Status CoordinatorService::Start() {
+  auto running = store_->ListByState(JobState::kRunning);
+  if (!running.ok()) return running.status();
+  for (const JobRecord& job : *running) {
+    // The loop that ran it died with the previous coordinator; its
+    // checkpoints are on disk, so it resumes when scheduled again.
+    auto requeued = store_->Transition(job.id, {JobState::kRunning}, JobState::kQueued, {{"worker", ""}});
+    if (requeued.ok()) {
+      Publish(job.id, "log", nlohmann::json{{"message", "coordinator restarted; job requeued"}}.dump());
+      STRATA_LOG(Info) << "requeued " << job.id << " after a coordinator restart";
+    }
+  }
+  scheduler_ = std::thread([this] { SchedulerLoop(); });
+  return absl::OkStatus();
+}
+
+void CoordinatorService::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (scheduler_.joinable()) scheduler_.join();
+  std::map<uint64_t, std::thread> threads;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    threads.swap(job_threads_);
+  }
+  for (auto& [id, t] : threads) t.join();
+  WakeAllWatchers();
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Handle(grpc::CallbackServerContext* context,
+                                                     std::function<absl::Status()> work) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (grpc::Status auth = auth_.Check(context); !auth.ok()) {
+    reactor->Finish(auth);
+    return reactor;
+  }
+  rpc_executor_.Submit([reactor, work = std::move(work)] { reactor->Finish(ToGrpcStatus(work())); });
+  return reactor;
+}
+
+absl::Status CoordinatorService::Submit(const v1::SubmitJobRequest& request, v1::Job* response) {
+  std::vector<std::string> overrides(request.overrides().begin(), request.overrides().end());
+  auto yaml = policies::ApplyOverrides(request.spec_yaml(), overrides, "spec");
+  if (!yaml.ok()) return yaml.status();
+  auto spec = policies::ParseJobSpec(*yaml, {}, "spec");
+  if (!spec.ok()) return spec.status();
+  if (spec->train.batch_size > options_.max_batch_size) {
+    return absl::ResourceExhaustedError(absl::StrCat("spec key 'train.batch_size' (", spec->train.batch_size,
+                                                     ") exceeds what workers accept (", options_.max_batch_size, ")"));
+  }
+  // Paths resolve on the workers: checked against a registered worker's
+  // working directory (the workers share one file system in the supported
+  // deployments), so a missing model is reported now, not at load.
+  const std::string worker_dir = AnyWorkerDirectory();
+  const policies::JobSpec resolved = worker_dir.empty() ? *spec : policies::ResolvePaths(*spec, worker_dir);
+  for (auto [key, model] : {std::pair{"actor", &resolved.actor}, std::pair{"reference", &resolved.reference},
+                            std::pair{"reward", &resolved.reward}, std::pair{"critic", &resolved.critic}}) {
+    const bool checkable = !model->path.empty() && (model->path[0] == '/');
+    if (checkable && !IsDirectory(model->path)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec key 'models.", key, ".path': ", model->path, " is not a model directory"));
+    }
+  }
+  // Admission: the model states the memory planner expects must fit the
+  // largest registered worker's host RAM (and device budget, when it has one).
+  if (!worker_dir.empty()) {
+    auto plan = policies::PlanModelStates(resolved);
+    if (plan.ok()) {
+      std::map<std::string, int64_t> largest;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (const auto& [id, memory] : worker_memory_) {
+          for (const auto& [tier, bytes] : memory) largest[tier] = std::max(largest[tier], bytes);
+        }
+      }
+      const std::pair<const char*, int64_t> needs[] = {{"host", plan->total[1]}, {"device", plan->total[0]}};
+      for (const auto& [tier, bytes] : needs) {
+        auto offer = largest.find(tier);
+        if (offer != largest.end() && offer->second > 0 && bytes > offer->second) {
+          return absl::ResourceExhaustedError(absl::StrCat(
+              "spec key 'models': the job's model states need ", bytes >> 20, " MiB of ", tier,
+              " memory (strata plan), but the largest worker offers ", offer->second >> 20,
+              " MiB; move state to another tier with models.*.placement"));
+        }
+      }
+    }
+  }
+
+  JobRecord job;
+  job.algorithm = policies::AlgorithmName(spec->algorithm);
+  job.name = spec->name;
+  job.spec_yaml = *yaml;
+  job.output_dir = spec->output_dir;
+  job.iterations = spec->train.iterations;
+  job.request_id = request.request_id();
+  bool created = false;
+  auto stored = store_->Create(job, &created);
+  if (!stored.ok()) return stored.status();
+  if (created) Publish(stored->id, "state", nlohmann::json{{"state", "QUEUED"}}.dump());
+  ToProto(*stored, response);
+  cv_.notify_all();
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::SubmitJob(grpc::CallbackServerContext* context,
+                                                        const v1::SubmitJobRequest* request, v1::Job* response) {
+  return Handle(context, [this, request, response] { return Submit(*request, response); });
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::GetJob(grpc::CallbackServerContext* context,
+                                                     const v1::GetJobRequest* request, v1::Job* response) {
+  return Handle(context, [this, request, response]() -> absl::Status {
+    if (request->job_id().empty()) return absl::InvalidArgumentError("job_id is required");
+    auto job = store_->Get(request->job_id());
+    if (!job.ok()) return job.status();
+    ToProto(*job, response);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::ListJobs(grpc::CallbackServerContext* context,
+                                                       const v1::ListJobsRequest* request,
+                                                       v1::ListJobsResponse* response) {
+  return Handle(context, [this, request, response]() -> absl::Status {
+    if (request->page_size() < 0 || request->page_size() > 200) {
+      return absl::InvalidArgumentError("page_size must be in [0, 200]");
+    }
+    std::optional<JobState> state;
+    if (request->state() != v1::JOB_STATE_UNSPECIFIED) {
+      auto parsed = ParseJobState(v1::JobState_Name(request->state()));
+      if (!parsed.ok()) return absl::InvalidArgumentError("state is not a job state");
+      state = *parsed;
+    }
+    auto page = store_->List(request->page_size() == 0 ? 20 : request->page_size(), request->page_token(), state);
+    if (!page.ok()) return page.status();
+    for (const JobRecord& r : page->first) ToProto(r, response->add_jobs());
+    response->set_next_page_token(page->second);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::CancelJob(grpc::CallbackServerContext* context,
+                                                        const v1::CancelJobRequest* request, v1::Job* response) {
+  return Handle(context, [this, request, response]() -> absl::Status {
+    auto job = store_->Transition(request->job_id(), {JobState::kQueued, JobState::kRunning}, JobState::kCancelled);
+    if (!job.ok()) return job.status();
+    Publish(job->id, "state", nlohmann::json{{"state", "CANCELLED"}}.dump());
+    ToProto(*job, response);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerWriteReactor<v1::JobEvent>* CoordinatorService::WatchJob(grpc::CallbackServerContext* context,
+                                                                     const v1::WatchJobRequest* request) {
+  auto* reactor = new WatchReactor(this, request->job_id(), request->after_event_id());
+  if (grpc::Status auth = auth_.Check(context); !auth.ok()) {
+    reactor->Finish(auth);
+    return reactor;
+  }
+  reactor->Read();
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::ListCheckpoints(grpc::CallbackServerContext* context,
+                                                              const v1::ListCheckpointsRequest* request,
+                                                              v1::ListCheckpointsResponse* response) {
+  return Handle(context, [this, request, response]() -> absl::Status {
+    if (auto job = store_->Get(request->job_id()); !job.ok()) return job.status();
+    auto list = store_->ListCheckpoints(request->job_id());
+    if (!list.ok()) return list.status();
+    for (const auto& [iteration, dir] : *list) {
+      auto* c = response->add_checkpoints();
+      c->set_iteration(iteration);
+      c->set_dir(dir);
+    }
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::RegisterWorker(grpc::CallbackServerContext* context,
+                                                             const v1::RegisterWorkerRequest* request,
+                                                             v1::RegisterWorkerResponse* response) {
+  return Handle(context, [this, request, response]() -> absl::Status {
+    if (request->worker_id().empty() || request->address().empty()) {
+      return absl::InvalidArgumentError("worker_id and address are required");
+    }
+    RememberWorkerDirectory(request->worker_id(), request->working_directory());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      worker_memory_[request->worker_id()] = {request->memory_bytes().begin(), request->memory_bytes().end()};
+    }
+    WorkerRecord worker;
+    worker.id = request->worker_id();
+    worker.address = request->address();
+    if (auto s = store_->RegisterWorker(worker, options_.worker_ttl_ms); !s.ok()) return s;
+    response->set_heartbeat_interval_ms(options_.heartbeat_interval_ms);
+    cv_.notify_all();
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerContext* context,
+                                                        const v1::HeartbeatRequest* request,
+                                                        v1::HeartbeatResponse* response) {
+  return Handle(context, [this, request, response]() -> absl::Status {
+    RememberWorkerDirectory(request->worker_id(), request->working_directory());
+    if (auto s = store_->Heartbeat(request->worker_id(), request->job_id(), options_.worker_ttl_ms); !s.ok()) return s;
+    if (!request->job_id().empty()) {
+      auto job = store_->Get(request->job_id());
+      response->set_cancel(job.ok() && job->state == JobState::kCancelled);
+    }
+    return absl::OkStatus();
+  });
+}
+
+void CoordinatorService::SchedulerLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    // Reap loops that have returned.
+    for (uint64_t run : finished_runs_) {
+      auto it = job_threads_.find(run);
+      if (it != job_threads_.end()) {
+        it->second.join();
+        job_threads_.erase(it);
+      }
+    }
+    finished_runs_.clear();
+    lock.unlock();
+    auto queued = store_->ListByState(JobState::kQueued);
+    auto workers = store_->ListWorkers();
+    lock.lock();
+    if (queued.ok() && workers.ok()) {
+      std::sort(queued->begin(), queued->end(),
+                [](const JobRecord& a, const JobRecord& b) { return a.created_unix_ms < b.created_unix_ms; });
+      auto job = queued->begin();
+      for (const WorkerRecord& worker : *workers) {
+        if (job == queued->end()) break;
+        if (busy_workers_.count(worker.id)) continue;
+        auto running = store_->Transition(job->id, {JobState::kQueued}, JobState::kRunning, {{"worker", worker.id}});
+        ++job;
+        if (!running.ok()) continue;  // cancelled or taken meanwhile
+        busy_workers_.insert(worker.id);
+        Publish(running->id, "state", nlohmann::json{{"state", "RUNNING"}, {"worker", worker.id}}.dump());
+        const uint64_t run = next_run_++;
+        job_threads_[run] = std::thread([this, run, r = *running, worker] { RunOnWorker(run, r, worker); });
+      }
+    } else {
+      STRATA_LOG(Warning) << "scheduler: " << (queued.ok() ? workers.status() : queued.status());
+    }
+    cv_.wait_for(lock, std::chrono::milliseconds(options_.scheduler_interval_ms));
+    WakeAllWatchers();  // lets parked watchers notice jobs that ended
+  }
+}
+
+void CoordinatorService::RunOnWorker(uint64_t run, JobRecord job, WorkerRecord worker) {
+  auto finish = [&] {
+    std::lock_guard<std::mutex> lock(mu_);
+    busy_workers_.erase(worker.id);
+    finished_runs_.insert(run);
+    cv_.notify_all();
+  };
+  absl::Status status = [&]() -> absl::Status {
+    auto spec = policies::ParseJobSpec(job.spec_yaml, {}, absl::StrCat("job ", job.id));
+    if (!spec.ok()) return spec.status();
+    auto channel_credentials = MakeChannelCredentials(options_.worker_tls);
+    if (!channel_credentials.ok()) return channel_credentials.status();
+    RemoteWorkerOptions remote;
+    remote.address = worker.address;
+    remote.token = options_.worker_token.empty() ? options_.token : options_.worker_token;
+    remote.job_id = job.id;
+    auto group = RemoteWorkerGroup::Create(remote, *channel_credentials);
+    if (!group.ok()) return group.status();
+    auto loaded = (*group)->LoadModels(job.spec_yaml);
+    if (!loaded.ok()) return loaded.status();
+    // The loop reads data and writes checkpoints where the worker resolves
+    // the spec's relative paths.
+    *spec = policies::ResolvePaths(*spec, loaded->working_directory);
+    std::string tokenizer_path = loaded->tokenizer_path;
+    if (!tokenizer_path.empty() && tokenizer_path[0] != '/') {
+      tokenizer_path = JoinPath(loaded->working_directory, tokenizer_path);
+    }
+    auto tokenizer = policies::Tokenizer::Load(tokenizer_path);
+    if (!tokenizer.ok()) return tokenizer.status();
+    JobRunOptions run;
+    run.resume = true;  // a requeued job continues from its last checkpoint
+    run.run_id = job.id;  // ... and only its own
+    run.own_checkpoint = job.checkpoint_dir;
+    run.on_metrics = [&](const nlohmann::json& line) {
+      Publish(job.id, "metrics", line.dump());
+      if (line.contains("iteration")) (void)store_->SetProgress(job.id, line["iteration"].get<int64_t>() + 1);
+    };
+    run.on_checkpoint = [&](int64_t iteration, const std::string& dir) {
+      (void)store_->RecordCheckpoint(job.id, iteration, dir);
+    };
+    run.cancelled = [&] {
+      auto current = store_->Get(job.id);
+      return current.ok() && current->state == JobState::kCancelled;
+    };
+    absl::Status ran = RunJob(*spec, **group, **tokenizer, run);
+    (void)(*group)->Unload();
+    return ran;
+  }();
+
+  if (status.ok()) {
+    if (store_->Transition(job.id, {JobState::kRunning}, JobState::kSucceeded).ok()) {
+      Publish(job.id, "state", nlohmann::json{{"state", "SUCCEEDED"}}.dump());
+    }
+  } else if (status.code() == absl::StatusCode::kCancelled) {
+    // CancelJob already recorded the state and the event.
+  } else if (status.code() == absl::StatusCode::kUnavailable || status.code() == absl::StatusCode::kDeadlineExceeded) {
+    // The worker is gone: back to the queue; the next run resumes from the
+    // last checkpoint on another (or the restarted) worker.
+    if (store_->Transition(job.id, {JobState::kRunning}, JobState::kQueued, {{"worker", ""}}).ok()) {
+      Publish(job.id, "log", nlohmann::json{{"message", absl::StrCat("worker ", worker.id, " lost: ",
+                                                                     status.message(), "; job requeued")}}.dump());
+      Publish(job.id, "state", nlohmann::json{{"state", "QUEUED"}}.dump());
+    }
+  } else {
+    const std::string code = absl::StatusCodeToString(status.code());
+    if (store_->Transition(job.id, {JobState::kRunning}, JobState::kFailed,
+                           {{"error_code", code}, {"error_message", std::string(status.message())}})
+            .ok()) {
+      Publish(job.id, "state",
+              nlohmann::json{{"state", "FAILED"}, {"error_code", code}, {"error", std::string(status.message())}}.dump());
+    }
+  }
+  finish();
+}
+
+void CoordinatorService::RememberWorkerDirectory(const std::string& worker_id, const std::string& dir) {
+  if (dir.empty()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  worker_directories_[worker_id] = dir;
+}
+
+std::string CoordinatorService::AnyWorkerDirectory() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return worker_directories_.empty() ? std::string() : worker_directories_.begin()->second;
+}
+
+void CoordinatorService::Publish(const std::string& job_id, const std::string& type, const std::string& json) {
+  auto appended = store_->AppendEvent(job_id, type, json);
+  if (!appended.ok()) STRATA_LOG(Warning) << "event for " << job_id << " not recorded: " << appended.status();
+  WakeWatchers(job_id);
+}
+
+void CoordinatorService::Park(const std::string& job_id, WatchReactor* reactor) {
+  std::lock_guard<std::mutex> lock(watch_mu_);
+  parked_.emplace(job_id, reactor);
+}
+
+bool CoordinatorService::Unpark(const std::string& job_id, WatchReactor* reactor) {
+  std::lock_guard<std::mutex> lock(watch_mu_);
+  auto [begin, end] = parked_.equal_range(job_id);
+  for (auto it = begin; it != end; ++it) {
+    if (it->second == reactor) {
+      parked_.erase(it);
+      return true;
+    }
+  }
+  return false;
+}
+
+void CoordinatorService::WakeWatchers(const std::string& job_id) {
+  std::vector<WatchReactor*> woken;
+  {
+    std::lock_guard<std::mutex> lock(watch_mu_);
+    auto [begin, end] = parked_.equal_range(job_id);
+    for (auto it = begin; it != end; ++it) woken.push_back(it->second);
+    parked_.erase(begin, end);
+  }
+  for (WatchReactor* r : woken) r->Wake();
+}
+
+void CoordinatorService::WakeAllWatchers() {
+  std::multimap<std::string, WatchReactor*> woken;
+  {
+    std::lock_guard<std::mutex> lock(watch_mu_);
+    woken.swap(parked_);
+  }
+  for (auto& [id, r] : woken) r->Wake();
+}
+
+}  // namespace strata::services

@@ -1,0 +1,125 @@
+// The Coordinator gRPC service: accepts jobs, keeps them in Redis, schedules
+// each on a registered worker, runs the job's loop against that worker
+// (RemoteWorkerGroup), streams events to watchers, and recovers: a worker
+// lost mid-job sends the job back to the queue (it resumes from its last
+// checkpoint), and a restarted coordinator requeues the RUNNING jobs it
+// finds.
+#ifndef STRATA_SERVICES_COORDINATOR_COORDINATOR_H_
+#define STRATA_SERVICES_COORDINATOR_COORDINATOR_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "services/rpc/auth.h"
+#include "services/rpc/executor.h"
+#include "services/store/job_store.h"
+#include "strata/v1/coordinator.grpc.pb.h"
+
+namespace strata::services {
+
+struct CoordinatorOptions {
+  // Bearer token clients and workers must present; "" turns auth off.
+  std::string token;
+  // Token the coordinator presents to workers ("" = `token`).
+  std::string worker_token;
+  // TLS files for dialing workers (their CA), empty for insecure channels.
+  TlsFiles worker_tls;
+  // Threads for blocking Redis calls made on behalf of RPCs.
+  int rpc_threads = 8;
+  // A worker whose heartbeat is older than this is gone.
+  int worker_ttl_ms = 6000;
+  int heartbeat_interval_ms = 1000;
+  // How often the scheduler looks for queued jobs and idle workers.
+  int scheduler_interval_ms = 200;
+  // Largest train.batch_size accepted.
+  int64_t max_batch_size = 4096;
+};
+
+class WatchReactor;
+
+class CoordinatorService final : public strata::v1::Coordinator::CallbackService {
+ public:
+  CoordinatorService(JobStore* store, CoordinatorOptions options);
+  ~CoordinatorService() override;
+
+  // Requeues RUNNING jobs left by a previous coordinator and starts the
+  // scheduler. Call once, before serving.
+  absl::Status Start();
+  // Stops scheduling and waits for running job loops to return.
+  void Stop();
+
+  grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context, const strata::v1::SubmitJobRequest* request,
+                                      strata::v1::Job* response) override;
+  grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* context, const strata::v1::GetJobRequest* request,
+                                   strata::v1::Job* response) override;
+  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* context, const strata::v1::ListJobsRequest* request,
+                                     strata::v1::ListJobsResponse* response) override;
+  grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* context, const strata::v1::CancelJobRequest* request,
+                                      strata::v1::Job* response) override;
+  grpc::ServerWriteReactor<strata::v1::JobEvent>* WatchJob(grpc::CallbackServerContext* context,
+                                                           const strata::v1::WatchJobRequest* request) override;
+  grpc::ServerUnaryReactor* ListCheckpoints(grpc::CallbackServerContext* context,
+                                            const strata::v1::ListCheckpointsRequest* request,
+                                            strata::v1::ListCheckpointsResponse* response) override;
+  grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* context,
+                                           const strata::v1::RegisterWorkerRequest* request,
+                                           strata::v1::RegisterWorkerResponse* response) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context, const strata::v1::HeartbeatRequest* request,
+                                      strata::v1::HeartbeatResponse* response) override;
+
+ private:
+  friend class WatchReactor;
+
+  // Runs `work` on the RPC executor unless the call is unauthenticated, then
+  // finishes the reactor with its status.
+  grpc::ServerUnaryReactor* Handle(grpc::CallbackServerContext* context, std::function<absl::Status()> work);
+  absl::Status Submit(const strata::v1::SubmitJobRequest& request, strata::v1::Job* response);
+  void SchedulerLoop();
+  void RunOnWorker(uint64_t run, JobRecord job, WorkerRecord worker);
+  // Where workers resolve relative spec paths (from registration and heartbeats).
+  void RememberWorkerDirectory(const std::string& worker_id, const std::string& dir);
+  std::string AnyWorkerDirectory();
+  // Appends an event and wakes the job's watchers.
+  void Publish(const std::string& job_id, const std::string& type, const std::string& json);
+  // Watchers waiting for a job's next event.
+  void Park(const std::string& job_id, WatchReactor* reactor);
+  bool Unpark(const std::string& job_id, WatchReactor* reactor);
+  void WakeWatchers(const std::string& job_id);
+  void WakeAllWatchers();
+
+  JobStore* const store_;
+  const CoordinatorOptions options_;
+  const TokenAuthenticator auth_;
+  Executor rpc_executor_;
+  Executor watch_executor_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::set<std::string> busy_workers_;
+  std::map<std::string, std::string> worker_directories_;
+  std::map<std::string, std::map<std::string, int64_t>> worker_memory_;  // tier -> bytes, by worker
+  // Job loops by run number, not job id: a requeued job can be scheduled
+  // again before its previous loop has been reaped.
+  uint64_t next_run_ = 0;
+  std::map<uint64_t, std::thread> job_threads_;
+  std::set<uint64_t> finished_runs_;
+  std::thread scheduler_;
+
+  std::mutex watch_mu_;
+  std::multimap<std::string, WatchReactor*> parked_;
+};
+
+// Converts between the store's record and the API's message.
+void ToProto(const JobRecord& record, strata::v1::Job* job);
+strata::v1::JobState ToProtoState(JobState state);
+
+}  // namespace strata::services
+
+#endif  // STRATA_SERVICES_COORDINATOR_COORDINATOR_H_

@@ -1,0 +1,216 @@
+#include "services/coordinator/remote_worker_group.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/log.h"
+#include "services/rpc/auth.h"
+#include "services/rpc/wire.h"
+
+namespace strata::services {
+namespace {
+
+namespace v1 = strata::v1;
+
+}  // namespace
+
+absl::Status RemoteWorkerOptions::Validate() const {
+  if (address.empty()) return absl::InvalidArgumentError("worker address: empty");
+  if (job_id.empty()) return absl::InvalidArgumentError("job_id: empty");
+  if (work_timeout.count() <= 0) return absl::InvalidArgumentError("work_timeout: must be > 0");
+  if (control_timeout.count() <= 0) return absl::InvalidArgumentError("control_timeout: must be > 0");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<RemoteWorkerGroup>> RemoteWorkerGroup::Create(
+    RemoteWorkerOptions options, std::shared_ptr<grpc::ChannelCredentials> credentials) {
+  if (auto s = options.Validate(); !s.ok()) return s;
+  if (credentials == nullptr) return absl::InvalidArgumentError("worker credentials: null");
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxWorkerMessageBytes);
+  args.SetMaxSendMessageSize(kMaxWorkerMessageBytes);
+  auto channel = grpc::CreateCustomChannel(options.address, credentials, args);
+  return std::make_unique<RemoteWorkerGroup>(std::move(channel), std::move(options));
+}
+
+RemoteWorkerGroup::RemoteWorkerGroup(std::shared_ptr<grpc::ChannelInterface> channel, RemoteWorkerOptions options)
+    : options_(std::move(options)), stub_(v1::Worker::NewStub(std::move(channel))) {}
+
+template <typename Request, typename Response>
+absl::Status RemoteWorkerGroup::Call(const char* method,
+                                     grpc::Status (v1::Worker::Stub::*rpc)(grpc::ClientContext*, const Request&,
+                                                                           Response*),
+                                     std::chrono::milliseconds timeout, const Request& request,
+                                     Response* response) const {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + timeout);
+  AddBearer(&context, options_.token);
+  const grpc::Status status = (stub_.get()->*rpc)(&context, request, response);
+  if (status.ok()) return absl::OkStatus();
+  // No reply in time is indistinguishable from a dead worker to the
+  // coordinator, and both mean the same to it: the job moves elsewhere.
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    return absl::UnavailableError(
+        absl::StrCat("worker ", options_.address, " unavailable: ", method, ": ", status.error_message()));
+  }
+  const absl::Status s = FromGrpcStatus(status);
+  return absl::Status(s.code(), absl::StrCat("worker ", options_.address, ": ", method, ": ", s.message()));
+}
+
+namespace {
+
+// A reply that does not parse is the worker's fault, not the caller's.
+absl::Status BadReply(const std::string& address, const char* method, const absl::Status& status) {
+  return absl::InternalError(absl::StrCat("worker ", address, ": ", method, ": malformed reply: ", status.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<RemoteWorkerGroup::Loaded> RemoteWorkerGroup::LoadModels(const std::string& spec_yaml) {
+  v1::LoadModelsRequest request;
+  request.set_job_id(options_.job_id);
+  request.set_spec_yaml(spec_yaml);
+  v1::LoadModelsResponse response;
+  if (auto s = Call("LoadModels", &v1::Worker::Stub::LoadModels, options_.work_timeout, request, &response); !s.ok()) {
+    return s;
+  }
+  return Loaded{response.tokenizer_path(), response.working_directory()};
+}
+
+absl::Status RemoteWorkerGroup::Unload() {
+  v1::UnloadRequest request;
+  request.set_job_id(options_.job_id);
+  v1::UnloadResponse response;
+  return Call("Unload", &v1::Worker::Stub::Unload, options_.control_timeout, request, &response);
+}
+
+absl::StatusOr<v1::WorkerStats> RemoteWorkerGroup::GetStats() {
+  v1::WorkerStats response;
+  if (auto s = Call("GetStats", &v1::Worker::Stub::GetStats, options_.control_timeout, v1::GetStatsRequest(), &response);
+      !s.ok()) {
+    return s;
+  }
+  return response;
+}
+
+absl::StatusOr<std::vector<policies::Rollout>> RemoteWorkerGroup::Generate(const policies::RolloutRequest& request) {
+  v1::RolloutRequest call;
+  call.set_job_id(options_.job_id);
+  ToProto(request, &call);
+  v1::RolloutResponse response;
+  if (auto s = Call("Rollout", &v1::Worker::Stub::Rollout, options_.work_timeout, call, &response); !s.ok()) return s;
+  std::vector<policies::Rollout> rollouts;
+  rollouts.reserve(static_cast<size_t>(response.rollouts_size()));
+  for (int i = 0; i < response.rollouts_size(); ++i) {
+    auto r = FromProto(response.rollouts(i), absl::StrCat("rollouts[", i, "]"));
+    if (!r.ok()) return BadReply(options_.address, "Rollout", r.status());
+    rollouts.push_back(std::move(*r));
+  }
+  return rollouts;
+}
+
+absl::StatusOr<policies::Scores> RemoteWorkerGroup::Score(const std::vector<policies::Rollout>& rollouts,
+                                                          const policies::ScoreRequest& request) {
+  v1::ScoreRequest call;
+  call.set_job_id(options_.job_id);
+  ToProto(rollouts, request, &call);
+  v1::ScoreResponse response;
+  if (auto s = Call("Score", &v1::Worker::Stub::Score, options_.work_timeout, call, &response); !s.ok()) return s;
+  auto scores = FromProto(response);
+  if (!scores.ok()) return BadReply(options_.address, "Score", scores.status());
+  return scores;
+}
+
+absl::StatusOr<policies::UpdateStats> RemoteWorkerGroup::Update(const policies::PolicyUpdate& update) {
+  v1::UpdateRequest call;
+  call.set_job_id(options_.job_id);
+  ToProto(update, &call);
+  v1::UpdateResponse response;
+  if (auto s = Call("Update", &v1::Worker::Stub::Update, options_.work_timeout, call, &response); !s.ok()) return s;
+  return FromProto(response);
+}
+
+template <typename Request, typename Batch>
+absl::StatusOr<policies::TrainStats> RemoteWorkerGroup::Train(
+    const char* method, grpc::Status (v1::Worker::Stub::*rpc)(grpc::ClientContext*, const Request&, v1::TrainResponse*),
+    const std::vector<Batch>& batch) {
+  Request call;
+  call.set_job_id(options_.job_id);
+  ToProto(batch, &call);
+  v1::TrainResponse response;
+  if (auto s = Call(method, rpc, options_.work_timeout, call, &response); !s.ok()) return s;
+  return FromProto(response);
+}
+
+absl::StatusOr<policies::TrainStats> RemoteWorkerGroup::TrainSft(const std::vector<policies::TextPair>& batch) {
+  return Train("TrainSft", &v1::Worker::Stub::TrainSft, batch);
+}
+
+absl::StatusOr<policies::TrainStats> RemoteWorkerGroup::TrainRewardModel(
+    const std::vector<policies::PreferencePair>& batch) {
+  return Train("TrainRewardModel", &v1::Worker::Stub::TrainRewardModel, batch);
+}
+
+absl::StatusOr<policies::TrainStats> RemoteWorkerGroup::EvaluateRewardModel(
+    const std::vector<policies::PreferencePair>& pairs) {
+  return Train("EvaluateRewardModel", &v1::Worker::Stub::EvaluateRewardModel, pairs);
+}
+
+namespace {
+
+v1::BeginPhaseRequest PhaseRequest(const std::string& job_id, const std::string& phase) {
+  v1::BeginPhaseRequest call;
+  call.set_job_id(job_id);
+  call.set_phase(phase);
+  return call;
+}
+
+v1::CheckpointRequest CheckpointCall(const std::string& job_id, const std::string& dir) {
+  v1::CheckpointRequest call;
+  call.set_job_id(job_id);
+  call.set_dir(dir);
+  return call;
+}
+
+}  // namespace
+
+void RemoteWorkerGroup::BeginPhase(const std::string& phase) {
+  v1::PhaseMemory response;
+  if (auto s = Call("BeginPhase", &v1::Worker::Stub::BeginPhase, options_.control_timeout,
+                    PhaseRequest(options_.job_id, phase), &response);
+      !s.ok()) {
+    STRATA_LOG(Warning) << s;
+  }
+}
+
+policies::MemoryStats RemoteWorkerGroup::PhaseMemory(const std::string& phase) {
+  v1::PhaseMemory response;
+  if (auto s = Call("GetPhaseMemory", &v1::Worker::Stub::GetPhaseMemory, options_.control_timeout,
+                    PhaseRequest(options_.job_id, phase), &response);
+      !s.ok()) {
+    STRATA_LOG(Warning) << s;
+    return {};
+  }
+  return FromProto(response);
+}
+
+absl::Status RemoteWorkerGroup::SaveCheckpoint(const std::string& dir) {
+  v1::CheckpointResponse response;
+  return Call("SaveCheckpoint", &v1::Worker::Stub::SaveCheckpoint, options_.work_timeout,
+              CheckpointCall(options_.job_id, dir), &response);
+}
+
+absl::Status RemoteWorkerGroup::LoadCheckpoint(const std::string& dir) {
+  v1::CheckpointResponse response;
+  return Call("LoadCheckpoint", &v1::Worker::Stub::LoadCheckpoint, options_.work_timeout,
+              CheckpointCall(options_.job_id, dir), &response);
+}
+
+absl::Status RemoteWorkerGroup::SaveOutput(const std::string& dir) {
+  v1::CheckpointResponse response;
+  return Call("SaveOutput", &v1::Worker::Stub::SaveOutput, options_.work_timeout, CheckpointCall(options_.job_id, dir),
+              &response);
+}
+
+}  // namespace strata::services

@@ -1,0 +1,112 @@
+// A WorkerGroup whose models live in another process: every operation is a
+// unary call to one WorkerService (proto/strata/v1/worker.proto). The
+// coordinator runs a job's algorithm against it exactly as `strata train`
+// runs it against a LocalWorkerGroup.
+//
+// A worker that cannot be reached or does not answer in time (UNAVAILABLE
+// or DEADLINE_EXCEEDED on the channel) surfaces as UNAVAILABLE naming the
+// worker's address: the coordinator reads that code as "worker lost" and
+// requeues the job. Every other error keeps the code the worker sent, with
+// the address and the method prepended to the message.
+//
+// Thread-safety: calls may be made from any thread; each is independent.
+// The worker itself runs one operation at a time.
+#ifndef STRATA_SERVICES_COORDINATOR_REMOTE_WORKER_GROUP_H_
+#define STRATA_SERVICES_COORDINATOR_REMOTE_WORKER_GROUP_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "policies/rl/worker_group.h"
+#include "strata/v1/worker.grpc.pb.h"
+
+namespace strata::services {
+
+struct RemoteWorkerOptions {
+  // host:port of the worker; named in every error.
+  std::string address;
+  // The job whose models the worker holds; sent with every call.
+  std::string job_id;
+  // Sent as "authorization: Bearer <token>"; "" sends no credentials.
+  std::string token;
+  // Deadline of calls that run model work: LoadModels, Rollout, Score,
+  // Update, the train/evaluate calls and checkpoints. Loading a 7B model or
+  // an update that streams weights from NVMe takes minutes.
+  std::chrono::milliseconds work_timeout = std::chrono::minutes(10);
+  // Deadline of bookkeeping calls: BeginPhase, PhaseMemory, GetStats, Unload.
+  // They queue behind any running operation on the worker, so this is
+  // generous too.
+  std::chrono::milliseconds control_timeout = std::chrono::minutes(2);
+
+  // INVALID_ARGUMENT naming the field: empty address or job id, timeouts <= 0.
+  absl::Status Validate() const;
+};
+
+class RemoteWorkerGroup final : public policies::WorkerGroup {
+ public:
+  // Dials options.address with `credentials` (grpc::InsecureChannelCredentials()
+  // for plain TCP) and a message limit fit for big batches. The channel
+  // connects lazily: an unreachable worker shows up on the first call.
+  static absl::StatusOr<std::unique_ptr<RemoteWorkerGroup>> Create(
+      RemoteWorkerOptions options, std::shared_ptr<grpc::ChannelCredentials> credentials);
+  // Over an existing channel (in-process channels, tests). options.address
+  // is used only in errors.
+  RemoteWorkerGroup(std::shared_ptr<grpc::ChannelInterface> channel, RemoteWorkerOptions options);
+
+  // What LoadModels tells about the worker's side of the file system.
+  struct Loaded {
+    std::string tokenizer_path;     // as the worker resolved it
+    std::string working_directory;  // where it resolves relative spec paths
+  };
+  // Asks the worker to load `spec_yaml` (a validated spec, overrides applied;
+  // paths resolve on the worker) for options.job_id.
+  absl::StatusOr<Loaded> LoadModels(const std::string& spec_yaml);
+  // Drops the job's models on the worker.
+  absl::Status Unload();
+  // What the worker is doing and its memory per tier.
+  absl::StatusOr<strata::v1::WorkerStats> GetStats();
+
+  absl::StatusOr<std::vector<policies::Rollout>> Generate(const policies::RolloutRequest& request) override;
+  absl::StatusOr<policies::Scores> Score(const std::vector<policies::Rollout>& rollouts,
+                                         const policies::ScoreRequest& request) override;
+  absl::StatusOr<policies::UpdateStats> Update(const policies::PolicyUpdate& update) override;
+  absl::StatusOr<policies::TrainStats> TrainSft(const std::vector<policies::TextPair>& batch) override;
+  absl::StatusOr<policies::TrainStats> TrainRewardModel(const std::vector<policies::PreferencePair>& batch) override;
+  absl::StatusOr<policies::TrainStats> EvaluateRewardModel(
+      const std::vector<policies::PreferencePair>& pairs) override;
+  // The interface gives these two no way to fail: an error is logged and
+  // the figures are empty; a lost worker then fails the next operation.
+  void BeginPhase(const std::string& phase) override;
+  policies::MemoryStats PhaseMemory(const std::string& phase) override;
+  absl::Status SaveCheckpoint(const std::string& dir) override;
+  absl::Status LoadCheckpoint(const std::string& dir) override;
+  absl::Status SaveOutput(const std::string& dir) override;
+
+  const RemoteWorkerOptions& options() const { return options_; }
+
+ private:
+  // One unary call with `timeout` as its deadline and the bearer token; the
+  // status in the worker API's terms (see the file comment).
+  template <typename Request, typename Response>
+  absl::Status Call(const char* method,
+                    grpc::Status (strata::v1::Worker::Stub::*rpc)(grpc::ClientContext*, const Request&, Response*),
+                    std::chrono::milliseconds timeout, const Request& request, Response* response) const;
+  // TrainSft, TrainRewardModel and EvaluateRewardModel: a batch in, TrainStats out.
+  template <typename Request, typename Batch>
+  absl::StatusOr<policies::TrainStats> Train(
+      const char* method,
+      grpc::Status (strata::v1::Worker::Stub::*rpc)(grpc::ClientContext*, const Request&, strata::v1::TrainResponse*),
+      const std::vector<Batch>& batch);
+
+  const RemoteWorkerOptions options_;
+  std::unique_ptr<strata::v1::Worker::Stub> stub_;
+};
+
+}  // namespace strata::services
+
+#endif  // STRATA_SERVICES_COORDINATOR_REMOTE_WORKER_GROUP_H_

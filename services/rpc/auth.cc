@@ -1,0 +1,115 @@
+#include "services/rpc/auth.h"
+
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "base/file.h"
+
+namespace strata::services {
+namespace {
+
+std::string Trim(const std::string& s) {
+  const size_t begin = s.find_first_not_of(" \t\r\n");
+  if (begin == std::string::npos) return "";
+  return s.substr(begin, s.find_last_not_of(" \t\r\n") - begin + 1);
+}
+
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
+  auto text = ReadFileToString(path);
+  if (!text.ok()) return absl::Status(text.status().code(), absl::StrCat(what, ": ", text.status().message()));
+  return *text;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
+  auto text = ReadFileToString(path);
+  if (!text.ok()) return absl::Status(text.status().code(), absl::StrCat("--token-file: ", text.status().message()));
+  std::string token = Trim(*text);
+  if (token.empty()) return absl::InvalidArgumentError(absl::StrCat("--token-file: ", path, " is empty"));
+  return token;
+}
+
+absl::StatusOr<std::string> ResolveToken(const std::string& token_file) {
+  if (!token_file.empty()) return ReadTokenFile(token_file);
+  const char* env = std::getenv("STRATA_TOKEN");
+  return env != nullptr ? Trim(env) : std::string();
+}
+
+bool ConstantTimeEquals(const std::string& a, const std::string& b) {
+  // Fold the length difference in and walk the longer string, so the time
+  // does not reveal how long a matching prefix is.
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  const size_t n = std::max(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff |= static_cast<unsigned char>(x ^ y);
+  }
+  return diff == 0;
+}
+
+grpc::Status TokenAuthenticator::Check(const grpc::CallbackServerContext* context) const {
+  if (token_.empty()) return grpc::Status::OK;
+  const auto& metadata = context->client_metadata();
+  auto it = metadata.find("authorization");
+  if (it == metadata.end()) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing 'authorization: Bearer <token>' metadata");
+  }
+  const std::string value(it->second.data(), it->second.size());
+  const std::string prefix = "Bearer ";
+  if (value.size() < prefix.size() || value.compare(0, prefix.size(), prefix) != 0 ||
+      !ConstantTimeEquals(value.substr(prefix.size()), token_)) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "invalid bearer token");
+  }
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const TlsFiles& tls) {
+  if (tls.cert.empty() != tls.key.empty()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
+  }
+  if (tls.cert.empty()) return grpc::InsecureServerCredentials();
+  auto cert = ReadPem(tls.cert, "--tls-cert");
+  if (!cert.ok()) return cert.status();
+  auto key = ReadPem(tls.key, "--tls-key");
+  if (!key.ok()) return key.status();
+  grpc::SslServerCredentialsOptions options(tls.ca.empty()
+                                                ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+                                                : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  options.pem_key_cert_pairs.push_back({*key, *cert});
+  if (!tls.ca.empty()) {
+    auto ca = ReadPem(tls.ca, "--tls-ca");
+    if (!ca.ok()) return ca.status();
+    options.pem_root_certs = *ca;
+  }
+  return grpc::SslServerCredentials(options);
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(const TlsFiles& tls) {
+  std::string ca_path = tls.ca;
+  if (ca_path.empty()) {
+    const char* env = std::getenv("STRATA_TLS_CA");
+    if (env != nullptr) ca_path = env;
+  }
+  if (ca_path.empty()) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions options;
+  auto ca = ReadPem(ca_path, "--tls-ca");
+  if (!ca.ok()) return ca.status();
+  options.pem_root_certs = *ca;
+  if (!tls.cert.empty()) {
+    auto cert = ReadPem(tls.cert, "--tls-cert");
+    if (!cert.ok()) return cert.status();
+    auto key = ReadPem(tls.key, "--tls-key");
+    if (!key.ok()) return key.status();
+    options.pem_cert_chain = *cert;
+    options.pem_private_key = *key;
+  }
+  return grpc::SslCredentials(options);
+}
+
+void AddBearer(grpc::ClientContext* context, const std::string& token) {
+  if (!token.empty()) context->AddMetadata("authorization", "Bearer " + token);
+}
+
+}  // namespace strata::services

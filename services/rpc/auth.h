@@ -1,0 +1,57 @@
+// Bearer-token authentication for both servers, and client credentials.
+// The token comes from a file (--token-file) or STRATA_TOKEN; it is compared
+// in constant time. Health checks are served by gRPC's own health service,
+// which never reaches these checks.
+#ifndef STRATA_SERVICES_RPC_AUTH_H_
+#define STRATA_SERVICES_RPC_AUTH_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace strata::services {
+
+// Reads a token file (surrounding whitespace trimmed); INVALID_ARGUMENT if it
+// is empty, NOT_FOUND if missing.
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
+
+// The token a command should use: the file if given, else $STRATA_TOKEN, else "".
+absl::StatusOr<std::string> ResolveToken(const std::string& token_file);
+
+// True when a and b are equal, in time that depends only on their lengths.
+bool ConstantTimeEquals(const std::string& a, const std::string& b);
+
+class TokenAuthenticator {
+ public:
+  // An empty token turns authentication off (logged as a warning by callers).
+  explicit TokenAuthenticator(std::string token) : token_(std::move(token)) {}
+  // OK, or UNAUTHENTICATED when the call's `authorization` metadata is not
+  // "Bearer <token>".
+  grpc::Status Check(const grpc::CallbackServerContext* context) const;
+  bool enabled() const { return !token_.empty(); }
+
+ private:
+  const std::string token_;
+};
+
+struct TlsFiles {
+  std::string cert;  // PEM server certificate chain
+  std::string key;   // PEM private key
+  std::string ca;    // PEM CA for verifying peers (clients: the server; servers: client certs, mTLS)
+};
+
+// Insecure unless cert and key are given; with `ca` as well, clients must
+// present certificates signed by it (mTLS).
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const TlsFiles& tls);
+// Insecure unless a CA (or $STRATA_TLS_CA) is given.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(const TlsFiles& tls);
+
+// Adds "authorization: Bearer <token>" to a client call when token is set.
+void AddBearer(grpc::ClientContext* context, const std::string& token);
+
+}  // namespace strata::services
+
+#endif  // STRATA_SERVICES_RPC_AUTH_H_

@@ -1,0 +1,527 @@
+#include "services/runtime/local_worker_group.h"
+
+#include <filesystem>
+#include <numeric>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "offload/device/device_memory.h"
+#include "offload/device/device_transfer.h"
+#include "base/file.h"
+#include "base/log.h"
+#include "policies/rl/rl_losses.h"
+#include "rewards/reward_model.h"
+
+namespace strata::services {
+namespace {
+
+using policies::LlamaHead;
+using policies::LlamaModel;
+
+// Prompt + response rows, right-padded, with the indices that pick out the
+// response tokens' predictions: the output at position p-1+k predicts
+// response token k.
+struct Packed {
+  at::Tensor ids;            // [N, S]
+  at::Tensor mask;           // [N, S]
+  at::Tensor positions;      // [N, R]
+  at::Tensor targets;        // [N, R]
+  at::Tensor response_mask;  // [N, R] float
+};
+
+// Built on the CPU, returned on `device` (where the models compute).
+Packed Pack(const std::vector<const std::vector<int32_t>*>& prompts,
+            const std::vector<const std::vector<int32_t>*>& responses, const at::Device& device) {
+  const int64_t n = static_cast<int64_t>(prompts.size());
+  int64_t s = 1, r = 1;
+  for (int64_t i = 0; i < n; ++i) {
+    s = std::max<int64_t>(s, static_cast<int64_t>(prompts[i]->size() + responses[i]->size()));
+    r = std::max<int64_t>(r, static_cast<int64_t>(responses[i]->size()));
+  }
+  Packed p;
+  p.ids = at::zeros({n, s}, at::kLong);
+  p.mask = at::zeros({n, s}, at::kLong);
+  p.positions = at::zeros({n, r}, at::kLong);
+  p.targets = at::zeros({n, r}, at::kLong);
+  p.response_mask = at::zeros({n, r}, at::kFloat);
+  auto ids = p.ids.accessor<int64_t, 2>();
+  auto mask = p.mask.accessor<int64_t, 2>();
+  auto pos = p.positions.accessor<int64_t, 2>();
+  auto tgt = p.targets.accessor<int64_t, 2>();
+  auto rmask = p.response_mask.accessor<float, 2>();
+  for (int64_t i = 0; i < n; ++i) {
+    const auto& pr = *prompts[i];
+    const auto& re = *responses[i];
+    const int64_t pl = static_cast<int64_t>(pr.size());
+    for (int64_t t = 0; t < pl; ++t) ids[i][t] = pr[static_cast<size_t>(t)], mask[i][t] = 1;
+    for (size_t k = 0; k < re.size(); ++k) {
+      const int64_t t = pl + static_cast<int64_t>(k);
+      ids[i][t] = re[k];
+      mask[i][t] = 1;
+      pos[i][static_cast<int64_t>(k)] = t - 1;
+      tgt[i][static_cast<int64_t>(k)] = re[k];
+      rmask[i][static_cast<int64_t>(k)] = 1.0f;
+    }
+  }
+  for (at::Tensor* t : {&p.ids, &p.mask, &p.positions, &p.targets, &p.response_mask}) *t = t->to(device);
+  return p;
+}
+
+// log p(response token k) from full-sequence logits [N, S, V] -> [N, R].
+at::Tensor ResponseLogProbs(const at::Tensor& logits, const Packed& p) {
+  const int64_t v = logits.size(2);
+  const at::Tensor rows = logits.gather(1, p.positions.unsqueeze(-1).expand({-1, -1, v}));
+  return at::log_softmax(rows, -1).gather(-1, p.targets.unsqueeze(-1)).squeeze(-1) * p.response_mask;
+}
+
+// Critic values at the response positions from per-token scalars [N, S, 1].
+at::Tensor ResponseValues(const at::Tensor& values, const Packed& p) {
+  return values.squeeze(-1).gather(1, p.positions) * p.response_mask;
+}
+
+// One optimizer step of a trainable model on `packed`: forward, backward,
+// AdamW. Returns the loss.
+absl::StatusOr<double> TrainStep(policies::PlacedModel& model, const Packed& packed, const policies::LossFn& loss_fn) {
+  auto loss = model.trainer()->ForwardBackward(packed.ids, packed.mask, loss_fn);
+  if (!loss.ok()) return loss.status();
+  if (auto s = model.trainer()->OptimizerStep(); !s.ok()) return s;
+  return loss;
+}
+
+std::vector<std::vector<float>> Rows(const at::Tensor& t, const std::vector<policies::Rollout>& rollouts) {
+  std::vector<size_t> lengths;
+  for (const auto& r : rollouts) lengths.push_back(r.response.size());
+  return policies::UnpadRows(t, lengths);
+}
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LoadOrInit(const policies::ModelSpec& spec, LlamaHead head,
+                                                       const std::string& key, uint64_t seed) {
+  auto dtype = policies::ParseModelDType(spec.dtype);
+  if (!dtype.ok()) return dtype.status();
+  auto prefix = [&](const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat("models.", key, ": ", s.message()));
+  };
+  if (spec.path.empty()) {
+    auto text = ReadFileToString(spec.init);
+    if (!text.ok()) return prefix(text.status());
+    auto config = policies::LlamaConfig::FromJson(*text, spec.init);
+    if (!config.ok()) return prefix(config.status());
+    return LlamaModel::RandomInit(*config, head, *dtype, seed);
+  }
+  if (!IsDirectory(spec.path)) {
+    return absl::NotFoundError(absl::StrCat("models.", key, ".path: ", spec.path, " is not a directory"));
+  }
+  auto model = LlamaModel::Load(spec.path, head, *dtype);
+  if (model.ok() || head != LlamaHead::kScalar || model.status().code() != absl::StatusCode::kNotFound) {
+    if (!model.ok()) return prefix(model.status());
+    return model;
+  }
+  // A causal LM (e.g. the SFT output) becomes a reward model or critic with a
+  // fresh scalar head, as HF does when loading it for sequence classification.
+  auto lm = LlamaModel::Load(spec.path, LlamaHead::kLanguageModel, *dtype);
+  if (!lm.ok()) return prefix(lm.status());
+  return rewards::WithFreshScalarHead(**lm, seed);
+}
+
+}  // namespace
+
+LocalWorkerGroup::~LocalWorkerGroup() {
+  // Models (and their streamers) hold buffers of the arena and the store.
+  actor_.reset();
+  reference_.reset();
+  reward_.reset();
+  critic_.reset();
+}
+
+absl::StatusOr<std::unique_ptr<LocalWorkerGroup>> LocalWorkerGroup::Create(const policies::JobSpec& spec) {
+  if (auto s = spec.Validate(); !s.ok()) return s;
+  auto device = offload::ParseComputeDevice(spec.memory.device);
+  if (!device.ok()) return absl::InvalidArgumentError(absl::StrCat("memory.device: ", device.status().message()));
+  // Count device allocations from the start, so the models' own weights are
+  // part of the device figures. Also refuses a device this build or
+  // machine cannot use.
+  auto monitor = offload::DeviceMemoryMonitor::ForDevice(*device);
+  if (!monitor.ok()) {
+    return absl::Status(monitor.status().code(), absl::StrCat("memory.device: ", monitor.status().message()));
+  }
+  std::unique_ptr<LocalWorkerGroup> group(new LocalWorkerGroup(spec));
+  group->device_ = *device;
+  group->monitor_ = *monitor;
+  offload::HostArenaOptions arena_options;
+  arena_options.capacity_bytes = static_cast<size_t>(spec.memory.host_mib) << 20;
+  // Unpinned, the arena is a budget touched as used; pinned, all of it is
+  // committed and locked now, so a machine without the memory fails here.
+  arena_options.lock_memory = spec.memory.pin_host;
+  arena_options.populate = spec.memory.pin_host;
+  arena_options.pin_for_cuda = !device->is_cpu();  // DMA and asynchronous copies
+  auto arena = offload::HostArena::Create(arena_options);
+  if (!arena.ok()) {
+    // Name the setting that asked for what failed: locking, CUDA pinning, or the size.
+    std::string key = "memory.host_mib";
+    if (arena.status().message().find("cudaHostRegister") != std::string::npos ||
+        arena.status().message().find("without CUDA") != std::string::npos) {
+      key = "memory.device (pinning memory.host_mib)";
+    } else if (spec.memory.pin_host) {
+      key = "memory.pin_host (with memory.host_mib)";
+    }
+    return absl::Status(arena.status().code(), absl::StrCat(key, ": ", arena.status().message()));
+  }
+  group->arena_ = std::move(*arena);
+  if (!spec.memory.nvme_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(spec.memory.nvme_dir, ec);
+    offload::NvmeStoreOptions nvme_options;
+    nvme_options.directory = spec.memory.nvme_dir;
+    auto store = offload::NvmeStore::Open(nvme_options);
+    if (!store.ok()) {
+      return absl::Status(store.status().code(), absl::StrCat("memory.nvme_dir: ", store.status().message()));
+    }
+    group->nvme_ = std::move(*store);
+    if (spec.memory.pin_host) {
+      const std::span<std::byte> region = group->arena_->region();
+      if (auto s = group->nvme_->RegisterBuffers({&region, 1}); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("memory.pin_host: ", s.message()));
+      }
+    }
+  }
+  if (auto s = group->LoadModels(); !s.ok()) return s;
+  return group;
+}
+
+absl::StatusOr<std::unique_ptr<policies::PlacedModel>> LocalWorkerGroup::Place(const std::string& key,
+                                                                               const policies::ModelSpec& model,
+                                                                               LlamaHead head, bool trainable,
+                                                                               double lr) {
+  auto loaded = LoadOrInit(model, head, key, spec_.train.seed);
+  if (!loaded.ok()) return loaded.status();
+  policies::PlacedModelOptions options;
+  options.name = key;
+  options.placement = model.placement;
+  options.trainable = trainable;
+  options.trainer.adam.adam.lr = lr;
+  options.trainer.adam.adam.weight_decay = spec_.train.weight_decay;
+  options.batch = spec_.train.batch_size;
+  options.seq = spec_.data.max_prompt_tokens + std::max(spec_.data.max_response_tokens, spec_.generation.max_new_tokens);
+  policies::OffloadContext context;
+  context.arena = arena_.get();
+  context.nvme = nvme_.get();
+  context.device_budget_bytes = static_cast<size_t>(spec_.memory.device_mib) << 20;
+  context.device = device_;
+  return policies::PlacedModel::Create(std::move(*loaded), options, context);
+}
+
+absl::Status LocalWorkerGroup::LoadModels() {
+  using policies::Algorithm;
+  const double lr = spec_.train.lr;
+  auto assign = [](absl::StatusOr<std::unique_ptr<policies::PlacedModel>> placed,
+                   std::unique_ptr<policies::PlacedModel>* out) -> absl::Status {
+    if (!placed.ok()) return placed.status();
+    *out = std::move(*placed);
+    return absl::OkStatus();
+  };
+  std::string tokenizer_dir;
+  switch (spec_.algorithm) {
+    case Algorithm::kSft:
+      if (auto s = assign(Place("actor", spec_.actor, LlamaHead::kLanguageModel, true, lr), &actor_); !s.ok()) return s;
+      tokenizer_dir = spec_.actor.path;
+      break;
+    case Algorithm::kRewardModel:
+      if (auto s = assign(Place("reward", spec_.reward, LlamaHead::kScalar, true, lr), &reward_); !s.ok()) return s;
+      tokenizer_dir = spec_.reward.path;
+      break;
+    case Algorithm::kPpo:
+    case Algorithm::kRemax:
+    case Algorithm::kGrpo:
+    case Algorithm::kRloo: {
+      if (auto s = assign(Place("actor", spec_.actor, LlamaHead::kLanguageModel, true, lr), &actor_); !s.ok()) return s;
+      policies::ModelSpec reference = spec_.reference;
+      if (reference.path.empty()) reference.path = spec_.actor.path;
+      if (auto s = assign(Place("reference", reference, LlamaHead::kLanguageModel, false, 0), &reference_); !s.ok()) {
+        return s;
+      }
+      if (!spec_.reward.rule.empty()) {
+        auto rule = rewards::MakeRule(spec_.reward.rule);
+        if (!rule.ok()) return absl::InvalidArgumentError(absl::StrCat("models.reward.rule: ", rule.status().message()));
+        rule_ = *rule;
+      } else if (auto s = assign(Place("reward", spec_.reward, LlamaHead::kScalar, false, 0), &reward_); !s.ok()) {
+        return s;
+      }
+      if (spec_.algorithm == Algorithm::kPpo) {
+        policies::ModelSpec critic = spec_.critic;
+        if (critic.path.empty()) critic.path = spec_.reward.path;
+        if (auto s = assign(Place("critic", critic, LlamaHead::kScalar, true, spec_.ppo.critic_lr), &critic_);
+            !s.ok()) {
+          return s;
+        }
+      }
+      tokenizer_dir = spec_.actor.path;
+      break;
+    }
+  }
+  tokenizer_path_ = !spec_.data.tokenizer.empty() ? spec_.data.tokenizer : tokenizer_dir;
+  if (tokenizer_path_.empty()) {
+    return absl::InvalidArgumentError("data.tokenizer is required when the model is initialised from a config");
+  }
+  auto tokenizer = policies::Tokenizer::Load(tokenizer_path_);
+  if (!tokenizer.ok()) {
+    return absl::Status(tokenizer.status().code(), absl::StrCat("data.tokenizer: ", tokenizer.status().message()));
+  }
+  tokenizer_ = std::move(*tokenizer);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<policies::Rollout>> LocalWorkerGroup::Generate(const policies::RolloutRequest& request) {
+  if (actor_ == nullptr) return absl::FailedPreconditionError("this job has no actor to generate with");
+  const LlamaModel& actor = actor_->model();
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<int64_t> prompt_index;
+  for (size_t p = 0; p < request.prompts.size(); ++p) {
+    for (int64_t g = 0; g < request.samples_per_prompt; ++g) {
+      prompts.push_back(request.prompts[p]);
+      prompt_index.push_back(static_cast<int64_t>(p));
+    }
+  }
+  const auto& eos = actor.config().eos_token_ids;
+  const int64_t pad = tokenizer_->pad_id() >= 0 ? tokenizer_->pad_id() : 0;
+  std::vector<policies::Rollout> out;
+  auto sampled = policies::Generate(actor, prompts, request.sampling, eos, pad);
+  if (!sampled.ok()) return sampled.status();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    out.push_back({prompt_index[i], prompts[i], sampled->tokens[i], sampled->logprobs[i], false});
+  }
+  if (request.with_greedy) {
+    policies::SamplingOptions greedy = request.sampling;
+    greedy.greedy = true;
+    auto best = policies::Generate(actor, request.prompts, greedy, eos, pad);
+    if (!best.ok()) return best.status();
+    for (size_t p = 0; p < request.prompts.size(); ++p) {
+      out.push_back({static_cast<int64_t>(p), request.prompts[p], best->tokens[p], best->logprobs[p], true});
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<policies::Scores> LocalWorkerGroup::Score(const std::vector<policies::Rollout>& rollouts,
+                                                         const policies::ScoreRequest& request) {
+  policies::Scores scores;
+  if (rollouts.empty()) return scores;
+  at::NoGradGuard no_grad;
+  std::vector<const std::vector<int32_t>*> prompts, responses;
+  for (const auto& r : rollouts) prompts.push_back(&r.prompt), responses.push_back(&r.response);
+  const Packed packed = Pack(prompts, responses, device_);
+  if (request.rewards) {
+    if (rule_) {
+      for (const auto& r : rollouts) {
+        scores.rewards.push_back(static_cast<float>(rule_(tokenizer_->Decode(r.prompt), tokenizer_->Decode(r.response))));
+      }
+    } else {
+      const at::Tensor s = reward_->model().Scores(packed.ids, packed.mask).select(1, 0).to(at::kCPU).contiguous();
+      scores.rewards.assign(s.data_ptr<float>(), s.data_ptr<float>() + s.numel());
+    }
+  }
+  if (request.reference_logprobs) {
+    scores.reference_logprobs = Rows(ResponseLogProbs(reference_->model().Logits(packed.ids, packed.mask), packed), rollouts);
+  }
+  if (request.actor_logprobs) {
+    scores.actor_logprobs = Rows(ResponseLogProbs(actor_->model().Logits(packed.ids, packed.mask), packed), rollouts);
+  }
+  if (request.values) {
+    if (critic_ == nullptr) return absl::FailedPreconditionError("values requested but this job has no critic");
+    scores.values = Rows(ResponseValues(critic_->model().TokenScores(packed.ids, packed.mask), packed), rollouts);
+  }
+  return scores;
+}
+
+absl::StatusOr<policies::UpdateStats> LocalWorkerGroup::Update(const policies::PolicyUpdate& update) {
+  if (actor_ == nullptr) return absl::FailedPreconditionError("this job has no actor to update");
+  const size_t n = update.rollouts.size();
+  if (update.advantages.size() != n) return absl::InvalidArgumentError("update: one advantage row per rollout needed");
+  const bool ppo = update.objective == policies::PolicyObjective::kPpo;
+  if (ppo && (update.old_logprobs.size() != n || update.returns.size() != n || update.old_values.size() != n)) {
+    return absl::InvalidArgumentError("update: PPO needs old_logprobs, returns and old_values per rollout");
+  }
+  if (ppo && critic_ == nullptr) return absl::FailedPreconditionError("PPO update but this job has no critic");
+  const int64_t epochs = ppo ? update.epochs : 1;
+  const int64_t minibatches = ppo ? std::max<int64_t>(1, update.minibatches) : 1;
+  std::vector<size_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::mt19937_64 rng(update.shuffle_seed);
+  policies::UpdateStats stats;
+  int64_t steps = 0;
+  for (int64_t epoch = 0; epoch < epochs; ++epoch) {
+    if (ppo) std::shuffle(order.begin(), order.end(), rng);
+    const size_t per = (n + static_cast<size_t>(minibatches) - 1) / static_cast<size_t>(minibatches);
+    for (size_t start = 0; start < n; start += per) {
+      std::vector<size_t> idx(order.begin() + static_cast<std::ptrdiff_t>(start),
+                              order.begin() + static_cast<std::ptrdiff_t>(std::min(n, start + per)));
+      std::vector<const std::vector<int32_t>*> prompts, responses;
+      std::vector<std::vector<float>> adv, old_lp, ret, old_v;
+      for (size_t i : idx) {
+        prompts.push_back(&update.rollouts[i].prompt);
+        responses.push_back(&update.rollouts[i].response);
+        adv.push_back(update.advantages[i]);
+        if (ppo) {
+          old_lp.push_back(update.old_logprobs[i]);
+          ret.push_back(update.returns[i]);
+          old_v.push_back(update.old_values[i]);
+        }
+      }
+      const Packed packed = Pack(prompts, responses, device_);
+      const int64_t width = packed.targets.size(1);
+      auto rows = [&](const std::vector<std::vector<float>>& r) { return policies::PadRows(r, width).to(device_); };
+      const at::Tensor advantages = rows(adv);
+      double clipfrac = 0, approx_kl = 0;
+      auto policy_loss = [&](const at::Tensor& logits) {
+        const at::Tensor logp = ResponseLogProbs(logits, packed);
+        if (!ppo) return policies::ReinforceLoss(logp, advantages, packed.response_mask);
+        const auto out =
+            policies::PpoClippedLoss(logp, rows(old_lp), advantages, packed.response_mask, update.clip_range);
+        clipfrac = out.clipfrac.item<double>();
+        approx_kl = out.approx_kl.item<double>();
+        return out.loss;
+      };
+      auto loss = TrainStep(*actor_, packed, policy_loss);
+      if (!loss.ok()) return loss.status();
+      stats.policy_loss += *loss;
+      stats.clipfrac += clipfrac;
+      stats.approx_kl += approx_kl;
+      if (ppo) {
+        double value_clipfrac = 0;
+        auto value_loss = [&](const at::Tensor& values) {
+          const auto out = policies::PpoValueLossClipped(ResponseValues(values, packed), rows(old_v), rows(ret),
+                                                         packed.response_mask, update.value_clip);
+          value_clipfrac = out.clipfrac.item<double>();
+          return out.loss;
+        };
+        auto vloss = TrainStep(*critic_, packed, value_loss);
+        if (!vloss.ok()) return vloss.status();
+        stats.value_loss += *vloss;
+        stats.value_clipfrac += value_clipfrac;
+      }
+      ++steps;
+    }
+  }
+  const double k = static_cast<double>(std::max<int64_t>(steps, 1));
+  stats.policy_loss /= k, stats.value_loss /= k, stats.clipfrac /= k, stats.value_clipfrac /= k, stats.approx_kl /= k;
+  return stats;
+}
+
+absl::StatusOr<policies::TrainStats> LocalWorkerGroup::TrainSft(const std::vector<policies::TextPair>& batch) {
+  if (actor_ == nullptr || actor_->trainer() == nullptr) return absl::FailedPreconditionError("no trainable actor");
+  std::vector<const std::vector<int32_t>*> prompts, responses;
+  for (const auto& pair : batch) prompts.push_back(&pair.prompt), responses.push_back(&pair.response);
+  const Packed packed = Pack(prompts, responses, device_);
+  auto loss = TrainStep(*actor_, packed, [&](const at::Tensor& logits) {
+    return policies::CrossEntropyLoss(ResponseLogProbs(logits, packed), packed.response_mask);
+  });
+  if (!loss.ok()) return loss.status();
+  return policies::TrainStats{*loss, 0};
+}
+
+namespace {
+
+// Chosen rows first, then rejected rows, as one batch.
+Packed PackPairs(const std::vector<policies::PreferencePair>& pairs, const at::Device& device) {
+  std::vector<const std::vector<int32_t>*> prompts, responses;
+  for (const auto& p : pairs) prompts.push_back(&p.prompt), responses.push_back(&p.chosen);
+  for (const auto& p : pairs) prompts.push_back(&p.prompt), responses.push_back(&p.rejected);
+  return Pack(prompts, responses, device);
+}
+
+}  // namespace
+
+absl::StatusOr<policies::TrainStats> LocalWorkerGroup::TrainRewardModel(
+    const std::vector<policies::PreferencePair>& batch) {
+  if (reward_ == nullptr || reward_->trainer() == nullptr) return absl::FailedPreconditionError("no trainable reward model");
+  const Packed packed = PackPairs(batch, device_);
+  const int64_t n = static_cast<int64_t>(batch.size());
+  double accuracy = 0;
+  auto loss = TrainStep(*reward_, packed, [&](const at::Tensor& values) {
+    rewards::PreferenceObjective objective = rewards::PreferenceFromTokenScores(values, packed.mask, n);
+    accuracy = objective.accuracy;
+    return objective.loss;
+  });
+  if (!loss.ok()) return loss.status();
+  return policies::TrainStats{*loss, accuracy};
+}
+
+absl::StatusOr<policies::TrainStats> LocalWorkerGroup::EvaluateRewardModel(
+    const std::vector<policies::PreferencePair>& pairs) {
+  if (reward_ == nullptr) return absl::FailedPreconditionError("this job has no reward model");
+  at::NoGradGuard no_grad;
+  const Packed packed = PackPairs(pairs, device_);
+  const int64_t n = static_cast<int64_t>(pairs.size());
+  const rewards::PreferenceObjective objective =
+      rewards::PreferenceFromScores(reward_->model().Scores(packed.ids, packed.mask).select(1, 0), n);
+  return policies::TrainStats{objective.loss.item<double>(), objective.accuracy};
+}
+
+void LocalWorkerGroup::BeginPhase(const std::string& phase) {
+  if (!phase_.empty()) phase_memory_[phase_] = PhaseMemory(phase_);
+  phase_ = phase;
+  monitor_->ResetPeak();
+}
+
+policies::MemoryStats LocalWorkerGroup::PhaseMemory(const std::string& phase) {
+  if (phase != phase_) {
+    auto it = phase_memory_.find(phase);
+    return it == phase_memory_.end() ? policies::MemoryStats{} : it->second;
+  }
+  policies::MemoryStats stats;
+  stats.peak_bytes["device"] = static_cast<int64_t>(monitor_->peak_bytes());
+  stats.peak_bytes["host"] = static_cast<int64_t>(arena_->stats().peak_requested_bytes);
+  stats.peak_bytes["nvme"] = nvme_ ? nvme_->allocated_bytes() : 0;
+  return stats;
+}
+
+std::vector<std::pair<std::string, policies::PlacedModel*>> LocalWorkerGroup::Trainable() {
+  std::vector<std::pair<std::string, policies::PlacedModel*>> out;
+  for (auto* m : {actor_.get(), reward_.get(), critic_.get()}) {
+    if (m != nullptr && m->trainer() != nullptr) out.emplace_back(m->name(), m);
+  }
+  return out;
+}
+
+absl::Status LocalWorkerGroup::SaveCheckpoint(const std::string& dir) {
+  for (auto& [name, model] : Trainable()) {
+    const std::string sub = JoinPath(dir, name);
+    std::error_code ec;
+    std::filesystem::create_directories(sub, ec);
+    if (ec) return absl::PermissionDeniedError(absl::StrCat("checkpoint: cannot create ", sub, ": ", ec.message()));
+    if (auto s = model->Save(sub); !s.ok()) return s;
+    if (auto s = model->trainer()->SaveState(JoinPath(sub, "optimizer.safetensors")); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalWorkerGroup::LoadCheckpoint(const std::string& dir) {
+  for (auto& [name, model] : Trainable()) {
+    const std::string sub = JoinPath(dir, name);
+    if (auto s = model->LoadWeights(sub); !s.ok()) return s;
+    if (auto s = model->trainer()->LoadState(JoinPath(sub, "optimizer.safetensors")); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalWorkerGroup::CopyTokenizer(const std::string& dir) const {
+  const std::string from = IsDirectory(tokenizer_path_) ? tokenizer_path_ : std::filesystem::path(tokenizer_path_).parent_path().string();
+  for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json"}) {
+    const std::string source = JoinPath(from, name);
+    if (!IsRegularFile(source)) continue;
+    auto text = ReadFileToString(source);
+    if (!text.ok()) return text.status();
+    if (auto s = WriteFileAtomically(JoinPath(dir, name), *text); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalWorkerGroup::SaveOutput(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::PermissionDeniedError(absl::StrCat("output.dir: cannot create ", dir, ": ", ec.message()));
+  policies::PlacedModel* model = spec_.algorithm == policies::Algorithm::kRewardModel ? reward_.get() : actor_.get();
+  if (auto s = model->Save(dir); !s.ok()) return s;
+  return CopyTokenizer(dir);
+}
+
+}  // namespace strata::services

@@ -1,0 +1,78 @@
+// The in-process WorkerGroup: one worker's models, built from a job spec,
+// serving rollout, scoring and updates by direct calls. `strata train` and
+// the tests run algorithms against it; the gRPC worker wraps the same class.
+#ifndef STRATA_SERVICES_RUNTIME_LOCAL_WORKER_GROUP_H_
+#define STRATA_SERVICES_RUNTIME_LOCAL_WORKER_GROUP_H_
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "offload/device/device_memory.h"
+#include "offload/host/host_arena.h"
+#include "offload/nvme/nvme_store.h"
+#include "policies/job/job_spec.h"
+#include "policies/train/placed_model.h"
+#include "policies/tokenizer/tokenizer.h"
+#include "policies/rl/worker_group.h"
+#include "rewards/rule_rewards.h"
+
+namespace strata::services {
+
+class LocalWorkerGroup final : public policies::WorkerGroup {
+ public:
+  // Loads the models `spec`'s algorithm needs under their placements. Paths
+  // are resolved against the working directory. Errors name the model
+  // ("models.actor.path: ...") and the file.
+  static absl::StatusOr<std::unique_ptr<LocalWorkerGroup>> Create(const policies::JobSpec& spec);
+  ~LocalWorkerGroup() override;
+
+  absl::StatusOr<std::vector<policies::Rollout>> Generate(const policies::RolloutRequest& request) override;
+  absl::StatusOr<policies::Scores> Score(const std::vector<policies::Rollout>& rollouts,
+                                         const policies::ScoreRequest& request) override;
+  absl::StatusOr<policies::UpdateStats> Update(const policies::PolicyUpdate& update) override;
+  absl::StatusOr<policies::TrainStats> TrainSft(const std::vector<policies::TextPair>& batch) override;
+  absl::StatusOr<policies::TrainStats> TrainRewardModel(const std::vector<policies::PreferencePair>& batch) override;
+  absl::StatusOr<policies::TrainStats> EvaluateRewardModel(
+      const std::vector<policies::PreferencePair>& pairs) override;
+  void BeginPhase(const std::string& phase) override;
+  policies::MemoryStats PhaseMemory(const std::string& phase) override;
+  absl::Status SaveCheckpoint(const std::string& dir) override;
+  absl::Status LoadCheckpoint(const std::string& dir) override;
+  absl::Status SaveOutput(const std::string& dir) override;
+
+  const policies::Tokenizer& tokenizer() const { return *tokenizer_; }
+  // Where the tokenizer was loaded from (copied next to saved models).
+  const std::string& tokenizer_path() const { return tokenizer_path_; }
+
+  // Measures the job's compute device (memory.device).
+  offload::DeviceMemoryMonitor& device_monitor() const { return *monitor_; }
+
+ private:
+  explicit LocalWorkerGroup(policies::JobSpec spec) : spec_(std::move(spec)) {}
+  absl::Status LoadModels();
+  absl::StatusOr<std::unique_ptr<policies::PlacedModel>> Place(const std::string& key,
+                                                                const policies::ModelSpec& model,
+                                                                policies::LlamaHead head, bool trainable,
+                                                                double lr);
+  // The trained models by checkpoint name.
+  std::vector<std::pair<std::string, policies::PlacedModel*>> Trainable();
+  absl::Status CopyTokenizer(const std::string& dir) const;
+
+  const policies::JobSpec spec_;
+  at::Device device_ = at::kCPU;                        // memory.device
+  offload::DeviceMemoryMonitor* monitor_ = nullptr;     // of device_
+  std::unique_ptr<offload::HostArena> arena_;
+  std::unique_ptr<offload::NvmeStore> nvme_;
+  std::unique_ptr<policies::Tokenizer> tokenizer_;
+  std::string tokenizer_path_;
+  std::unique_ptr<policies::PlacedModel> actor_, reference_, reward_, critic_;
+  rewards::RuleFn rule_;
+  std::string phase_;
+  std::map<std::string, policies::MemoryStats> phase_memory_;
+};
+
+}  // namespace strata::services
+
+#endif  // STRATA_SERVICES_RUNTIME_LOCAL_WORKER_GROUP_H_

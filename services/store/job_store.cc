@@ -1,0 +1,1117 @@
+#include "services/store/job_store.h"
+
+#include <hiredis/hiredis.h>
+#include <poll.h>
+#include <sys/time.h>
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <cerrno>
+#include <mutex>
+#include <random>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/log.h"
+
+namespace strata::services {
+namespace {
+
+constexpr std::array<JobState, 5> kAllStates = {JobState::kQueued, JobState::kRunning, JobState::kSucceeded,
+                                                JobState::kFailed, JobState::kCancelled};
+constexpr int kDefaultPageSize = 50;
+constexpr int kMaxPageSize = 1000;
+constexpr int kDefaultEventCount = 100;
+constexpr int kMaxEventCount = 10000;
+// ListByState fetches job hashes in pipelined batches of this many.
+constexpr size_t kFetchBatch = 256;
+constexpr size_t kMaxIdLength = 128;
+constexpr size_t kMaxRequestIdLength = 256;
+
+struct ReplyDeleter {
+  void operator()(redisReply* reply) const { freeReplyObject(reply); }
+};
+using ReplyPtr = std::unique_ptr<redisReply, ReplyDeleter>;
+
+struct ContextDeleter {
+  void operator()(redisContext* context) const { redisFree(context); }
+};
+using ContextPtr = std::unique_ptr<redisContext, ContextDeleter>;
+
+struct RedisEndpoint {
+  std::string host;
+  int port = 6379;
+  std::string user;
+  std::string password;
+  int db = 0;
+  // What error messages name: never the credentials.
+  std::string Address() const {
+    return absl::StrCat(host.find(':') != std::string::npos ? "[" + host + "]" : host, ":", port);
+  }
+};
+
+// The URL as it may appear in a message: credentials replaced by "***".
+std::string RedactUrl(const std::string& url) {
+  const size_t at = url.rfind('@');
+  if (at == std::string::npos) return url;
+  const size_t scheme = url.find("://");
+  const size_t start = scheme == std::string::npos ? 0 : scheme + 3;
+  if (at < start) return url;
+  return url.substr(0, start) + "***" + url.substr(at);
+}
+
+bool AllDigits(const std::string& s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isdigit(c) != 0; });
+}
+
+absl::StatusOr<RedisEndpoint> ParseRedisUrl(const std::string& url) {
+  auto bad = [&url](const std::string& why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("JobStoreOptions.redis_url \"", RedactUrl(url), "\": ", why,
+                     " (expected redis://[[user]:password@]host[:port][/db])"));
+  };
+  constexpr char kScheme[] = "redis://";
+  if (!absl::StartsWith(url, kScheme)) return bad("must start with redis://");
+  std::string rest = url.substr(sizeof(kScheme) - 1);
+  RedisEndpoint endpoint;
+  const size_t slash = rest.find('/');
+  if (slash != std::string::npos) {
+    const std::string path = rest.substr(slash + 1);
+    rest.resize(slash);
+    if (!path.empty()) {
+      if (!AllDigits(path) || path.size() > 5) return bad("database must be a small non-negative number");
+      endpoint.db = std::stoi(path);
+    }
+  }
+  const size_t at = rest.rfind('@');
+  if (at != std::string::npos) {
+    const std::string userinfo = rest.substr(0, at);
+    rest = rest.substr(at + 1);
+    const size_t colon = userinfo.find(':');
+    if (colon == std::string::npos) return bad("credentials must be [user]:password");
+    endpoint.user = userinfo.substr(0, colon);
+    endpoint.password = userinfo.substr(colon + 1);
+  }
+  std::string port;
+  if (absl::StartsWith(rest, "[")) {  // IPv6 literal
+    const size_t close = rest.find(']');
+    if (close == std::string::npos) return bad("unterminated [ in host");
+    endpoint.host = rest.substr(1, close - 1);
+    const std::string after = rest.substr(close + 1);
+    if (!after.empty()) {
+      if (after[0] != ':') return bad("unexpected text after host");
+      port = after.substr(1);
+      if (port.empty()) return bad("empty port");
+    }
+  } else {
+    const size_t colon = rest.rfind(':');
+    endpoint.host = rest.substr(0, colon);
+    if (colon != std::string::npos) {
+      port = rest.substr(colon + 1);
+      if (port.empty()) return bad("empty port");
+    }
+  }
+  if (endpoint.host.empty()) return bad("missing host");
+  for (const unsigned char c : endpoint.host) {
+    if (std::isspace(c) || c == '/' || c == '?' || c == '#' || c == '[' || c == ']') {
+      return bad("host contains an invalid character");
+    }
+  }
+  if (!port.empty()) {
+    if (!AllDigits(port) || port.size() > 5 || std::stoi(port) < 1 || std::stoi(port) > 65535) {
+      return bad("port must be a number in 1..65535");
+    }
+    endpoint.port = std::stoi(port);
+  }
+  return endpoint;
+}
+
+// Error replies that mean "try again later" map to UNAVAILABLE; the rest say
+// something a retry will not fix.
+absl::Status ErrorReplyToStatus(const std::string& address, const std::string& command, const std::string& error) {
+  const std::string kind = error.substr(0, error.find(' '));
+  const std::string message = absl::StrCat("redis at ", address, ": ", command, ": ", error);
+  if (kind == "LOADING" || kind == "BUSY" || kind == "MASTERDOWN" || kind == "TRYAGAIN" || kind == "CLUSTERDOWN" ||
+      kind == "READONLY" || kind == "MISCONF") {
+    return absl::UnavailableError(message);
+  }
+  if (kind == "NOAUTH" || kind == "WRONGPASS") return absl::UnauthenticatedError(message);
+  if (kind == "NOPERM") return absl::PermissionDeniedError(message);
+  if (kind == "OOM") return absl::ResourceExhaustedError(message);
+  return absl::InternalError(message);
+}
+
+std::string ReplyString(const redisReply* reply) { return std::string(reply->str, reply->len); }
+
+bool IsStringReply(const redisReply* reply) {
+  return reply != nullptr && (reply->type == REDIS_REPLY_STRING || reply->type == REDIS_REPLY_STATUS);
+}
+
+timeval ToTimeval(int ms) {
+  timeval tv;
+  tv.tv_sec = ms / 1000;
+  tv.tv_usec = static_cast<suseconds_t>(ms % 1000) * 1000;
+  return tv;
+}
+
+// One hiredis connection. Not thread-safe: a caller holds it exclusively
+// (through ConnectionPool::Lease). After any transport failure the stream may
+// be out of step with the server, so the connection marks itself broken and is
+// never reused.
+class RedisConnection {
+ public:
+  static absl::StatusOr<std::unique_ptr<RedisConnection>> Open(const RedisEndpoint& endpoint, int connect_timeout_ms,
+                                                               int command_timeout_ms) {
+    const std::string address = endpoint.Address();
+    ContextPtr context(redisConnectWithTimeout(endpoint.host.c_str(), endpoint.port, ToTimeval(connect_timeout_ms)));
+    if (context == nullptr) return absl::UnavailableError(absl::StrCat("redis at ", address, ": out of memory"));
+    if (context->err != 0) {
+      return absl::UnavailableError(absl::StrCat("redis at ", address, ": connect: ", context->errstr));
+    }
+    if (redisSetTimeout(context.get(), ToTimeval(command_timeout_ms)) != REDIS_OK ||
+        redisEnableKeepAlive(context.get()) != REDIS_OK) {
+      return absl::UnavailableError(absl::StrCat("redis at ", address, ": set socket options: ", context->errstr));
+    }
+    auto connection = std::unique_ptr<RedisConnection>(new RedisConnection(std::move(context), address));
+    if (!endpoint.password.empty()) {
+      std::vector<std::string> auth = {"AUTH"};
+      if (!endpoint.user.empty()) auth.push_back(endpoint.user);
+      auth.push_back(endpoint.password);
+      auto reply = connection->Command(auth);
+      if (!reply.ok()) return reply.status();
+    }
+    if (endpoint.db != 0) {
+      auto reply = connection->Command({"SELECT", std::to_string(endpoint.db)});
+      if (!reply.ok()) return reply.status();
+    }
+    return connection;
+  }
+
+  // Sends one command. UNAVAILABLE on a transport failure (refused, reset,
+  // timed out); otherwise the reply, which may be an error reply.
+  absl::StatusOr<ReplyPtr> Raw(const std::vector<std::string>& argv) {
+    std::vector<const char*> args;
+    std::vector<size_t> lengths;
+    args.reserve(argv.size());
+    lengths.reserve(argv.size());
+    for (const auto& arg : argv) {
+      args.push_back(arg.data());
+      lengths.push_back(arg.size());
+    }
+    ReplyPtr reply(static_cast<redisReply*>(
+        redisCommandArgv(context_.get(), static_cast<int>(args.size()), args.data(), lengths.data())));
+    if (reply == nullptr) return TransportError(argv[0]);
+    return reply;
+  }
+
+  // Raw, with error replies turned into a Status.
+  absl::StatusOr<ReplyPtr> Command(const std::vector<std::string>& argv) {
+    auto reply = Raw(argv);
+    if (!reply.ok()) return reply.status();
+    if ((*reply)->type == REDIS_REPLY_ERROR) return ErrorReplyToStatus(address_, argv[0], ReplyString(reply->get()));
+    return reply;
+  }
+
+  // Sends all commands in one round trip; error replies become a Status (the
+  // first one wins, after every reply has been read so the stream stays in step).
+  absl::StatusOr<std::vector<ReplyPtr>> Pipeline(const std::vector<std::vector<std::string>>& commands) {
+    for (const auto& argv : commands) {
+      std::vector<const char*> args;
+      std::vector<size_t> lengths;
+      for (const auto& arg : argv) {
+        args.push_back(arg.data());
+        lengths.push_back(arg.size());
+      }
+      if (redisAppendCommandArgv(context_.get(), static_cast<int>(args.size()), args.data(), lengths.data()) !=
+          REDIS_OK) {
+        return TransportError(argv[0]);
+      }
+    }
+    std::vector<ReplyPtr> replies;
+    absl::Status first_error;
+    for (const auto& argv : commands) {
+      void* raw = nullptr;
+      if (redisGetReply(context_.get(), &raw) != REDIS_OK || raw == nullptr) return TransportError(argv[0]);
+      ReplyPtr reply(static_cast<redisReply*>(raw));
+      if (reply->type == REDIS_REPLY_ERROR && first_error.ok()) {
+        first_error = ErrorReplyToStatus(address_, argv[0], ReplyString(reply.get()));
+      }
+      replies.push_back(std::move(reply));
+    }
+    if (!first_error.ok()) return first_error;
+    return replies;
+  }
+
+  absl::Status SetTimeout(int ms) {
+    if (redisSetTimeout(context_.get(), ToTimeval(ms)) != REDIS_OK) return TransportError("set timeout");
+    return absl::OkStatus();
+  }
+
+  bool broken() const { return broken_; }
+  const std::string& address() const { return address_; }
+
+  // An idle connection must have nothing to read: readable means the server
+  // closed it (restart, idle timeout) or the stream is out of step. Checking
+  // before reuse turns a restarted Redis into a fresh connect instead of a
+  // failed call.
+  bool IdleAndAlive() const {
+    if (broken_ || context_->fd < 0) return false;
+    pollfd pfd{context_->fd, POLLIN, 0};
+    return ::poll(&pfd, 1, 0) == 0;
+  }
+
+ private:
+  RedisConnection(ContextPtr context, std::string address)
+      : context_(std::move(context)), address_(std::move(address)) {}
+
+  absl::Status TransportError(const std::string& command) {
+    broken_ = true;
+    std::string why = context_->err != 0 ? context_->errstr : "no reply";
+    // hiredis reports a socket timeout as EAGAIN's text; say what happened.
+    if (context_->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK)) why = "timed out";
+    return absl::UnavailableError(absl::StrCat("redis at ", address_, ": ", command, ": ", why));
+  }
+
+  ContextPtr context_;
+  std::string address_;
+  bool broken_ = false;
+};
+
+// Connections are opened on demand and kept for reuse up to a limit, so
+// concurrent calls (a blocking event read among them) never queue behind one
+// another.
+class ConnectionPool {
+ public:
+  ConnectionPool(RedisEndpoint endpoint, const JobStoreOptions& options)
+      : endpoint_(std::move(endpoint)),
+        connect_timeout_ms_(options.connect_timeout_ms),
+        command_timeout_ms_(options.command_timeout_ms),
+        max_idle_(static_cast<size_t>(std::max(0, options.max_idle_connections))) {}
+
+  // Exclusive use of one connection; returned to the pool when destroyed,
+  // unless it broke.
+  class Lease {
+   public:
+    Lease(ConnectionPool* pool, std::unique_ptr<RedisConnection> connection)
+        : pool_(pool), connection_(std::move(connection)) {}
+    ~Lease() {
+      if (connection_ != nullptr) pool_->Release(std::move(connection_));
+    }
+    Lease(Lease&& other) noexcept : pool_(other.pool_), connection_(std::move(other.connection_)) {}
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    Lease& operator=(Lease&&) = delete;
+    RedisConnection* operator->() const { return connection_.get(); }
+
+   private:
+    ConnectionPool* pool_;
+    std::unique_ptr<RedisConnection> connection_;
+  };
+
+  absl::StatusOr<Lease> Acquire() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      while (!idle_.empty()) {
+        std::unique_ptr<RedisConnection> connection = std::move(idle_.back());
+        idle_.pop_back();
+        if (connection->IdleAndAlive()) return Lease(this, std::move(connection));
+        STRATA_LOG(Info) << "redis at " << connection->address() << " closed an idle connection; reconnecting";
+      }
+    }
+    auto connection = RedisConnection::Open(endpoint_, connect_timeout_ms_, command_timeout_ms_);
+    if (!connection.ok()) return connection.status();
+    return Lease(this, std::move(*connection));
+  }
+
+  int command_timeout_ms() const { return command_timeout_ms_; }
+
+ private:
+  void Release(std::unique_ptr<RedisConnection> connection) {
+    if (connection->broken()) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (idle_.size() < max_idle_) idle_.push_back(std::move(connection));
+  }
+
+  const RedisEndpoint endpoint_;
+  const int connect_timeout_ms_;
+  const int command_timeout_ms_;
+  const size_t max_idle_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<RedisConnection>> idle_;  // guarded by mu_
+};
+
+// Every script returns {tag, ...}: "OK" with its result, or a tag the caller
+// turns into a Status. Timestamps come from the Redis server clock so that
+// several coordinators agree on ordering.
+constexpr char kNowLua[] =
+    "local t = redis.call('TIME')\n"
+    "local now = string.format('%.0f', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))\n";
+
+enum ScriptId { kCreateScript, kTransitionScript, kProgressScript, kCheckpointScript, kAppendEventScript,
+                kRegisterWorkerScript, kHeartbeatScript, kListWorkersScript, kNumScripts };
+
+// KEYS: job, request, jobs, jobs:state:QUEUED, jobs:seq.
+// ARGV: id, has_request ("1"/"0"), field, value, ...
+constexpr char kCreateLua[] = R"lua(
+if ARGV[2] == '1' then
+  local existing = redis.call('GET', KEYS[2])
+  if existing then return {'EXISTS', existing} end
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then return {'COLLISION'} end
+local seq = redis.call('INCR', KEYS[5])
+for i = 3, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+redis.call('HSET', KEYS[1], 'id', ARGV[1], 'state', 'QUEUED', 'seq', tostring(seq), 'created_unix_ms', now,
+           'updated_unix_ms', now, 'error_code', '', 'error_message', '')
+redis.call('ZADD', KEYS[3], seq, ARGV[1])
+redis.call('ZADD', KEYS[4], seq, ARGV[1])
+if ARGV[2] == '1' then redis.call('SET', KEYS[2], ARGV[1]) end
+return {'OK', redis.call('HGETALL', KEYS[1])}
+)lua";
+
+// KEYS: job, jobs:state:QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED.
+// ARGV: to, n_from, from_1..from_n, field, value, ...
+constexpr char kTransitionLua[] = R"lua(
+local cur = redis.call('HGET', KEYS[1], 'state')
+if not cur then return {'NOT_FOUND'} end
+local slot = {QUEUED = 2, RUNNING = 3, SUCCEEDED = 4, FAILED = 5, CANCELLED = 6}
+if slot[cur] == nil then return {'CORRUPT', cur} end
+if cur == 'SUCCEEDED' or cur == 'FAILED' or cur == 'CANCELLED' then return {'STATE', cur} end
+local n_from = tonumber(ARGV[2])
+local allowed = false
+for i = 3, 2 + n_from do
+  if ARGV[i] == cur then allowed = true end
+end
+if not allowed then return {'STATE', cur} end
+local to = ARGV[1]
+for i = 3 + n_from, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+redis.call('HSET', KEYS[1], 'state', to, 'updated_unix_ms', now)
+if to ~= cur then
+  local id = redis.call('HGET', KEYS[1], 'id')
+  local seq = redis.call('HGET', KEYS[1], 'seq')
+  redis.call('ZREM', KEYS[slot[cur]], id)
+  redis.call('ZADD', KEYS[slot[to]], seq, id)
+end
+return {'OK', redis.call('HGETALL', KEYS[1])}
+)lua";
+
+// KEYS: job. ARGV: iteration.
+constexpr char kProgressLua[] = R"lua(
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'NOT_FOUND'} end
+redis.call('HSET', KEYS[1], 'iteration', ARGV[1], 'updated_unix_ms', now)
+return {'OK'}
+)lua";
+
+// KEYS: job, job:checkpoints. ARGV: iteration, dir.
+constexpr char kCheckpointLua[] = R"lua(
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'NOT_FOUND'} end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+local best = tonumber(redis.call('HGET', KEYS[1], 'checkpoint_iteration') or '0') or 0
+local dir = redis.call('HGET', KEYS[1], 'checkpoint_dir')
+if (not dir) or dir == '' or tonumber(ARGV[1]) >= best then
+  redis.call('HSET', KEYS[1], 'checkpoint_iteration', ARGV[1], 'checkpoint_dir', ARGV[2])
+end
+redis.call('HSET', KEYS[1], 'updated_unix_ms', now)
+return {'OK'}
+)lua";
+
+// KEYS: job, job:events. ARGV: max_len, type, json.
+constexpr char kAppendEventLua[] = R"lua(
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'NOT_FOUND'} end
+return {'OK', redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[1], '*', 'type', ARGV[2], 'json', ARGV[3])}
+)lua";
+
+// KEYS: worker, workers. ARGV: id, address, job_id, ttl_ms.
+constexpr char kRegisterWorkerLua[] = R"lua(
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'id', ARGV[1], 'address', ARGV[2], 'job_id', ARGV[3], 'last_heartbeat_unix_ms', now)
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('SADD', KEYS[2], ARGV[1])
+return {'OK'}
+)lua";
+
+// KEYS: worker, workers. ARGV: id, job_id, ttl_ms.
+constexpr char kHeartbeatLua[] = R"lua(
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'NOT_FOUND'} end
+redis.call('HSET', KEYS[1], 'job_id', ARGV[2], 'last_heartbeat_unix_ms', now)
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('SADD', KEYS[2], ARGV[1])
+return {'OK'}
+)lua";
+
+// KEYS: workers. ARGV: worker key prefix. The worker keys are built inside
+// the script (not declared in KEYS), which standalone Redis allows; expired
+// registrations are dropped from the set as they are found.
+constexpr char kListWorkersLua[] = R"lua(
+local out = {}
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  local h = redis.call('HGETALL', ARGV[1] .. id)
+  if #h == 0 then redis.call('SREM', KEYS[1], id) else table.insert(out, h) end
+end
+return {'OK', out}
+)lua";
+
+std::string ScriptSource(ScriptId id) {
+  switch (id) {
+    case kCreateScript: return absl::StrCat(kNowLua, kCreateLua);
+    case kTransitionScript: return absl::StrCat(kNowLua, kTransitionLua);
+    case kProgressScript: return absl::StrCat(kNowLua, kProgressLua);
+    case kCheckpointScript: return absl::StrCat(kNowLua, kCheckpointLua);
+    case kAppendEventScript: return kAppendEventLua;
+    case kRegisterWorkerScript: return absl::StrCat(kNowLua, kRegisterWorkerLua);
+    case kHeartbeatScript: return absl::StrCat(kNowLua, kHeartbeatLua);
+    case kListWorkersScript: return kListWorkersLua;
+    case kNumScripts: break;
+  }
+  return "";
+}
+
+// Ids become part of keys; keeping them to a plain alphabet means an id can
+// never name another job's sub-key ("x:events").
+absl::Status ValidateId(const std::string& what, const std::string& id) {
+  if (id.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " is empty"));
+  if (id.size() > kMaxIdLength) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " is longer than ", kMaxIdLength, " bytes"));
+  }
+  for (const unsigned char c : id) {
+    if (!std::isalnum(c) && c != '-' && c != '_' && c != '.') {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " \"", absl::CHexEscape(id), "\" may contain only letters, digits, '-', '_' and '.'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateWorkerId(const std::string& id) {
+  if (id.empty()) return absl::InvalidArgumentError("worker id is empty");
+  if (id.size() > kMaxRequestIdLength) {
+    return absl::InvalidArgumentError(absl::StrCat("worker id is longer than ", kMaxRequestIdLength, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateTtl(int ttl_ms) {
+  if (ttl_ms <= 0) return absl::InvalidArgumentError(absl::StrCat("ttl_ms must be positive, got ", ttl_ms));
+  return absl::OkStatus();
+}
+
+std::string NewJobId() {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string id = "job-";
+  uint64_t bits = rng();
+  for (int i = 0; i < 12; ++i) {
+    id.push_back(kHex[bits & 0xf]);
+    bits >>= 4;
+  }
+  return id;
+}
+
+// A flat [field, value, ...] array reply as a map. INTERNAL for anything else.
+absl::StatusOr<std::map<std::string, std::string>> HashFromReply(const redisReply* reply, const std::string& what) {
+  if (reply == nullptr || reply->type != REDIS_REPLY_ARRAY || reply->elements % 2 != 0) {
+    return absl::InternalError(absl::StrCat("unexpected reply shape for ", what));
+  }
+  std::map<std::string, std::string> hash;
+  for (size_t i = 0; i < reply->elements; i += 2) {
+    if (!IsStringReply(reply->element[i]) || !IsStringReply(reply->element[i + 1])) {
+      return absl::InternalError(absl::StrCat("non-string hash entry in ", what));
+    }
+    hash[ReplyString(reply->element[i])] = ReplyString(reply->element[i + 1]);
+  }
+  return hash;
+}
+
+absl::Status ParseInt(const std::map<std::string, std::string>& hash, const std::string& field, const std::string& what,
+                      int64_t* out) {
+  const auto it = hash.find(field);
+  if (it == hash.end() || it->second.empty()) {
+    *out = 0;
+    return absl::OkStatus();
+  }
+  if (!absl::SimpleAtoi(it->second, out)) {
+    return absl::InternalError(absl::StrCat(what, " field ", field, " is not an integer: \"", it->second, "\""));
+  }
+  return absl::OkStatus();
+}
+
+std::string Field(const std::map<std::string, std::string>& hash, const std::string& field) {
+  const auto it = hash.find(field);
+  return it == hash.end() ? std::string() : it->second;
+}
+
+absl::StatusOr<JobRecord> JobFromReply(const redisReply* reply, const std::string& what) {
+  auto hash = HashFromReply(reply, what);
+  if (!hash.ok()) return hash.status();
+  JobRecord job;
+  job.id = Field(*hash, "id");
+  auto state = ParseJobState(Field(*hash, "state"));
+  if (!state.ok()) return absl::InternalError(absl::StrCat(what, " has a bad state: ", state.status().message()));
+  job.state = *state;
+  job.algorithm = Field(*hash, "algorithm");
+  job.name = Field(*hash, "name");
+  job.spec_yaml = Field(*hash, "spec_yaml");
+  job.output_dir = Field(*hash, "output_dir");
+  job.error_code = Field(*hash, "error_code");
+  job.error_message = Field(*hash, "error_message");
+  job.worker = Field(*hash, "worker");
+  job.request_id = Field(*hash, "request_id");
+  job.checkpoint_dir = Field(*hash, "checkpoint_dir");
+  for (const auto& [field, out] : {std::pair<const char*, int64_t*>{"iteration", &job.iteration},
+                                   {"iterations", &job.iterations},
+                                   {"created_unix_ms", &job.created_unix_ms},
+                                   {"updated_unix_ms", &job.updated_unix_ms},
+                                   {"checkpoint_iteration", &job.checkpoint_iteration}}) {
+    if (absl::Status s = ParseInt(*hash, field, what, out); !s.ok()) return s;
+  }
+  return job;
+}
+
+// The first element of a script's {tag, ...} reply.
+absl::StatusOr<std::string> ScriptTag(const redisReply* reply, const std::string& script) {
+  if (reply == nullptr || reply->type != REDIS_REPLY_ARRAY || reply->elements == 0 ||
+      !IsStringReply(reply->element[0])) {
+    return absl::InternalError(absl::StrCat("unexpected reply from the ", script, " script"));
+  }
+  return ReplyString(reply->element[0]);
+}
+
+absl::Status JobNotFound(const std::string& id) { return absl::NotFoundError(absl::StrCat("job ", id, " not found")); }
+
+// Stream ids are "<ms>" or "<ms>-<seq>"; anything else would reach Redis as an
+// error reply, which is not the caller's fault to retry.
+bool IsStreamId(const std::string& id) {
+  const size_t dash = id.find('-');
+  if (dash == std::string::npos) return AllDigits(id);
+  return AllDigits(id.substr(0, dash)) && AllDigits(id.substr(dash + 1));
+}
+
+constexpr char kPageTokenPrefix[] = "seq:";
+
+std::string EncodePageToken(int64_t seq) {
+  return absl::WebSafeBase64Escape(absl::StrCat(kPageTokenPrefix, seq));
+}
+
+absl::StatusOr<int64_t> DecodePageToken(const std::string& token) {
+  std::string plain;
+  int64_t seq = 0;
+  if (!absl::WebSafeBase64Unescape(token, &plain) || !absl::StartsWith(plain, kPageTokenPrefix) ||
+      !absl::SimpleAtoi(plain.substr(sizeof(kPageTokenPrefix) - 1), &seq) || seq <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("page_token \"", absl::CHexEscape(token), "\" is not valid"));
+  }
+  return seq;
+}
+
+}  // namespace
+
+const char* JobStateName(JobState state) {
+  switch (state) {
+    case JobState::kQueued: return "QUEUED";
+    case JobState::kRunning: return "RUNNING";
+    case JobState::kSucceeded: return "SUCCEEDED";
+    case JobState::kFailed: return "FAILED";
+    case JobState::kCancelled: return "CANCELLED";
+  }
+  return "UNKNOWN";
+}
+
+absl::StatusOr<JobState> ParseJobState(const std::string& name) {
+  const std::string upper = absl::AsciiStrToUpper(name);
+  for (const JobState state : kAllStates) {
+    if (upper == JobStateName(state)) return state;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown job state \"", absl::CHexEscape(name),
+                                                 "\" (expected QUEUED, RUNNING, SUCCEEDED, FAILED or CANCELLED)"));
+}
+
+bool IsTerminal(JobState state) {
+  return state == JobState::kSucceeded || state == JobState::kFailed || state == JobState::kCancelled;
+}
+
+absl::Status JobStoreOptions::Validate() const {
+  if (auto endpoint = ParseRedisUrl(redis_url); !endpoint.ok()) return endpoint.status();
+  if (connect_timeout_ms <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("JobStoreOptions.connect_timeout_ms must be positive, got ", connect_timeout_ms));
+  }
+  if (command_timeout_ms <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("JobStoreOptions.command_timeout_ms must be positive, got ", command_timeout_ms));
+  }
+  if (max_idle_connections < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("JobStoreOptions.max_idle_connections must not be negative, got ", max_idle_connections));
+  }
+  if (max_events_per_job <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("JobStoreOptions.max_events_per_job must be positive, got ", max_events_per_job));
+  }
+  return absl::OkStatus();
+}
+
+class JobStore::Impl {
+ public:
+  Impl(const JobStoreOptions& options, RedisEndpoint endpoint)
+      : options_(options), address_(endpoint.Address()), pool_(std::move(endpoint), options) {}
+
+  // Loads every script once so calls can use EVALSHA; also proves Redis answers.
+  absl::Status LoadScripts() {
+    auto lease = pool_.Acquire();
+    if (!lease.ok()) return lease.status();
+    for (int i = 0; i < kNumScripts; ++i) {
+      auto reply = (*lease)->Command({"SCRIPT", "LOAD", ScriptSource(static_cast<ScriptId>(i))});
+      if (!reply.ok()) return reply.status();
+      if (!IsStringReply(reply->get())) return Unexpected("SCRIPT LOAD");
+      shas_[i] = ReplyString(reply->get());
+    }
+    return absl::OkStatus();
+  }
+
+  std::string Key(const std::string& suffix) const { return options_.key_prefix + suffix; }
+  std::string JobKey(const std::string& id) const { return Key("job:" + id); }
+  std::string StateKey(JobState state) const { return Key(absl::StrCat("jobs:state:", JobStateName(state))); }
+  std::string WorkerKey(const std::string& id) const { return Key("worker:" + id); }
+
+  absl::Status Unexpected(const std::string& command) const {
+    return absl::InternalError(absl::StrCat("redis at ", address_, ": unexpected reply to ", command));
+  }
+
+  absl::StatusOr<ReplyPtr> Command(const std::vector<std::string>& argv) {
+    auto lease = pool_.Acquire();
+    if (!lease.ok()) return lease.status();
+    return (*lease)->Command(argv);
+  }
+
+  absl::StatusOr<std::vector<ReplyPtr>> Pipeline(const std::vector<std::vector<std::string>>& commands) {
+    auto lease = pool_.Acquire();
+    if (!lease.ok()) return lease.status();
+    return (*lease)->Pipeline(commands);
+  }
+
+  // EVALSHA, falling back to EVAL when the server has lost its script cache
+  // (a restart); NOSCRIPT means the script did not run, so this never runs it twice.
+  absl::StatusOr<ReplyPtr> RunScript(ScriptId script, const std::vector<std::string>& keys,
+                                     const std::vector<std::string>& args) {
+    auto lease = pool_.Acquire();
+    if (!lease.ok()) return lease.status();
+    std::vector<std::string> argv = {"EVALSHA", shas_[script], std::to_string(keys.size())};
+    argv.insert(argv.end(), keys.begin(), keys.end());
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto reply = (*lease)->Raw(argv);
+    if (!reply.ok()) return reply.status();
+    if ((*reply)->type == REDIS_REPLY_ERROR && absl::StartsWith(ReplyString(reply->get()), "NOSCRIPT")) {
+      argv[0] = "EVAL";
+      argv[1] = ScriptSource(script);
+      reply = (*lease)->Raw(argv);
+      if (!reply.ok()) return reply.status();
+    }
+    if ((*reply)->type == REDIS_REPLY_ERROR) return ErrorReplyToStatus(address_, "EVALSHA", ReplyString(reply->get()));
+    return reply;
+  }
+
+  // Fetches the job hashes for `ids` in pipelined batches; ids whose hash has
+  // vanished are skipped.
+  absl::StatusOr<std::vector<JobRecord>> FetchJobs(const std::vector<std::string>& ids) {
+    std::vector<JobRecord> jobs;
+    jobs.reserve(ids.size());
+    for (size_t begin = 0; begin < ids.size(); begin += kFetchBatch) {
+      const size_t end = std::min(ids.size(), begin + kFetchBatch);
+      std::vector<std::vector<std::string>> commands;
+      for (size_t i = begin; i < end; ++i) commands.push_back({"HGETALL", JobKey(ids[i])});
+      auto replies = Pipeline(commands);
+      if (!replies.ok()) return replies.status();
+      for (size_t i = begin; i < end; ++i) {
+        const redisReply* reply = (*replies)[i - begin].get();
+        if (reply->type == REDIS_REPLY_ARRAY && reply->elements == 0) continue;
+        auto job = JobFromReply(reply, "job " + ids[i]);
+        if (!job.ok()) return job.status();
+        jobs.push_back(std::move(*job));
+      }
+    }
+    return jobs;
+  }
+
+  // Member ids of a ZRANGE-style reply, with scores when `with_scores`.
+  absl::Status ParseIds(const redisReply* reply, bool with_scores, std::vector<std::string>* ids,
+                        std::vector<int64_t>* scores, const std::string& command) const {
+    if (reply->type != REDIS_REPLY_ARRAY) return Unexpected(command);
+    const size_t step = with_scores ? 2 : 1;
+    if (reply->elements % step != 0) return Unexpected(command);
+    for (size_t i = 0; i < reply->elements; i += step) {
+      if (!IsStringReply(reply->element[i])) return Unexpected(command);
+      ids->push_back(ReplyString(reply->element[i]));
+      if (with_scores) {
+        int64_t score = 0;
+        if (!IsStringReply(reply->element[i + 1]) || !absl::SimpleAtoi(ReplyString(reply->element[i + 1]), &score)) {
+          return Unexpected(command);
+        }
+        scores->push_back(score);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  const JobStoreOptions options_;
+  const std::string address_;
+  ConnectionPool pool_;
+  std::array<std::string, kNumScripts> shas_;  // set once by LoadScripts, read-only after
+};
+
+JobStore::JobStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+JobStore::~JobStore() = default;
+
+absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Connect(const JobStoreOptions& options) {
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  auto endpoint = ParseRedisUrl(options.redis_url);
+  if (!endpoint.ok()) return endpoint.status();
+  auto impl = std::make_unique<Impl>(options, std::move(*endpoint));
+  if (absl::Status s = impl->LoadScripts(); !s.ok()) return s;
+  STRATA_LOG(Info) << "job store connected to redis at " << impl->address_ << " (key prefix \"" << options.key_prefix
+                   << "\")";
+  return std::unique_ptr<JobStore>(new JobStore(std::move(impl)));
+}
+
+absl::StatusOr<JobRecord> JobStore::Create(JobRecord job, bool* created) {
+  if (created != nullptr) *created = false;
+  if (job.request_id.size() > kMaxRequestIdLength) {
+    return absl::InvalidArgumentError(absl::StrCat("request_id is longer than ", kMaxRequestIdLength, " bytes"));
+  }
+  const bool has_request = !job.request_id.empty();
+  const std::vector<std::pair<const char*, std::string>> fields = {
+      {"algorithm", job.algorithm},
+      {"name", job.name},
+      {"spec_yaml", job.spec_yaml},
+      {"output_dir", job.output_dir},
+      {"iteration", std::to_string(job.iteration)},
+      {"iterations", std::to_string(job.iterations)},
+      {"worker", job.worker},
+      {"request_id", job.request_id},
+      {"checkpoint_dir", job.checkpoint_dir},
+      {"checkpoint_iteration", std::to_string(job.checkpoint_iteration)},
+  };
+  // A random id can collide with an existing one (48 bits); the script
+  // refuses to overwrite, and a few fresh draws make a repeat vanishingly rare.
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    const std::string id = NewJobId();
+    std::vector<std::string> args = {id, has_request ? "1" : "0"};
+    for (const auto& [field, value] : fields) {
+      args.push_back(field);
+      args.push_back(value);
+    }
+    auto reply = impl_->RunScript(kCreateScript,
+                                  {impl_->JobKey(id), impl_->Key("request:" + job.request_id), impl_->Key("jobs"),
+                                   impl_->StateKey(JobState::kQueued), impl_->Key("jobs:seq")},
+                                  args);
+    if (!reply.ok()) return reply.status();
+    auto tag = ScriptTag(reply->get(), "create");
+    if (!tag.ok()) return tag.status();
+    if (*tag == "COLLISION") continue;
+    if (*tag == "EXISTS") {
+      if ((*reply)->elements < 2 || !IsStringReply((*reply)->element[1])) return impl_->Unexpected("create");
+      const std::string existing = ReplyString((*reply)->element[1]);
+      auto existing_job = Get(existing);
+      if (!existing_job.ok() && absl::IsNotFound(existing_job.status())) {
+        return absl::InternalError(absl::StrCat("request_id ", job.request_id, " names job ", existing,
+                                                ", which no longer exists"));
+      }
+      return existing_job;
+    }
+    if (*tag != "OK" || (*reply)->elements < 2) return impl_->Unexpected("create");
+    auto stored = JobFromReply((*reply)->element[1], "job " + id);
+    if (!stored.ok()) return stored.status();
+    if (created != nullptr) *created = true;
+    return stored;
+  }
+  return absl::InternalError("could not draw an unused job id in 5 attempts");
+}
+
+absl::StatusOr<JobRecord> JobStore::Get(const std::string& id) {
+  if (absl::Status s = ValidateId("job id", id); !s.ok()) return s;
+  auto reply = impl_->Command({"HGETALL", impl_->JobKey(id)});
+  if (!reply.ok()) return reply.status();
+  if ((*reply)->type == REDIS_REPLY_ARRAY && (*reply)->elements == 0) return JobNotFound(id);
+  return JobFromReply(reply->get(), "job " + id);
+}
+
+absl::StatusOr<std::pair<std::vector<JobRecord>, std::string>> JobStore::List(int page_size,
+                                                                              const std::string& page_token,
+                                                                              std::optional<JobState> state) {
+  if (page_size < 0) return absl::InvalidArgumentError(absl::StrCat("page_size must not be negative, got ", page_size));
+  if (page_size == 0) page_size = kDefaultPageSize;
+  page_size = std::min(page_size, kMaxPageSize);
+  // Pages are cut by creation sequence, not offset, so jobs created between
+  // calls neither repeat nor push entries off a page.
+  std::string max = "+inf";
+  if (!page_token.empty()) {
+    auto seq = DecodePageToken(page_token);
+    if (!seq.ok()) return seq.status();
+    max = absl::StrCat("(", *seq);
+  }
+  const std::string key = state.has_value() ? impl_->StateKey(*state) : impl_->Key("jobs");
+  // One extra entry tells whether another page exists.
+  auto reply = impl_->Command(
+      {"ZREVRANGEBYSCORE", key, max, "-inf", "WITHSCORES", "LIMIT", "0", std::to_string(page_size + 1)});
+  if (!reply.ok()) return reply.status();
+  std::vector<std::string> ids;
+  std::vector<int64_t> seqs;
+  if (absl::Status s = impl_->ParseIds(reply->get(), true, &ids, &seqs, "ZREVRANGEBYSCORE"); !s.ok()) return s;
+  std::string next_token;
+  if (ids.size() > static_cast<size_t>(page_size)) {
+    ids.resize(page_size);
+    next_token = EncodePageToken(seqs[page_size - 1]);
+  }
+  auto jobs = impl_->FetchJobs(ids);
+  if (!jobs.ok()) return jobs.status();
+  return std::make_pair(std::move(*jobs), std::move(next_token));
+}
+
+absl::StatusOr<JobRecord> JobStore::Transition(const std::string& id, std::vector<JobState> from, JobState to,
+                                               const std::map<std::string, std::string>& fields) {
+  if (absl::Status s = ValidateId("job id", id); !s.ok()) return s;
+  if (from.empty()) return absl::InvalidArgumentError("Transition: `from` lists no states");
+  std::vector<std::string> args = {JobStateName(to), std::to_string(from.size())};
+  for (const JobState state : from) args.push_back(JobStateName(state));
+  for (const auto& [field, value] : fields) {
+    // The state, ids, sequence and timestamps belong to the store; only
+    // fields a worker or the scheduler legitimately reports may ride along.
+    static const std::array<std::string, 6> kAllowed = {"worker",     "error_code", "error_message",
+                                                        "output_dir", "iteration",  "iterations"};
+    if (std::find(kAllowed.begin(), kAllowed.end(), field) == kAllowed.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("Transition: field \"", absl::CHexEscape(field),
+                                                     "\" cannot be set (allowed: ", absl::StrJoin(kAllowed, ", "),
+                                                     ")"));
+    }
+    int64_t number = 0;
+    if ((field == "iteration" || field == "iterations") && !absl::SimpleAtoi(value, &number)) {
+      return absl::InvalidArgumentError(absl::StrCat("Transition: field ", field, " must be an integer, got \"",
+                                                     absl::CHexEscape(value), "\""));
+    }
+    args.push_back(field);
+    args.push_back(value);
+  }
+  std::vector<std::string> keys = {impl_->JobKey(id)};
+  for (const JobState state : kAllStates) keys.push_back(impl_->StateKey(state));
+  auto reply = impl_->RunScript(kTransitionScript, keys, args);
+  if (!reply.ok()) return reply.status();
+  auto tag = ScriptTag(reply->get(), "transition");
+  if (!tag.ok()) return tag.status();
+  if (*tag == "NOT_FOUND") return JobNotFound(id);
+  if ((*tag == "STATE" || *tag == "CORRUPT") && (*reply)->elements >= 2 && IsStringReply((*reply)->element[1])) {
+    const std::string current = ReplyString((*reply)->element[1]);
+    if (*tag == "CORRUPT") return absl::InternalError(absl::StrCat("job ", id, " has a bad state \"", current, "\""));
+    std::vector<std::string> allowed;
+    for (const JobState state : from) allowed.push_back(JobStateName(state));
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", id, " is ", current, "; cannot move it to ", JobStateName(to),
+                     IsTerminal(ParseJobState(current).value_or(JobState::kQueued))
+                         ? " (a finished job never changes state)"
+                         : absl::StrCat(" (allowed only from ", absl::StrJoin(allowed, ", "), ")")));
+  }
+  if (*tag != "OK" || (*reply)->elements < 2) return impl_->Unexpected("transition");
+  return JobFromReply((*reply)->element[1], "job " + id);
+}
+
+absl::Status JobStore::SetProgress(const std::string& id, int64_t iteration) {
+  if (absl::Status s = ValidateId("job id", id); !s.ok()) return s;
+  if (iteration < 0) return absl::InvalidArgumentError(absl::StrCat("iteration must not be negative, got ", iteration));
+  auto reply = impl_->RunScript(kProgressScript, {impl_->JobKey(id)}, {std::to_string(iteration)});
+  if (!reply.ok()) return reply.status();
+  auto tag = ScriptTag(reply->get(), "progress");
+  if (!tag.ok()) return tag.status();
+  if (*tag == "NOT_FOUND") return JobNotFound(id);
+  if (*tag != "OK") return impl_->Unexpected("progress");
+  return absl::OkStatus();
+}
+
+absl::Status JobStore::RecordCheckpoint(const std::string& id, int64_t iteration, const std::string& dir) {
+  if (absl::Status s = ValidateId("job id", id); !s.ok()) return s;
+  if (iteration < 0) return absl::InvalidArgumentError(absl::StrCat("iteration must not be negative, got ", iteration));
+  if (dir.empty()) return absl::InvalidArgumentError("checkpoint dir is empty");
+  auto reply = impl_->RunScript(kCheckpointScript, {impl_->JobKey(id), impl_->JobKey(id) + ":checkpoints"},
+                                {std::to_string(iteration), dir});
+  if (!reply.ok()) return reply.status();
+  auto tag = ScriptTag(reply->get(), "checkpoint");
+  if (!tag.ok()) return tag.status();
+  if (*tag == "NOT_FOUND") return JobNotFound(id);
+  if (*tag != "OK") return impl_->Unexpected("checkpoint");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> JobStore::ListCheckpoints(const std::string& id) {
+  if (absl::Status s = ValidateId("job id", id); !s.ok()) return s;
+  auto replies = impl_->Pipeline({{"EXISTS", impl_->JobKey(id)}, {"HGETALL", impl_->JobKey(id) + ":checkpoints"}});
+  if (!replies.ok()) return replies.status();
+  const redisReply* exists = (*replies)[0].get();
+  if (exists->type != REDIS_REPLY_INTEGER) return impl_->Unexpected("EXISTS");
+  if (exists->integer == 0) return JobNotFound(id);
+  auto hash = HashFromReply((*replies)[1].get(), "checkpoints of job " + id);
+  if (!hash.ok()) return hash.status();
+  std::vector<std::pair<int64_t, std::string>> checkpoints;
+  for (const auto& [iteration_text, dir] : *hash) {
+    int64_t iteration = 0;
+    if (!absl::SimpleAtoi(iteration_text, &iteration)) {
+      return absl::InternalError(absl::StrCat("checkpoints of job ", id, ": bad iteration \"", iteration_text, "\""));
+    }
+    checkpoints.emplace_back(iteration, dir);
+  }
+  std::sort(checkpoints.begin(), checkpoints.end());
+  return checkpoints;
+}
+
+absl::StatusOr<std::string> JobStore::AppendEvent(const std::string& id, const std::string& type,
+                                                  const std::string& json) {
+  if (absl::Status s = ValidateId("job id", id); !s.ok()) return s;
+  if (type.empty()) return absl::InvalidArgumentError("event type is empty");
+  auto reply = impl_->RunScript(kAppendEventScript, {impl_->JobKey(id), impl_->JobKey(id) + ":events"},
+                                {std::to_string(impl_->options_.max_events_per_job), type, json});
+  if (!reply.ok()) return reply.status();
+  auto tag = ScriptTag(reply->get(), "append event");
+  if (!tag.ok()) return tag.status();
+  if (*tag == "NOT_FOUND") return JobNotFound(id);
+  if (*tag != "OK" || (*reply)->elements < 2 || !IsStringReply((*reply)->element[1])) {
+    return impl_->Unexpected("append event");
+  }
+  return ReplyString((*reply)->element[1]);
+}
+
+absl::StatusOr<std::vector<JobEventRecord>> JobStore::ReadEvents(const std::string& id, const std::string& after_id,
+                                                                 int count, int block_ms) {
+  if (absl::Status s = ValidateId("job id", id); !s.ok()) return s;
+  if (!after_id.empty() && !IsStreamId(after_id)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("after_id \"", absl::CHexEscape(after_id), "\" is not a stream entry id (<ms>-<seq>)"));
+  }
+  if (count < 0) return absl::InvalidArgumentError(absl::StrCat("count must not be negative, got ", count));
+  if (block_ms < 0) return absl::InvalidArgumentError(absl::StrCat("block_ms must not be negative, got ", block_ms));
+  if (count == 0) count = kDefaultEventCount;
+  count = std::min(count, kMaxEventCount);
+
+  // A lease of its own: the blocking XREAD holds this connection for up to
+  // block_ms while other calls take other connections.
+  auto lease = impl_->pool_.Acquire();
+  if (!lease.ok()) return lease.status();
+  auto exists = (*lease)->Command({"EXISTS", impl_->JobKey(id)});
+  if (!exists.ok()) return exists.status();
+  if ((*exists)->type != REDIS_REPLY_INTEGER) return impl_->Unexpected("EXISTS");
+  if ((*exists)->integer == 0) return JobNotFound(id);
+
+  std::vector<std::string> argv = {"XREAD", "COUNT", std::to_string(count)};
+  // XREAD BLOCK 0 would wait forever, so "don't block" leaves BLOCK out.
+  if (block_ms > 0) {
+    argv.push_back("BLOCK");
+    argv.push_back(std::to_string(block_ms));
+    // The socket must outwait the server-side block.
+    if (absl::Status s = (*lease)->SetTimeout(impl_->pool_.command_timeout_ms() + block_ms); !s.ok()) return s;
+  }
+  argv.push_back("STREAMS");
+  argv.push_back(impl_->JobKey(id) + ":events");
+  argv.push_back(after_id.empty() ? "0-0" : after_id);
+  auto reply = (*lease)->Command(argv);
+  if (block_ms > 0 && !(*lease)->broken()) {
+    if (absl::Status s = (*lease)->SetTimeout(impl_->pool_.command_timeout_ms()); !s.ok()) return s;
+  }
+  if (!reply.ok()) return reply.status();
+
+  std::vector<JobEventRecord> events;
+  const redisReply* r = reply->get();
+  if (r->type == REDIS_REPLY_NIL) return events;  // timed out, or nothing new
+  // [[key, [[entry_id, [field, value, ...]], ...]]]
+  if (r->type != REDIS_REPLY_ARRAY || r->elements != 1) return impl_->Unexpected("XREAD");
+  const redisReply* stream = r->element[0];
+  if (stream->type != REDIS_REPLY_ARRAY || stream->elements != 2 || stream->element[1]->type != REDIS_REPLY_ARRAY) {
+    return impl_->Unexpected("XREAD");
+  }
+  const redisReply* entries = stream->element[1];
+  for (size_t i = 0; i < entries->elements; ++i) {
+    const redisReply* entry = entries->element[i];
+    if (entry->type != REDIS_REPLY_ARRAY || entry->elements != 2 || !IsStringReply(entry->element[0])) {
+      return impl_->Unexpected("XREAD");
+    }
+    auto fields = HashFromReply(entry->element[1], "event of job " + id);
+    if (!fields.ok()) return fields.status();
+    events.push_back({ReplyString(entry->element[0]), Field(*fields, "type"), Field(*fields, "json")});
+  }
+  return events;
+}
+
+absl::StatusOr<std::vector<JobRecord>> JobStore::ListByState(JobState state) {
+  auto reply = impl_->Command({"ZRANGE", impl_->StateKey(state), "0", "-1"});
+  if (!reply.ok()) return reply.status();
+  std::vector<std::string> ids;
+  if (absl::Status s = impl_->ParseIds(reply->get(), false, &ids, nullptr, "ZRANGE"); !s.ok()) return s;
+  auto jobs = impl_->FetchJobs(ids);
+  if (!jobs.ok()) return jobs.status();
+  // A job can change state between the ZRANGE and the HGETALL; report only
+  // those still in `state`.
+  std::erase_if(*jobs, [state](const JobRecord& job) { return job.state != state; });
+  return jobs;
+}
+
+absl::Status JobStore::RegisterWorker(const WorkerRecord& worker, int ttl_ms) {
+  if (absl::Status s = ValidateWorkerId(worker.id); !s.ok()) return s;
+  if (absl::Status s = ValidateTtl(ttl_ms); !s.ok()) return s;
+  auto reply = impl_->RunScript(kRegisterWorkerScript, {impl_->WorkerKey(worker.id), impl_->Key("workers")},
+                                {worker.id, worker.address, worker.job_id, std::to_string(ttl_ms)});
+  if (!reply.ok()) return reply.status();
+  auto tag = ScriptTag(reply->get(), "register worker");
+  if (!tag.ok()) return tag.status();
+  if (*tag != "OK") return impl_->Unexpected("register worker");
+  return absl::OkStatus();
+}
+
+absl::Status JobStore::Heartbeat(const std::string& worker_id, const std::string& job_id, int ttl_ms) {
+  if (absl::Status s = ValidateWorkerId(worker_id); !s.ok()) return s;
+  if (absl::Status s = ValidateTtl(ttl_ms); !s.ok()) return s;
+  auto reply = impl_->RunScript(kHeartbeatScript, {impl_->WorkerKey(worker_id), impl_->Key("workers")},
+                                {worker_id, job_id, std::to_string(ttl_ms)});
+  if (!reply.ok()) return reply.status();
+  auto tag = ScriptTag(reply->get(), "heartbeat");
+  if (!tag.ok()) return tag.status();
+  if (*tag == "NOT_FOUND") {
+    return absl::NotFoundError(absl::StrCat("worker ", worker_id, " is not registered (its registration expired)"));
+  }
+  if (*tag != "OK") return impl_->Unexpected("heartbeat");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<WorkerRecord>> JobStore::ListWorkers() {
+  auto reply = impl_->RunScript(kListWorkersScript, {impl_->Key("workers")}, {impl_->Key("worker:")});
+  if (!reply.ok()) return reply.status();
+  auto tag = ScriptTag(reply->get(), "list workers");
+  if (!tag.ok()) return tag.status();
+  if (*tag != "OK" || (*reply)->elements < 2 || (*reply)->element[1]->type != REDIS_REPLY_ARRAY) {
+    return impl_->Unexpected("list workers");
+  }
+  const redisReply* list = (*reply)->element[1];
+  std::vector<WorkerRecord> workers;
+  for (size_t i = 0; i < list->elements; ++i) {
+    auto hash = HashFromReply(list->element[i], "worker registration");
+    if (!hash.ok()) return hash.status();
+    WorkerRecord worker;
+    worker.id = Field(*hash, "id");
+    worker.address = Field(*hash, "address");
+    worker.job_id = Field(*hash, "job_id");
+    if (absl::Status s = ParseInt(*hash, "last_heartbeat_unix_ms", "worker " + worker.id,
+                                  &worker.last_heartbeat_unix_ms);
+        !s.ok()) {
+      return s;
+    }
+    workers.push_back(std::move(worker));
+  }
+  std::sort(workers.begin(), workers.end(),
+            [](const WorkerRecord& a, const WorkerRecord& b) { return a.id < b.id; });
+  return workers;
+}
+
+absl::Status JobStore::Ping() {
+  auto reply = impl_->Command({"PING"});
+  if (!reply.ok()) return reply.status();
+  if (!IsStringReply(reply->get()) || ReplyString(reply->get()) != "PONG") return impl_->Unexpected("PING");
+  return absl::OkStatus();
+}
+
+}  // namespace strata::services

@@ -1,0 +1,324 @@
+#include "services/worker/worker_service.h"
+
+#include <filesystem>
+
+#include <c10/util/Exception.h>
+#include <time.h>
+
+#include <algorithm>
+#include <exception>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "offload/device/device_memory.h"
+#include "offload/device/device_transfer.h"
+#include "base/log.h"
+#include "policies/job/job_spec.h"
+#include "services/rpc/wire.h"
+
+namespace strata::services {
+namespace {
+
+namespace v1 = strata::v1;
+
+double ProcessCpuSeconds() {
+  timespec ts{};
+  if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) != 0) return 0;
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+// Finishes `reactor` with `status`, for the paths that never reach the work thread.
+grpc::ServerUnaryReactor* FinishNow(grpc::ServerUnaryReactor* reactor, const grpc::Status& status) {
+  reactor->Finish(status);
+  return reactor;
+}
+
+// The training calls differ only in the batch type and the group's method.
+template <typename Request, typename Batch>
+std::function<absl::Status(LocalWorkerGroup&)> TrainCall(
+    const Request* request, v1::TrainResponse* response,
+    absl::StatusOr<policies::TrainStats> (LocalWorkerGroup::*method)(const std::vector<Batch>&)) {
+  return [request, response, method](LocalWorkerGroup& group) -> absl::Status {
+    auto batch = FromProto(*request);
+    if (!batch.ok()) return batch.status();
+    auto stats = (group.*method)(*batch);
+    if (!stats.ok()) return stats.status();
+    ToProto(*stats, response);
+    return absl::OkStatus();
+  };
+}
+
+}  // namespace
+
+WorkerService::WorkerService(WorkerServiceOptions options)
+    : options_(std::move(options)), auth_(options_.token), executor_(std::make_unique<Executor>(1)) {
+  // Count device allocations from start-up, so the figures include the
+  // models' weights (as LocalWorkerGroup does for `strata train`).
+  offload::DeviceMemoryMonitor::Install();
+}
+
+WorkerService::~WorkerService() { Shutdown(); }
+
+void WorkerService::Shutdown() {
+  std::unique_ptr<Executor> executor;
+  {
+    std::lock_guard<std::mutex> lock(executor_mu_);
+    stopping_ = true;
+    executor = std::move(executor_);
+  }
+  // Joins the work thread: the running call completes, the queued ones see
+  // stopping_ and finish with UNAVAILABLE. Outside the lock so Submit never
+  // waits behind a long operation.
+  executor.reset();
+  // Nothing else touches the work thread's state now.
+  group_.reset();
+  job_id_.clear();
+  spec_yaml_.clear();
+  PublishStats();
+}
+
+grpc::ServerUnaryReactor* WorkerService::Submit(grpc::CallbackServerContext* context,
+                                                std::function<absl::Status()> work) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (grpc::Status auth = auth_.Check(context); !auth.ok()) return FinishNow(reactor, auth);
+  {
+    std::lock_guard<std::mutex> lock(executor_mu_);
+    if (executor_ != nullptr) {
+      // The context, request and response stay valid until Finish.
+      executor_->Submit([this, context, reactor, work = std::move(work)] {
+        reactor->Finish(ToGrpcStatus(RunWork(context, work)));
+      });
+      return reactor;
+    }
+  }
+  return FinishNow(reactor, grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                         absl::StrCat("worker ", options_.worker_id, " is shutting down")));
+}
+
+grpc::ServerUnaryReactor* WorkerService::SubmitForJob(grpc::CallbackServerContext* context, const std::string& job_id,
+                                                      std::function<absl::Status(LocalWorkerGroup&)> work) {
+  return Submit(context, [this, job_id, work = std::move(work)]() -> absl::Status {
+    if (group_ == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat("worker ", options_.worker_id, " has no job loaded (call for job ",
+                                                        job_id, "); LoadModels first"));
+    }
+    if (job_id != job_id_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("worker ", options_.worker_id, " holds job ", job_id_, ", not job ", job_id));
+    }
+    return work(*group_);
+  });
+}
+
+absl::Status WorkerService::RunWork(grpc::CallbackServerContext* context, const std::function<absl::Status()>& work) {
+  if (stopping_) return absl::UnavailableError(absl::StrCat("worker ", options_.worker_id, " is shutting down"));
+  // A caller that gave up (deadline, cancel) while the call was queued gets
+  // nothing from work that may take minutes.
+  if (context->IsCancelled()) return absl::CancelledError("the call was cancelled before its work started");
+  absl::Status status;
+  // libtorch reports shape, dtype and allocation failures by throwing; this
+  // is the boundary where they become a status the caller can act on.
+  try {
+    status = work();
+  } catch (const c10::Error& e) {
+    status = absl::InternalError(absl::StrCat("libtorch: ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    status = absl::InternalError(e.what());
+  } catch (...) {
+    status = absl::InternalError("unknown exception");
+  }
+  if (!status.ok()) {
+    STRATA_LOG(Warning) << "worker " << options_.worker_id << ": call failed: " << status;
+  }
+  PublishStats();
+  return status;
+}
+
+void WorkerService::PublishStats() {
+  std::map<std::string, int64_t> peaks;
+  if (group_ != nullptr) peaks = group_->PhaseMemory(phase_).peak_bytes;
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  published_job_id_ = group_ != nullptr ? job_id_ : std::string();
+  published_peaks_ = std::move(peaks);
+  published_monitor_ = group_ != nullptr ? &group_->device_monitor() : &offload::DeviceMemoryMonitor::Install();
+}
+
+absl::Status WorkerService::LoadModelsOnWorkThread(const v1::LoadModelsRequest& request,
+                                                   v1::LoadModelsResponse* response) {
+  if (request.job_id().empty()) return absl::InvalidArgumentError("job_id: empty");
+  if (group_ != nullptr && job_id_ != request.job_id()) {
+    return absl::FailedPreconditionError(absl::StrCat("worker ", options_.worker_id, " holds job ", job_id_,
+                                                      "; unload it before loading job ", request.job_id()));
+  }
+  if (group_ != nullptr && spec_yaml_ == request.spec_yaml()) {
+    // A retry of a load whose reply was lost: the models are already there.
+    response->set_tokenizer_path(group_->tokenizer_path());
+    response->set_working_directory(std::filesystem::current_path().string());
+    return absl::OkStatus();
+  }
+  // Free the old models before the new ones are allocated.
+  group_.reset();
+  job_id_.clear();
+  spec_yaml_.clear();
+  phase_.clear();
+  auto spec = policies::ParseJobSpec(request.spec_yaml(), {}, absl::StrCat("job ", request.job_id()));
+  if (!spec.ok()) return spec.status();
+  if (spec->memory.nvme_dir.empty()) spec->memory.nvme_dir = options_.nvme_dir;
+  if (spec->memory.device_mib == 0) spec->memory.device_mib = options_.device_budget_mib;
+  // GetStats reports the new job's device from now on, during the load too.
+  if (auto device = offload::ParseComputeDevice(spec->memory.device); device.ok()) {
+    if (auto monitor = offload::DeviceMemoryMonitor::ForDevice(*device); monitor.ok()) {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      published_monitor_ = *monitor;
+    }
+  }
+  auto group = LocalWorkerGroup::Create(*spec);
+  if (!group.ok()) return group.status();
+  group_ = std::move(*group);
+  job_id_ = request.job_id();
+  spec_yaml_ = request.spec_yaml();
+  response->set_tokenizer_path(group_->tokenizer_path());
+  response->set_working_directory(std::filesystem::current_path().string());
+  STRATA_LOG(Info) << "worker " << options_.worker_id << " loaded job " << job_id_;
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* WorkerService::LoadModels(grpc::CallbackServerContext* context,
+                                                    const v1::LoadModelsRequest* request,
+                                                    v1::LoadModelsResponse* response) {
+  return Submit(context, [this, request, response] { return LoadModelsOnWorkThread(*request, response); });
+}
+
+grpc::ServerUnaryReactor* WorkerService::Rollout(grpc::CallbackServerContext* context,
+                                                 const v1::RolloutRequest* request, v1::RolloutResponse* response) {
+  return SubmitForJob(context, request->job_id(), [request, response](LocalWorkerGroup& group) -> absl::Status {
+    auto rollouts = group.Generate(FromProto(*request));
+    if (!rollouts.ok()) return rollouts.status();
+    for (const auto& r : *rollouts) ToProto(r, response->add_rollouts());
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* WorkerService::Score(grpc::CallbackServerContext* context, const v1::ScoreRequest* request,
+                                               v1::ScoreResponse* response) {
+  return SubmitForJob(context, request->job_id(), [request, response](LocalWorkerGroup& group) -> absl::Status {
+    std::vector<policies::Rollout> rollouts;
+    policies::ScoreRequest what;
+    if (auto s = FromProto(*request, &rollouts, &what); !s.ok()) return s;
+    auto scores = group.Score(rollouts, what);
+    if (!scores.ok()) return scores.status();
+    ToProto(*scores, response);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* WorkerService::Update(grpc::CallbackServerContext* context, const v1::UpdateRequest* request,
+                                                v1::UpdateResponse* response) {
+  return SubmitForJob(context, request->job_id(), [request, response](LocalWorkerGroup& group) -> absl::Status {
+    auto update = FromProto(*request);
+    if (!update.ok()) return update.status();
+    auto stats = group.Update(*update);
+    if (!stats.ok()) return stats.status();
+    ToProto(*stats, response);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* WorkerService::TrainSft(grpc::CallbackServerContext* context,
+                                                  const v1::TrainSftRequest* request, v1::TrainResponse* response) {
+  return SubmitForJob(context, request->job_id(), TrainCall(request, response, &LocalWorkerGroup::TrainSft));
+}
+
+grpc::ServerUnaryReactor* WorkerService::TrainRewardModel(grpc::CallbackServerContext* context,
+                                                          const v1::PreferenceBatch* request,
+                                                          v1::TrainResponse* response) {
+  return SubmitForJob(context, request->job_id(), TrainCall(request, response, &LocalWorkerGroup::TrainRewardModel));
+}
+
+grpc::ServerUnaryReactor* WorkerService::EvaluateRewardModel(grpc::CallbackServerContext* context,
+                                                             const v1::PreferenceBatch* request,
+                                                             v1::TrainResponse* response) {
+  return SubmitForJob(context, request->job_id(),
+                      TrainCall(request, response, &LocalWorkerGroup::EvaluateRewardModel));
+}
+
+grpc::ServerUnaryReactor* WorkerService::BeginPhase(grpc::CallbackServerContext* context,
+                                                    const v1::BeginPhaseRequest* request, v1::PhaseMemory* response) {
+  // Answers with the peaks of the phase it ends (empty for the first).
+  return SubmitForJob(context, request->job_id(), [this, request, response](LocalWorkerGroup& group) -> absl::Status {
+    const std::string ended = phase_;
+    group.BeginPhase(request->phase());
+    phase_ = request->phase();
+    if (!ended.empty()) ToProto(group.PhaseMemory(ended), response);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* WorkerService::GetPhaseMemory(grpc::CallbackServerContext* context,
+                                                        const v1::BeginPhaseRequest* request,
+                                                        v1::PhaseMemory* response) {
+  return SubmitForJob(context, request->job_id(), [request, response](LocalWorkerGroup& group) -> absl::Status {
+    ToProto(group.PhaseMemory(request->phase()), response);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* WorkerService::SaveCheckpoint(grpc::CallbackServerContext* context,
+                                                        const v1::CheckpointRequest* request,
+                                                        v1::CheckpointResponse* /*response*/) {
+  return SubmitForJob(context, request->job_id(),
+                      [request](LocalWorkerGroup& group) { return group.SaveCheckpoint(request->dir()); });
+}
+
+grpc::ServerUnaryReactor* WorkerService::LoadCheckpoint(grpc::CallbackServerContext* context,
+                                                        const v1::CheckpointRequest* request,
+                                                        v1::CheckpointResponse* /*response*/) {
+  return SubmitForJob(context, request->job_id(),
+                      [request](LocalWorkerGroup& group) { return group.LoadCheckpoint(request->dir()); });
+}
+
+grpc::ServerUnaryReactor* WorkerService::SaveOutput(grpc::CallbackServerContext* context,
+                                                    const v1::CheckpointRequest* request,
+                                                    v1::CheckpointResponse* /*response*/) {
+  return SubmitForJob(context, request->job_id(),
+                      [request](LocalWorkerGroup& group) { return group.SaveOutput(request->dir()); });
+}
+
+grpc::ServerUnaryReactor* WorkerService::GetStats(grpc::CallbackServerContext* context,
+                                                  const v1::GetStatsRequest* /*request*/, v1::WorkerStats* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (grpc::Status auth = auth_.Check(context); !auth.ok()) return FinishNow(reactor, auth);
+  const offload::DeviceMemoryMonitor* monitor = &offload::DeviceMemoryMonitor::Install();
+  response->set_worker_id(options_.worker_id);
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    if (published_monitor_ != nullptr) monitor = published_monitor_;
+    response->set_job_id(published_job_id_);
+    for (const auto& [tier, bytes] : published_peaks_) (*response->mutable_peak_bytes())[tier] = bytes;
+  }
+  // The device counter is live, so a long operation's peak shows while it runs.
+  auto& device_peak = (*response->mutable_peak_bytes())["device"];
+  device_peak = std::max<int64_t>(device_peak, static_cast<int64_t>(monitor->peak_bytes()));
+  (*response->mutable_current_bytes())["device"] = static_cast<int64_t>(monitor->current_bytes());
+  response->set_cpu_seconds(ProcessCpuSeconds());
+  return FinishNow(reactor, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* WorkerService::Unload(grpc::CallbackServerContext* context, const v1::UnloadRequest* request,
+                                                v1::UnloadResponse* /*response*/) {
+  return Submit(context, [this, request]() -> absl::Status {
+    if (group_ == nullptr) return absl::OkStatus();
+    if (request->job_id() != job_id_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("worker ", options_.worker_id, " holds job ", job_id_, ", not job ", request->job_id()));
+    }
+    group_.reset();
+    STRATA_LOG(Info) << "worker " << options_.worker_id << " unloaded job " << job_id_;
+    job_id_.clear();
+    spec_yaml_.clear();
+    phase_.clear();
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace strata::services

@@ -1,0 +1,144 @@
+// The Worker gRPC service: one process's models for one job at a time,
+// served over proto/strata/v1/worker.proto. The models and the work are a
+// LocalWorkerGroup; this class adds the wire format, job-id checks, auth
+// and threading.
+//
+// Threading: model work (loading, generation, forward/backward) runs for
+// seconds to minutes, so no handler does it on gRPC's callback thread.
+// Every call that touches the models is queued, in arrival order, to one
+// thread owned by the service, which finishes the call's reactor when done.
+// One job at a time per worker and one operation at a time per job: the
+// models are not safe for concurrent use, and a worker's memory budget is
+// planned for one operation. GetStats is answered at once from figures the
+// work thread publishes, so a busy worker still says what it is doing.
+#ifndef STRATA_SERVICES_WORKER_WORKER_SERVICE_H_
+#define STRATA_SERVICES_WORKER_WORKER_SERVICE_H_
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/status/status.h"
+#include "services/rpc/auth.h"
+#include "services/rpc/executor.h"
+#include "services/runtime/local_worker_group.h"
+#include "strata/v1/worker.grpc.pb.h"
+
+namespace strata::services {
+
+struct WorkerServiceOptions {
+  // Reported by GetStats; the coordinator's registry uses the same name.
+  std::string worker_id;
+  // Bearer token callers must present; "" turns authentication off.
+  std::string token;
+  // This worker's NVMe tier and device budget, used for jobs whose spec
+  // leaves memory.nvme_dir / memory.device_mib unset.
+  std::string nvme_dir;
+  int64_t device_budget_mib = 0;
+};
+
+class WorkerService final : public strata::v1::Worker::CallbackService {
+ public:
+  explicit WorkerService(WorkerServiceOptions options);
+  // Calls Shutdown().
+  ~WorkerService() override;
+  WorkerService(const WorkerService&) = delete;
+  WorkerService& operator=(const WorkerService&) = delete;
+
+  // Finishes queued calls with UNAVAILABLE, waits for the running one, and
+  // drops the models. Calls that arrive afterwards fail with UNAVAILABLE.
+  // Idempotent. grpc::Server::Shutdown waits for every started call to be
+  // finished, so call this before or while the server shuts down, and
+  // destroy the service only after the server.
+  void Shutdown();
+
+  // Parses the spec (policies::ParseJobSpec) and loads its models.
+  // FAILED_PRECONDITION while another job is loaded; the same job id with the
+  // same spec is a no-op (a retried call), with a different spec a reload.
+  grpc::ServerUnaryReactor* LoadModels(grpc::CallbackServerContext* context,
+                                       const strata::v1::LoadModelsRequest* request,
+                                       strata::v1::LoadModelsResponse* response) override;
+  // The calls below fail with FAILED_PRECONDITION before LoadModels and for a
+  // job id other than the loaded one, and with INTERNAL (the exception's
+  // message) when libtorch throws.
+  grpc::ServerUnaryReactor* Rollout(grpc::CallbackServerContext* context, const strata::v1::RolloutRequest* request,
+                                    strata::v1::RolloutResponse* response) override;
+  grpc::ServerUnaryReactor* Score(grpc::CallbackServerContext* context, const strata::v1::ScoreRequest* request,
+                                  strata::v1::ScoreResponse* response) override;
+  grpc::ServerUnaryReactor* Update(grpc::CallbackServerContext* context, const strata::v1::UpdateRequest* request,
+                                   strata::v1::UpdateResponse* response) override;
+  grpc::ServerUnaryReactor* TrainSft(grpc::CallbackServerContext* context, const strata::v1::TrainSftRequest* request,
+                                     strata::v1::TrainResponse* response) override;
+  grpc::ServerUnaryReactor* TrainRewardModel(grpc::CallbackServerContext* context,
+                                             const strata::v1::PreferenceBatch* request,
+                                             strata::v1::TrainResponse* response) override;
+  grpc::ServerUnaryReactor* EvaluateRewardModel(grpc::CallbackServerContext* context,
+                                                const strata::v1::PreferenceBatch* request,
+                                                strata::v1::TrainResponse* response) override;
+  grpc::ServerUnaryReactor* BeginPhase(grpc::CallbackServerContext* context,
+                                       const strata::v1::BeginPhaseRequest* request,
+                                       strata::v1::PhaseMemory* response) override;
+  grpc::ServerUnaryReactor* GetPhaseMemory(grpc::CallbackServerContext* context,
+                                           const strata::v1::BeginPhaseRequest* request,
+                                           strata::v1::PhaseMemory* response) override;
+  grpc::ServerUnaryReactor* SaveCheckpoint(grpc::CallbackServerContext* context,
+                                           const strata::v1::CheckpointRequest* request,
+                                           strata::v1::CheckpointResponse* response) override;
+  grpc::ServerUnaryReactor* LoadCheckpoint(grpc::CallbackServerContext* context,
+                                           const strata::v1::CheckpointRequest* request,
+                                           strata::v1::CheckpointResponse* response) override;
+  grpc::ServerUnaryReactor* SaveOutput(grpc::CallbackServerContext* context,
+                                       const strata::v1::CheckpointRequest* request,
+                                       strata::v1::CheckpointResponse* response) override;
+  // Answered on the callback thread: worker id, the loaded job ("" when
+  // idle), device bytes now, and peak bytes per tier of the current phase as
+  // of the last finished operation.
+  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context, const strata::v1::GetStatsRequest* request,
+                                     strata::v1::WorkerStats* response) override;
+  // Drops the job's models. OK when nothing is loaded; FAILED_PRECONDITION
+  // for another job's id.
+  grpc::ServerUnaryReactor* Unload(grpc::CallbackServerContext* context, const strata::v1::UnloadRequest* request,
+                                   strata::v1::UnloadResponse* response) override;
+
+ private:
+  // Checks auth, then queues `work` for the work thread and finishes the call
+  // with its status there. `work` runs only on the work thread.
+  grpc::ServerUnaryReactor* Submit(grpc::CallbackServerContext* context, std::function<absl::Status()> work);
+  // Submit for a call on the loaded job: checks `job_id` first.
+  grpc::ServerUnaryReactor* SubmitForJob(grpc::CallbackServerContext* context, const std::string& job_id,
+                                         std::function<absl::Status(LocalWorkerGroup&)> work);
+  // Runs one queued call's work: auth already checked; exceptions become INTERNAL.
+  absl::Status RunWork(grpc::CallbackServerContext* context, const std::function<absl::Status()>& work);
+  absl::Status LoadModelsOnWorkThread(const strata::v1::LoadModelsRequest& request,
+                                      strata::v1::LoadModelsResponse* response);
+  // Publishes the loaded job and its current phase's peaks for GetStats.
+  void PublishStats();
+
+  const WorkerServiceOptions options_;
+  const TokenAuthenticator auth_;
+
+  // Guards executor_ against Submit racing Shutdown.
+  std::mutex executor_mu_;
+  std::unique_ptr<Executor> executor_;  // one thread; null after Shutdown
+  std::atomic<bool> stopping_{false};
+
+  // Touched only on the work thread.
+  std::unique_ptr<LocalWorkerGroup> group_;
+  std::string job_id_;
+  std::string spec_yaml_;
+  std::string phase_;
+
+  // What GetStats reports, copied from the work thread's state.
+  std::mutex stats_mu_;
+  std::string published_job_id_;
+  std::map<std::string, int64_t> published_peaks_;
+  // The loaded job's device (monitors live for the whole process).
+  offload::DeviceMemoryMonitor* published_monitor_ = nullptr;
+};
+
+}  // namespace strata::services
+
+#endif  // STRATA_SERVICES_WORKER_WORKER_SERVICE_H_

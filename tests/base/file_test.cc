@@ -1,0 +1,51 @@
+#include "base/file.h"
+
+#include <sys/stat.h>
+
+#include "gtest/gtest.h"
+#include "tests/testutil/testutil.h"
+
+namespace strata {
+namespace {
+
+TEST(FileTest, ErrnoMapsToGrpcCodes) {
+  EXPECT_EQ(ErrnoToStatus(ENOENT, "x").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ErrnoToStatus(EACCES, "x").code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(ErrnoToStatus(ENOSPC, "x").code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(ErrnoToStatus(ENOSPC, "file.bin").message().find("file.bin"), std::string::npos);
+}
+
+TEST(FileTest, AtomicWriteThenReadRoundTrips) {
+  testing::TempDir dir;
+  const std::string path = dir.Join("a.txt");
+  ASSERT_TRUE(WriteFileAtomically(path, "hello").ok());
+  ASSERT_TRUE(WriteFileAtomically(path, "world!").ok());
+  auto text = ReadFileToString(path);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(*text, "world!");
+}
+
+TEST(FileTest, AtomicWriteIntoMissingDirectoryFailsAndLeavesNothing) {
+  testing::TempDir dir;
+  const auto status = WriteFileAtomically(dir.Join("missing/a.txt"), "x");
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(status.message().find("missing/a.txt"), std::string::npos);
+}
+
+TEST(FileTest, ReadMissingFileIsNotFound) {
+  auto text = ReadFileToString("/nonexistent/strata/file");
+  EXPECT_EQ(text.status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(FileTest, MappedFileSeesContents) {
+  testing::TempDir dir;
+  ASSERT_TRUE(WriteFileAtomically(dir.Join("m"), "abc").ok());
+  auto mapped = MappedFile::Open(dir.Join("m"));
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  ASSERT_EQ((*mapped)->bytes().size(), 3u);
+  EXPECT_EQ(static_cast<char>((*mapped)->bytes()[2]), 'c');
+  EXPECT_FALSE(MappedFile::Open(dir.path()).ok());
+}
+
+}  // namespace
+}  // namespace strata

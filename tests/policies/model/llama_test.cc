@@ -1,0 +1,381 @@
+// The C++ Llama against an independent HF-forward reference in Python
+// (tests/policies/model/llama_reference.py, run with Debian's python3-torch), plus
+// KV-cache, padding, sampling and checkpoint round-trip properties.
+#include "policies/model/llama.h"
+
+#include <nlohmann/json.hpp>
+
+#include "gtest/gtest.h"
+#include "base/file.h"
+#include "policies/model/generation.h"
+#include "tests/testutil/testutil.h"
+
+namespace strata::policies {
+namespace {
+
+using nlohmann::json;
+
+constexpr char kPython[] = "/usr/bin/python3";
+
+// Runs the reference script for `variant` once per process and caches the result.
+struct Reference {
+  std::string model_dir;
+  json expected;
+};
+
+const Reference* GetReference(const std::string& variant, std::string* skip_reason) {
+  static std::map<std::string, Reference> cache;
+  static testing::TempDir* root = new testing::TempDir();  // lives for the process
+  if (auto it = cache.find(variant); it != cache.end()) return &it->second;
+  if (!testing::HaveProgram(kPython)) {
+    *skip_reason = "/usr/bin/python3 not found";
+    return nullptr;
+  }
+  auto probe = testing::RunCommand({kPython, "-c", "import torch"});
+  if (!probe.ok() || probe->exit_code != 0) {
+    *skip_reason = "Debian python3-torch is not installed";
+    return nullptr;
+  }
+  const std::string out = root->Join(variant);
+  auto run = testing::RunCommand({kPython, testing::SourcePath("tests/policies/model/llama_reference.py"), out, variant});
+  if (!run.ok() || run->exit_code != 0) {
+    ADD_FAILURE() << "reference script failed for " << variant;
+    return nullptr;
+  }
+  auto text = ReadFileToString(out + "/expected.json");
+  if (!text.ok()) {
+    ADD_FAILURE() << text.status();
+    return nullptr;
+  }
+  Reference ref{out + "/model", json::parse(*text)};
+  return &cache.emplace(variant, std::move(ref)).first->second;
+}
+
+at::Tensor JsonToTensor(const json& j) {
+  std::vector<float> flat;
+  std::vector<int64_t> shape;
+  const json* level = &j;
+  while (level->is_array()) {
+    shape.push_back(static_cast<int64_t>(level->size()));
+    if (level->empty()) break;
+    level = &(*level)[0];
+  }
+  std::function<void(const json&)> walk = [&](const json& x) {
+    if (x.is_array()) {
+      for (const auto& e : x) walk(e);
+    } else {
+      flat.push_back(x.get<float>());
+    }
+  };
+  walk(j);
+  return at::tensor(flat).view(shape);
+}
+
+at::Tensor Ids(const std::vector<int32_t>& ids) {
+  return at::tensor(std::vector<int64_t>(ids.begin(), ids.end()), at::kLong).unsqueeze(0);
+}
+
+std::vector<std::vector<int32_t>> Prompts(const json& expected) {
+  return expected["prompts"].get<std::vector<std::vector<int32_t>>>();
+}
+
+class LlamaReferenceTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    std::string reason;
+    ref_ = GetReference(GetParam(), &reason);
+    if (ref_ == nullptr) {
+      if (!reason.empty()) GTEST_SKIP() << reason;
+      FAIL() << "no reference";
+    }
+    auto model = LlamaModel::Load(ref_->model_dir, LlamaHead::kLanguageModel, at::kFloat);
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_ = std::move(*model);
+  }
+  const Reference* ref_ = nullptr;
+  std::unique_ptr<LlamaModel> model_;
+};
+
+TEST_P(LlamaReferenceTest, LogitsMatchHfForward) {
+  const auto prompts = Prompts(ref_->expected);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const at::Tensor ids = Ids(prompts[i]);
+    const at::Tensor logits = model_->Logits(ids, at::ones_like(ids))[0];
+    const at::Tensor want = JsonToTensor(ref_->expected["logits"][i]);
+    ASSERT_EQ(logits.sizes(), want.sizes());
+    EXPECT_LT((logits - want).abs().max().item<float>(), 1e-4) << "prompt " << i;
+  }
+}
+
+TEST_P(LlamaReferenceTest, GreedyContinuationMatchesHf) {
+  const auto prompts = Prompts(ref_->expected);
+  for (bool use_cache : {true, false}) {
+    SamplingOptions options;
+    options.greedy = true;
+    options.max_new_tokens = 8;
+    options.stop_at_eos = false;
+    options.use_kv_cache = use_cache;
+    auto out = Generate(*model_, prompts, options, model_->config().eos_token_ids);
+    ASSERT_TRUE(out.ok()) << out.status();
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      EXPECT_EQ(out->tokens[i], ref_->expected["greedy"][i].get<std::vector<int32_t>>())
+          << "prompt " << i << (use_cache ? " with" : " without") << " KV cache";
+    }
+  }
+}
+
+TEST_P(LlamaReferenceTest, LeftPaddedBatchMatchesSinglePrompts) {
+  const auto prompts = Prompts(ref_->expected);
+  size_t longest = 0;
+  for (const auto& p : prompts) longest = std::max(longest, p.size());
+  at::Tensor ids = at::zeros({static_cast<int64_t>(prompts.size()), static_cast<int64_t>(longest)}, at::kLong);
+  at::Tensor mask = at::zeros_like(ids);
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    const int64_t offset = static_cast<int64_t>(longest - prompts[b].size());
+    ids[b].narrow(0, offset, static_cast<int64_t>(prompts[b].size())).copy_(Ids(prompts[b])[0]);
+    mask[b].narrow(0, offset, static_cast<int64_t>(prompts[b].size())).fill_(1);
+  }
+  const at::Tensor batched = model_->Logits(ids, mask);
+  const at::Tensor hf_padded = JsonToTensor(ref_->expected["padded_logits"]);
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    const int64_t n = static_cast<int64_t>(prompts[b].size());
+    const at::Tensor real = batched[b].narrow(0, static_cast<int64_t>(longest) - n, n);
+    const at::Tensor single = model_->Logits(Ids(prompts[b]), at::ones({1, n}, at::kLong))[0];
+    EXPECT_LT((real - single).abs().max().item<float>(), 1e-4) << "prompt " << b;
+    const at::Tensor hf = hf_padded[b].narrow(0, static_cast<int64_t>(longest) - n, n);
+    EXPECT_LT((real - hf).abs().max().item<float>(), 1e-4) << "prompt " << b;
+  }
+}
+
+TEST_P(LlamaReferenceTest, KvCacheDecodingEqualsFullRecomputation) {
+  const auto prompts = Prompts(ref_->expected);
+  const at::Tensor full_ids = Ids(prompts[2]);
+  const int64_t n = full_ids.size(1);
+  const at::Tensor full = model_->Logits(full_ids, at::ones_like(full_ids))[0];
+  KvCache cache(model_->config(), 1, n, at::TensorOptions().dtype(at::kFloat));
+  // Prefill 4 tokens, then one at a time.
+  std::vector<at::Tensor> pieces;
+  pieces.push_back(model_->Logits(full_ids.narrow(1, 0, 4), at::ones({1, 4}, at::kLong), &cache)[0]);
+  for (int64_t t = 4; t < n; ++t) {
+    pieces.push_back(model_->Logits(full_ids.narrow(1, t, 1), at::ones({1, t + 1}, at::kLong), &cache)[0]);
+  }
+  EXPECT_EQ(cache.length(), n);
+  EXPECT_LT((at::cat(pieces, 0) - full).abs().max().item<float>(), 1e-4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, LlamaReferenceTest, ::testing::Values("gqa_untied", "mha_tied", "gqa_sharded"));
+
+TEST(LlamaScalarHeadTest, ScoresMatchHfSequenceClassification) {
+  std::string reason;
+  const Reference* ref = GetReference("scalar", &reason);
+  if (ref == nullptr) {
+    if (!reason.empty()) GTEST_SKIP() << reason;
+    FAIL();
+  }
+  auto model = LlamaModel::Load(ref->model_dir, LlamaHead::kScalar, at::kFloat);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const auto prompts = Prompts(ref->expected);
+  const auto want = ref->expected["scores"].get<std::vector<float>>();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    // Right padding here (HF's test used left): the score is read at the
+    // last real token either way.
+    const int64_t n = static_cast<int64_t>(prompts[i].size());
+    at::Tensor ids = at::zeros({1, n + 3}, at::kLong);
+    ids.narrow(1, 0, n).copy_(Ids(prompts[i]));
+    at::Tensor mask = at::zeros_like(ids);
+    mask.narrow(1, 0, n).fill_(1);
+    const at::Tensor score = (*model)->Scores(ids, mask);
+    ASSERT_EQ(score.sizes(), (at::IntArrayRef{1, 1}));
+    EXPECT_NEAR(score.item<float>(), want[i], 1e-4) << "prompt " << i;
+  }
+}
+
+LlamaConfig TinyConfig() {
+  LlamaConfig c;
+  c.vocab_size = 50;
+  c.hidden_size = 32;
+  c.intermediate_size = 64;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 8;
+  c.max_position_embeddings = 64;
+  return c;
+}
+
+TEST(LlamaCheckpointTest, SaveThenLoadIsBitExact) {
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    for (size_t shard_bytes : {size_t{0}, size_t{20000}}) {
+      testing::TempDir dir;
+      auto model = LlamaModel::RandomInit(TinyConfig(), LlamaHead::kLanguageModel, dtype, 7);
+      ASSERT_TRUE(model->Save(dir.path(), shard_bytes).ok());
+      EXPECT_EQ(IsRegularFile(dir.Join("model.safetensors.index.json")), shard_bytes != 0);
+      auto loaded = LlamaModel::Load(dir.path(), LlamaHead::kLanguageModel, dtype);
+      ASSERT_TRUE(loaded.ok()) << loaded.status();
+      auto a = model->NamedParameters();
+      auto b = (*loaded)->NamedParameters();
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t i = 0; i < a.size(); ++i) {
+        EXPECT_EQ(a[i].first, b[i].first);
+        EXPECT_TRUE(at::equal(a[i].second, b[i].second)) << a[i].first;
+      }
+    }
+  }
+}
+
+TEST(LlamaCheckpointTest, MissingTensorIsNamed) {
+  testing::TempDir dir;
+  LlamaConfig c = TinyConfig();
+  auto model = LlamaModel::RandomInit(c, LlamaHead::kLanguageModel, at::kFloat, 1);
+  ASSERT_TRUE(model->Save(dir.path()).ok());
+  // A reward model needs score.weight, which a causal LM does not have.
+  auto loaded = LlamaModel::Load(dir.path(), LlamaHead::kScalar, at::kFloat);
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_NE(loaded.status().message().find("score.weight"), std::string::npos) << loaded.status();
+}
+
+TEST(LlamaCheckpointTest, WrongShapeIsNamedWithBothShapes) {
+  testing::TempDir dir;
+  LlamaConfig c = TinyConfig();
+  auto model = LlamaModel::RandomInit(c, LlamaHead::kLanguageModel, at::kFloat, 1);
+  ASSERT_TRUE(model->Save(dir.path()).ok());
+  c.intermediate_size = 48;  // config now disagrees with the weights
+  ASSERT_TRUE(WriteFileAtomically(dir.Join("config.json"), c.ToJson("LlamaForCausalLM")).ok());
+  auto loaded = LlamaModel::Load(dir.path(), LlamaHead::kLanguageModel, at::kFloat);
+  ASSERT_FALSE(loaded.ok());
+  const std::string msg(loaded.status().message());
+  EXPECT_NE(msg.find("model.layers.0.mlp.gate_proj.weight"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[64, 32]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[48, 32]"), std::string::npos) << msg;
+}
+
+TEST(LlamaConfigTest, BadFieldsAreNamed) {
+  auto bad_heads = LlamaConfig::FromJson(
+      R"({"hidden_size": 64, "num_attention_heads": 8, "num_key_value_heads": 3, "vocab_size": 10,
+          "intermediate_size": 8, "num_hidden_layers": 1})", "config.json");
+  ASSERT_FALSE(bad_heads.ok());
+  EXPECT_NE(bad_heads.status().message().find("num_key_value_heads"), std::string::npos);
+  auto bad_type = LlamaConfig::FromJson(R"({"hidden_size": "big"})", "config.json");
+  ASSERT_FALSE(bad_type.ok());
+  EXPECT_NE(bad_type.status().message().find("hidden_size"), std::string::npos);
+  EXPECT_FALSE(LlamaConfig::FromJson("{not json", "config.json").ok());
+  auto other = LlamaConfig::FromJson(R"({"model_type": "gpt2"})", "config.json");
+  EXPECT_NE(other.status().message().find("model_type"), std::string::npos);
+}
+
+TEST(LlamaConfigTest, JsonRoundTripsAndGqaDefaults) {
+  auto parsed = LlamaConfig::FromJson(
+      R"({"hidden_size": 64, "num_attention_heads": 8, "vocab_size": 10, "intermediate_size": 8,
+          "num_hidden_layers": 1, "eos_token_id": [2, 5], "rope_scaling": {"rope_type": "linear", "factor": 2.0}})",
+      "config.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->num_key_value_heads, 8);
+  EXPECT_EQ(parsed->head_dim, 8);
+  EXPECT_EQ(parsed->eos_token_ids, (std::vector<int64_t>{2, 5}));
+  auto again = LlamaConfig::FromJson(parsed->ToJson("LlamaForCausalLM"), "round-trip");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->eos_token_ids, parsed->eos_token_ids);
+  EXPECT_EQ(again->rope_scaling.type, RopeScaling::Type::kLinear);
+  EXPECT_DOUBLE_EQ(again->rope_scaling.factor, 2.0);
+}
+
+TEST(LlamaBf16Test, Bf16LogitsStayCloseToFp32) {
+  auto model = LlamaModel::RandomInit(TinyConfig(), LlamaHead::kLanguageModel, at::kFloat, 3, 0.2);
+  LlamaWeights bf = model->weights();
+  auto cast = [](at::Tensor& t) { t = t.to(at::kBFloat16); };
+  cast(bf.embed_tokens);
+  cast(bf.norm);
+  cast(bf.lm_head);
+  for (auto& layer : bf.layers)
+    for (auto& [name, t] : layer.Named()) cast(*t);
+  LlamaModel bf16(model->config(), LlamaHead::kLanguageModel, bf);
+  const at::Tensor ids = at::tensor(std::vector<int64_t>{1, 4, 9, 16, 25, 36}, at::kLong).unsqueeze(0);
+  const at::Tensor a = model->Logits(ids, at::ones_like(ids));
+  const at::Tensor b = bf16.Logits(ids, at::ones_like(ids));
+  EXPECT_EQ(b.scalar_type(), at::kFloat);
+  // bf16 keeps ~3 significant digits; logits here are O(1).
+  EXPECT_LT((a - b).abs().max().item<float>(), 0.1);
+  EXPECT_GT((a - b).abs().max().item<float>(), 0.0);  // it really ran in bf16
+}
+
+TEST(LogProbsTest, TokenLogProbsAndEntropyByHand) {
+  // Two tokens, uniform over 4 classes and a peaked distribution.
+  const at::Tensor logits = at::tensor(std::vector<float>{0, 0, 0, 0, std::log(2.f), 0, 0, 0}).view({1, 2, 4});
+  const at::Tensor targets = at::tensor(std::vector<int64_t>{3, 0}, at::kLong).view({1, 2});
+  const at::Tensor logp = TokenLogProbs(logits, targets);
+  EXPECT_NEAR(logp[0][0].item<float>(), std::log(0.25f), 1e-6);
+  EXPECT_NEAR(logp[0][1].item<float>(), std::log(0.4f), 1e-6);
+  const at::Tensor entropy = TokenEntropy(logits);
+  EXPECT_NEAR(entropy[0][0].item<float>(), std::log(4.f), 1e-6);
+  const float h = -(0.4f * std::log(0.4f) + 3 * 0.2f * std::log(0.2f));
+  EXPECT_NEAR(entropy[0][1].item<float>(), h, 1e-6);
+}
+
+TEST(GenerationTest, SameSeedSameTokensOtherSeedOtherTokens) {
+  auto model = LlamaModel::RandomInit(TinyConfig(), LlamaHead::kLanguageModel, at::kFloat, 5, 0.5);
+  SamplingOptions options;
+  options.max_new_tokens = 12;
+  options.stop_at_eos = false;
+  options.seed = 11;
+  auto a = Generate(*model, {{1, 2, 3}, {4}}, options, {2});
+  auto b = Generate(*model, {{1, 2, 3}, {4}}, options, {2});
+  options.seed = 12;
+  auto c = Generate(*model, {{1, 2, 3}, {4}}, options, {2});
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_EQ(a->tokens, b->tokens);
+  EXPECT_NE(a->tokens, c->tokens);
+}
+
+TEST(GenerationTest, TopKOneAndTinyTopPAreGreedy) {
+  auto model = LlamaModel::RandomInit(TinyConfig(), LlamaHead::kLanguageModel, at::kFloat, 5, 0.5);
+  SamplingOptions greedy;
+  greedy.greedy = true;
+  greedy.max_new_tokens = 10;
+  greedy.stop_at_eos = false;
+  auto want = Generate(*model, {{1, 7, 3}}, greedy, {});
+  SamplingOptions top_k = greedy;
+  top_k.greedy = false;
+  top_k.top_k = 1;
+  SamplingOptions top_p = greedy;
+  top_p.greedy = false;
+  top_p.top_p = 1e-6;
+  for (const auto& options : {top_k, top_p}) {
+    auto got = Generate(*model, {{1, 7, 3}}, options, {});
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ(got->tokens, want->tokens);
+  }
+}
+
+TEST(GenerationTest, StopsAtEosAndKeepsIt) {
+  auto model = LlamaModel::RandomInit(TinyConfig(), LlamaHead::kLanguageModel, at::kFloat, 5, 0.5);
+  SamplingOptions options;
+  options.greedy = true;
+  options.max_new_tokens = 10;
+  options.stop_at_eos = false;
+  auto free_run = Generate(*model, {{1, 7, 3}}, options, {});
+  ASSERT_TRUE(free_run.ok());
+  const int32_t stop = free_run->tokens[0][3];
+  options.stop_at_eos = true;
+  auto stopped = Generate(*model, {{1, 7, 3}}, options, {stop});
+  ASSERT_TRUE(stopped.ok());
+  const auto& t = stopped->tokens[0];
+  ASSERT_FALSE(t.empty());
+  EXPECT_EQ(t.back(), stop);
+  EXPECT_LE(t.size(), 4u);
+  EXPECT_EQ(stopped->logprobs[0].size(), t.size());
+}
+
+TEST(GenerationTest, BadRequestsAreRejected) {
+  auto model = LlamaModel::RandomInit(TinyConfig(), LlamaHead::kLanguageModel, at::kFloat, 5);
+  SamplingOptions options;
+  EXPECT_EQ(Generate(*model, {{}}, options, {}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Generate(*model, {{1, 999}}, options, {}).status().code(), absl::StatusCode::kInvalidArgument);
+  options.max_new_tokens = 100;  // past max_position_embeddings = 64
+  EXPECT_EQ(Generate(*model, {{1}}, options, {}).status().code(), absl::StatusCode::kInvalidArgument);
+  options.max_new_tokens = 4;
+  options.temperature = 0;
+  EXPECT_NE(Generate(*model, {{1}}, options, {}).status().message().find("temperature"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace strata::policies

@@ -1,0 +1,286 @@
+#include "policies/train/layerwise_trainer.h"
+#include "policies/train/streamed_layers.h"
+
+#include "gtest/gtest.h"
+#include "offload/device/device_memory.h"
+#include "offload/tiers/placement.h"
+#include "tests/testutil/testutil.h"
+
+namespace strata::policies {
+namespace {
+
+LlamaConfig SmallConfig(bool tied) {
+  LlamaConfig c;
+  c.vocab_size = 64;
+  c.hidden_size = 32;
+  c.intermediate_size = 48;
+  c.num_hidden_layers = 3;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 8;
+  c.max_position_embeddings = 32;
+  c.tie_word_embeddings = tied;
+  return c;
+}
+
+at::Tensor NextTokenLoss(const at::Tensor& logits, const at::Tensor& ids) {
+  const int64_t t = ids.size(1);
+  const at::Tensor logp = at::log_softmax(logits.narrow(1, 0, t - 1), -1);
+  return -logp.gather(-1, ids.narrow(1, 1, t - 1).unsqueeze(-1)).mean();
+}
+
+struct Batch {
+  at::Tensor ids, mask;
+};
+
+Batch MakeBatch() {
+  at::Tensor ids = at::tensor(std::vector<int64_t>{0, 0, 5, 9, 13, 2, 7, 1, 4, 8, 22, 3, 50, 60}, at::kLong).view({2, 7});
+  at::Tensor mask = at::ones_like(ids);
+  mask[0][0] = 0;
+  mask[0][1] = 0;  // left padding
+  return {ids, mask};
+}
+
+std::unique_ptr<offload::HostArena> Arena() {
+  offload::HostArenaOptions options;
+  options.capacity_bytes = 16 << 20;
+  return std::move(*offload::HostArena::Create(options));
+}
+
+LayerwiseTrainerOptions TrainerOptions() {
+  LayerwiseTrainerOptions options;
+  options.adam.adam.lr = 1e-2;
+  options.adam.threads = 1;
+  return options;
+}
+
+// Layer-at-a-time backward with recomputation gives the gradients that
+// full autograd over the whole model gives.
+TEST(LayerwiseTrainerTest, GradientsMatchFullAutograd) {
+  for (bool tied : {false, true}) {
+    auto model = LlamaModel::RandomInit(SmallConfig(tied), LlamaHead::kLanguageModel, at::kFloat, 3, 0.2);
+    const Batch batch = MakeBatch();
+    auto loss_fn = [&](const at::Tensor& logits) { return NextTokenLoss(logits, batch.ids); };
+
+    // Reference: autograd through the whole model.
+    for (auto& [name, t] : model->NamedParameters()) t.requires_grad_(true);
+    const at::Tensor ref_loss = loss_fn(model->Logits(batch.ids, batch.mask));
+    ref_loss.backward();
+
+    auto arena = Arena();
+    ResidentLayerSource source(model->weights().layers);
+    auto trainer = LayerwiseTrainer::Create(model->config(), LlamaHead::kLanguageModel, model->weights(), &source,
+                                            arena.get(), TrainerOptions());
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    auto loss = (*trainer)->ForwardBackward(batch.ids, batch.mask, loss_fn);
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    EXPECT_NEAR(*loss, ref_loss.item<double>(), 1e-6);
+    for (auto& [name, t] : model->NamedParameters()) {
+      auto grad = (*trainer)->Gradient(name);
+      ASSERT_TRUE(grad.ok()) << name;
+      EXPECT_LT((*grad - t.grad()).abs().max().item<float>(), 1e-5) << name << (tied ? " tied" : " untied");
+    }
+  }
+}
+
+// The GPU's gradient path (downloads into staging buffers, added to the
+// host gradients one layer later), run on the CPU device: the same
+// gradients as direct accumulation, over two accumulated batches; and a
+// clear error when the arena has no room for the staging buffers.
+TEST(LayerwiseTrainerTest, StagedGradientsEqualDirectOnes) {
+  const Batch batch = MakeBatch();
+  auto loss_fn = [&](const at::Tensor& logits) { return NextTokenLoss(logits, batch.ids); };
+  std::vector<std::map<std::string, at::Tensor>> grads;
+  for (bool staged : {false, true}) {
+    auto model = LlamaModel::RandomInit(SmallConfig(false), LlamaHead::kLanguageModel, at::kFloat, 3, 0.2);
+    auto arena = Arena();
+    ResidentLayerSource source(model->weights().layers);
+    LayerwiseTrainerOptions options = TrainerOptions();
+    options.stage_gradients = staged;
+    auto trainer = LayerwiseTrainer::Create(model->config(), LlamaHead::kLanguageModel, model->weights(), &source,
+                                            arena.get(), options);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    const size_t live_before = arena->stats().live_buffers;
+    for (int i = 0; i < 2; ++i) ASSERT_TRUE((*trainer)->ForwardBackward(batch.ids, batch.mask, loss_fn).ok());
+    EXPECT_EQ(arena->stats().live_buffers, live_before) << "staging buffers not returned";
+    grads.emplace_back();
+    for (auto& [name, t] : model->NamedParameters()) grads.back()[name] = *(*trainer)->Gradient(name);
+  }
+  for (const auto& [name, direct] : grads[0]) {
+    EXPECT_TRUE(at::equal(direct, grads[1].at(name))) << name;
+  }
+
+  // 8 KiB beyond the optimizer states: no room to stage a layer.
+  auto model = LlamaModel::RandomInit(SmallConfig(false), LlamaHead::kLanguageModel, at::kFloat, 3, 0.2);
+  offload::HostArenaOptions small;
+  small.capacity_bytes = static_cast<size_t>(model->config().NumParameters()) * 16 + 64 * 4096 + 8192;
+  auto arena = std::move(*offload::HostArena::Create(small));
+  ResidentLayerSource source(model->weights().layers);
+  LayerwiseTrainerOptions options = TrainerOptions();
+  options.stage_gradients = true;
+  auto trainer = LayerwiseTrainer::Create(model->config(), LlamaHead::kLanguageModel, model->weights(), &source,
+                                          arena.get(), options);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  const auto loss = (*trainer)->ForwardBackward(batch.ids, batch.mask, loss_fn);
+  EXPECT_EQ(loss.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(loss.status().message().find("gradient staging"), std::string::npos) << loss.status();
+}
+
+// Every placement the engine supports runs the same math: the losses of
+// several training steps equal those of resident weights with host Adam.
+class PlacementTest : public ::testing::TestWithParam<offload::ModelPlacement> {};
+
+std::vector<double> TrainWithPlacement(const offload::ModelPlacement& placement, int steps) {
+  const Batch batch = MakeBatch();
+  auto loss_fn = [&](const at::Tensor& logits) { return NextTokenLoss(logits, batch.ids); };
+  auto model = LlamaModel::RandomInit(SmallConfig(false), LlamaHead::kLanguageModel, at::kFloat, 3, 0.2);
+  auto arena = Arena();
+  testing::TempDir dir;
+  std::unique_ptr<offload::NvmeStore> store;
+  if (placement.weights == offload::Tier::kNvme || placement.optimizer == offload::Tier::kNvme) {
+    offload::NvmeStoreOptions store_options;
+    store_options.directory = dir.path();
+    store = std::move(*offload::NvmeStore::Open(store_options));
+  }
+  LlamaWeights weights = model->weights();  // shares storage with the model
+  std::unique_ptr<offload::LayerStreamer> streamer;
+  std::unique_ptr<LayerSource> source;
+  if (placement.weights == offload::Tier::kDevice) {
+    source = std::make_unique<ResidentLayerSource>(weights.layers);
+  } else {
+    offload::LayerStreamerOptions options;
+    options.home = placement.weights;
+    options.prefetch_depth = placement.prefetch_depth;
+    streamer = std::move(*offload::LayerStreamer::Create(options, arena.get(), store.get(), nullptr));
+    EXPECT_TRUE(AddLayersToStreamer(weights.layers, streamer.get()).ok());
+    source = std::make_unique<StreamedLayerSource>(streamer.get());
+  }
+  weights.layers.clear();
+  LayerwiseTrainerOptions options = TrainerOptions();
+  options.optimizer = placement.optimizer;
+  options.gradients = placement.gradients;
+  options.nvme_adam.tile_elements = 1024;
+  auto trainer = LayerwiseTrainer::Create(model->config(), LlamaHead::kLanguageModel, weights, source.get(),
+                                          arena.get(), options, store.get());
+  EXPECT_TRUE(trainer.ok()) << trainer.status();
+  if (!trainer.ok()) return {};
+  std::vector<double> losses;
+  for (int step = 0; step < steps; ++step) {
+    auto loss = (*trainer)->ForwardBackward(batch.ids, batch.mask, loss_fn);
+    EXPECT_TRUE(loss.ok()) << loss.status();
+    losses.push_back(loss.ok() ? *loss : 0);
+    EXPECT_TRUE((*trainer)->OptimizerStep().ok());
+  }
+  return losses;
+}
+
+TEST_P(PlacementTest, LossesEqualResidentWithHostAdam) {
+  const auto baseline = TrainWithPlacement(offload::ModelPlacement{}, 4);
+  const auto losses = TrainWithPlacement(GetParam(), 4);
+  ASSERT_EQ(losses.size(), baseline.size());
+  for (size_t i = 0; i < losses.size(); ++i) {
+    EXPECT_NEAR(losses[i], baseline[i], 1e-6) << "step " << i << " with " << GetParam().ToString();
+  }
+  EXPECT_LT(losses.back(), losses.front());  // it trains
+}
+
+offload::ModelPlacement Place(offload::Tier weights, offload::Tier optimizer, offload::Tier gradients) {
+  offload::ModelPlacement p;
+  p.weights = weights;
+  p.optimizer = optimizer;
+  p.gradients = gradients;
+  return p;
+}
+
+using offload::Tier;
+INSTANTIATE_TEST_SUITE_P(
+    Placements, PlacementTest,
+    ::testing::Values(Place(Tier::kHost, Tier::kHost, Tier::kHost), Place(Tier::kNvme, Tier::kHost, Tier::kHost),
+                      Place(Tier::kDevice, Tier::kNvme, Tier::kHost), Place(Tier::kNvme, Tier::kNvme, Tier::kHost),
+                      Place(Tier::kDevice, Tier::kDevice, Tier::kDevice)),
+    [](const auto& info) {
+      return std::string(offload::TierName(info.param.weights)) + "_" + offload::TierName(info.param.optimizer) + "_" +
+             offload::TierName(info.param.gradients);
+    });
+
+TEST(PlacementValidationTest, ImpossibleCombinationsNameTheField) {
+  EXPECT_NE(Place(Tier::kHost, Tier::kDevice, Tier::kDevice).Validate().message().find("placement.optimizer"),
+            std::string::npos);
+  EXPECT_NE(Place(Tier::kDevice, Tier::kHost, Tier::kDevice).Validate().message().find("placement.gradients"),
+            std::string::npos);
+  EXPECT_FALSE(Place(Tier::kDevice, Tier::kHost, Tier::kNvme).Validate().ok());
+  EXPECT_TRUE(Place(Tier::kNvme, Tier::kNvme, Tier::kHost).Validate().ok());
+}
+
+// The done-when of the offload engine: a step of a model whose weights and
+// optimizer states are several times the device budget completes with the
+// measured device peak (every libtorch allocation) under the budget.
+TEST(LayerwiseTrainerTest, StreamedStepStaysUnderADeviceBudgetFarBelowTheModel) {
+  offload::DeviceMemoryMonitor& monitor = offload::DeviceMemoryMonitor::Install();
+  LlamaConfig c = SmallConfig(false);
+  c.vocab_size = 128;
+  c.hidden_size = 128;
+  c.intermediate_size = 384;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 4;
+  c.head_dim = 32;
+  c.num_hidden_layers = 24;
+  auto model = LlamaModel::RandomInit(c, LlamaHead::kLanguageModel, at::kFloat, 5);
+  const Batch batch = MakeBatch();
+  const int64_t b = batch.ids.size(0), t = batch.ids.size(1);
+
+  offload::HostArenaOptions arena_options;
+  arena_options.capacity_bytes = static_cast<size_t>(c.NumParameters()) * 24 + (16 << 20);
+  auto arena = std::move(*offload::HostArena::Create(arena_options));
+  offload::LayerStreamerOptions options;
+  options.prefetch_depth = 1;
+  options.compute_reserve_bytes = LayerWorkingBytes(c, b, t, at::kFloat, /*training=*/true);
+  const size_t layer_bytes = 4 * (4 * 128 * 128 + 3 * 128 * 384 + 2 * 128);
+  const size_t resident = 4 * 2 * 128 * 128;
+  options.device_budget_bytes = monitor.current_bytes() + 2 * resident + 2 * layer_bytes +
+                                options.compute_reserve_bytes + (1 << 20);
+  auto streamer = std::move(*offload::LayerStreamer::Create(options, arena.get(), nullptr, nullptr));
+  LlamaWeights weights = model->weights();  // shares storage; the model is dropped below
+  model.reset();
+  ASSERT_TRUE(AddLayersToStreamer(std::move(weights.layers), streamer.get()).ok());
+  weights.layers.clear();
+  StreamedLayerSource source(streamer.get());
+  auto trainer = LayerwiseTrainer::Create(c, LlamaHead::kLanguageModel, weights, &source, arena.get(),
+                                          TrainerOptions());
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  const size_t weights_and_optimizer = static_cast<size_t>(c.NumParameters()) * 16;
+  ASSERT_GT(weights_and_optimizer, 3 * (options.device_budget_bytes - monitor.current_bytes()));
+
+  monitor.ResetPeak();
+  auto loss = (*trainer)->ForwardBackward(batch.ids, batch.mask,
+                                          [&](const at::Tensor& logits) { return NextTokenLoss(logits, batch.ids); });
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  ASSERT_TRUE((*trainer)->OptimizerStep().ok());
+  EXPECT_LE(monitor.peak_bytes(), options.device_budget_bytes);
+}
+
+TEST(LayerwiseTrainerTest, ScalarHeadTrains) {
+  auto model = LlamaModel::RandomInit(SmallConfig(false), LlamaHead::kScalar, at::kFloat, 4, 0.2);
+  auto arena = Arena();
+  ResidentLayerSource source(model->weights().layers);
+  auto trainer = LayerwiseTrainer::Create(model->config(), LlamaHead::kScalar, model->weights(), &source, arena.get(),
+                                          TrainerOptions());
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  const Batch batch = MakeBatch();
+  const at::Tensor target = at::tensor(std::vector<float>{1.0f, -1.0f}).view({2, 1});
+  auto loss_fn = [&](const at::Tensor& values) {
+    return (AtLastToken(values, batch.mask) - target).pow(2).mean();
+  };
+  double first = 0, last = 0;
+  for (int step = 0; step < 10; ++step) {
+    auto loss = (*trainer)->ForwardBackward(batch.ids, batch.mask, loss_fn);
+    ASSERT_TRUE(loss.ok());
+    if (step == 0) first = *loss;
+    last = *loss;
+    ASSERT_TRUE((*trainer)->OptimizerStep().ok());
+  }
+  EXPECT_LT(last, first * 0.5);
+}
+
+}  // namespace
+}  // namespace strata::policies

@@ -1,0 +1,599 @@
+#include "services/store/job_store.h"
+
+#include <hiredis/hiredis.h>
+
+#include <atomic>
+#include <chrono>
+#include <latch>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/testutil/redis_server.h"
+
+namespace strata::services {
+namespace {
+
+using ::strata::testing::RedisServer;
+
+// Inspects the server behind the store's back (TTLs, blocked clients).
+class RedisProbe {
+ public:
+  explicit RedisProbe(int port) : context_(redisConnect("127.0.0.1", port)) {}
+  ~RedisProbe() {
+    if (context_ != nullptr) redisFree(context_);
+  }
+  RedisProbe(const RedisProbe&) = delete;
+  RedisProbe& operator=(const RedisProbe&) = delete;
+
+  // Integer reply of `command`, or -1000 on any failure.
+  long long Integer(const std::vector<std::string>& argv) {
+    redisReply* reply = Run(argv);
+    long long value = (reply != nullptr && reply->type == REDIS_REPLY_INTEGER) ? reply->integer : -1000;
+    if (reply != nullptr) freeReplyObject(reply);
+    return value;
+  }
+  std::string String(const std::vector<std::string>& argv) {
+    redisReply* reply = Run(argv);
+    std::string value = (reply != nullptr && (reply->type == REDIS_REPLY_STRING || reply->type == REDIS_REPLY_STATUS))
+                            ? std::string(reply->str, reply->len)
+                            : std::string();
+    if (reply != nullptr) freeReplyObject(reply);
+    return value;
+  }
+
+ private:
+  redisReply* Run(const std::vector<std::string>& argv) {
+    if (context_ == nullptr || context_->err != 0) return nullptr;
+    std::vector<const char*> args;
+    std::vector<size_t> lengths;
+    for (const auto& arg : argv) {
+      args.push_back(arg.data());
+      lengths.push_back(arg.size());
+    }
+    return static_cast<redisReply*>(
+        redisCommandArgv(context_, static_cast<int>(args.size()), args.data(), lengths.data()));
+  }
+  redisContext* context_;
+};
+
+class JobStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!RedisServer::Available()) GTEST_SKIP() << "redis-server is not installed; the job store needs a real Redis";
+    auto server = RedisServer::Start();
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    auto store = JobStore::Connect(Options());
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+  }
+
+  JobStoreOptions Options() const {
+    JobStoreOptions options;
+    options.redis_url = server_->url();
+    options.key_prefix = "test:";
+    options.connect_timeout_ms = 1000;
+    options.command_timeout_ms = 2000;
+    return options;
+  }
+
+  JobRecord NewJob(const std::string& name, const std::string& request_id = "") {
+    JobRecord job;
+    job.algorithm = "remax";
+    job.name = name;
+    job.spec_yaml = "algorithm: remax\nname: " + name + "\n";
+    job.output_dir = "/tmp/out/" + name;
+    job.iterations = 10;
+    job.request_id = request_id;
+    return job;
+  }
+
+  std::string CreateJob(const std::string& name) {
+    auto job = store_->Create(NewJob(name), nullptr);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? job->id : std::string();
+  }
+
+  std::unique_ptr<RedisServer> server_;
+  std::unique_ptr<JobStore> store_;
+};
+
+TEST_F(JobStoreTest, CreateGetRoundTrip) {
+  JobRecord in = NewJob("round-trip");
+  in.spec_yaml = std::string("binary\0safe: \"quotes\" % %s\n", 28);
+  bool created = false;
+  auto job = store_->Create(in, &created);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_TRUE(created);
+  EXPECT_TRUE(absl::StartsWith(job->id, "job-")) << job->id;
+  EXPECT_EQ(job->state, JobState::kQueued);
+  EXPECT_GT(job->created_unix_ms, 1600000000000);
+  EXPECT_EQ(job->created_unix_ms, job->updated_unix_ms);
+
+  auto got = store_->Get(job->id);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->id, job->id);
+  EXPECT_EQ(got->state, JobState::kQueued);
+  EXPECT_EQ(got->algorithm, "remax");
+  EXPECT_EQ(got->name, "round-trip");
+  EXPECT_EQ(got->spec_yaml, in.spec_yaml);
+  EXPECT_EQ(got->output_dir, "/tmp/out/round-trip");
+  EXPECT_EQ(got->iterations, 10);
+  EXPECT_EQ(got->iteration, 0);
+  EXPECT_EQ(got->created_unix_ms, job->created_unix_ms);
+
+  // Two creates without a request id are two jobs.
+  auto other = store_->Create(in, &created);
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_TRUE(created);
+  EXPECT_NE(other->id, job->id);
+}
+
+TEST_F(JobStoreTest, GetUnknownJobIsNotFoundNamingTheId) {
+  auto got = store_->Get("job-000000000000");
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(absl::StrContains(got.status().message(), "job-000000000000")) << got.status();
+  // An id that could name another key (a job's event stream) is refused outright.
+  EXPECT_EQ(store_->Get("job-1:events").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(JobStoreTest, CreateWithSameRequestIdReturnsTheFirstJob) {
+  bool created = false;
+  auto first = store_->Create(NewJob("idem", "req-1"), &created);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(created);
+  auto retry = store_->Create(NewJob("idem-retry", "req-1"), &created);
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_FALSE(created);
+  EXPECT_EQ(retry->id, first->id);
+  EXPECT_EQ(retry->name, "idem");
+  auto other = store_->Create(NewJob("idem", "req-2"), &created);
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_TRUE(created);
+  EXPECT_NE(other->id, first->id);
+}
+
+TEST_F(JobStoreTest, ConcurrentCreatesWithSameRequestIdMakeOneJob) {
+  constexpr int kThreads = 12;
+  std::latch start(kThreads);
+  std::vector<std::string> ids(kThreads);
+  std::vector<int> created_flags(kThreads, 0);
+  std::vector<absl::Status> statuses(kThreads);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      start.arrive_and_wait();
+      bool created = false;
+      auto job = store_->Create(NewJob(absl::StrCat("racer-", i), "same-request"), &created);
+      statuses[i] = job.status();
+      if (job.ok()) ids[i] = job->id;
+      created_flags[i] = created ? 1 : 0;
+    });
+  }
+  for (auto& t : threads) t.join();
+  int created_count = 0;
+  for (int i = 0; i < kThreads; ++i) {
+    ASSERT_TRUE(statuses[i].ok()) << statuses[i];
+    EXPECT_EQ(ids[i], ids[0]);
+    created_count += created_flags[i];
+  }
+  EXPECT_EQ(created_count, 1);
+  auto page = store_->List(100, "", std::nullopt);
+  ASSERT_TRUE(page.ok()) << page.status();
+  EXPECT_EQ(page->first.size(), 1u);
+}
+
+TEST_F(JobStoreTest, ListPagesNewestFirstWithoutDuplicates) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < 25; ++i) ids.push_back(CreateJob(absl::StrCat("page-", i)));
+
+  std::vector<std::string> seen;
+  std::string token;
+  std::vector<size_t> sizes;
+  bool inserted = false;
+  do {
+    auto page = store_->List(10, token, std::nullopt);
+    ASSERT_TRUE(page.ok()) << page.status();
+    sizes.push_back(page->first.size());
+    for (const auto& job : page->first) seen.push_back(job.id);
+    token = page->second;
+    // A job created mid-listing must not shift later pages.
+    if (!inserted) {
+      CreateJob("late");
+      inserted = true;
+    }
+  } while (!token.empty() && sizes.size() < 10);
+
+  EXPECT_EQ(sizes, (std::vector<size_t>{10, 10, 5}));
+  ASSERT_EQ(seen.size(), 25u);
+  for (int i = 0; i < 25; ++i) EXPECT_EQ(seen[i], ids[24 - i]) << "position " << i;
+  EXPECT_EQ(std::set<std::string>(seen.begin(), seen.end()).size(), 25u);
+
+  // Page size 0 is the default (50): everything, including the late job, on one page.
+  auto all = store_->List(0, "", std::nullopt);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->first.size(), 26u);
+  EXPECT_EQ(all->first[0].name, "late");
+  EXPECT_TRUE(all->second.empty());
+
+  EXPECT_EQ(store_->List(10, "not-a-token", std::nullopt).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->List(-1, "", std::nullopt).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(JobStoreTest, ListFiltersByState) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < 12; ++i) ids.push_back(CreateJob(absl::StrCat("filter-", i)));
+  for (int i = 0; i < 7; ++i) {
+    ASSERT_TRUE(store_->Transition(ids[i], {JobState::kQueued}, JobState::kRunning).ok());
+  }
+  auto first = store_->List(5, "", JobState::kRunning);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(first->first.size(), 5u);
+  EXPECT_EQ(first->first[0].id, ids[6]);
+  for (const auto& job : first->first) EXPECT_EQ(job.state, JobState::kRunning);
+  ASSERT_FALSE(first->second.empty());
+  auto second = store_->List(5, first->second, JobState::kRunning);
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_EQ(second->first.size(), 2u);
+  EXPECT_EQ(second->first[1].id, ids[0]);
+  EXPECT_TRUE(second->second.empty());
+
+  auto queued = store_->List(100, "", JobState::kQueued);
+  ASSERT_TRUE(queued.ok()) << queued.status();
+  EXPECT_EQ(queued->first.size(), 5u);
+  auto done = store_->List(100, "", JobState::kSucceeded);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_TRUE(done->first.empty());
+  EXPECT_TRUE(done->second.empty());
+
+  auto running = store_->ListByState(JobState::kRunning);
+  ASSERT_TRUE(running.ok()) << running.status();
+  ASSERT_EQ(running->size(), 7u);
+  EXPECT_EQ(running->front().id, ids[0]);  // oldest first for recovery
+}
+
+TEST_F(JobStoreTest, TransitionsFollowTheStateMachine) {
+  const std::string id = CreateJob("machine");
+  auto running = store_->Transition(id, {JobState::kQueued}, JobState::kRunning, {{"worker", "worker-a"}});
+  ASSERT_TRUE(running.ok()) << running.status();
+  EXPECT_EQ(running->state, JobState::kRunning);
+  EXPECT_EQ(running->worker, "worker-a");
+  EXPECT_GE(running->updated_unix_ms, running->created_unix_ms);
+
+  // Not from the listed state: rejected, naming where the job is.
+  auto wrong = store_->Transition(id, {JobState::kQueued}, JobState::kRunning);
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(wrong.status().message(), "RUNNING")) << wrong.status();
+
+  auto done = store_->Transition(id, {JobState::kRunning}, JobState::kSucceeded, {{"iteration", "10"}});
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state, JobState::kSucceeded);
+  EXPECT_EQ(done->iteration, 10);
+
+  auto back = store_->Transition(id, {JobState::kSucceeded, JobState::kRunning}, JobState::kRunning);
+  EXPECT_EQ(back.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(back.status().message(), "SUCCEEDED")) << back.status();
+  auto got = store_->Get(id);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->state, JobState::kSucceeded);
+
+  auto failed_id = CreateJob("fails");
+  auto failed = store_->Transition(failed_id, {JobState::kQueued, JobState::kRunning}, JobState::kFailed,
+                                   {{"error_code", "RESOURCE_EXHAUSTED"}, {"error_message", "out of memory"}});
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  EXPECT_EQ(failed->error_code, "RESOURCE_EXHAUSTED");
+  EXPECT_EQ(failed->error_message, "out of memory");
+
+  EXPECT_EQ(store_->Transition("job-000000000000", {JobState::kQueued}, JobState::kRunning).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->Transition(failed_id, {}, JobState::kRunning).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto bad_field = store_->Transition(CreateJob("f"), {JobState::kQueued}, JobState::kRunning, {{"state", "X"}});
+  EXPECT_EQ(bad_field.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(bad_field.status().message(), "state")) << bad_field.status();
+}
+
+TEST_F(JobStoreTest, CancelledIsTerminal) {
+  const std::string id = CreateJob("cancel");
+  ASSERT_TRUE(store_->Transition(id, {JobState::kQueued, JobState::kRunning}, JobState::kCancelled).ok());
+  for (const JobState to : {JobState::kQueued, JobState::kRunning, JobState::kSucceeded, JobState::kFailed,
+                            JobState::kCancelled}) {
+    auto moved = store_->Transition(
+        id, {JobState::kQueued, JobState::kRunning, JobState::kSucceeded, JobState::kFailed, JobState::kCancelled},
+        to);
+    EXPECT_EQ(moved.status().code(), absl::StatusCode::kFailedPrecondition) << JobStateName(to);
+    EXPECT_TRUE(absl::StrContains(moved.status().message(), "CANCELLED")) << moved.status();
+  }
+  auto cancelled = store_->ListByState(JobState::kCancelled);
+  ASSERT_TRUE(cancelled.ok());
+  ASSERT_EQ(cancelled->size(), 1u);
+  auto queued = store_->ListByState(JobState::kQueued);
+  ASSERT_TRUE(queued.ok());
+  EXPECT_TRUE(queued->empty());
+  EXPECT_TRUE(IsTerminal(JobState::kCancelled));
+  EXPECT_FALSE(IsTerminal(JobState::kRunning));
+}
+
+TEST_F(JobStoreTest, ConcurrentTransitionsHaveExactlyOneWinner) {
+  const std::string id = CreateJob("contended");
+  constexpr int kThreads = 16;
+  std::latch start(kThreads);
+  std::atomic<int> winners{0};
+  std::atomic<int> rejected{0};
+  std::vector<std::string> winner_worker(1);
+  std::mutex mu;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      start.arrive_and_wait();
+      const std::string worker = absl::StrCat("worker-", i);
+      auto result = store_->Transition(id, {JobState::kQueued}, JobState::kRunning, {{"worker", worker}});
+      if (result.ok()) {
+        ++winners;
+        std::lock_guard<std::mutex> lock(mu);
+        winner_worker[0] = worker;
+      } else if (result.status().code() == absl::StatusCode::kFailedPrecondition) {
+        ++rejected;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(winners.load(), 1);
+  EXPECT_EQ(rejected.load(), kThreads - 1);
+  auto job = store_->Get(id);
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->worker, winner_worker[0]);
+}
+
+TEST_F(JobStoreTest, EventsAppendAndResumeAfterId) {
+  const std::string id = CreateJob("events");
+  std::vector<std::string> event_ids;
+  for (int i = 0; i < 5; ++i) {
+    auto event_id = store_->AppendEvent(id, "metrics", absl::StrCat(R"({"iteration":)", i, "}"));
+    ASSERT_TRUE(event_id.ok()) << event_id.status();
+    event_ids.push_back(*event_id);
+  }
+  auto first = store_->ReadEvents(id, "", 3, 0);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(first->size(), 3u);
+  EXPECT_EQ((*first)[0].id, event_ids[0]);
+  EXPECT_EQ((*first)[0].type, "metrics");
+  EXPECT_EQ((*first)[0].json, R"({"iteration":0})");
+  auto rest = store_->ReadEvents(id, first->back().id, 100, 0);
+  ASSERT_TRUE(rest.ok()) << rest.status();
+  ASSERT_EQ(rest->size(), 2u);
+  EXPECT_EQ((*rest)[0].id, event_ids[3]);
+  EXPECT_EQ((*rest)[1].json, R"({"iteration":4})");
+  auto none = store_->ReadEvents(id, event_ids.back(), 100, 0);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_TRUE(none->empty());
+
+  EXPECT_EQ(store_->AppendEvent("job-000000000000", "metrics", "{}").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->ReadEvents("job-000000000000", "", 10, 0).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->ReadEvents(id, "bogus", 10, 0).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(JobStoreTest, BlockingReadReturnsWhenAnotherThreadAppends) {
+  const std::string id = CreateJob("watch");
+  auto first = store_->AppendEvent(id, "state", R"({"state":"QUEUED"})");
+  ASSERT_TRUE(first.ok());
+
+  absl::StatusOr<std::vector<JobEventRecord>> result;
+  std::chrono::milliseconds waited{0};
+  std::thread reader([&] {
+    const auto start = std::chrono::steady_clock::now();
+    result = store_->ReadEvents(id, *first, 10, 10000);
+    waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+  });
+  // Append only once Redis has the reader parked in XREAD BLOCK, so the test
+  // proves the wake-up rather than a read that happened to come second.
+  RedisProbe probe(server_->port());
+  bool blocked = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!blocked && std::chrono::steady_clock::now() < deadline) {
+    blocked = absl::StrContains(probe.String({"INFO", "clients"}), "blocked_clients:1");
+  }
+  EXPECT_TRUE(blocked) << "the reader never blocked in Redis";
+  // Other calls go on while the reader holds its connection.
+  EXPECT_TRUE(store_->Ping().ok());
+  auto second = store_->AppendEvent(id, "metrics", R"({"iteration":1})");
+  ASSERT_TRUE(second.ok());
+  reader.join();
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_EQ(result->size(), 1u);
+  EXPECT_EQ((*result)[0].id, *second);
+  EXPECT_LT(waited.count(), 9000) << "woke by timeout, not by the append";
+
+  // Nothing new: a short block ends empty, not in error.
+  auto empty = store_->ReadEvents(id, *second, 10, 50);
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_TRUE(empty->empty());
+}
+
+TEST_F(JobStoreTest, CheckpointsAreRecordedAndListed) {
+  const std::string id = CreateJob("ckpt");
+  ASSERT_TRUE(store_->SetProgress(id, 3).ok());
+  ASSERT_TRUE(store_->RecordCheckpoint(id, 4, "/ckpt/iter-4").ok());
+  ASSERT_TRUE(store_->RecordCheckpoint(id, 12, "/ckpt/iter-12").ok());
+  ASSERT_TRUE(store_->RecordCheckpoint(id, 8, "/ckpt/iter-8").ok());  // late report of an older one
+  auto job = store_->Get(id);
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->iteration, 3);
+  EXPECT_EQ(job->checkpoint_iteration, 12);
+  EXPECT_EQ(job->checkpoint_dir, "/ckpt/iter-12");
+  auto list = store_->ListCheckpoints(id);
+  ASSERT_TRUE(list.ok()) << list.status();
+  const std::vector<std::pair<int64_t, std::string>> expected = {
+      {4, "/ckpt/iter-4"}, {8, "/ckpt/iter-8"}, {12, "/ckpt/iter-12"}};
+  EXPECT_EQ(*list, expected);
+  EXPECT_EQ(store_->RecordCheckpoint("job-000000000000", 1, "/x").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->SetProgress("job-000000000000", 1).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->ListCheckpoints("job-000000000000").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(JobStoreTest, WorkerRegistrationExpiresAfterItsTtl) {
+  ASSERT_TRUE(store_->RegisterWorker({"w-short", "10.0.0.1:7000", "", 0}, 200).ok());
+  ASSERT_TRUE(store_->RegisterWorker({"w-long", "10.0.0.2:7000", "", 0}, 60000).ok());
+  RedisProbe probe(server_->port());
+  const long long pttl = probe.Integer({"PTTL", "test:worker:w-short"});
+  EXPECT_GT(pttl, 0);
+  EXPECT_LE(pttl, 200);
+
+  auto workers = store_->ListWorkers();
+  ASSERT_TRUE(workers.ok()) << workers.status();
+  ASSERT_EQ(workers->size(), 2u);
+  EXPECT_EQ((*workers)[1].id, "w-short");
+  EXPECT_EQ((*workers)[1].address, "10.0.0.1:7000");
+  EXPECT_GT((*workers)[1].last_heartbeat_unix_ms, 0);
+
+  ASSERT_TRUE(store_->Heartbeat("w-long", "job-abc", 60000).ok());
+  // Bounded poll: the short registration lapses about 200 ms after it was made.
+  bool expired = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!expired && std::chrono::steady_clock::now() < deadline) {
+    workers = store_->ListWorkers();
+    ASSERT_TRUE(workers.ok()) << workers.status();
+    expired = workers->size() == 1;
+    if (!expired) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(expired);
+  EXPECT_EQ((*workers)[0].id, "w-long");
+  EXPECT_EQ((*workers)[0].job_id, "job-abc");
+
+  auto late = store_->Heartbeat("w-short", "", 200);
+  EXPECT_EQ(late.code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(absl::StrContains(late.message(), "w-short")) << late;
+  EXPECT_EQ(probe.Integer({"SISMEMBER", "test:workers", "w-short"}), 0);  // pruned from the registry
+  EXPECT_EQ(store_->RegisterWorker({"w", "a", "", 0}, 0).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(JobStoreTest, RedisRestartWithAppendOnlyFileKeepsJobsAndEvents) {
+  bool created = false;
+  auto job = store_->Create(NewJob("durable", "req-durable"), &created);
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(store_->Transition(job->id, {JobState::kQueued}, JobState::kRunning).ok());
+  ASSERT_TRUE(store_->RecordCheckpoint(job->id, 5, "/ckpt/5").ok());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(store_->AppendEvent(job->id, "metrics", absl::StrCat(i)).ok());
+
+  ASSERT_TRUE(server_->Stop().ok());
+  ASSERT_TRUE(server_->Restart().ok()) << server_->Log();
+
+  // The same store carries on: its pooled connections are dead and get replaced.
+  auto got = store_->Get(job->id);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->state, JobState::kRunning);
+  EXPECT_EQ(got->checkpoint_iteration, 5);
+  auto events = store_->ReadEvents(job->id, "", 10, 0);
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_EQ(events->size(), 3u);
+  EXPECT_EQ((*events)[2].json, "2");
+  auto running = store_->ListByState(JobState::kRunning);
+  ASSERT_TRUE(running.ok());
+  EXPECT_EQ(running->size(), 1u);
+  // Scripts are reloaded transparently (the restarted server's cache is empty).
+  ASSERT_TRUE(store_->Transition(job->id, {JobState::kRunning}, JobState::kSucceeded).ok());
+  auto retry = store_->Create(NewJob("durable", "req-durable"), &created);
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_FALSE(created);
+  EXPECT_EQ(retry->id, job->id);
+
+  auto fresh = JobStore::Connect(Options());
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_TRUE((*fresh)->Get(job->id).ok());
+}
+
+TEST_F(JobStoreTest, RedisDownIsUnavailableNamingTheAddressThenRecovers) {
+  const std::string id = CreateJob("outage");
+  ASSERT_TRUE(server_->Stop().ok());
+
+  auto got = store_->Get(id);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StrContains(got.status().message(), server_->address())) << got.status();
+  EXPECT_EQ(store_->Ping().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(store_->AppendEvent(id, "metrics", "{}").status().code(), absl::StatusCode::kUnavailable);
+  auto connect = JobStore::Connect(Options());
+  EXPECT_EQ(connect.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StrContains(connect.status().message(), server_->address())) << connect.status();
+
+  ASSERT_TRUE(server_->Restart().ok()) << server_->Log();
+  EXPECT_TRUE(store_->Ping().ok());
+  auto back = store_->Get(id);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->name, "outage");
+}
+
+TEST_F(JobStoreTest, CommandTimeoutIsUnavailableAndTheLateReplyIsNeverRead) {
+  const std::string id = CreateJob("slow");
+  JobStoreOptions options = Options();
+  options.command_timeout_ms = 100;
+  auto store = JobStore::Connect(options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  RedisProbe probe(server_->port());
+  // Redis holds every other client's commands while paused: the store's reply
+  // arrives only after its socket timeout.
+  ASSERT_EQ(probe.String({"CLIENT", "PAUSE", "400", "ALL"}), "OK");
+  auto slow = (*store)->Get(id);
+  EXPECT_EQ(slow.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StrContains(slow.status().message(), "timed out")) << slow.status();
+  EXPECT_TRUE(absl::StrContains(slow.status().message(), server_->address())) << slow.status();
+  // Bounded poll until the pause lifts. Had the timed-out connection been
+  // reused, these calls would read the HGETALL reply meant for the Get above.
+  bool back = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!back && std::chrono::steady_clock::now() < deadline) back = (*store)->Ping().ok();
+  ASSERT_TRUE(back);
+  auto checkpoints = (*store)->ListCheckpoints(id);
+  ASSERT_TRUE(checkpoints.ok()) << checkpoints.status();
+  EXPECT_TRUE(checkpoints->empty());
+  auto got = (*store)->Get(id);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->name, "slow");
+}
+
+TEST(JobStoreOptionsTest, MalformedRedisUrlIsInvalidArgumentNamingTheField) {
+  for (const std::string url : {"", "localhost:6379", "http://127.0.0.1:6379", "redis://", "redis://:6379",
+                                "redis://host:notaport", "redis://host:70000", "redis://host:", "redis://host/db0",
+                                "redis://secret@host:6379", "redis://[::1:6379"}) {
+    JobStoreOptions options;
+    options.redis_url = url;
+    const absl::Status status = options.Validate();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << url;
+    EXPECT_TRUE(absl::StrContains(status.message(), "redis_url")) << status;
+    auto store = JobStore::Connect(options);
+    EXPECT_EQ(store.status().code(), absl::StatusCode::kInvalidArgument) << url;
+  }
+  JobStoreOptions options;
+  options.redis_url = "redis://user:hunter2@host:6379/0";
+  EXPECT_TRUE(options.Validate().ok());
+  options.redis_url = "redis://user:hunter2@host:bad";
+  EXPECT_FALSE(absl::StrContains(options.Validate().message(), "hunter2")) << "the password leaked into a message";
+  for (const std::string url : {"redis://127.0.0.1", "redis://localhost:6380/3", "redis://[::1]:6379",
+                                "redis://:pw@10.0.0.1:6379"}) {
+    options.redis_url = url;
+    EXPECT_TRUE(options.Validate().ok()) << url << ": " << options.Validate();
+  }
+  options = JobStoreOptions();
+  options.command_timeout_ms = 0;
+  EXPECT_TRUE(absl::StrContains(options.Validate().message(), "command_timeout_ms"));
+  options = JobStoreOptions();
+  options.connect_timeout_ms = -1;
+  EXPECT_TRUE(absl::StrContains(options.Validate().message(), "connect_timeout_ms"));
+}
+
+TEST(JobStoreOptionsTest, StateNamesRoundTrip) {
+  for (const JobState state : {JobState::kQueued, JobState::kRunning, JobState::kSucceeded, JobState::kFailed,
+                               JobState::kCancelled}) {
+    auto parsed = ParseJobState(JobStateName(state));
+    ASSERT_TRUE(parsed.ok());
+    EXPECT_EQ(*parsed, state);
+  }
+  EXPECT_EQ(*ParseJobState("running"), JobState::kRunning);
+  EXPECT_EQ(ParseJobState("PAUSED").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace strata::services
