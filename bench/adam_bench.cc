@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
 #include "bench/stats.h"
 #include "offload/adam/cpu_adam.h"
 
@@ -179,9 +180,8 @@ absl::StatusOr<std::string> RunAdamBench(const AdamBenchRequest& r) {
   offload::CpuAdamOptions options;  // torch's AdamW defaults: lr 1e-3, wd 1e-2
   options.threads = r.threads;
   options.isa = *isa;
-  auto created = offload::CpuAdam::Create(options);
-  if (!created.ok()) return created.status();
-  offload::CpuAdam& adam = **created;
+  STRATA_ASSIGN_OR_RETURN(auto created, offload::CpuAdam::Create(options));
+  offload::CpuAdam& adam = *created;
   const int threads = adam.threads();
   const int64_t n = r.params;
   const double bytes_per_param = 28 + (r.bf16_copy ? 2 : 0);

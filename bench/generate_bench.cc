@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
 #include "policies/model/generation.h"
 #include "policies/model/llama.h"
 
@@ -23,18 +24,18 @@ absl::StatusOr<std::string> RunGenerateBench(const GenerateBenchRequest& r) {
   config.vocab_size = r.vocab;
   config.max_position_embeddings = r.prompt_tokens + r.new_tokens;
   config.eos_token_ids = {};
-  if (auto s = config.Validate(); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(config.Validate());
   if (r.prompt_tokens < 1 || r.new_tokens < 1 || r.batch < 1 || r.repeats < 1) {
     return absl::InvalidArgumentError("--prompt-tokens, --new-tokens, --batch and --repeats must be >= 1");
   }
-  auto dtype = policies::ParseModelDType(r.dtype);
-  if (!dtype.ok()) return dtype.status();
-  auto model = policies::LlamaModel::RandomInit(config, policies::LlamaHead::kLanguageModel, *dtype, 1);
+  STRATA_ASSIGN_OR_RETURN(auto dtype, policies::ParseModelDType(r.dtype));
+  auto model = policies::LlamaModel::RandomInit(config, policies::LlamaHead::kLanguageModel, dtype, 1);
 
   std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(r.batch));
   for (size_t b = 0; b < prompts.size(); ++b) {
     for (int64_t t = 0; t < r.prompt_tokens; ++t) {
-      prompts[b].push_back(static_cast<int32_t>((b * 31 + static_cast<size_t>(t) * 7 + 3) % static_cast<size_t>(r.vocab)));
+      prompts[b].push_back(
+          static_cast<int32_t>((b * 31 + static_cast<size_t>(t) * 7 + 3) % static_cast<size_t>(r.vocab)));
     }
   }
   auto measure = [&](bool cache) -> absl::StatusOr<double> {
@@ -46,19 +47,16 @@ absl::StatusOr<std::string> RunGenerateBench(const GenerateBenchRequest& r) {
     double best = 1e30;
     for (int64_t i = 0; i < r.repeats; ++i) {
       const auto start = std::chrono::steady_clock::now();
-      auto out = policies::Generate(*model, prompts, options, {});
-      if (!out.ok()) return out.status();
+      STRATA_ASSIGN_OR_RETURN(auto out, policies::Generate(*model, prompts, options, {}));
       best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
     return best;
   };
-  auto with_cache = measure(true);
-  if (!with_cache.ok()) return with_cache.status();
-  auto without_cache = measure(false);
-  if (!without_cache.ok()) return without_cache.status();
+  STRATA_ASSIGN_OR_RETURN(auto with_cache, measure(true));
+  STRATA_ASSIGN_OR_RETURN(auto without_cache, measure(false));
   const double tokens = static_cast<double>(r.batch * r.new_tokens);
-  const double cached_tps = tokens / *with_cache;
-  const double recompute_tps = tokens / *without_cache;
+  const double cached_tps = tokens / with_cache;
+  const double recompute_tps = tokens / without_cache;
   nlohmann::json j{{"parameters", config.NumParameters()},
                    {"layers", r.layers},
                    {"hidden", r.hidden},

@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
 #include "bench/stats.h"
 #include "offload/nvme/aligned_buffer.h"
 #include "base/file.h"
@@ -98,23 +99,21 @@ class OursRun {
   static absl::StatusOr<std::unique_ptr<OursRun>> Create(const IoBenchRequest& r,
                                                          const std::string& dir,
                                                          offload::AlignedBuffer& data) {
-    auto kind = offload::ParseIoEngineKind(r.engine);
-    if (!kind.ok()) return kind.status();
+    STRATA_ASSIGN_OR_RETURN(auto kind, offload::ParseIoEngineKind(r.engine));
     offload::NvmeStoreOptions options;
     options.directory = dir;
     options.block_size = r.block_kib * 1024;
     options.queue_depth = r.queue_depth;
-    options.engine = *kind;
-    auto store = offload::NvmeStore::Open(options);
-    if (!store.ok()) return store.status();
+    options.engine = kind;
+    STRATA_ASSIGN_OR_RETURN(auto store, offload::NvmeStore::Open(options));
     const std::span<std::byte> region = data.span();
     // The host arena will be registered the same way; fio gets fixedbufs.
-    if (auto status = (*store)->RegisterBuffers({&region, 1}); !status.ok()) return status;
+    STRATA_RETURN_IF_ERROR(store->RegisterBuffers({&region, 1}));
     // Preallocated before the clock starts, as fio lays out its file first.
-    if (auto status = (*store)->Reserve(kId, static_cast<int64_t>(data.size())); !status.ok()) {
+    if (auto status = store->Reserve(kId, static_cast<int64_t>(data.size())); !status.ok()) {
       return status;
     }
-    return std::unique_ptr<OursRun>(new OursRun(*std::move(store), data));
+    return std::unique_ptr<OursRun>(new OursRun(std::move(store), data));
   }
 
   // Writes the slot once, untimed, so the timed pass overwrites blocks that
@@ -127,14 +126,14 @@ class OursRun {
   absl::StatusOr<double> Write() {
     expected_ = Checksum(data_.span());
     const auto start = std::chrono::steady_clock::now();
-    if (auto status = store_->Put(kId, data_.span()); !status.ok()) return status;
+    STRATA_RETURN_IF_ERROR(store_->Put(kId, data_.span()));
     return MegabytesPerSecond(static_cast<int64_t>(data_.size()), SecondsSince(start));
   }
 
   absl::StatusOr<double> Read() {
     std::memset(data_.data(), 0, data_.size());  // a read that did nothing must not pass
     const auto start = std::chrono::steady_clock::now();
-    if (auto status = store_->Get(kId, data_.span()); !status.ok()) return status;
+    STRATA_RETURN_IF_ERROR(store_->Get(kId, data_.span()));
     const double seconds = SecondsSince(start);
     if (Checksum(data_.span()) != expected_) {
       return absl::InternalError(
@@ -179,27 +178,26 @@ absl::StatusOr<double> RunFioJob(const IoBenchRequest& r, const std::string& fil
       "--output-format=json",
   };
   if (write) argv.push_back("--end_fsync=1");
-  auto run = RunProcess(argv, scratch_dir);
-  if (!run.ok()) return run.status();
-  if (run->exit_code != 0) {
+  STRATA_ASSIGN_OR_RETURN(auto run, RunProcess(argv, scratch_dir));
+  if (run.exit_code != 0) {
     return absl::InternalError(
-        absl::StrCat(r.fio, " exited with ", run->exit_code, ": ", run->error));
+        absl::StrCat(r.fio, " exited with ", run.exit_code, ": ", run.error));
   }
   // fio may print warnings ahead of the JSON document.
-  const size_t brace = run->output.find('{');
+  const size_t brace = run.output.find('{');
   if (brace == std::string::npos) {
-    return absl::InternalError(absl::StrCat("fio printed no JSON: ", run->output, run->error));
+    return absl::InternalError(absl::StrCat("fio printed no JSON: ", run.output, run.error));
   }
   const nlohmann::json report =
-      nlohmann::json::parse(run->output.begin() + static_cast<std::ptrdiff_t>(brace),
-                            run->output.end(), nullptr, /*allow_exceptions=*/false);
+      nlohmann::json::parse(run.output.begin() + static_cast<std::ptrdiff_t>(brace),
+                            run.output.end(), nullptr, /*allow_exceptions=*/false);
   if (report.is_discarded() || !report.contains("jobs") || report["jobs"].empty()) {
-    return absl::InternalError(absl::StrCat("cannot parse fio's JSON output: ", run->output));
+    return absl::InternalError(absl::StrCat("cannot parse fio's JSON output: ", run.output));
   }
   const nlohmann::json& job = report["jobs"][0];
   if (job.value("error", 0) != 0) {
     return absl::InternalError(
-        absl::StrCat("fio job failed with error ", job.value("error", 0), ": ", run->error));
+        absl::StrCat("fio job failed with error ", job.value("error", 0), ": ", run.error));
   }
   const char* direction = write ? "write" : "read";
   if (!job.contains(direction) || !job[direction].contains("bw_bytes")) {
@@ -239,14 +237,13 @@ absl::Status Validate(const IoBenchRequest& r) {
 }  // namespace
 
 absl::StatusOr<std::string> RunIoBench(const IoBenchRequest& r) {
-  if (auto status = Validate(r); !status.ok()) return status;
+  STRATA_RETURN_IF_ERROR(Validate(r));
   const ScopedDirectory work(JoinPath(r.dir, absl::StrCat("strata-io-bench-", ::getpid())));
   if (::mkdir(work.path().c_str(), 0755) != 0) {
     return ErrnoToStatus(errno, absl::StrCat("create ", work.path()));
   }
-  auto data = offload::AlignedBuffer::Allocate(static_cast<size_t>(r.size_mib << 20));
-  if (!data.ok()) return data.status();
-  FillPattern(data->span());
+  STRATA_ASSIGN_OR_RETURN(auto data, offload::AlignedBuffer::Allocate(static_cast<size_t>(r.size_mib << 20)));
+  FillPattern(data.span());
 
   Rates ours;
   Rates fio;
@@ -266,11 +263,9 @@ absl::StatusOr<std::string> RunIoBench(const IoBenchRequest& r) {
             !prefill.ok()) {
           return prefill.status();
         }
-        auto write = RunFioJob(r, fio_file, /*write=*/true, work.path(), &fio_version);
-        if (!write.ok()) return write.status();
-        auto read = RunFioJob(r, fio_file, /*write=*/false, work.path(), &fio_version);
-        if (!read.ok()) return read.status();
-        fio.Add(*write, *read);
+        STRATA_ASSIGN_OR_RETURN(auto write, RunFioJob(r, fio_file, /*write=*/true, work.path(), &fio_version));
+        STRATA_ASSIGN_OR_RETURN(auto read, RunFioJob(r, fio_file, /*write=*/false, work.path(), &fio_version));
+        fio.Add(write, read);
         ::unlink(fio_file.c_str());
         continue;
       }
@@ -278,17 +273,14 @@ absl::StatusOr<std::string> RunIoBench(const IoBenchRequest& r) {
       if (::mkdir(store_dir.c_str(), 0755) != 0) {
         return ErrnoToStatus(errno, absl::StrCat("create ", store_dir));
       }
-      auto run = OursRun::Create(r, store_dir, *data);
-      if (!run.ok()) return run.status();
-      engine = (*run)->engine();
-      o_direct = (*run)->o_direct();
-      if (auto status = (*run)->Prefill(); !status.ok()) return status;
-      auto write = (*run)->Write();
-      if (!write.ok()) return write.status();
-      auto read = (*run)->Read();
-      if (!read.ok()) return read.status();
-      ours.Add(*write, *read);
-      run->reset();
+      STRATA_ASSIGN_OR_RETURN(auto run, OursRun::Create(r, store_dir, data));
+      engine = run->engine();
+      o_direct = run->o_direct();
+      STRATA_RETURN_IF_ERROR(run->Prefill());
+      STRATA_ASSIGN_OR_RETURN(auto write, run->Write());
+      STRATA_ASSIGN_OR_RETURN(auto read, run->Read());
+      ours.Add(write, read);
+      run.reset();
       std::error_code ec;
       std::filesystem::remove_all(store_dir, ec);
     }

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
 #include "offload/device/device_memory.h"
 #include "offload/device/device_transfer.h"
 #include "offload/host/host_arena.h"
@@ -51,9 +52,8 @@ int64_t DecoderBytes(const policies::LlamaConfig& c) {
 // resident peer.
 absl::StatusOr<ModeResult> RunMode(const StreamBenchRequest& r, const policies::LlamaConfig& config, Tier home,
                                    const at::Device& device, size_t device_budget) {
-  auto found = offload::DeviceMemoryMonitor::ForDevice(device);
-  if (!found.ok()) return found.status();
-  offload::DeviceMemoryMonitor& monitor = **found;
+  STRATA_ASSIGN_OR_RETURN(auto found, offload::DeviceMemoryMonitor::ForDevice(device));
+  offload::DeviceMemoryMonitor& monitor = *found;
   // The weights alone: streamed layers are then freed as they reach home.
   policies::LlamaWeights weights =
       policies::LlamaModel::RandomInit(config, policies::LlamaHead::kLanguageModel, at::kFloat, 1)->weights();
@@ -71,8 +71,7 @@ absl::StatusOr<ModeResult> RunMode(const StreamBenchRequest& r, const policies::
     arena_options.capacity_bytes += 2 * std::max(head, layer) + head;
   }
   arena_options.pin_for_cuda = !device.is_cpu();
-  auto arena = offload::HostArena::Create(arena_options);
-  if (!arena.ok()) return arena.status();
+  STRATA_ASSIGN_OR_RETURN(auto arena, offload::HostArena::Create(arena_options));
 
   std::unique_ptr<offload::NvmeStore> store;
   std::unique_ptr<offload::LayerStreamer> streamer;
@@ -83,9 +82,8 @@ absl::StatusOr<ModeResult> RunMode(const StreamBenchRequest& r, const policies::
     if (home == Tier::kNvme) {
       offload::NvmeStoreOptions store_options;
       store_options.directory = r.nvme_dir;
-      auto opened = offload::NvmeStore::Open(store_options);
-      if (!opened.ok()) return opened.status();
-      store = std::move(*opened);
+      STRATA_ASSIGN_OR_RETURN(auto opened, offload::NvmeStore::Open(store_options));
+      store = std::move(opened);
     }
     offload::LayerStreamerOptions options;
     options.device = device;
@@ -94,17 +92,16 @@ absl::StatusOr<ModeResult> RunMode(const StreamBenchRequest& r, const policies::
     options.nvme_prefix = "bench/";
     options.device_budget_bytes = device_budget;
     options.compute_reserve_bytes = policies::LayerWorkingBytes(config, r.batch, r.seq, at::kFloat, /*training=*/true);
-    auto created = offload::LayerStreamer::Create(options, arena->get(), store.get(), nullptr);
-    if (!created.ok()) return created.status();
-    streamer = std::move(*created);
-    if (auto s = policies::AddLayersToStreamer(std::move(weights.layers), streamer.get()); !s.ok()) return s;
+    STRATA_ASSIGN_OR_RETURN(auto created, offload::LayerStreamer::Create(options, arena.get(), store.get(), nullptr));
+    streamer = std::move(created);
+    STRATA_RETURN_IF_ERROR(policies::AddLayersToStreamer(std::move(weights.layers), streamer.get()));
     source = std::make_unique<policies::StreamedLayerSource>(streamer.get());
   }
   weights.layers.clear();
   policies::LayerwiseTrainerOptions trainer_options;
-  auto trainer = policies::LayerwiseTrainer::Create(config, policies::LlamaHead::kLanguageModel, weights,
-                                                    source.get(), arena->get(), trainer_options);
-  if (!trainer.ok()) return trainer.status();
+  STRATA_ASSIGN_OR_RETURN(auto trainer,
+                          policies::LayerwiseTrainer::Create(config, policies::LlamaHead::kLanguageModel, weights,
+                                                             source.get(), arena.get(), trainer_options));
   weights = policies::LlamaWeights();  // the trainer holds the resident parts
 
   at::Generator gen = at::detail::createCPUGenerator(7);
@@ -119,17 +116,17 @@ absl::StatusOr<ModeResult> RunMode(const StreamBenchRequest& r, const policies::
   for (int step = 0; step <= r.steps; ++step) {
     monitor.ResetPeak();
     const auto start = std::chrono::steady_clock::now();
-    auto loss = (*trainer)->ForwardBackward(ids, mask, loss_fn);
+    auto loss = trainer->ForwardBackward(ids, mask, loss_fn);
     if (!loss.ok()) return loss.status();
-    if (auto s = (*trainer)->OptimizerStep(); !s.ok()) return s;
-    if (auto s = offload::SynchronizeDevice(device); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(trainer->OptimizerStep());
+    STRATA_RETURN_IF_ERROR(offload::SynchronizeDevice(device));
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (step == 0) continue;  // warm-up
     result.step_s = std::min(result.step_s, seconds);
     result.peak_device_bytes = std::max(result.peak_device_bytes, monitor.peak_bytes());
     result.loss = *loss;
   }
-  result.host = (*arena)->stats();
+  result.host = arena->stats();
   if (streamer) result.streaming = streamer->stats();
   return result;
 }
@@ -142,10 +139,9 @@ absl::StatusOr<std::string> RunStreamBench(const StreamBenchRequest& r) {
         "--layers >= 1, --hidden a multiple of 64, --seq >= 2, --batch >= 1 and --steps >= 1 are required");
   }
   const policies::LlamaConfig config = BenchConfig(r);
-  if (auto s = config.Validate(); !s.ok()) return s;
-  auto device = offload::ParseComputeDevice(r.device);
-  if (!device.ok()) return device.status();
-  if (auto s = offload::CheckComputeDevice(*device); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(config.Validate());
+  STRATA_ASSIGN_OR_RETURN(auto device, offload::ParseComputeDevice(r.device));
+  STRATA_RETURN_IF_ERROR(offload::CheckComputeDevice(device));
   const int64_t decoder_bytes = DecoderBytes(config);
   const size_t layer_bytes = static_cast<size_t>(decoder_bytes / r.layers);
   const size_t reserve = policies::LayerWorkingBytes(config, r.batch, r.seq, at::kFloat, /*training=*/true);
@@ -162,35 +158,34 @@ absl::StatusOr<std::string> RunStreamBench(const StreamBenchRequest& r) {
   std::filesystem::create_directories(r.nvme_dir, ec);
   if (ec) return absl::PermissionDeniedError(absl::StrCat("--nvme-dir ", r.nvme_dir, ": ", ec.message()));
 
-  auto resident = RunMode(r, config, Tier::kDevice, *device, 0);  // the peer needs the weights on the device
+  auto resident = RunMode(r, config, Tier::kDevice, device, 0);  // the peer needs the weights on the device
   if (!resident.ok()) return resident.status();
-  auto host = RunMode(r, config, Tier::kHost, *device, budget);
-  if (!host.ok()) return host.status();
-  auto nvme = RunMode(r, config, Tier::kNvme, *device, budget);
+  STRATA_ASSIGN_OR_RETURN(auto host, RunMode(r, config, Tier::kHost, device, budget));
+  auto nvme = RunMode(r, config, Tier::kNvme, device, budget);
   std::filesystem::remove_all(r.nvme_dir, ec);
   if (!nvme.ok()) return nvme.status();
 
-  const size_t peak = std::max(host->peak_device_bytes, nvme->peak_device_bytes);
-  nlohmann::json j{{"device", device->str()},
+  const size_t peak = std::max(host.peak_device_bytes, nvme->peak_device_bytes);
+  nlohmann::json j{{"device", device.str()},
                    {"resident_s", resident->step_s},
-                   {"host_stream_s", host->step_s},
+                   {"host_stream_s", host.step_s},
                    {"nvme_stream_s", nvme->step_s},
                    {"peak_device_bytes", peak},
                    {"device_budget_bytes", budget},
-                   {"host_reserved_bytes", host->host.peak_reserved_bytes},
-                   {"host_requested_bytes", host->host.peak_requested_bytes},
+                   {"host_reserved_bytes", host.host.peak_reserved_bytes},
+                   {"host_requested_bytes", host.host.peak_requested_bytes},
                    {"within_budget", peak <= budget},
-                   {"host_stream_ratio", host->step_s / resident->step_s},
+                   {"host_stream_ratio", host.step_s / resident->step_s},
                    {"nvme_stream_ratio", nvme->step_s / resident->step_s},
                    {"resident_peak_device_bytes", resident->peak_device_bytes},
                    {"decoder_weight_bytes", decoder_bytes},
                    {"weights_and_optimizer_bytes", config.NumParameters() * 16},
                    {"oversubscription", static_cast<double>(config.NumParameters() * 16) / static_cast<double>(budget)},
                    {"parameters", config.NumParameters()},
-                   {"host_stall_s", host->streaming.stall_seconds},
+                   {"host_stall_s", host.streaming.stall_seconds},
                    {"nvme_stall_s", nvme->streaming.stall_seconds},
                    {"nvme_fetch_s", nvme->streaming.fetch_seconds},
-                   {"losses_equal", resident->loss == host->loss && host->loss == nvme->loss}};
+                   {"losses_equal", resident->loss == host.loss && host.loss == nvme->loss}};
   if (r.json) return j.dump() + "\n";
   return absl::StrFormat(
       "training step on %s, %d params (%d layers x hidden %d), batch %d x %d tokens\n"
@@ -199,13 +194,13 @@ absl::StatusOr<std::string> RunStreamBench(const StreamBenchRequest& r) {
       "  streamed from NVMe:   %7.3f s   device peak %8.1f MiB  (%.2fx, stalled %.3f s)\n"
       "  device budget %.1f MiB (weights + optimizer states are %.1fx that): %s\n"
       "  host arena %.1f MiB reserved for %.1f MiB requested\n",
-      device->str(), config.NumParameters(), r.layers, r.hidden, r.batch, r.seq, resident->step_s,
-      resident->peak_device_bytes / 1048576.0, host->step_s, host->peak_device_bytes / 1048576.0,
-      host->step_s / resident->step_s, host->streaming.stall_seconds, nvme->step_s,
+      device.str(), config.NumParameters(), r.layers, r.hidden, r.batch, r.seq, resident->step_s,
+      resident->peak_device_bytes / 1048576.0, host.step_s, host.peak_device_bytes / 1048576.0,
+      host.step_s / resident->step_s, host.streaming.stall_seconds, nvme->step_s,
       nvme->peak_device_bytes / 1048576.0, nvme->step_s / resident->step_s, nvme->streaming.stall_seconds,
       budget / 1048576.0, static_cast<double>(config.NumParameters() * 16) / static_cast<double>(budget),
-      peak <= budget ? "kept" : "EXCEEDED", host->host.peak_reserved_bytes / 1048576.0,
-      host->host.peak_requested_bytes / 1048576.0);
+      peak <= budget ? "kept" : "EXCEEDED", host.host.peak_reserved_bytes / 1048576.0,
+      host.host.peak_requested_bytes / 1048576.0);
 }
 
 }  // namespace strata::bench

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
 #include "bench/stats.h"
 #include "offload/device/device_transfer.h"
 #include "offload/host/host_arena.h"
@@ -22,7 +23,7 @@ absl::StatusOr<double> MedianRate(int repeats, size_t bytes, const std::function
   std::vector<double> rates;
   for (int i = 0; i <= repeats; ++i) {
     const auto start = std::chrono::steady_clock::now();
-    if (auto s = copy(); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(copy());
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (i > 0) rates.push_back(static_cast<double>(bytes) / seconds / 1e9);
   }
@@ -45,40 +46,35 @@ absl::StatusOr<std::string> RunTransferBench(const TransferBenchRequest& r) {
     return absl::InvalidArgumentError(absl::StrCat("--size-mib must be in [1, 2^20], got ", r.size_mib));
   }
   if (r.repeats < 1) return absl::InvalidArgumentError(absl::StrCat("--repeats must be >= 1, got ", r.repeats));
-  auto device = offload::ParseComputeDevice(r.device);
-  if (!device.ok()) return device.status();
-  auto transfer = offload::DeviceTransfer::Create(*device);
-  if (!transfer.ok()) return transfer.status();
-  const bool gpu = !device->is_cpu();
+  STRATA_ASSIGN_OR_RETURN(auto device, offload::ParseComputeDevice(r.device));
+  STRATA_ASSIGN_OR_RETURN(auto transfer, offload::DeviceTransfer::Create(device));
+  const bool gpu = !device.is_cpu();
   const size_t bytes = static_cast<size_t>(r.size_mib) << 20;
 
   // Ours: two buffers of the (pinned) arena, as the streamer uses it.
   offload::HostArenaOptions arena_options;
   arena_options.capacity_bytes = 2 * bytes;
   arena_options.pin_for_cuda = gpu;
-  auto arena = offload::HostArena::Create(arena_options);
-  if (!arena.ok()) return arena.status();
-  auto source = (*arena)->Allocate(bytes);
-  auto sink = (*arena)->Allocate(bytes);
+  STRATA_ASSIGN_OR_RETURN(auto arena, offload::HostArena::Create(arena_options));
+  auto source = arena->Allocate(bytes);
+  auto sink = arena->Allocate(bytes);
   if (!source.ok()) return source.status();
   if (!sink.ok()) return sink.status();
   for (size_t i = 0; i < bytes; i += 4096) source->data()[i] = static_cast<std::byte>(i / 4096);
 
-  offload::DeviceTransfer& t = **transfer;
+  offload::DeviceTransfer& t = *transfer;
   at::Tensor on_device;
   auto ours_h2d = MedianRate(r.repeats, bytes, [&]() -> absl::Status {
     on_device = at::Tensor();  // as the peer: the previous copy's memory is free for this one
-    auto uploaded = t.Upload(source->bytes(), {static_cast<int64_t>(bytes)}, at::kByte);
-    if (!uploaded.ok()) return uploaded.status();
-    on_device = *std::move(uploaded);
+    STRATA_ASSIGN_OR_RETURN(auto uploaded, t.Upload(source->bytes(), {static_cast<int64_t>(bytes)}, at::kByte));
+    on_device = std::move(uploaded);
     return t.WaitAll();
   });
   if (!ours_h2d.ok()) return ours_h2d.status();
-  auto ours_d2h = MedianRate(r.repeats, bytes, [&]() -> absl::Status {
-    if (auto s = t.Download(on_device, sink->bytes()); !s.ok()) return s;
-    return t.WaitAll();
-  });
-  if (!ours_d2h.ok()) return ours_d2h.status();
+  STRATA_ASSIGN_OR_RETURN(auto ours_d2h, MedianRate(r.repeats, bytes, [&]() -> absl::Status {
+                            STRATA_RETURN_IF_ERROR(t.Download(on_device, sink->bytes()));
+                            return t.WaitAll();
+                          }));
   if (std::memcmp(source->data(), sink->data(), bytes) != 0) {
     return absl::InternalError("bench transfer: bytes came back different from the device");
   }
@@ -100,44 +96,44 @@ absl::StatusOr<std::string> RunTransferBench(const TransferBenchRequest& r) {
   auto torch_h2d = MedianRate(r.repeats, bytes, [&]() -> absl::Status {
     if (auto s = Run([&] {
           device_tensor = at::Tensor();
-          device_tensor = at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).device(*device));
+          device_tensor = at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).device(device));
           device_tensor.copy_(pinned, /*non_blocking=*/true);
         });
         !s.ok()) {
       return s;
     }
-    return offload::SynchronizeDevice(*device);
+    return offload::SynchronizeDevice(device);
   });
   if (!torch_h2d.ok()) return torch_h2d.status();
   auto torch_d2h = MedianRate(r.repeats, bytes, [&]() -> absl::Status {
-    if (auto s = Run([&] { pinned.copy_(device_tensor, /*non_blocking=*/true); }); !s.ok()) return s;
-    return offload::SynchronizeDevice(*device);
+    STRATA_RETURN_IF_ERROR(Run([&] { pinned.copy_(device_tensor, /*non_blocking=*/true); }));
+    return offload::SynchronizeDevice(device);
   });
   if (!torch_d2h.ok()) return torch_d2h.status();
 
   const double h2d_ratio = *ours_h2d / *torch_h2d;
-  const double d2h_ratio = *ours_d2h / *torch_d2h;
+  const double d2h_ratio = ours_d2h / *torch_d2h;
   if (r.json) {
-    const nlohmann::json j{{"device", device->str()},
+    const nlohmann::json j{{"device", device.str()},
                            {"size_mib", r.size_mib},
                            {"repeats", r.repeats},
                            {"ours_h2d_gbps", *ours_h2d},
-                           {"ours_d2h_gbps", *ours_d2h},
+                           {"ours_d2h_gbps", ours_d2h},
                            {"torch_h2d_gbps", *torch_h2d},
                            {"torch_d2h_gbps", *torch_d2h},
                            {"h2d_ratio", h2d_ratio},
                            {"d2h_ratio", d2h_ratio},
-                           {"arena_pinned", (*arena)->stats().cuda_pinned},
+                           {"arena_pinned", arena->stats().cuda_pinned},
                            {"gb", "1e9 bytes"}};
     return j.dump() + "\n";
   }
   std::string table = absl::StrFormat(
       "strata bench transfer: %d MiB per copy to and from %s, median of %d (GB/s = 1e9 bytes/s)\n"
       "ours: host arena%s through DeviceTransfer; peer: torch %s tensor, copy_(non_blocking) + synchronize\n\n",
-      r.size_mib, device->str(), r.repeats, gpu ? " (cudaHostRegister'ed)" : "", gpu ? "pinned" : "CPU");
+      r.size_mib, device.str(), r.repeats, gpu ? " (cudaHostRegister'ed)" : "", gpu ? "pinned" : "CPU");
   absl::StrAppendFormat(&table, "%-14s %10s %10s %9s\n", "", "ours", "torch", "ours/torch");
   absl::StrAppendFormat(&table, "%-14s %10.2f %10.2f %9.3f\n", "host->device", *ours_h2d, *torch_h2d, h2d_ratio);
-  absl::StrAppendFormat(&table, "%-14s %10.2f %10.2f %9.3f\n", "device->host", *ours_d2h, *torch_d2h, d2h_ratio);
+  absl::StrAppendFormat(&table, "%-14s %10.2f %10.2f %9.3f\n", "device.host", ours_d2h, *torch_d2h, d2h_ratio);
   return table;
 }
 

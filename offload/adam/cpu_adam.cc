@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/log.h"
+#include "base/status_macros.h"
 #include "offload/adam/cpu_adam_kernels.h"
 
 namespace strata::offload {
@@ -184,15 +185,15 @@ absl::Status CheckTensor(const AdamTensorSpan& t, size_t index) {
 
 absl::Status AdamOptions::Validate() const {
   const double kInf = HUGE_VAL;
-  if (auto s = CheckRange("lr", lr, 0, true, kInf, false); !s.ok()) return s;
-  if (auto s = CheckRange("beta1", beta1, 0, true, 1, false); !s.ok()) return s;
-  if (auto s = CheckRange("beta2", beta2, 0, true, 1, false); !s.ok()) return s;
-  if (auto s = CheckRange("eps", eps, 0, false, kInf, false); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(CheckRange("lr", lr, 0, true, kInf, false));
+  STRATA_RETURN_IF_ERROR(CheckRange("beta1", beta1, 0, true, 1, false));
+  STRATA_RETURN_IF_ERROR(CheckRange("beta2", beta2, 0, true, 1, false));
+  STRATA_RETURN_IF_ERROR(CheckRange("eps", eps, 0, false, kInf, false));
   return CheckRange("weight_decay", weight_decay, 0, true, kInf, false);
 }
 
 absl::Status CpuAdamOptions::Validate() const {
-  if (auto s = adam.Validate(); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(adam.Validate());
   if (threads < 0 || threads > 4096) {
     return absl::InvalidArgumentError(absl::StrCat("threads must be in [0, 4096], got ", threads));
   }
@@ -248,7 +249,7 @@ AdamIsa BestAdamIsa() {
 }
 
 absl::StatusOr<std::unique_ptr<CpuAdam>> CpuAdam::Create(const CpuAdamOptions& options) {
-  if (auto s = options.Validate(); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(options.Validate());
   const AdamIsa isa = options.isa == AdamIsa::kAuto ? BestAdamIsa() : options.isa;
   if (!AdamIsaSupported(isa)) {
     return absl::FailedPreconditionError(absl::StrCat("isa ", AdamIsaName(isa), " is not supported by this CPU"));
@@ -283,7 +284,7 @@ AdamOptions CpuAdam::options() const {
 absl::Status CpuAdam::SetLearningRate(double lr) {
   AdamOptions o = config_.adam;
   o.lr = lr;
-  if (auto s = o.Validate(); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(o.Validate());
   std::lock_guard<std::mutex> lock(mu_);
   lr_ = lr;
   return absl::OkStatus();
@@ -291,7 +292,7 @@ absl::Status CpuAdam::SetLearningRate(double lr) {
 
 absl::Status CpuAdam::Step(std::span<const AdamTensorSpan> tensors) {
   for (size_t i = 0; i < tensors.size(); ++i) {
-    if (auto s = CheckTensor(tensors[i], i); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(CheckTensor(tensors[i], i));
   }
   std::lock_guard<std::mutex> lock(mu_);
   const AdamOptions& o = config_.adam;

@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace strata::offload {
 namespace {
@@ -28,15 +29,14 @@ absl::Status NvmeAdamOptions::Validate() const {
 absl::StatusOr<std::unique_ptr<NvmeAdamState>> NvmeAdamState::Create(const NvmeAdamOptions& options,
                                                                      NvmeStore* store, HostArena* arena,
                                                                      CpuAdam* adam) {
-  if (auto s = options.Validate(); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(options.Validate());
   if (store == nullptr || arena == nullptr || adam == nullptr) {
     return absl::InvalidArgumentError("nvme adam: needs an NVMe store, a host arena and a CPU Adam");
   }
   std::unique_ptr<NvmeAdamState> state(new NvmeAdamState(options, store, adam));
   for (int i = 0; i < options.staging_buffers; ++i) {
-    auto buffer = arena->Allocate(TileBytes(options.tile_elements));
-    if (!buffer.ok()) return buffer.status();
-    state->staging_.push_back(std::move(*buffer));
+    STRATA_ASSIGN_OR_RETURN(auto buffer, arena->Allocate(TileBytes(options.tile_elements)));
+    state->staging_.push_back(std::move(buffer));
   }
   return state;
 }
@@ -57,7 +57,7 @@ absl::Status NvmeAdamState::Register(const std::string& name, std::span<const fl
     float* out = buffer.floats().data();
     std::memcpy(out, master.data() + tile.offset, static_cast<size_t>(tile.count) * sizeof(float));
     std::memset(out + tile.count, 0, static_cast<size_t>(tile.count) * 2 * sizeof(float));
-    if (auto s = store_->Put(tile.id, AsBytes(buffer, TileBytes(tile.count))); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(store_->Put(tile.id, AsBytes(buffer, TileBytes(tile.count))));
   }
   elements_[name] = n;
   return absl::OkStatus();
@@ -150,7 +150,7 @@ absl::StatusOr<std::vector<float>> NvmeAdamState::Master(const std::string& name
   const int64_t n = num_elements(name);
   if (n < 0) return absl::NotFoundError(absl::StrCat("nvme adam: tensor ", name, " was never registered"));
   std::vector<float> master(static_cast<size_t>(n)), m(static_cast<size_t>(n)), v(static_cast<size_t>(n));
-  if (auto s = ReadState(name, master, m, v); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(ReadState(name, master, m, v));
   return master;
 }
 
@@ -158,12 +158,13 @@ absl::Status NvmeAdamState::ReadState(const std::string& name, std::span<float> 
                                       std::span<float> exp_avg_sq) {
   const int64_t n = num_elements(name);
   if (n < 0) return absl::NotFoundError(absl::StrCat("nvme adam: tensor ", name, " was never registered"));
-  if (master.size() != static_cast<size_t>(n) || exp_avg.size() != master.size() || exp_avg_sq.size() != master.size()) {
+  if (master.size() != static_cast<size_t>(n) || exp_avg.size() != master.size() ||
+      exp_avg_sq.size() != master.size()) {
     return absl::InvalidArgumentError(absl::StrCat("nvme adam: state spans of ", name, " must have ", n, " elements"));
   }
   HostBuffer& buffer = staging_[0];
   for (const Tile& tile : TilesOf(name, n)) {
-    if (auto s = store_->Get(tile.id, std::span<std::byte>(buffer.data(), TileBytes(tile.count))); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(store_->Get(tile.id, std::span<std::byte>(buffer.data(), TileBytes(tile.count))));
     const float* base = buffer.floats().data();
     const size_t count = static_cast<size_t>(tile.count), offset = static_cast<size_t>(tile.offset);
     std::memcpy(master.data() + offset, base, count * sizeof(float));
@@ -186,7 +187,7 @@ absl::Status NvmeAdamState::WriteState(const std::string& name, std::span<const 
     std::memcpy(base, master.data() + offset, count * sizeof(float));
     std::memcpy(base + count, exp_avg.data() + offset, count * sizeof(float));
     std::memcpy(base + 2 * count, exp_avg_sq.data() + offset, count * sizeof(float));
-    if (auto s = store_->Put(tile.id, AsBytes(buffer, TileBytes(tile.count))); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(store_->Put(tile.id, AsBytes(buffer, TileBytes(tile.count))));
   }
   elements_[name] = n;
   return absl::OkStatus();

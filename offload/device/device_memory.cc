@@ -9,6 +9,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "base/status_macros.h"
 #include "offload/device/device_transfer.h"
 
 #if STRATA_WITH_CUDA
@@ -75,14 +76,14 @@ DeviceMemoryMonitor& DeviceMemoryMonitor::Install() {
 
 absl::StatusOr<DeviceMemoryMonitor*> DeviceMemoryMonitor::ForDevice(const c10::Device& device) {
   if (device.is_cpu()) return &Install();
-  if (auto s = CheckComputeDevice(device); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(CheckComputeDevice(device));
   const int index = CudaIndex(device);
   static std::mutex mu;
   static std::array<DeviceMemoryMonitor*, 64> monitors{};
   std::lock_guard<std::mutex> lock(mu);
   if (monitors[index] == nullptr) {
 #if STRATA_WITH_CUDA
-    if (auto s = cuda::InitAllocator(index); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(cuda::InitAllocator(index));
 #endif
     monitors[index] = new DeviceMemoryMonitor(index);
   }

@@ -1,6 +1,7 @@
 #include "offload/device/device_transfer.h"
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "offload/tiers/placement.h"
 
 #if STRATA_WITH_CUDA
@@ -26,7 +27,7 @@ class CpuTransfer final : public DeviceTransfer {
                                     at::ScalarType dtype) override {
     at::Tensor out = at::empty(shape, at::TensorOptions().dtype(dtype));
     const size_t bytes = static_cast<size_t>(out.numel()) * out.element_size();
-    if (auto s = CheckSize("upload", host.size(), bytes); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(CheckSize("upload", host.size(), bytes));
     // torch's copy kernel: parallel over the intra-op threads, unlike memcpy.
     // (from_blob wants a mutable pointer; the source is only read.)
     out.copy_(at::from_blob(const_cast<std::byte*>(host.data()), shape, at::TensorOptions().dtype(dtype)));
@@ -38,7 +39,7 @@ class CpuTransfer final : public DeviceTransfer {
       return absl::InvalidArgumentError("device transfer: download needs a contiguous tensor on the CPU device");
     }
     const size_t bytes = static_cast<size_t>(device_tensor.numel()) * device_tensor.element_size();
-    if (auto s = CheckSize("download", host.size(), bytes); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(CheckSize("download", host.size(), bytes));
     at::from_blob(host.data(), device_tensor.sizes(), device_tensor.options()).copy_(device_tensor);
     return absl::OkStatus();
   }
@@ -51,15 +52,15 @@ class CpuTransfer final : public DeviceTransfer {
 }  // namespace
 
 absl::Status DeviceTransfer::WaitAll() {
-  auto fence = Fence();
-  if (!fence.ok()) return fence.status();
-  return WaitHost(**fence);
+  STRATA_ASSIGN_OR_RETURN(auto fence, Fence());
+  return WaitHost(*fence);
 }
 
 absl::Status CheckComputeDevice(const at::Device& device) {
   if (device.is_cpu()) return absl::OkStatus();
   if (!device.is_cuda()) {
-    return absl::InvalidArgumentError(absl::StrCat("compute device ", device.str(), ": only cpu and cuda are supported"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("compute device ", device.str(), ": only cpu and cuda are supported"));
   }
 #if STRATA_WITH_CUDA
   const int visible = cuda::VisibleDevices();
@@ -80,7 +81,7 @@ absl::Status CheckComputeDevice(const at::Device& device) {
 int CudaIndex(const at::Device& device) { return device.has_index() ? device.index() : 0; }
 
 absl::StatusOr<std::unique_ptr<DeviceTransfer>> DeviceTransfer::Create(const at::Device& device) {
-  if (auto s = CheckComputeDevice(device); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(CheckComputeDevice(device));
 #if STRATA_WITH_CUDA
   if (device.is_cuda()) return cuda::MakeTransfer(CudaIndex(device));
 #endif
@@ -88,7 +89,7 @@ absl::StatusOr<std::unique_ptr<DeviceTransfer>> DeviceTransfer::Create(const at:
 }
 
 absl::Status SynchronizeDevice(const at::Device& device) {
-  if (auto s = CheckComputeDevice(device); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(CheckComputeDevice(device));
 #if STRATA_WITH_CUDA
   if (device.is_cuda()) return cuda::Synchronize(CudaIndex(device));
 #endif
@@ -96,10 +97,9 @@ absl::Status SynchronizeDevice(const at::Device& device) {
 }
 
 absl::StatusOr<at::Device> ParseComputeDevice(const std::string& text) {
-  auto index = ParseDeviceName(text);
-  if (!index.ok()) return index.status();
-  if (*index < 0) return at::Device(at::kCPU);
-  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(*index));
+  STRATA_ASSIGN_OR_RETURN(auto index, ParseDeviceName(text));
+  if (index < 0) return at::Device(at::kCPU);
+  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
 
 }  // namespace strata::offload

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "offload/host/cuda_host.h"
 #include "base/file.h"
 #include "base/log.h"
@@ -16,7 +17,8 @@ namespace strata::offload {
 absl::Status HostArenaOptions::Validate() const {
   if (capacity_bytes == 0) return absl::InvalidArgumentError("host arena: capacity_bytes must be > 0");
   if (alignment < 64 || (alignment & (alignment - 1)) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("host arena: alignment must be a power of two >= 64, got ", alignment));
+    return absl::InvalidArgumentError(
+        absl::StrCat("host arena: alignment must be a power of two >= 64, got ", alignment));
   }
   return absl::OkStatus();
 }
@@ -35,11 +37,11 @@ absl::Status CheckMemlock(size_t bytes, size_t limit, bool privileged) {
 }
 
 absl::StatusOr<std::unique_ptr<HostArena>> HostArena::Create(const HostArenaOptions& options) {
-  if (auto s = options.Validate(); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(options.Validate());
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   const size_t capacity = (options.capacity_bytes + page - 1) / page * page;
   if (options.lock_memory) {
-    if (auto s = CheckMemlock(capacity, MemlockLimitBytes(), ::geteuid() == 0); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(CheckMemlock(capacity, MemlockLimitBytes(), ::geteuid() == 0));
   }
   void* base = ::mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (base == MAP_FAILED) return ErrnoToStatus(errno, absl::StrCat("host arena: mmap of ", capacity, " bytes"));

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/file.h"
 #include "base/log.h"
+#include "base/status_macros.h"
 #include "offload/nvme/io_backend.h"
 
 namespace strata::offload {
@@ -129,7 +130,7 @@ class IoEngineImpl final : public IoEngine {
 };
 
 absl::StatusOr<std::unique_ptr<IoEngine>> IoEngine::Create(const IoEngineOptions& options) {
-  if (auto status = options.Validate(); !status.ok()) return status;
+  STRATA_RETURN_IF_ERROR(options.Validate());
   absl::StatusOr<std::unique_ptr<IoBackend>> backend;
   switch (options.kind) {
     case IoEngineKind::kPosix:
@@ -155,7 +156,7 @@ absl::StatusOr<std::unique_ptr<IoEngine>> IoEngine::Create(const IoEngineOptions
 
 absl::StatusOr<std::unique_ptr<IoEngine>> IoEngine::Create(const IoEngineOptions& options,
                                                            std::unique_ptr<IoBackend> backend) {
-  if (auto status = options.Validate(); !status.ok()) return status;
+  STRATA_RETURN_IF_ERROR(options.Validate());
   if (backend == nullptr) return absl::InvalidArgumentError("IoEngine needs a backend");
   return std::unique_ptr<IoEngine>(new IoEngineImpl(options, std::move(backend)));
 }
@@ -344,13 +345,13 @@ absl::Status IoEngineImpl::Wait(int min_completions, std::vector<IoCompletion>* 
     for (IoCompletion& c : ready_) out->push_back(std::move(c));
     ready_.clear();
     if (got >= min_completions || transfers_.empty()) return absl::OkStatus();
-    if (auto status = Pump(); !status.ok()) return status;
+    STRATA_RETURN_IF_ERROR(Pump());
     if (free_slots_.size() == static_cast<size_t>(queue_depth_)) {
       return absl::InternalError(
           absl::StrCat("I/O engine stalled with ", transfers_.size(), " transfers pending"));
     }
     results_.clear();
-    if (auto status = backend_->Reap(1, &results_); !status.ok()) return status;
+    STRATA_RETURN_IF_ERROR(backend_->Reap(1, &results_));
     for (const IoBackendResult& result : results_) HandleResult(result);
   }
 }
@@ -360,7 +361,7 @@ absl::Status IoEngineImpl::Run(std::span<const IoRequest> requests) {
     return absl::FailedPreconditionError(
         absl::StrCat("IoEngineImpl::Run with ", pending(), " other transfers pending"));
   }
-  if (auto status = Submit(requests); !status.ok()) return status;
+  STRATA_RETURN_IF_ERROR(Submit(requests));
   std::vector<IoCompletion> completions;
   if (auto status = Wait(static_cast<int>(requests.size()), &completions); !status.ok()) {
     return status;
@@ -395,7 +396,7 @@ absl::Status IoEngineImpl::RegisterBuffers(std::span<const std::span<std::byte>>
     spans.emplace_back(const_cast<std::byte*>(s.begin), static_cast<size_t>(s.end - s.begin));
   }
   registered_.clear();
-  if (auto status = backend_->RegisterBuffers(spans); !status.ok()) return status;
+  STRATA_RETURN_IF_ERROR(backend_->RegisterBuffers(spans));
   registered_ = std::move(slices);
   return absl::OkStatus();
 }

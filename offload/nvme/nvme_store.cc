@@ -113,6 +113,7 @@
 #include "absl/strings/str_split.h"
 #include "base/file.h"
 #include "base/log.h"
+#include "base/status_macros.h"
 #include "offload/nvme/aligned_buffer.h"
 
 namespace strata::offload {
@@ -593,14 +594,14 @@ class Journal {
     const int64_t allocated = static_cast<int64_t>(
         RoundUpTo(std::max(header.size(), static_cast<size_t>(header_bytes_)) + 1,
                   static_cast<size_t>(kJournalStep)));
-    if (auto status = ZeroFill(fd_, header_bytes_, allocated, path_); !status.ok()) return status;
-    if (auto status = Sync(); !status.ok()) return status;
+    STRATA_RETURN_IF_ERROR(ZeroFill(fd_, header_bytes_, allocated, path_));
+    STRATA_RETURN_IF_ERROR(Sync());
     std::string padded = header;
     if (padded.size() < static_cast<size_t>(header_bytes_)) {
       padded.resize(static_cast<size_t>(header_bytes_), '\0');
     }
-    if (auto status = PwriteAll(fd_, padded, 0, path_); !status.ok()) return status;
-    if (auto status = Sync(); !status.ok()) return status;
+    STRATA_RETURN_IF_ERROR(PwriteAll(fd_, padded, 0, path_));
+    STRATA_RETURN_IF_ERROR(Sync());
     used_ = static_cast<int64_t>(header.size());
     header_bytes_ = used_;
     allocated_ = allocated;
@@ -622,14 +623,14 @@ class Journal {
     // one followed by later commits would read as corruption.
     usable_ = false;
     const int64_t end = used_ + static_cast<int64_t>(line.size());
-    if (auto status = PwriteAll(fd_, line, used_, path_); !status.ok()) return status;
+    STRATA_RETURN_IF_ERROR(PwriteAll(fd_, line, used_, path_));
     if (end > allocated_) {
       const int64_t allocated = static_cast<int64_t>(
           RoundUpTo(static_cast<size_t>(end), static_cast<size_t>(kJournalStep)));
-      if (auto status = ZeroFill(fd_, end, allocated, path_); !status.ok()) return status;
+      STRATA_RETURN_IF_ERROR(ZeroFill(fd_, end, allocated, path_));
       allocated_ = allocated;
     }
-    if (auto status = Sync(); !status.ok()) return status;
+    STRATA_RETURN_IF_ERROR(Sync());
     used_ = end;
     ++next_seq_;
     usable_ = true;
@@ -791,19 +792,18 @@ std::string NvmeStore::SlotFileName(const std::string& id) {
 }
 
 absl::StatusOr<std::unique_ptr<NvmeStore>> NvmeStore::Open(const NvmeStoreOptions& options) {
-  if (auto status = options.Validate(); !status.ok()) return status;
+  STRATA_RETURN_IF_ERROR(options.Validate());
   IoEngineOptions engine_options;
   engine_options.kind = options.engine;
   engine_options.queue_depth = options.queue_depth;
   engine_options.chunk_size = options.block_size;
-  auto engine = IoEngine::Create(engine_options);
-  if (!engine.ok()) return engine.status();
-  return Open(options, *std::move(engine));
+  STRATA_ASSIGN_OR_RETURN(auto engine, IoEngine::Create(engine_options));
+  return Open(options, std::move(engine));
 }
 
 absl::StatusOr<std::unique_ptr<NvmeStore>> NvmeStore::Open(const NvmeStoreOptions& options,
                                                            std::unique_ptr<IoEngine> engine) {
-  if (auto status = options.Validate(); !status.ok()) return status;
+  STRATA_RETURN_IF_ERROR(options.Validate());
   if (engine == nullptr) return absl::InvalidArgumentError("NvmeStore needs an I/O engine");
   const std::string& dir = options.directory;
   struct stat st;
@@ -843,7 +843,7 @@ absl::StatusOr<std::unique_ptr<NvmeStore>> NvmeStore::Open(const NvmeStoreOption
   }
   std::unique_ptr<NvmeStoreImpl> store(new NvmeStoreImpl(options, fd, o_direct));
   store->engine_ = std::move(engine);
-  if (auto status = store->Load(); !status.ok()) return status;
+  STRATA_RETURN_IF_ERROR(store->Load());
   return store;
 }
 
@@ -902,9 +902,8 @@ absl::Status NvmeStoreImpl::Load() {
   }
   // Created before any MANIFEST that needs it, so the directory sync that
   // makes that MANIFEST durable covers its name too.
-  auto journal = Journal::Open(journal_path);
-  if (!journal.ok()) return journal.status();
-  journal_ = *std::move(journal);
+  STRATA_ASSIGN_OR_RETURN(auto journal, Journal::Open(journal_path));
+  journal_ = std::move(journal);
 
   if (!text.ok()) {
     if (text.status().code() != absl::StatusCode::kNotFound) return text.status();
@@ -930,12 +929,10 @@ absl::Status NvmeStoreImpl::Load() {
                      << " from format version " << snapshot->version;
     scan.needs_compaction = true;
   } else {
-    auto journal_text = ReadFileToString(journal_path);
-    if (!journal_text.ok()) return journal_text.status();
-    auto replayed = ReplayJournal(*journal_text, journal_path, generation_, slots);
-    if (!replayed.ok()) return replayed.status();
-    scan = *replayed;
-    journal_->Adopt(scan, static_cast<int64_t>(journal_text->size()));
+    STRATA_ASSIGN_OR_RETURN(auto journal_text, ReadFileToString(journal_path));
+    STRATA_ASSIGN_OR_RETURN(auto replayed, ReplayJournal(journal_text, journal_path, generation_, slots));
+    scan = replayed;
+    journal_->Adopt(scan, static_cast<int64_t>(journal_text.size()));
   }
 
   bool compact = scan.needs_compaction;
@@ -1144,14 +1141,13 @@ absl::Status NvmeStoreImpl::Reserve(const std::string& id, int64_t bytes) {
     return absl::FailedPreconditionError(
         absl::StrCat("tensor '", id, "': cannot reserve while a write is in flight"));
   }
-  auto entry = Allocate(id, bytes);
-  if (!entry.ok()) return entry.status();
-  Entry& e = **entry;
+  STRATA_ASSIGN_OR_RETURN(auto entry, Allocate(id, bytes));
+  Entry& e = *entry;
   if (e.recorded_capacity == e.capacity) return absl::OkStatus();
   // Recorded only with its name durable, or a crash could leave a record
   // without a file.
   if (!e.name_durable) {
-    if (auto status = SyncDirectory(options_.directory); !status.ok()) return status;
+    STRATA_RETURN_IF_ERROR(SyncDirectory(options_.directory));
     e.name_durable = true;
   }
   e.recorded_capacity = -1;  // unknown should the commit fail
@@ -1204,7 +1200,7 @@ absl::Status NvmeStoreImpl::SubmitItem(uint64_t batch_id, size_t index, Batch& b
     r.length = padded;
     requests.push_back(std::move(r));
   }
-  if (auto status = engine_->Submit(requests); !status.ok()) return status;
+  STRATA_RETURN_IF_ERROR(engine_->Submit(requests));
   item.pending += static_cast<int>(requests.size());
   batch.pending += static_cast<int>(requests.size());
   return absl::OkStatus();
@@ -1342,7 +1338,7 @@ absl::Status NvmeStoreImpl::Wait(Ticket ticket) {
   }
   while (it->second.pending > 0) {
     completions_.clear();
-    if (auto status = engine_->Wait(1, &completions_); !status.ok()) return status;
+    STRATA_RETURN_IF_ERROR(engine_->Wait(1, &completions_));
     for (const IoCompletion& c : completions_) Dispatch(c);
   }
   Batch batch = std::move(it->second);
@@ -1421,15 +1417,13 @@ absl::Status NvmeStoreImpl::FinishWrite(Batch& batch) {
 }
 
 absl::Status NvmeStoreImpl::Put(const std::string& id, std::span<const std::byte> data) {
-  auto ticket = StartWrite(id, data);
-  if (!ticket.ok()) return ticket.status();
-  return Wait(*ticket);
+  STRATA_ASSIGN_OR_RETURN(auto ticket, StartWrite(id, data));
+  return Wait(ticket);
 }
 
 absl::Status NvmeStoreImpl::Get(const std::string& id, std::span<std::byte> out) {
-  auto ticket = StartRead(id, out);
-  if (!ticket.ok()) return ticket.status();
-  return Wait(*ticket);
+  STRATA_ASSIGN_OR_RETURN(auto ticket, StartRead(id, out));
+  return Wait(ticket);
 }
 
 absl::Status NvmeStoreImpl::Remove(const std::string& id) {

@@ -14,6 +14,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/status_macros.h"
 #include "offload/nvme/io_backend.h"
 
 namespace strata::offload {
@@ -126,7 +127,7 @@ class PosixBackend final : public IoBackend {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<IoBackend>> CreatePosixBackend(const IoEngineOptions& options) {
-  if (auto status = options.Validate(); !status.ok()) return status;
+  STRATA_RETURN_IF_ERROR(options.Validate());
   const int threads =
       options.posix_threads > 0 ? options.posix_threads : std::min(options.queue_depth, 16);
   return std::unique_ptr<IoBackend>(new PosixBackend(options.queue_depth, threads));

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/file.h"
+#include "base/status_macros.h"
 #include "offload/nvme/io_backend.h"
 #include "base/log.h"
 
@@ -65,7 +66,7 @@ class UringBackend final : public IoBackend {
       if (sqe == nullptr) {
         // Only possible if SQEs from an earlier transient submit failure are
         // still queued; push them out and try once more.
-        if (auto status = SubmitQueued(); !status.ok()) return status;
+        STRATA_RETURN_IF_ERROR(SubmitQueued());
         sqe = io_uring_get_sqe(&ring_);
         if (sqe == nullptr) return absl::InternalError("io_uring submission queue full");
       }
@@ -186,7 +187,7 @@ absl::Status ProbeUring() {
 }
 
 absl::StatusOr<std::unique_ptr<IoBackend>> CreateUringBackend(const IoEngineOptions& options) {
-  if (auto status = options.Validate(); !status.ok()) return status;
+  STRATA_RETURN_IF_ERROR(options.Validate());
   return UringBackend::Create(options);
 }
 

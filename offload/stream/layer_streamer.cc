@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/log.h"
+#include "base/status_macros.h"
 
 namespace strata::offload {
 namespace {
@@ -24,7 +25,8 @@ absl::Status LayerStreamerOptions::Validate() const {
     return absl::InvalidArgumentError("layer streamer: home must be host or nvme");
   }
   if (prefetch_depth < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("layer streamer: prefetch_depth must be >= 0, got ", prefetch_depth));
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer streamer: prefetch_depth must be >= 0, got ", prefetch_depth));
   }
   return absl::OkStatus();
 }
@@ -98,7 +100,7 @@ class LayerStreamerImpl final : public LayerStreamer {
 absl::StatusOr<std::unique_ptr<LayerStreamer>> LayerStreamer::Create(const LayerStreamerOptions& options,
                                                                      HostArena* arena, NvmeStore* store,
                                                                      TierAccountant* accountant) {
-  if (auto s = options.Validate(); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(options.Validate());
   if (options.home == Tier::kHost && arena == nullptr) {
     return absl::InvalidArgumentError("layer streamer: host home needs a host arena");
   }
@@ -108,20 +110,18 @@ absl::StatusOr<std::unique_ptr<LayerStreamer>> LayerStreamer::Create(const Layer
   if (options.home == Tier::kNvme && !options.device.is_cpu() && arena == nullptr) {
     return absl::InvalidArgumentError("layer streamer: nvme home on a GPU needs a host arena to stage reads in");
   }
-  auto transfer = DeviceTransfer::Create(options.device);
-  if (!transfer.ok()) return transfer.status();
+  STRATA_ASSIGN_OR_RETURN(auto transfer, DeviceTransfer::Create(options.device));
   if (!options.device.is_cpu() && arena != nullptr && !arena->stats().cuda_pinned) {
     STRATA_LOG(Warning) << "layer streamer: the host arena is not pinned for CUDA; copies to "
                         << options.device.str() << " will be synchronous and slow (set pin_for_cuda)";
   }
   DeviceMemoryMonitor* monitor = nullptr;
   if (options.device_budget_bytes > 0) {
-    auto found = DeviceMemoryMonitor::ForDevice(options.device);
-    if (!found.ok()) return found.status();
-    monitor = *found;
+    STRATA_ASSIGN_OR_RETURN(auto found, DeviceMemoryMonitor::ForDevice(options.device));
+    monitor = found;
   }
   return std::unique_ptr<LayerStreamer>(
-      new LayerStreamerImpl(options, arena, store, accountant, *std::move(transfer), monitor));
+      new LayerStreamerImpl(options, arena, store, accountant, std::move(transfer), monitor));
 }
 
 LayerStreamerImpl::LayerStreamerImpl(const LayerStreamerOptions& options, HostArena* arena, NvmeStore* store,
@@ -160,19 +160,18 @@ absl::Status LayerStreamerImpl::WriteHome(TensorHome& home, const at::Tensor& va
   const at::Tensor cpu = value.detach().to(at::kCPU, home.dtype).contiguous();
   if (options_.home == Tier::kHost) {
     if (!home.host.valid()) {
-      auto buffer = arena_->Allocate(home.bytes);
-      if (!buffer.ok()) return buffer.status();
+      STRATA_ASSIGN_OR_RETURN(auto buffer, arena_->Allocate(home.bytes));
       if (accountant_ != nullptr) {
-        if (auto s = accountant_->Reserve(Tier::kHost, buffer->reserved(), home.name); !s.ok()) return s;
+        STRATA_RETURN_IF_ERROR(accountant_->Reserve(Tier::kHost, buffer.reserved(), home.name));
       }
-      home.host = std::move(*buffer);
+      home.host = std::move(buffer);
     }
     std::memcpy(home.host.data(), cpu.data_ptr(), home.bytes);
     return absl::OkStatus();
   }
   const bool first = !store_->Contains(home.nvme_id);
   if (first && accountant_ != nullptr) {
-    if (auto s = accountant_->Reserve(Tier::kNvme, home.bytes, home.name); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(accountant_->Reserve(Tier::kNvme, home.bytes, home.name));
   }
   return store_->Put(home.nvme_id,
                      std::span<const std::byte>(static_cast<const std::byte*>(cpu.data_ptr()), home.bytes));
@@ -192,7 +191,7 @@ absl::StatusOr<int64_t> LayerStreamerImpl::AddLayer(const std::vector<std::pair<
     home.dtype = value.scalar_type();
     home.bytes = static_cast<size_t>(value.numel()) * value.element_size();
     home.nvme_id = options_.nvme_prefix + home.name;
-    if (auto s = WriteHome(home, value); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(WriteHome(home, value));
     layer.bytes += home.bytes;
     layer.names.push_back(name);
     layer.tensors.push_back(std::move(home));
@@ -255,26 +254,23 @@ absl::Status LayerStreamerImpl::Fetch(const Layer& layer, Fetched* out) {
     // Homes do not change during a pass (StoreTensor refuses), so the
     // uploads need no host-side wait.
     for (const TensorHome& home : layer.tensors) {
-      auto device = transfer_->Upload(home.host.bytes(), home.shape, home.dtype);
-      if (!device.ok()) return device.status();
-      out->tensors.push_back(*std::move(device));
+      STRATA_ASSIGN_OR_RETURN(auto device, transfer_->Upload(home.host.bytes(), home.shape, home.dtype));
+      out->tensors.push_back(std::move(device));
     }
-    auto fence = transfer_->Fence();
-    if (!fence.ok()) return fence.status();
-    out->fence = *std::move(fence);
+    STRATA_ASSIGN_OR_RETURN(auto fence, transfer_->Fence());
+    out->fence = std::move(fence);
     return absl::OkStatus();
   }
   if (options_.device.is_cpu()) {
     // The device is the host: read straight into the layer's tensors.
     for (const TensorHome& home : layer.tensors) {
       at::Tensor device = at::empty(home.shape, at::TensorOptions().dtype(home.dtype));
-      auto s = store_->Get(home.nvme_id, std::span<std::byte>(static_cast<std::byte*>(device.data_ptr()), home.bytes));
-      if (!s.ok()) return s;
+      STRATA_RETURN_IF_ERROR(
+          store_->Get(home.nvme_id, std::span<std::byte>(static_cast<std::byte*>(device.data_ptr()), home.bytes)));
       out->tensors.push_back(std::move(device));
     }
-    auto fence = transfer_->Fence();
-    if (!fence.ok()) return fence.status();
-    out->fence = *std::move(fence);
+    STRATA_ASSIGN_OR_RETURN(auto fence, transfer_->Fence());
+    out->fence = std::move(fence);
     return absl::OkStatus();
   }
   // GPU: NVMe -> pinned staging -> device. The staging buffers go back to
@@ -387,7 +383,7 @@ absl::StatusOr<std::vector<at::Tensor>> LayerStreamerImpl::Acquire(int64_t layer
   ready_.pop_front();
   ++next_to_acquire_;
   if (!fetched.status.ok()) return fetched.status;
-  if (auto s = transfer_->ComputeWaits(*fetched.fence, fetched.tensors); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(transfer_->ComputeWaits(*fetched.fence, fetched.tensors));
   return std::move(fetched.tensors);
 }
 

@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 #include <nlohmann/json.hpp>
 
 namespace strata::policies {
@@ -313,7 +314,7 @@ absl::Status RemoveStaleShards(const std::string& dir, const std::set<std::strin
   }
   if (ec) return ErrnoToStatus(ec.value(), absl::StrCat("list ", dir));
   for (const std::string& name : stale) {
-    if (absl::Status s = RemoveIfExists(JoinPath(dir, name)); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(RemoveIfExists(JoinPath(dir, name)));
   }
   return absl::OkStatus();
 }
@@ -364,9 +365,8 @@ SafetensorsFile::SafetensorsFile(std::unique_ptr<MappedFile> file, std::vector<T
 }
 
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
-  absl::StatusOr<std::unique_ptr<MappedFile>> mapped = MappedFile::Open(path);
-  if (!mapped.ok()) return mapped.status();
-  const std::span<const std::byte> bytes = (*mapped)->bytes();
+  STRATA_ASSIGN_OR_RETURN(auto mapped, MappedFile::Open(path));
+  const std::span<const std::byte> bytes = mapped->bytes();
   if (bytes.size() < 8) {
     return Invalid(path, absl::StrCat("file is ", bytes.size(),
                                       " bytes, too short for the 8-byte header length"));
@@ -393,14 +393,12 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   entries.reserve(header->size());
   for (const auto& [key, value] : header->items()) {
     if (key == kMetadataKey) {
-      absl::StatusOr<std::map<std::string, std::string>> parsed = ParseMetadata(path, value);
-      if (!parsed.ok()) return parsed.status();
-      metadata = *std::move(parsed);
+      STRATA_ASSIGN_OR_RETURN(auto parsed, ParseMetadata(path, value));
+      metadata = std::move(parsed);
       continue;
     }
-    absl::StatusOr<Entry> entry = ParseEntry(path, key, value, buffer.size());
-    if (!entry.ok()) return entry.status();
-    entries.push_back(*std::move(entry));
+    STRATA_ASSIGN_OR_RETURN(auto entry, ParseEntry(path, key, value, buffer.size()));
+    entries.push_back(std::move(entry));
   }
 
   std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
@@ -428,7 +426,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
     tensors.push_back(std::move(e.view));
   }
   return std::unique_ptr<SafetensorsFile>(
-      new SafetensorsFile(*std::move(mapped), std::move(tensors), std::move(metadata)));
+      new SafetensorsFile(std::move(mapped), std::move(tensors), std::move(metadata)));
 }
 
 const TensorView* SafetensorsFile::Find(const std::string& name) const {
@@ -468,19 +466,17 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
   }
 
   if (!single_path.empty()) {
-    absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(single_path);
-    if (!file.ok()) return file.status();
-    std::map<std::string, const TensorView*> tensors = IndexAll(**file);
+    STRATA_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(single_path));
+    std::map<std::string, const TensorView*> tensors = IndexAll(*file);
     std::vector<std::unique_ptr<SafetensorsFile>> files;
-    files.push_back(*std::move(file));
+    files.push_back(std::move(file));
     return std::unique_ptr<Checkpoint>(
         new Checkpoint(path, std::move(files), std::move(tensors)));
   }
 
-  absl::StatusOr<std::string> text = ReadFileToString(index_path);
-  if (!text.ok()) return text.status();
+  STRATA_ASSIGN_OR_RETURN(auto text, ReadFileToString(index_path));
   absl::StatusOr<Json> index =
-      ParseJson(text->data(), text->data() + text->size(), index_path, "index");
+      ParseJson(text.data(), text.data() + text.size(), index_path, "index");
   if (!index.ok()) return index.status();
   const auto weight_map = index->is_object() ? index->find("weight_map") : index->end();
   if (!index->is_object() || weight_map == index->end() || !weight_map->is_object()) {
@@ -545,16 +541,15 @@ std::vector<std::string> Checkpoint::Names() const {
 
 absl::Status WriteSafetensors(const std::string& path, std::span<const TensorToWrite> tensors,
                               const std::map<std::string, std::string>& metadata) {
-  if (absl::Status s = ValidateTensorsToWrite(path, tensors); !s.ok()) return s;
-  absl::StatusOr<std::string> header = BuildHeader(path, tensors, metadata);
-  if (!header.ok()) return header.status();
-  const uint64_t header_len = header->size();
+  STRATA_RETURN_IF_ERROR(ValidateTensorsToWrite(path, tensors));
+  STRATA_ASSIGN_OR_RETURN(auto header, BuildHeader(path, tensors, metadata));
+  const uint64_t header_len = header.size();
   std::byte len_bytes[8];
   std::memcpy(len_bytes, &header_len, sizeof(len_bytes));  // little-endian host
   std::vector<std::span<const std::byte>> parts;
   parts.reserve(tensors.size() + 2);
   parts.emplace_back(len_bytes, sizeof(len_bytes));
-  parts.emplace_back(reinterpret_cast<const std::byte*>(header->data()), header->size());
+  parts.emplace_back(reinterpret_cast<const std::byte*>(header.data()), header.size());
   for (const TensorToWrite& t : tensors) parts.push_back(t.data);
   return WriteFileAtomically(path, parts);
 }
@@ -564,8 +559,8 @@ absl::Status WriteCheckpoint(const std::string& dir, std::span<const TensorToWri
                              const std::map<std::string, std::string>& metadata) {
   // Validate the whole set first: names must be unique across shards too, and
   // nothing on disk should change for a request that cannot succeed.
-  if (absl::Status s = ValidateTensorsToWrite(dir, tensors); !s.ok()) return s;
-  if (absl::Status s = MakeDirectory(dir); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(ValidateTensorsToWrite(dir, tensors));
+  STRATA_RETURN_IF_ERROR(MakeDirectory(dir));
   const std::string single_path = JoinPath(dir, kSingleFileName);
   const std::string index_path = JoinPath(dir, kIndexFileName);
 
@@ -575,9 +570,9 @@ absl::Status WriteCheckpoint(const std::string& dir, std::span<const TensorToWri
   if (max_shard_bytes == 0 || total_bytes <= max_shard_bytes) {
     // model.safetensors takes precedence over an index, so once it is in
     // place the old sharded files are dead and can go.
-    if (absl::Status s = WriteSafetensors(single_path, tensors, metadata); !s.ok()) return s;
-    if (absl::Status s = SyncDirectory(dir); !s.ok()) return s;
-    if (absl::Status s = RemoveIfExists(index_path); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(WriteSafetensors(single_path, tensors, metadata));
+    STRATA_RETURN_IF_ERROR(SyncDirectory(dir));
+    STRATA_RETURN_IF_ERROR(RemoveIfExists(index_path));
     return RemoveStaleShards(dir, {});
   }
 
@@ -605,14 +600,14 @@ absl::Status WriteCheckpoint(const std::string& dir, std::span<const TensorToWri
     for (const TensorToWrite& t : shards[i]) weight_map[t.name] = name;
     shard_names.insert(name);
   }
-  if (absl::Status s = SyncDirectory(dir); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(SyncDirectory(dir));
   const Json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
   // Names were checked as UTF-8 when the shard headers were dumped.
-  if (absl::Status s = WriteFileAtomically(index_path, index.dump(2) + "\n"); !s.ok()) return s;
-  if (absl::Status s = SyncDirectory(dir); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(WriteFileAtomically(index_path, index.dump(2) + "\n"));
+  STRATA_RETURN_IF_ERROR(SyncDirectory(dir));
   // Only now may a stale model.safetensors go: while it exists it wins over
   // the index, so a crash before this point leaves the old checkpoint intact.
-  if (absl::Status s = RemoveIfExists(single_path); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(RemoveIfExists(single_path));
   return RemoveStaleShards(dir, shard_names);
 }
 

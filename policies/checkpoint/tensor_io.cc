@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 
 namespace strata::policies {
 
@@ -41,15 +42,14 @@ absl::StatusOr<DType> ToDType(at::ScalarType type) {
 }
 
 absl::StatusOr<at::Tensor> ToTensor(const TensorView& view, at::ScalarType type) {
-  auto source_type = ToScalarType(view.dtype);
-  if (!source_type.ok()) return source_type.status();
-  const bool floating = at::isFloatingType(*source_type);
+  STRATA_ASSIGN_OR_RETURN(auto source_type, ToScalarType(view.dtype));
+  const bool floating = at::isFloatingType(source_type);
   if (floating != at::isFloatingType(type)) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", view.name, "' has dtype ",
                                                    std::string(DTypeName(view.dtype)), ", cannot load as ",
                                                    c10::toString(type)));
   }
-  const auto options = at::TensorOptions().dtype(*source_type);
+  const auto options = at::TensorOptions().dtype(source_type);
   const size_t element = DTypeSize(view.dtype);
   if (reinterpret_cast<uintptr_t>(view.data.data()) % element != 0) {
     // safetensors packs tensors back to back, so a tensor may start off its

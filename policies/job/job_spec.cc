@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "base/file.h"
+#include "base/status_macros.h"
 
 namespace strata::policies {
 namespace {
@@ -24,7 +25,8 @@ class MapReader {
   MapReader(YAML::Node node, std::string path) : node_(std::move(node)), path_(std::move(path)) {}
 
   absl::Status CheckIsMap() const {
-    if (node_ && !node_.IsNull() && !node_.IsMap()) return KeyError(path_.empty() ? "<root>" : path_, "must be a mapping");
+    if (node_ && !node_.IsNull() && !node_.IsMap())
+      return KeyError(path_.empty() ? "<root>" : path_, "must be a mapping");
     return absl::OkStatus();
   }
 
@@ -35,7 +37,7 @@ class MapReader {
     used_.insert(key);
     YAML::Node child = node_ && node_.IsMap() ? node_[key] : YAML::Node();
     MapReader reader(child, Path(key));
-    if (auto s = reader.CheckIsMap(); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(reader.CheckIsMap());
     return reader;
   }
 
@@ -49,7 +51,8 @@ class MapReader {
     try {
       *out = value.as<T>();
     } catch (const YAML::Exception&) {
-      return KeyError(Path(key), absl::StrCat("has the wrong type ('", value.Scalar(), "' is not ", TypeName<T>(), ")"));
+      return KeyError(Path(key),
+                      absl::StrCat("has the wrong type ('", value.Scalar(), "' is not ", TypeName<T>(), ")"));
     }
     return absl::OkStatus();
   }
@@ -77,11 +80,6 @@ class MapReader {
   std::set<std::string> used_;
 };
 
-#define STRATA_RETURN_IF_ERROR(expr)    \
-  do {                                  \
-    if (auto _s = (expr); !_s.ok()) return _s; \
-  } while (0)
-
 absl::Status ReadTier(MapReader& r, const std::string& key, offload::Tier* out) {
   std::string name;
   STRATA_RETURN_IF_ERROR(r.Read(key, &name));
@@ -93,26 +91,24 @@ absl::Status ReadTier(MapReader& r, const std::string& key, offload::Tier* out) 
 }
 
 absl::Status ReadModel(MapReader& parent, const std::string& key, ModelSpec* model) {
-  auto r = parent.Child(key);
-  if (!r.ok()) return r.status();
-  STRATA_RETURN_IF_ERROR(r->Read("path", &model->path));
-  STRATA_RETURN_IF_ERROR(r->Read("init", &model->init));
-  STRATA_RETURN_IF_ERROR(r->Read("rule", &model->rule));
-  STRATA_RETURN_IF_ERROR(r->Read("dtype", &model->dtype));
+  STRATA_ASSIGN_OR_RETURN(auto r, parent.Child(key));
+  STRATA_RETURN_IF_ERROR(r.Read("path", &model->path));
+  STRATA_RETURN_IF_ERROR(r.Read("init", &model->init));
+  STRATA_RETURN_IF_ERROR(r.Read("rule", &model->rule));
+  STRATA_RETURN_IF_ERROR(r.Read("dtype", &model->dtype));
   if (model->dtype != "fp32" && model->dtype != "bf16") {
-    return KeyError(r->Path("dtype"), absl::StrCat("must be fp32 or bf16, got '", model->dtype, "'"));
+    return KeyError(r.Path("dtype"), absl::StrCat("must be fp32 or bf16, got '", model->dtype, "'"));
   }
-  auto p = r->Child("placement");
-  if (!p.ok()) return p.status();
-  STRATA_RETURN_IF_ERROR(ReadTier(*p, "weights", &model->placement.weights));
-  STRATA_RETURN_IF_ERROR(ReadTier(*p, "optimizer", &model->placement.optimizer));
-  STRATA_RETURN_IF_ERROR(ReadTier(*p, "gradients", &model->placement.gradients));
-  STRATA_RETURN_IF_ERROR(p->Read("prefetch", &model->placement.prefetch_depth));
-  STRATA_RETURN_IF_ERROR(p->CheckNoUnknownKeys());
+  STRATA_ASSIGN_OR_RETURN(auto p, r.Child("placement"));
+  STRATA_RETURN_IF_ERROR(ReadTier(p, "weights", &model->placement.weights));
+  STRATA_RETURN_IF_ERROR(ReadTier(p, "optimizer", &model->placement.optimizer));
+  STRATA_RETURN_IF_ERROR(ReadTier(p, "gradients", &model->placement.gradients));
+  STRATA_RETURN_IF_ERROR(p.Read("prefetch", &model->placement.prefetch_depth));
+  STRATA_RETURN_IF_ERROR(p.CheckNoUnknownKeys());
   if (auto s = model->placement.Validate(); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("spec key '", r->Path("placement"), "': ", s.message()));
+    return absl::InvalidArgumentError(absl::StrCat("spec key '", r.Path("placement"), "': ", s.message()));
   }
-  return r->CheckNoUnknownKeys();
+  return r.CheckNoUnknownKeys();
 }
 
 // Applies "a.b.c=value" to the document, creating mappings on the way.
@@ -209,11 +205,13 @@ absl::Status JobSpec::Validate() const {
     }
     return false;
   }();
-  if (nvme_used && memory.nvme_dir.empty()) return KeyError("memory.nvme_dir", "is required when a placement uses nvme");
+  if (nvme_used && memory.nvme_dir.empty())
+    return KeyError("memory.nvme_dir", "is required when a placement uses nvme");
 
   switch (algorithm) {
     case Algorithm::kSft:
-      if (actor.path.empty() && actor.init.empty()) return KeyError("models.actor.path", "or models.actor.init is required");
+      if (actor.path.empty() && actor.init.empty())
+        return KeyError("models.actor.path", "or models.actor.init is required");
       break;
     case Algorithm::kRewardModel:
       if (reward.path.empty() && reward.init.empty()) {
@@ -223,14 +221,16 @@ absl::Status JobSpec::Validate() const {
       break;
     case Algorithm::kPpo:
       if (critic.path.empty() && reward.path.empty()) {
-        return KeyError("models.critic.path", "is required when the reward is a rule (the critic defaults to the reward model)");
+        return KeyError("models.critic.path",
+                        "is required when the reward is a rule (the critic defaults to the reward model)");
       }
       [[fallthrough]];
     case Algorithm::kRemax:
     case Algorithm::kGrpo:
     case Algorithm::kRloo:
       STRATA_RETURN_IF_ERROR(need("models.actor.path", actor.path));
-      if (reward.path.empty() && reward.rule.empty()) return KeyError("models.reward.path", "or models.reward.rule is required");
+      if (reward.path.empty() && reward.rule.empty())
+        return KeyError("models.reward.path", "or models.reward.rule is required");
       if (!reward.path.empty() && !reward.rule.empty()) {
         return KeyError("models.reward", "takes a path or a rule, not both");
       }
@@ -271,100 +271,89 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::ve
 
   auto body = [&]() -> absl::Status {
     STRATA_RETURN_IF_ERROR(r.Read("name", &spec.name));
-    auto models = r.Child("models");
-    if (!models.ok()) return models.status();
-    STRATA_RETURN_IF_ERROR(ReadModel(*models, "actor", &spec.actor));
-    STRATA_RETURN_IF_ERROR(ReadModel(*models, "reference", &spec.reference));
-    STRATA_RETURN_IF_ERROR(ReadModel(*models, "reward", &spec.reward));
-    STRATA_RETURN_IF_ERROR(ReadModel(*models, "critic", &spec.critic));
-    STRATA_RETURN_IF_ERROR(models->CheckNoUnknownKeys());
+    STRATA_ASSIGN_OR_RETURN(auto models, r.Child("models"));
+    STRATA_RETURN_IF_ERROR(ReadModel(models, "actor", &spec.actor));
+    STRATA_RETURN_IF_ERROR(ReadModel(models, "reference", &spec.reference));
+    STRATA_RETURN_IF_ERROR(ReadModel(models, "reward", &spec.reward));
+    STRATA_RETURN_IF_ERROR(ReadModel(models, "critic", &spec.critic));
+    STRATA_RETURN_IF_ERROR(models.CheckNoUnknownKeys());
 
-    auto data = r.Child("data");
-    if (!data.ok()) return data.status();
-    STRATA_RETURN_IF_ERROR(data->Read("train", &spec.data.train));
-    STRATA_RETURN_IF_ERROR(data->Read("eval", &spec.data.eval));
-    STRATA_RETURN_IF_ERROR(data->Read("tokenizer", &spec.data.tokenizer));
-    STRATA_RETURN_IF_ERROR(data->Read("max_prompt_tokens", &spec.data.max_prompt_tokens));
-    STRATA_RETURN_IF_ERROR(data->Read("max_response_tokens", &spec.data.max_response_tokens));
-    STRATA_RETURN_IF_ERROR(data->CheckNoUnknownKeys());
+    STRATA_ASSIGN_OR_RETURN(auto data, r.Child("data"));
+    STRATA_RETURN_IF_ERROR(data.Read("train", &spec.data.train));
+    STRATA_RETURN_IF_ERROR(data.Read("eval", &spec.data.eval));
+    STRATA_RETURN_IF_ERROR(data.Read("tokenizer", &spec.data.tokenizer));
+    STRATA_RETURN_IF_ERROR(data.Read("max_prompt_tokens", &spec.data.max_prompt_tokens));
+    STRATA_RETURN_IF_ERROR(data.Read("max_response_tokens", &spec.data.max_response_tokens));
+    STRATA_RETURN_IF_ERROR(data.CheckNoUnknownKeys());
 
-    auto train = r.Child("train");
-    if (!train.ok()) return train.status();
-    STRATA_RETURN_IF_ERROR(train->Read("iterations", &spec.train.iterations));
-    STRATA_RETURN_IF_ERROR(train->Read("batch_size", &spec.train.batch_size));
-    STRATA_RETURN_IF_ERROR(train->Read("lr", &spec.train.lr));
-    STRATA_RETURN_IF_ERROR(train->Read("weight_decay", &spec.train.weight_decay));
-    STRATA_RETURN_IF_ERROR(train->Read("seed", &spec.train.seed));
-    STRATA_RETURN_IF_ERROR(train->Read("log_every", &spec.train.log_every));
-    STRATA_RETURN_IF_ERROR(train->CheckNoUnknownKeys());
+    STRATA_ASSIGN_OR_RETURN(auto train, r.Child("train"));
+    STRATA_RETURN_IF_ERROR(train.Read("iterations", &spec.train.iterations));
+    STRATA_RETURN_IF_ERROR(train.Read("batch_size", &spec.train.batch_size));
+    STRATA_RETURN_IF_ERROR(train.Read("lr", &spec.train.lr));
+    STRATA_RETURN_IF_ERROR(train.Read("weight_decay", &spec.train.weight_decay));
+    STRATA_RETURN_IF_ERROR(train.Read("seed", &spec.train.seed));
+    STRATA_RETURN_IF_ERROR(train.Read("log_every", &spec.train.log_every));
+    STRATA_RETURN_IF_ERROR(train.CheckNoUnknownKeys());
 
-    auto gen = r.Child("generation");
-    if (!gen.ok()) return gen.status();
-    STRATA_RETURN_IF_ERROR(gen->Read("max_new_tokens", &spec.generation.max_new_tokens));
-    STRATA_RETURN_IF_ERROR(gen->Read("temperature", &spec.generation.temperature));
-    STRATA_RETURN_IF_ERROR(gen->Read("top_p", &spec.generation.top_p));
-    STRATA_RETURN_IF_ERROR(gen->Read("top_k", &spec.generation.top_k));
-    STRATA_RETURN_IF_ERROR(gen->CheckNoUnknownKeys());
+    STRATA_ASSIGN_OR_RETURN(auto gen, r.Child("generation"));
+    STRATA_RETURN_IF_ERROR(gen.Read("max_new_tokens", &spec.generation.max_new_tokens));
+    STRATA_RETURN_IF_ERROR(gen.Read("temperature", &spec.generation.temperature));
+    STRATA_RETURN_IF_ERROR(gen.Read("top_p", &spec.generation.top_p));
+    STRATA_RETURN_IF_ERROR(gen.Read("top_k", &spec.generation.top_k));
+    STRATA_RETURN_IF_ERROR(gen.CheckNoUnknownKeys());
 
-    auto remax = r.Child("remax");
-    if (!remax.ok()) return remax.status();
-    STRATA_RETURN_IF_ERROR(remax->Read("kl_coef", &spec.remax.kl_coef));
-    STRATA_RETURN_IF_ERROR(remax->Read("kl_estimator", &spec.remax.kl_estimator));
-    STRATA_RETURN_IF_ERROR(remax->Read("reward_clip", &spec.remax.reward_clip));
-    STRATA_RETURN_IF_ERROR(remax->Read("discount", &spec.remax.discount));
-    STRATA_RETURN_IF_ERROR(remax->CheckNoUnknownKeys());
+    STRATA_ASSIGN_OR_RETURN(auto remax, r.Child("remax"));
+    STRATA_RETURN_IF_ERROR(remax.Read("kl_coef", &spec.remax.kl_coef));
+    STRATA_RETURN_IF_ERROR(remax.Read("kl_estimator", &spec.remax.kl_estimator));
+    STRATA_RETURN_IF_ERROR(remax.Read("reward_clip", &spec.remax.reward_clip));
+    STRATA_RETURN_IF_ERROR(remax.Read("discount", &spec.remax.discount));
+    STRATA_RETURN_IF_ERROR(remax.CheckNoUnknownKeys());
 
-    auto ppo = r.Child("ppo");
-    if (!ppo.ok()) return ppo.status();
-    STRATA_RETURN_IF_ERROR(ppo->Read("kl_coef", &spec.ppo.kl_coef));
-    STRATA_RETURN_IF_ERROR(ppo->Read("kl_estimator", &spec.ppo.kl_estimator));
-    STRATA_RETURN_IF_ERROR(ppo->Read("kl_target", &spec.ppo.kl_target));
-    STRATA_RETURN_IF_ERROR(ppo->Read("kl_horizon", &spec.ppo.kl_horizon));
-    STRATA_RETURN_IF_ERROR(ppo->Read("reward_clip", &spec.ppo.reward_clip));
-    STRATA_RETURN_IF_ERROR(ppo->Read("gamma", &spec.ppo.gamma));
-    STRATA_RETURN_IF_ERROR(ppo->Read("lambda", &spec.ppo.lambda));
-    STRATA_RETURN_IF_ERROR(ppo->Read("clip_range", &spec.ppo.clip_range));
-    STRATA_RETURN_IF_ERROR(ppo->Read("value_clip", &spec.ppo.value_clip));
-    STRATA_RETURN_IF_ERROR(ppo->Read("epochs", &spec.ppo.epochs));
-    STRATA_RETURN_IF_ERROR(ppo->Read("minibatches", &spec.ppo.minibatches));
-    STRATA_RETURN_IF_ERROR(ppo->Read("whiten_advantages", &spec.ppo.whiten_advantages));
-    STRATA_RETURN_IF_ERROR(ppo->Read("critic_lr", &spec.ppo.critic_lr));
-    STRATA_RETURN_IF_ERROR(ppo->CheckNoUnknownKeys());
+    STRATA_ASSIGN_OR_RETURN(auto ppo, r.Child("ppo"));
+    STRATA_RETURN_IF_ERROR(ppo.Read("kl_coef", &spec.ppo.kl_coef));
+    STRATA_RETURN_IF_ERROR(ppo.Read("kl_estimator", &spec.ppo.kl_estimator));
+    STRATA_RETURN_IF_ERROR(ppo.Read("kl_target", &spec.ppo.kl_target));
+    STRATA_RETURN_IF_ERROR(ppo.Read("kl_horizon", &spec.ppo.kl_horizon));
+    STRATA_RETURN_IF_ERROR(ppo.Read("reward_clip", &spec.ppo.reward_clip));
+    STRATA_RETURN_IF_ERROR(ppo.Read("gamma", &spec.ppo.gamma));
+    STRATA_RETURN_IF_ERROR(ppo.Read("lambda", &spec.ppo.lambda));
+    STRATA_RETURN_IF_ERROR(ppo.Read("clip_range", &spec.ppo.clip_range));
+    STRATA_RETURN_IF_ERROR(ppo.Read("value_clip", &spec.ppo.value_clip));
+    STRATA_RETURN_IF_ERROR(ppo.Read("epochs", &spec.ppo.epochs));
+    STRATA_RETURN_IF_ERROR(ppo.Read("minibatches", &spec.ppo.minibatches));
+    STRATA_RETURN_IF_ERROR(ppo.Read("whiten_advantages", &spec.ppo.whiten_advantages));
+    STRATA_RETURN_IF_ERROR(ppo.Read("critic_lr", &spec.ppo.critic_lr));
+    STRATA_RETURN_IF_ERROR(ppo.CheckNoUnknownKeys());
 
-    auto group = r.Child("group");
-    if (!group.ok()) return group.status();
-    STRATA_RETURN_IF_ERROR(group->Read("samples_per_prompt", &spec.group.samples_per_prompt));
-    STRATA_RETURN_IF_ERROR(group->Read("kl_coef", &spec.group.kl_coef));
-    STRATA_RETURN_IF_ERROR(group->Read("kl_estimator", &spec.group.kl_estimator));
-    STRATA_RETURN_IF_ERROR(group->Read("reward_clip", &spec.group.reward_clip));
-    STRATA_RETURN_IF_ERROR(group->CheckNoUnknownKeys());
+    STRATA_ASSIGN_OR_RETURN(auto group, r.Child("group"));
+    STRATA_RETURN_IF_ERROR(group.Read("samples_per_prompt", &spec.group.samples_per_prompt));
+    STRATA_RETURN_IF_ERROR(group.Read("kl_coef", &spec.group.kl_coef));
+    STRATA_RETURN_IF_ERROR(group.Read("kl_estimator", &spec.group.kl_estimator));
+    STRATA_RETURN_IF_ERROR(group.Read("reward_clip", &spec.group.reward_clip));
+    STRATA_RETURN_IF_ERROR(group.CheckNoUnknownKeys());
 
-    auto eval = r.Child("eval");
-    if (!eval.ok()) return eval.status();
-    STRATA_RETURN_IF_ERROR(eval->Read("every", &spec.eval.every));
-    STRATA_RETURN_IF_ERROR(eval->Read("rule", &spec.eval.rule));
-    STRATA_RETURN_IF_ERROR(eval->Read("prompts", &spec.eval.prompts));
-    STRATA_RETURN_IF_ERROR(eval->CheckNoUnknownKeys());
+    STRATA_ASSIGN_OR_RETURN(auto eval, r.Child("eval"));
+    STRATA_RETURN_IF_ERROR(eval.Read("every", &spec.eval.every));
+    STRATA_RETURN_IF_ERROR(eval.Read("rule", &spec.eval.rule));
+    STRATA_RETURN_IF_ERROR(eval.Read("prompts", &spec.eval.prompts));
+    STRATA_RETURN_IF_ERROR(eval.CheckNoUnknownKeys());
 
-    auto checkpoint = r.Child("checkpoint");
-    if (!checkpoint.ok()) return checkpoint.status();
-    STRATA_RETURN_IF_ERROR(checkpoint->Read("every", &spec.checkpoint.every));
-    STRATA_RETURN_IF_ERROR(checkpoint->Read("dir", &spec.checkpoint.dir));
-    STRATA_RETURN_IF_ERROR(checkpoint->CheckNoUnknownKeys());
+    STRATA_ASSIGN_OR_RETURN(auto checkpoint, r.Child("checkpoint"));
+    STRATA_RETURN_IF_ERROR(checkpoint.Read("every", &spec.checkpoint.every));
+    STRATA_RETURN_IF_ERROR(checkpoint.Read("dir", &spec.checkpoint.dir));
+    STRATA_RETURN_IF_ERROR(checkpoint.CheckNoUnknownKeys());
 
-    auto memory = r.Child("memory");
-    if (!memory.ok()) return memory.status();
-    STRATA_RETURN_IF_ERROR(memory->Read("device", &spec.memory.device));
-    STRATA_RETURN_IF_ERROR(memory->Read("device_mib", &spec.memory.device_mib));
-    STRATA_RETURN_IF_ERROR(memory->Read("host_mib", &spec.memory.host_mib));
-    STRATA_RETURN_IF_ERROR(memory->Read("nvme_dir", &spec.memory.nvme_dir));
-    STRATA_RETURN_IF_ERROR(memory->Read("pin_host", &spec.memory.pin_host));
-    STRATA_RETURN_IF_ERROR(memory->CheckNoUnknownKeys());
+    STRATA_ASSIGN_OR_RETURN(auto memory, r.Child("memory"));
+    STRATA_RETURN_IF_ERROR(memory.Read("device", &spec.memory.device));
+    STRATA_RETURN_IF_ERROR(memory.Read("device_mib", &spec.memory.device_mib));
+    STRATA_RETURN_IF_ERROR(memory.Read("host_mib", &spec.memory.host_mib));
+    STRATA_RETURN_IF_ERROR(memory.Read("nvme_dir", &spec.memory.nvme_dir));
+    STRATA_RETURN_IF_ERROR(memory.Read("pin_host", &spec.memory.pin_host));
+    STRATA_RETURN_IF_ERROR(memory.CheckNoUnknownKeys());
 
-    auto output = r.Child("output");
-    if (!output.ok()) return output.status();
-    STRATA_RETURN_IF_ERROR(output->Read("dir", &spec.output_dir));
-    STRATA_RETURN_IF_ERROR(output->CheckNoUnknownKeys());
+    STRATA_ASSIGN_OR_RETURN(auto output, r.Child("output"));
+    STRATA_RETURN_IF_ERROR(output.Read("dir", &spec.output_dir));
+    STRATA_RETURN_IF_ERROR(output.CheckNoUnknownKeys());
     STRATA_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
     if (spec.checkpoint.dir.empty() && !spec.output_dir.empty()) spec.checkpoint.dir = spec.output_dir + "/checkpoints";
     return spec.Validate();
@@ -408,9 +397,8 @@ absl::StatusOr<std::string> ApplyOverrides(const std::string& yaml_text, const s
 }
 
 absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path, const std::vector<std::string>& overrides) {
-  auto text = ReadFileToString(path);
-  if (!text.ok()) return text.status();
-  return ParseJobSpec(*text, overrides, path);
+  STRATA_ASSIGN_OR_RETURN(auto text, ReadFileToString(path));
+  return ParseJobSpec(text, overrides, path);
 }
 
 }  // namespace strata::policies

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/file.h"
+#include "base/status_macros.h"
 
 namespace strata::policies {
 namespace {
@@ -55,9 +56,8 @@ absl::StatusOr<MemoryPlan> PlanModelStates(const JobSpec& spec) {
   auto add = [&](const std::string& role, ModelSpec model, bool trainable, bool scalar,
                  const std::string& fallback_path) -> absl::Status {
     if (model.path.empty() && model.init.empty()) model.path = fallback_path;
-    auto config = ConfigOf(model, role);
-    if (!config.ok()) return config.status();
-    plan.models.push_back(PlanModel(role, *config, model, trainable, scalar));
+    STRATA_ASSIGN_OR_RETURN(auto config, ConfigOf(model, role));
+    plan.models.push_back(PlanModel(role, config, model, trainable, scalar));
     return absl::OkStatus();
   };
   absl::Status s;

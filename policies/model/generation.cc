@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace strata::policies {
 
@@ -47,7 +48,7 @@ at::Tensor SampleNextTokens(const at::Tensor& logits, const SamplingOptions& opt
 absl::StatusOr<GenerationOutput> Generate(const LlamaModel& model, const std::vector<std::vector<int32_t>>& prompts,
                                           const SamplingOptions& options, const std::vector<int64_t>& eos_ids,
                                           int64_t pad_id) {
-  if (auto s = options.Validate(); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(options.Validate());
   if (prompts.empty()) return absl::InvalidArgumentError("no prompts given");
   const LlamaConfig& config = model.config();
   size_t longest = 0;

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/file.h"
+#include "base/status_macros.h"
 #include "policies/model/layer_source.h"
 #include "policies/checkpoint/safetensors.h"
 #include "policies/checkpoint/tensor_io.h"
@@ -178,33 +179,28 @@ LlamaModel::LlamaModel(LlamaConfig config, LlamaHead head, LlamaWeights weights,
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& dir, LlamaHead head,
                                                              at::ScalarType dtype) {
-  auto config = LlamaConfig::Load(dir);
-  if (!config.ok()) return config.status();
-  auto checkpoint = Checkpoint::Open(dir);
-  if (!checkpoint.ok()) return checkpoint.status();
-  const Checkpoint& ckpt = **checkpoint;
-  const LlamaConfig& c = *config;
+  STRATA_ASSIGN_OR_RETURN(auto config, LlamaConfig::Load(dir));
+  STRATA_ASSIGN_OR_RETURN(auto checkpoint, Checkpoint::Open(dir));
+  const Checkpoint& ckpt = *checkpoint;
+  const LlamaConfig& c = config;
 
   auto load = [&](const std::string& name, std::vector<int64_t> shape) -> absl::StatusOr<at::Tensor> {
-    auto view = ckpt.Get(name);
-    if (!view.ok()) return view.status();
-    auto tensor = ToTensorWithShape(*view, shape, dtype);
+    STRATA_ASSIGN_OR_RETURN(auto view, ckpt.Get(name));
+    auto tensor = ToTensorWithShape(view, shape, dtype);
     if (!tensor.ok()) return absl::InvalidArgumentError(absl::StrCat(dir, ": ", tensor.status().message()));
     return tensor;
   };
 
   LlamaWeights w;
-  auto embed = load("model.embed_tokens.weight", {c.vocab_size, c.hidden_size});
-  if (!embed.ok()) return embed.status();
-  w.embed_tokens = *embed;
+  STRATA_ASSIGN_OR_RETURN(auto embed, load("model.embed_tokens.weight", {c.vocab_size, c.hidden_size}));
+  w.embed_tokens = embed;
   const auto shapes = LayerShapes(c);
   w.layers.resize(static_cast<size_t>(c.num_hidden_layers));
   for (size_t l = 0; l < w.layers.size(); ++l) {
     auto named = w.layers[l].Named();
     for (size_t p = 0; p < named.size(); ++p) {
-      auto tensor = load(LayerPrefix(l) + named[p].first, shapes[p]);
-      if (!tensor.ok()) return tensor.status();
-      *named[p].second = *tensor;
+      STRATA_ASSIGN_OR_RETURN(auto tensor, load(LayerPrefix(l) + named[p].first, shapes[p]));
+      *named[p].second = tensor;
     }
   }
   auto norm = load("model.norm.weight", {c.hidden_size});
@@ -267,9 +263,9 @@ absl::Status LlamaModel::Save(const std::string& dir, size_t max_shard_bytes) co
   if (!IsDirectory(dir)) return absl::NotFoundError(absl::StrCat("model directory ", dir, " does not exist"));
   TensorWriteBatch batch;
   for (const auto& [name, tensor] : NamedParameters()) {
-    if (auto s = batch.Add(name, tensor); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(batch.Add(name, tensor));
   }
-  if (auto s = WriteCheckpoint(dir, batch.entries(), max_shard_bytes); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(WriteCheckpoint(dir, batch.entries(), max_shard_bytes));
   LlamaConfig config = config_;
   config.torch_dtype = dtype() == at::kBFloat16 ? "bfloat16" : dtype() == at::kHalf ? "float16" : "float32";
   const std::string arch =

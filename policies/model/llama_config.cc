@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/file.h"
+#include "base/status_macros.h"
 
 namespace strata::policies {
 namespace {
@@ -86,7 +87,7 @@ absl::Status LlamaConfig::Validate() const {
                             std::pair{"head_dim", head_dim},
                             std::pair{"max_position_embeddings", max_position_embeddings},
                             std::pair{"num_labels", num_labels}}) {
-    if (auto s = positive(key, value); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(positive(key, value));
   }
   if (num_attention_heads % num_key_value_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -107,7 +108,8 @@ absl::Status LlamaConfig::Validate() const {
     }
   }
   if (bos_token_id >= vocab_size) {
-    return absl::InvalidArgumentError(absl::StrCat("config field 'bos_token_id' ", bos_token_id, " is outside the vocabulary"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("config field 'bos_token_id' ", bos_token_id, " is outside the vocabulary"));
   }
   return absl::OkStatus();
 }
@@ -118,7 +120,8 @@ absl::StatusOr<LlamaConfig> LlamaConfig::FromJson(const std::string& text, const
   if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(source, ": expected a JSON object"));
   auto mt = j.find("model_type");
   if (mt != j.end() && mt->is_string() && mt->get<std::string>() != "llama") {
-    return FieldError(source, "model_type", absl::StrCat("is '", mt->get<std::string>(), "'; only 'llama' is supported"));
+    return FieldError(source, "model_type",
+                      absl::StrCat("is '", mt->get<std::string>(), "'; only 'llama' is supported"));
   }
   LlamaConfig c;
   c.num_key_value_heads = -1;
@@ -132,10 +135,10 @@ absl::StatusOr<LlamaConfig> LlamaConfig::FromJson(const std::string& text, const
                             std::pair{"max_position_embeddings", &c.max_position_embeddings},
                             std::pair{"bos_token_id", &c.bos_token_id},
                             std::pair{"pad_token_id", &c.pad_token_id}}) {
-    if (auto s = ReadInt(j, key, source, field); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(ReadInt(j, key, source, field));
   }
   for (auto [key, field] : {std::pair{"rope_theta", &c.rope_theta}, std::pair{"rms_norm_eps", &c.rms_norm_eps}}) {
-    if (auto s = ReadDouble(j, key, source, field); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(ReadDouble(j, key, source, field));
   }
   if (auto it = j.find("tie_word_embeddings"); it != j.end() && !it->is_null()) {
     if (!it->is_boolean()) return FieldError(source, "tie_word_embeddings", "must be true or false");
@@ -147,7 +150,8 @@ absl::StatusOr<LlamaConfig> LlamaConfig::FromJson(const std::string& text, const
       c.eos_token_ids.push_back(it->get<int64_t>());
     } else if (it->is_array()) {
       for (const auto& e : *it) {
-        if (!e.is_number_integer()) return FieldError(source, "eos_token_id", "must be an integer or a list of integers");
+        if (!e.is_number_integer())
+          return FieldError(source, "eos_token_id", "must be an integer or a list of integers");
         c.eos_token_ids.push_back(e.get<int64_t>());
       }
     } else {
@@ -159,7 +163,7 @@ absl::StatusOr<LlamaConfig> LlamaConfig::FromJson(const std::string& text, const
   }
   if (auto it = j.find("num_labels"); it != j.end() && it->is_number_integer()) c.num_labels = it->get<int64_t>();
   if (auto it = j.find("torch_dtype"); it != j.end() && it->is_string()) c.torch_dtype = it->get<std::string>();
-  if (auto s = ReadRopeScaling(j, source, &c.rope_scaling); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(ReadRopeScaling(j, source, &c.rope_scaling));
   if (c.num_key_value_heads < 0) c.num_key_value_heads = c.num_attention_heads;
   if (c.head_dim < 0 && c.num_attention_heads > 0) c.head_dim = c.hidden_size / c.num_attention_heads;
   if (auto s = c.Validate(); !s.ok()) return absl::InvalidArgumentError(absl::StrCat(source, ": ", s.message()));
@@ -168,9 +172,8 @@ absl::StatusOr<LlamaConfig> LlamaConfig::FromJson(const std::string& text, const
 
 absl::StatusOr<LlamaConfig> LlamaConfig::Load(const std::string& model_dir) {
   const std::string path = JoinPath(model_dir, "config.json");
-  auto text = ReadFileToString(path);
-  if (!text.ok()) return text.status();
-  return FromJson(*text, path);
+  STRATA_ASSIGN_OR_RETURN(auto text, ReadFileToString(path));
+  return FromJson(text, path);
 }
 
 std::string LlamaConfig::ToJson(const std::string& architecture) const {

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "policies/rl/rl_losses.h"
 
 namespace strata::policies {
@@ -121,17 +122,15 @@ class Remax final : public RlAlgorithm {
     for (auto& r : *rollouts) (r.greedy ? greedy : sampled).push_back(std::move(r));
 
     clock.Begin("score");
-    auto s = workers.Score(sampled, ScoreRequest{true, true, false, false});
-    if (!s.ok()) return s.status();
+    STRATA_ASSIGN_OR_RETURN(auto s, workers.Score(sampled, ScoreRequest{true, true, false, false}));
     // The greedy baseline needs only its reward: no KL enters the baseline.
-    auto g = workers.Score(greedy, ScoreRequest{true, false, false, false});
-    if (!g.ok()) return g.status();
+    STRATA_ASSIGN_OR_RETURN(auto g, workers.Score(greedy, ScoreRequest{true, false, false, false}));
 
     const Tokens tokens = TokensOf(sampled);
-    const at::Tensor ref = PadRows(s->reference_logprobs, tokens.width);
+    const at::Tensor ref = PadRows(s.reference_logprobs, tokens.width);
     const at::Tensor kl = KlPenalty(tokens.logprobs, ref, estimator_) * tokens.mask;
-    const at::Tensor score = Clip(s->rewards, spec_.remax.reward_clip);
-    const at::Tensor baseline = Clip(g->rewards, spec_.remax.reward_clip);
+    const at::Tensor score = Clip(s.rewards, spec_.remax.reward_clip);
+    const at::Tensor baseline = Clip(g.rewards, spec_.remax.reward_clip);
     const at::Tensor advantages =
         RemaxAdvantages(score, baseline, kl, tokens.mask, spec_.remax.kl_coef, spec_.remax.discount);
 
@@ -140,12 +139,11 @@ class Remax final : public RlAlgorithm {
     update.rollouts = std::move(sampled);
     update.advantages = UnpadRows(advantages, Lengths(update.rollouts));
     update.objective = PolicyObjective::kReinforce;
-    auto stats = workers.Update(update);
-    if (!stats.ok()) return stats.status();
+    STRATA_ASSIGN_OR_RETURN(auto stats, workers.Update(update));
     clock.Finish(m);
     AddObjective(score, kl, tokens.mask, spec_.remax.kl_coef, m);
     m["objective/greedy_scores"] = baseline.mean().item<double>();
-    AddUpdateStats(*stats, false, m);
+    AddUpdateStats(stats, false, m);
     return m;
   }
 
@@ -168,13 +166,12 @@ class Ppo final : public RlAlgorithm {
     if (!rollouts.ok()) return rollouts.status();
 
     clock.Begin("score");
-    auto s = workers.Score(*rollouts, ScoreRequest{true, true, true, false});
-    if (!s.ok()) return s.status();
+    STRATA_ASSIGN_OR_RETURN(auto s, workers.Score(*rollouts, ScoreRequest{true, true, true, false}));
     const Tokens tokens = TokensOf(*rollouts);
-    const at::Tensor ref = PadRows(s->reference_logprobs, tokens.width);
-    const at::Tensor values = PadRows(s->values, tokens.width);
+    const at::Tensor ref = PadRows(s.reference_logprobs, tokens.width);
+    const at::Tensor values = PadRows(s.values, tokens.width);
     const at::Tensor kl = KlPenalty(tokens.logprobs, ref, estimator_) * tokens.mask;
-    const at::Tensor score = Clip(s->rewards, spec_.ppo.reward_clip);
+    const at::Tensor score = Clip(s.rewards, spec_.ppo.reward_clip);
     const double kl_coef = kl_.value();
     const at::Tensor rewards = TokenRewards(score, kl, tokens.mask, kl_coef);
     auto [advantages, returns] = Gae(rewards, values, tokens.mask, spec_.ppo.gamma, spec_.ppo.lambda);
@@ -188,19 +185,18 @@ class Ppo final : public RlAlgorithm {
     update.objective = PolicyObjective::kPpo;
     for (const auto& r : update.rollouts) update.old_logprobs.push_back(r.logprobs);
     update.returns = UnpadRows(returns, lengths);
-    update.old_values = s->values;
+    update.old_values = s.values;
     update.clip_range = spec_.ppo.clip_range;
     update.value_clip = spec_.ppo.value_clip;
     update.epochs = spec_.ppo.epochs;
     update.minibatches = spec_.ppo.minibatches;
     update.shuffle_seed = IterationSeed(spec_.train.seed, iteration) ^ 0x9e3779b97f4a7c15ULL;
-    auto stats = workers.Update(update);
-    if (!stats.ok()) return stats.status();
+    STRATA_ASSIGN_OR_RETURN(auto stats, workers.Update(update));
     clock.Finish(m);
     AddObjective(score, kl, tokens.mask, kl_coef, m);
     m["objective/kl_coef"] = kl_coef;
     m["val/mean"] = MaskedMean(values, tokens.mask).item<double>();
-    AddUpdateStats(*stats, true, m);
+    AddUpdateStats(stats, true, m);
     kl_.Update(m["objective/kl"], static_cast<int64_t>(prompts.size()));
     return m;
   }
@@ -232,12 +228,11 @@ class GroupBaseline final : public RlAlgorithm {
     auto rollouts = workers.Generate(RolloutRequest{prompts, Sampling(spec_, iteration), group, false});
     if (!rollouts.ok()) return rollouts.status();
     clock.Begin("score");
-    auto s = workers.Score(*rollouts, ScoreRequest{true, true, false, false});
-    if (!s.ok()) return s.status();
+    STRATA_ASSIGN_OR_RETURN(auto s, workers.Score(*rollouts, ScoreRequest{true, true, false, false}));
     const Tokens tokens = TokensOf(*rollouts);
-    const at::Tensor kl = KlPenalty(tokens.logprobs, PadRows(s->reference_logprobs, tokens.width), estimator_) *
+    const at::Tensor kl = KlPenalty(tokens.logprobs, PadRows(s.reference_logprobs, tokens.width), estimator_) *
                           tokens.mask;
-    const at::Tensor score = Clip(s->rewards, spec_.group.reward_clip);
+    const at::Tensor score = Clip(s.rewards, spec_.group.reward_clip);
     // Generate returns the samples of a prompt next to each other.
     const at::Tensor grouped = score.view({static_cast<int64_t>(prompts.size()), group});
     const at::Tensor seq_adv = (grpo_ ? GrpoAdvantages(grouped) : RlooAdvantages(grouped)).reshape({-1, 1});
@@ -247,11 +242,10 @@ class GroupBaseline final : public RlAlgorithm {
     const auto lengths = Lengths(*rollouts);
     update.rollouts = std::move(*rollouts);
     update.advantages = UnpadRows(advantages, lengths);
-    auto stats = workers.Update(update);
-    if (!stats.ok()) return stats.status();
+    STRATA_ASSIGN_OR_RETURN(auto stats, workers.Update(update));
     clock.Finish(m);
     AddObjective(score, kl, tokens.mask, spec_.group.kl_coef, m);
-    AddUpdateStats(*stats, false, m);
+    AddUpdateStats(stats, false, m);
     return m;
   }
 
@@ -275,23 +269,21 @@ absl::StatusOr<std::unique_ptr<RlAlgorithm>> RlAlgorithm::Create(const JobSpec& 
   auto estimator = [&](const std::string& name) { return ParseKlEstimator(name); };
   switch (spec.algorithm) {
     case Algorithm::kRemax: {
-      auto e = estimator(spec.remax.kl_estimator);
-      if (!e.ok()) return e.status();
-      return std::unique_ptr<RlAlgorithm>(new Remax(spec, *e));
+      STRATA_ASSIGN_OR_RETURN(auto e, estimator(spec.remax.kl_estimator));
+      return std::unique_ptr<RlAlgorithm>(new Remax(spec, e));
     }
     case Algorithm::kPpo: {
-      auto e = estimator(spec.ppo.kl_estimator);
-      if (!e.ok()) return e.status();
-      return std::unique_ptr<RlAlgorithm>(new Ppo(spec, *e));
+      STRATA_ASSIGN_OR_RETURN(auto e, estimator(spec.ppo.kl_estimator));
+      return std::unique_ptr<RlAlgorithm>(new Ppo(spec, e));
     }
     case Algorithm::kGrpo:
     case Algorithm::kRloo: {
-      auto e = estimator(spec.group.kl_estimator);
-      if (!e.ok()) return e.status();
-      return std::unique_ptr<RlAlgorithm>(new GroupBaseline(spec, *e, spec.algorithm == Algorithm::kGrpo));
+      STRATA_ASSIGN_OR_RETURN(auto e, estimator(spec.group.kl_estimator));
+      return std::unique_ptr<RlAlgorithm>(new GroupBaseline(spec, e, spec.algorithm == Algorithm::kGrpo));
     }
     default:
-      return absl::InvalidArgumentError(absl::StrCat("algorithm '", AlgorithmName(spec.algorithm), "' is not an RL loop"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("algorithm '", AlgorithmName(spec.algorithm), "' is not an RL loop"));
   }
 }
 

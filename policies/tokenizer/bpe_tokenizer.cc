@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/file.h"
+#include "base/status_macros.h"
 #include "policies/tokenizer/unicode.h"
 
 namespace strata::policies {
@@ -979,9 +980,8 @@ HfBpeTokenizer::HfBpeTokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(imp
 HfBpeTokenizer::~HfBpeTokenizer() = default;
 
 absl::StatusOr<std::unique_ptr<HfBpeTokenizer>> HfBpeTokenizer::FromFile(const std::string& path) {
-  absl::StatusOr<std::string> text = ReadFileToString(path);
-  if (!text.ok()) return text.status();
-  return FromJson(*text, path);
+  STRATA_ASSIGN_OR_RETURN(auto text, ReadFileToString(path));
+  return FromJson(text, path);
 }
 
 absl::StatusOr<std::unique_ptr<HfBpeTokenizer>> HfBpeTokenizer::FromJson(

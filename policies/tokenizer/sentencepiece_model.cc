@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/file.h"
+#include "base/status_macros.h"
 #include "policies/tokenizer/unicode.h"
 
 namespace strata::policies {
@@ -456,18 +457,16 @@ SentencePieceTokenizer::~SentencePieceTokenizer() = default;
 
 absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> SentencePieceTokenizer::FromFile(
     const std::string& path) {
-  absl::StatusOr<std::string> bytes = ReadFileToString(path);
-  if (!bytes.ok()) return bytes.status();
-  absl::StatusOr<SentencePieceModelProto> proto = ParseSentencePieceModelProto(*bytes, path);
-  if (!proto.ok()) return proto.status();
-  return FromProto(*std::move(proto), path);
+  STRATA_ASSIGN_OR_RETURN(auto bytes, ReadFileToString(path));
+  STRATA_ASSIGN_OR_RETURN(auto proto, ParseSentencePieceModelProto(bytes, path));
+  return FromProto(std::move(proto), path);
 }
 
 absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> SentencePieceTokenizer::FromProto(
     SentencePieceModelProto proto, const std::string& source) {
   auto tokenizer =
       std::unique_ptr<SentencePieceTokenizer>(new SentencePieceTokenizer(std::move(proto)));
-  if (absl::Status status = tokenizer->Init(source); !status.ok()) return status;
+  STRATA_RETURN_IF_ERROR(tokenizer->Init(source));
   return tokenizer;
 }
 

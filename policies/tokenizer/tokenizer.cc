@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/file.h"
+#include "base/status_macros.h"
 #include "policies/tokenizer/bpe_tokenizer.h"
 #include "policies/tokenizer/sentencepiece_model.h"
 
@@ -79,11 +80,9 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& pa
   if (IsDirectory(path)) {
     const std::string config_path = JoinPath(path, "tokenizer_config.json");
     if (IsRegularFile(config_path)) {
-      absl::StatusOr<std::string> text = ReadFileToString(config_path);
-      if (!text.ok()) return text.status();
-      absl::StatusOr<TokenizerConfig> parsed = ParseTokenizerConfig(*text, config_path);
-      if (!parsed.ok()) return parsed.status();
-      config = *std::move(parsed);
+      STRATA_ASSIGN_OR_RETURN(auto text, ReadFileToString(config_path));
+      STRATA_ASSIGN_OR_RETURN(auto parsed, ParseTokenizerConfig(text, config_path));
+      config = std::move(parsed);
     }
     // tokenizer.json carries the added tokens and pre-tokenizer exactly as
     // the model was trained with, so it wins over tokenizer.model.
@@ -106,9 +105,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& pa
 
   std::unique_ptr<Tokenizer> tokenizer;
   if (EndsWith(tokenizer_path, ".json")) {
-    absl::StatusOr<std::unique_ptr<HfBpeTokenizer>> hf = HfBpeTokenizer::FromFile(tokenizer_path);
-    if (!hf.ok()) return hf.status();
-    tokenizer = *std::move(hf);
+    STRATA_ASSIGN_OR_RETURN(auto hf, HfBpeTokenizer::FromFile(tokenizer_path));
+    tokenizer = std::move(hf);
   } else {
     absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> sp =
         SentencePieceTokenizer::FromFile(tokenizer_path);

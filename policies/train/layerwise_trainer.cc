@@ -12,6 +12,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "offload/device/device_transfer.h"
 #include "offload/tiers/placement.h"
 #include "policies/checkpoint/safetensors.h"
@@ -167,24 +168,22 @@ absl::StatusOr<std::unique_ptr<LayerwiseTrainer>> LayerwiseTrainer::Create(const
   placement.weights = offload::Tier::kDevice;
   placement.optimizer = options.optimizer;
   placement.gradients = options.gradients;
-  if (auto s = placement.Validate(); !s.ok()) return s;
-  auto adam = offload::CpuAdam::Create(options.adam);
-  if (!adam.ok()) return adam.status();
+  STRATA_RETURN_IF_ERROR(placement.Validate());
+  STRATA_ASSIGN_OR_RETURN(auto adam, offload::CpuAdam::Create(options.adam));
   std::unique_ptr<LayerwiseTrainerImpl> trainer(
       new LayerwiseTrainerImpl(config, head, std::move(resident), source, arena, options));
-  trainer->adam_ = std::move(*adam);
+  trainer->adam_ = std::move(adam);
   if (options.optimizer == offload::Tier::kNvme) {
     if (nvme == nullptr) return absl::InvalidArgumentError("an NVMe optimizer needs an NVMe store");
-    auto state = offload::NvmeAdamState::Create(options.nvme_adam, nvme, arena, trainer->adam_.get());
-    if (!state.ok()) return state.status();
-    trainer->nvme_adam_ = std::move(*state);
+    STRATA_ASSIGN_OR_RETURN(auto state,
+                            offload::NvmeAdamState::Create(options.nvme_adam, nvme, arena, trainer->adam_.get()));
+    trainer->nvme_adam_ = std::move(state);
   }
   LlamaWeights& r = trainer->resident_;
   if ((!r.embed_tokens.device().is_cpu() || options.stage_gradients) && options.optimizer != offload::Tier::kDevice) {
     // Gradients leave the GPU through the download stream (pinned staging).
-    auto transfer = offload::DeviceTransfer::Create(r.embed_tokens.device());
-    if (!transfer.ok()) return transfer.status();
-    trainer->grad_transfer_ = *std::move(transfer);
+    STRATA_ASSIGN_OR_RETURN(auto transfer, offload::DeviceTransfer::Create(r.embed_tokens.device()));
+    trainer->grad_transfer_ = std::move(transfer);
   }
   std::vector<std::pair<std::string, at::Tensor*>> resident_params = {{"model.embed_tokens.weight", &r.embed_tokens},
                                                                       {"model.norm.weight", &r.norm}};
@@ -197,7 +196,7 @@ absl::StatusOr<std::unique_ptr<LayerwiseTrainer>> LayerwiseTrainer::Create(const
     LayerwiseTrainerImpl::ParamState state;
     state.name = name;
     state.resident = tensor;
-    if (auto s = trainer->AllocateState(state, *tensor); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(trainer->AllocateState(state, *tensor));
     trainer->params_.push_back(std::move(state));
   }
   LlamaLayerWeights names_only;
@@ -205,13 +204,12 @@ absl::StatusOr<std::unique_ptr<LayerwiseTrainer>> LayerwiseTrainer::Create(const
   trainer->layer_params_.resize(static_cast<size_t>(config.num_hidden_layers));
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
     for (size_t i = 0; i < named.size(); ++i) {
-      auto value = source->Load(l, i);
-      if (!value.ok()) return value.status();
+      STRATA_ASSIGN_OR_RETURN(auto value, source->Load(l, i));
       LayerwiseTrainerImpl::ParamState state;
       state.name = absl::StrCat("model.layers.", l, ".", named[i].first);
       state.layer = l;
       state.index = i;
-      if (auto s = trainer->AllocateState(state, *value); !s.ok()) return s;
+      STRATA_RETURN_IF_ERROR(trainer->AllocateState(state, value));
       trainer->layer_params_[static_cast<size_t>(l)].push_back(trainer->params_.size());
       trainer->params_.push_back(std::move(state));
     }
@@ -235,7 +233,7 @@ absl::Status LayerwiseTrainerImpl::AccumulateGrad(ParamState& state, const at::T
         absl::StrCat("gradient staging for ", state.name, ": ", staging.status().message()));
   }
   const at::Tensor fp32 = grad.reshape({-1}).to(at::kFloat).contiguous();
-  if (auto s = grad_transfer_->Download(fp32, staging->bytes()); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(grad_transfer_->Download(fp32, staging->bytes()));
   current_grads_.grads.push_back({&state, *std::move(staging)});
   return absl::OkStatus();
 }
@@ -251,7 +249,7 @@ absl::Status LayerwiseTrainerImpl::FlushGrads(size_t keep_in_flight) {
   }
   while (pending_grads_.size() > keep_in_flight) {
     PendingBatch& batch = pending_grads_.front();
-    if (auto s = grad_transfer_->WaitHost(*batch.fence); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(grad_transfer_->WaitHost(*batch.fence));
     for (PendingGrad& g : batch.grads) {
       HostView(g.state->grad, g.state->numel).add_(HostView(g.staging, g.state->numel));
     }
@@ -283,7 +281,7 @@ absl::StatusOr<double> LayerwiseTrainerImpl::ForwardBackward(const at::Tensor& i
   {
     at::NoGradGuard no_grad;
     inputs[0] = at::embedding(resident_.embed_tokens, input_ids);
-    if (auto s = source_->BeginPass(Range(layers, false)); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(source_->BeginPass(Range(layers, false)));
     for (int64_t l = 0; l < layers; ++l) {
       auto w = source_->Acquire(l);
       if (!w.ok()) {
@@ -334,7 +332,7 @@ absl::StatusOr<double> LayerwiseTrainerImpl::ForwardBackward(const at::Tensor& i
   top = at::Tensor();
 
   // Backward, one recomputed layer at a time.
-  if (auto s = source_->BeginPass(Range(layers, true)); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(source_->BeginPass(Range(layers, true)));
   for (int64_t l = layers - 1; l >= 0; --l) {
     auto w = source_->Acquire(l);
     if (!w.ok()) {
@@ -379,13 +377,14 @@ absl::Status LayerwiseTrainerImpl::SaveState(const std::string& path) {
     } else if (options_.optimizer == offload::Tier::kHost) {
       master = HostView(p.master, p.numel), m = HostView(p.exp_avg, p.numel), v = HostView(p.exp_avg_sq, p.numel);
     } else {
-      master = at::empty({p.numel}, at::kFloat), m = at::empty({p.numel}, at::kFloat), v = at::empty({p.numel}, at::kFloat);
+      master = at::empty({p.numel}, at::kFloat), m = at::empty({p.numel}, at::kFloat),
+      v = at::empty({p.numel}, at::kFloat);
       auto span = [&](at::Tensor& t) { return std::span<float>(t.data_ptr<float>(), static_cast<size_t>(p.numel)); };
-      if (auto s = nvme_adam_->ReadState(p.name, span(master), span(m), span(v)); !s.ok()) return s;
+      STRATA_RETURN_IF_ERROR(nvme_adam_->ReadState(p.name, span(master), span(m), span(v)));
     }
     for (auto [suffix, tensor] : {std::pair{".master", &master}, std::pair{".exp_avg", &m},
                                   std::pair{".exp_avg_sq", &v}}) {
-      if (auto s = batch.Add(p.name + suffix, *tensor); !s.ok()) return s;
+      STRATA_RETURN_IF_ERROR(batch.Add(p.name + suffix, *tensor));
     }
     metadata["step." + p.name] = std::to_string(p.step);
   }
@@ -393,13 +392,12 @@ absl::Status LayerwiseTrainerImpl::SaveState(const std::string& path) {
 }
 
 absl::Status LayerwiseTrainerImpl::LoadState(const std::string& path) {
-  auto file = SafetensorsFile::Open(path);
-  if (!file.ok()) return file.status();
+  STRATA_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(path));
   for (ParamState& p : params_) {
     std::array<at::Tensor, 3> loaded;
     const char* suffixes[] = {".master", ".exp_avg", ".exp_avg_sq"};
     for (int i = 0; i < 3; ++i) {
-      const TensorView* view = (*file)->Find(p.name + suffixes[i]);
+      const TensorView* view = file->Find(p.name + suffixes[i]);
       if (view == nullptr) {
         return absl::InvalidArgumentError(absl::StrCat(path, ": optimizer state has no tensor ", p.name, suffixes[i]));
       }
@@ -407,8 +405,8 @@ absl::Status LayerwiseTrainerImpl::LoadState(const std::string& path) {
       if (!tensor.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", tensor.status().message()));
       loaded[static_cast<size_t>(i)] = *tensor;
     }
-    auto step = (*file)->metadata().find("step." + p.name);
-    if (step == (*file)->metadata().end() || !absl::SimpleAtoi(step->second, &p.step)) {
+    auto step = file->metadata().find("step." + p.name);
+    if (step == file->metadata().end() || !absl::SimpleAtoi(step->second, &p.step)) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": optimizer state has no step count for ", p.name));
     }
     if (options_.optimizer == offload::Tier::kDevice) {
@@ -421,7 +419,7 @@ absl::Status LayerwiseTrainerImpl::LoadState(const std::string& path) {
       auto span = [&](const at::Tensor& t) {
         return std::span<const float>(t.data_ptr<float>(), static_cast<size_t>(p.numel));
       };
-      if (auto s = nvme_adam_->WriteState(p.name, span(loaded[0]), span(loaded[1]), span(loaded[2])); !s.ok()) return s;
+      STRATA_RETURN_IF_ERROR(nvme_adam_->WriteState(p.name, span(loaded[0]), span(loaded[1]), span(loaded[2])));
     }
   }
   return absl::OkStatus();
@@ -492,9 +490,9 @@ absl::Status LayerwiseTrainerImpl::HostStep() {
     }
     spans.push_back(span);
   }
-  if (auto s = adam_->Step(spans); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(adam_->Step(spans));
   for (const ParamState* p : write_back) {
-    if (auto s = WriteBack(*p, HostView(p->master, p->numel)); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(WriteBack(*p, HostView(p->master, p->numel)));
   }
   return absl::OkStatus();
 }
@@ -513,10 +511,9 @@ absl::Status LayerwiseTrainerImpl::NvmeStep() {
     if (home.empty() || (p.dtype != at::kFloat && p.dtype != at::kBFloat16)) {
       // No reachable home: the new fp32 weights land in a pooled scratch
       // buffer and are stored after the step.
-      auto scratch = arena_->Allocate(n * sizeof(float));
-      if (!scratch.ok()) return scratch.status();
-      update.out_fp32 = scratch->floats().first(n);
-      write_back.emplace_back(&p, std::move(*scratch));
+      STRATA_ASSIGN_OR_RETURN(auto scratch, arena_->Allocate(n * sizeof(float)));
+      update.out_fp32 = scratch.floats().first(n);
+      write_back.emplace_back(&p, std::move(scratch));
     } else if (p.dtype == at::kFloat) {
       update.out_fp32 = {reinterpret_cast<float*>(home.data()), n};
     } else {
@@ -524,9 +521,9 @@ absl::Status LayerwiseTrainerImpl::NvmeStep() {
     }
     updates.push_back(update);
   }
-  if (auto s = nvme_adam_->Step(updates); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(nvme_adam_->Step(updates));
   for (const auto& [p, scratch] : write_back) {
-    if (auto s = WriteBack(*p, HostView(scratch, p->numel)); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(WriteBack(*p, HostView(scratch, p->numel)));
   }
   return absl::OkStatus();
 }
@@ -549,7 +546,7 @@ absl::Status LayerwiseTrainerImpl::DeviceStep() {
     p.device_exp_avg_sq.mul_(o.beta2).addcmul_(grad, grad, 1 - o.beta2);
     const at::Tensor denom = (p.device_exp_avg_sq.sqrt() / std::sqrt(bias2)).add_(o.eps);
     p.device_master.addcdiv_(p.device_exp_avg, denom, -o.lr / bias1);
-    if (auto s = WriteBack(p, p.device_master); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(WriteBack(p, p.device_master));
   }
   return absl::OkStatus();
 }

@@ -1,6 +1,7 @@
 #include "policies/train/placed_model.h"
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "policies/train/streamed_layers.h"
 
 namespace strata::policies {
@@ -43,10 +44,10 @@ absl::StatusOr<std::unique_ptr<PlacedModel>> PlacedModel::Create(std::unique_ptr
     if (context.device_budget_bytes > 0) {
       streaming.compute_reserve_bytes = LayerWorkingBytes(config, options.batch, options.seq, dtype, options.trainable);
     }
-    auto streamer = offload::LayerStreamer::Create(streaming, context.arena, context.nvme, context.accountant);
-    if (!streamer.ok()) return streamer.status();
-    placed->streamer_ = std::move(*streamer);
-    if (auto s = AddLayersToStreamer(std::move(weights.layers), placed->streamer_.get()); !s.ok()) return s;
+    STRATA_ASSIGN_OR_RETURN(auto streamer,
+                            offload::LayerStreamer::Create(streaming, context.arena, context.nvme, context.accountant));
+    placed->streamer_ = std::move(streamer);
+    STRATA_RETURN_IF_ERROR(AddLayersToStreamer(std::move(weights.layers), placed->streamer_.get()));
     weights.layers.clear();
     placed->source_ = std::make_unique<StreamedLayerSource>(placed->streamer_.get());
     placed->model_ = std::make_unique<LlamaModel>(config, head, weights, placed->source_.get());
@@ -74,19 +75,17 @@ absl::Status PlacedModel::Save(const std::string& dir) const {
   for (size_t l = 0; l < weights.layers.size(); ++l) {
     std::vector<at::Tensor*> slots = LayerTensors(weights.layers[l]);
     for (size_t i = 0; i < slots.size(); ++i) {
-      auto tensor = source_->Load(static_cast<int64_t>(l), i);
-      if (!tensor.ok()) return tensor.status();
-      *slots[i] = *tensor;
+      STRATA_ASSIGN_OR_RETURN(auto tensor, source_->Load(static_cast<int64_t>(l), i));
+      *slots[i] = tensor;
     }
   }
   return LlamaModel(model_->config(), model_->head(), std::move(weights)).Save(dir);
 }
 
 absl::Status PlacedModel::LoadWeights(const std::string& dir) {
-  auto loaded = LlamaModel::Load(dir, model_->head(), model_->dtype());
-  if (!loaded.ok()) return loaded.status();
+  STRATA_ASSIGN_OR_RETURN(auto loaded, LlamaModel::Load(dir, model_->head(), model_->dtype()));
   at::NoGradGuard no_grad;
-  LlamaWeights from = (*loaded)->weights();
+  LlamaWeights from = loaded->weights();
   const LlamaWeights& to = model_->weights();
   to.embed_tokens.copy_(from.embed_tokens);
   to.norm.copy_(from.norm);
@@ -95,7 +94,7 @@ absl::Status PlacedModel::LoadWeights(const std::string& dir) {
   for (size_t l = 0; l < from.layers.size(); ++l) {
     std::vector<at::Tensor*> slots = LayerTensors(from.layers[l]);
     for (size_t i = 0; i < slots.size(); ++i) {
-      if (auto s = source_->Store(static_cast<int64_t>(l), i, *slots[i]); !s.ok()) return s;
+      STRATA_RETURN_IF_ERROR(source_->Store(static_cast<int64_t>(l), i, *slots[i]));
     }
   }
   return absl::OkStatus();

@@ -1,19 +1,19 @@
 #include "policies/train/streamed_layers.h"
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace strata::policies {
 
 absl::StatusOr<LlamaLayerWeights> StreamedLayerSource::Acquire(int64_t layer) {
-  auto tensors = streamer_->Acquire(layer);
-  if (!tensors.ok()) return tensors.status();
+  STRATA_ASSIGN_OR_RETURN(auto tensors, streamer_->Acquire(layer));
   LlamaLayerWeights w;
   auto slots = LayerTensors(w);
-  if (tensors->size() != slots.size()) {
-    return absl::InternalError(absl::StrCat("streamed layer ", layer, " has ", tensors->size(), " tensors, expected ",
+  if (tensors.size() != slots.size()) {
+    return absl::InternalError(absl::StrCat("streamed layer ", layer, " has ", tensors.size(), " tensors, expected ",
                                             slots.size()));
   }
-  for (size_t i = 0; i < slots.size(); ++i) *slots[i] = std::move((*tensors)[i]);
+  for (size_t i = 0; i < slots.size(); ++i) *slots[i] = std::move(tensors[i]);
   return w;
 }
 
@@ -21,8 +21,7 @@ absl::Status AddLayersToStreamer(std::vector<LlamaLayerWeights> layers, offload:
   for (auto& layer : layers) {
     std::vector<std::pair<std::string, at::Tensor>> named;
     for (auto& [name, tensor] : layer.Named()) named.emplace_back(name, *tensor);
-    auto index = streamer->AddLayer(named);
-    if (!index.ok()) return index.status();
+    STRATA_ASSIGN_OR_RETURN(auto index, streamer->AddLayer(named));
     layer = LlamaLayerWeights();  // drop the device copies now, layer by layer
   }
   return absl::OkStatus();

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/file.h"
+#include "base/status_macros.h"
 #include "services/rpc/auth.h"
 #include "services/rpc/wire.h"
 #include "strata/v1/coordinator.grpc.pb.h"
@@ -37,13 +38,11 @@ absl::StatusOr<Client> Connect(const ClientOptions& options) {
     const char* env = std::getenv("STRATA_ADDR");
     addr = env != nullptr && *env ? env : "127.0.0.1:50051";
   }
-  auto token = ResolveToken(options.token_file);
-  if (!token.ok()) return token.status();
+  STRATA_ASSIGN_OR_RETURN(auto token, ResolveToken(options.token_file));
   TlsFiles tls;
   tls.ca = options.tls_ca;
-  auto credentials = MakeChannelCredentials(tls);
-  if (!credentials.ok()) return credentials.status();
-  return Client{v1::Coordinator::NewStub(grpc::CreateChannel(addr, *credentials)), *token, options.deadline_ms};
+  STRATA_ASSIGN_OR_RETURN(auto credentials, MakeChannelCredentials(tls));
+  return Client{v1::Coordinator::NewStub(grpc::CreateChannel(addr, credentials)), token, options.deadline_ms};
 }
 
 absl::Status Call(const grpc::Status& status) { return FromGrpcStatus(status); }
@@ -67,24 +66,21 @@ json JobJson(const v1::Job& job) {
 
 absl::StatusOr<std::string> RunSubmit(const ClientOptions& options, const std::string& spec_path,
                                       const std::vector<std::string>& overrides, const std::string& request_id) {
-  auto spec = ReadFileToString(spec_path);
-  if (!spec.ok()) return spec.status();
-  auto client = Connect(options);
-  if (!client.ok()) return client.status();
+  STRATA_ASSIGN_OR_RETURN(auto spec, ReadFileToString(spec_path));
+  STRATA_ASSIGN_OR_RETURN(auto client, Connect(options));
   v1::SubmitJobRequest request;
-  request.set_spec_yaml(*spec);
+  request.set_spec_yaml(spec);
   for (const auto& o : overrides) request.add_overrides(o);
   request.set_request_id(request_id);
   v1::Job job;
   grpc::ClientContext context;
-  client->Prepare(&context);
-  if (auto s = Call(client->stub->SubmitJob(&context, request, &job)); !s.ok()) return s;
+  client.Prepare(&context);
+  STRATA_RETURN_IF_ERROR(Call(client.stub->SubmitJob(&context, request, &job)));
   return job.id() + "\n";
 }
 
 absl::StatusOr<std::string> RunJobs(const ClientOptions& options, const std::string& state, int page_size, bool all) {
-  auto client = Connect(options);
-  if (!client.ok()) return client.status();
+  STRATA_ASSIGN_OR_RETURN(auto client, Connect(options));
   v1::ListJobsRequest request;
   request.set_page_size(page_size);
   if (!state.empty()) {
@@ -98,8 +94,8 @@ absl::StatusOr<std::string> RunJobs(const ClientOptions& options, const std::str
   do {
     v1::ListJobsResponse response;
     grpc::ClientContext context;
-    client->Prepare(&context);
-    if (auto s = Call(client->stub->ListJobs(&context, request, &response)); !s.ok()) return s;
+    client.Prepare(&context);
+    STRATA_RETURN_IF_ERROR(Call(client.stub->ListJobs(&context, request, &response)));
     for (const auto& job : response.jobs()) {
       out += absl::StrFormat("%-20s %-10s %-13s %5d/%-5d  %s\n", job.id(), v1::JobState_Name(job.state()),
                              job.algorithm(), job.iteration(), job.iterations(), job.worker());
@@ -110,14 +106,13 @@ absl::StatusOr<std::string> RunJobs(const ClientOptions& options, const std::str
 }
 
 absl::StatusOr<std::string> RunStatus(const ClientOptions& options, const std::string& job_id, bool as_json) {
-  auto client = Connect(options);
-  if (!client.ok()) return client.status();
+  STRATA_ASSIGN_OR_RETURN(auto client, Connect(options));
   v1::GetJobRequest request;
   request.set_job_id(job_id);
   v1::Job job;
   grpc::ClientContext context;
-  client->Prepare(&context);
-  if (auto s = Call(client->stub->GetJob(&context, request, &job)); !s.ok()) return s;
+  client.Prepare(&context);
+  STRATA_RETURN_IF_ERROR(Call(client.stub->GetJob(&context, request, &job)));
   if (as_json) return JobJson(job).dump() + "\n";
   std::string out = absl::StrFormat("%s  %s  %s  iteration %d/%d", job.id(), v1::JobState_Name(job.state()),
                                     job.algorithm(), job.iteration(), job.iterations());
@@ -126,20 +121,18 @@ absl::StatusOr<std::string> RunStatus(const ClientOptions& options, const std::s
 }
 
 absl::StatusOr<std::string> RunCancel(const ClientOptions& options, const std::string& job_id) {
-  auto client = Connect(options);
-  if (!client.ok()) return client.status();
+  STRATA_ASSIGN_OR_RETURN(auto client, Connect(options));
   v1::CancelJobRequest request;
   request.set_job_id(job_id);
   v1::Job job;
   grpc::ClientContext context;
-  client->Prepare(&context);
-  if (auto s = Call(client->stub->CancelJob(&context, request, &job)); !s.ok()) return s;
+  client.Prepare(&context);
+  STRATA_RETURN_IF_ERROR(Call(client.stub->CancelJob(&context, request, &job)));
   return absl::StrCat(job.id(), " ", v1::JobState_Name(job.state()), "\n");
 }
 
 absl::StatusOr<std::string> RunWatch(const ClientOptions& options, const std::string& job_id, std::FILE* progress) {
-  auto client = Connect(options);
-  if (!client.ok()) return client.status();
+  STRATA_ASSIGN_OR_RETURN(auto client, Connect(options));
   const bool tty = progress != nullptr && ::isatty(::fileno(progress));
   std::string last_event;
   v1::JobState final_state = v1::JOB_STATE_UNSPECIFIED;
@@ -149,8 +142,8 @@ absl::StatusOr<std::string> RunWatch(const ClientOptions& options, const std::st
     request.set_job_id(job_id);
     request.set_after_event_id(last_event);
     grpc::ClientContext context;
-    client->Prepare(&context, /*deadline=*/false);
-    auto reader = client->stub->WatchJob(&context, request);
+    client.Prepare(&context, /*deadline=*/false);
+    auto reader = client.stub->WatchJob(&context, request);
     v1::JobEvent event;
     while (reader->Read(&event)) {
       last_event = event.id();

@@ -1,7 +1,8 @@
 // The `strata` binary: flags are parsed here and nowhere else, then handed to
-// the commands as plain request structs.
+// the commands as plain request structs. Each command group is one struct
+// that owns its flags' values and registers its subcommands; main() parses,
+// sets the log level and runs the chosen command.
 #include <CLI/CLI.hpp>
-
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -9,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "base/file.h"
 #include "base/log.h"
+#include "base/status_macros.h"
 #include "bench/adam_bench.h"
 #include "bench/generate_bench.h"
 #include "bench/io_bench.h"
@@ -21,10 +23,10 @@
 // The job service (gRPC, Redis) is left out of builds configured with
 // -DSTRATA_WITH_SERVICE=OFF, e.g. on a GPU machine without those libraries.
 #if STRATA_WITH_SERVICE
-#include "services/coordinator/service_bench.h"
-#include "services/rpc/auth.h"
 #include "services/cli/client_commands.h"
 #include "services/cli/server_commands.h"
+#include "services/coordinator/service_bench.h"
+#include "services/rpc/auth.h"
 #endif
 
 namespace {
@@ -45,11 +47,332 @@ int Finish(const std::string& command, const absl::StatusOr<std::string>& result
 
 // Turns an optional "1,2,3" flag into ids, or records the parse error.
 absl::Status FillIds(const std::string& text, const std::string& flag, std::optional<std::vector<int32_t>>* out) {
-  auto ids = ParseIdList(text, flag);
-  if (!ids.ok()) return ids.status();
-  *out = std::move(*ids);
+  STRATA_ASSIGN_OR_RETURN(auto ids, ParseIdList(text, flag));
+  *out = std::move(ids);
   return absl::OkStatus();
 }
+
+using Runner = std::function<int()>;
+
+// generate, logprobs, tokenize, init-model: one model, no service.
+struct ModelCommands {
+  strata::services::GenerateRequest gen;
+  std::string gen_prompt;
+  std::string gen_prompt_ids;
+  strata::services::LogProbsRequest lp;
+  std::string lp_ids;
+  strata::services::TokenizeRequest tok;
+  std::string tok_text;
+  std::string tok_decode;
+  strata::services::InitModelRequest init;
+  CLI::Option* prompt_opt = nullptr;
+  CLI::Option* ids_opt = nullptr;
+  CLI::Option* text_opt = nullptr;
+  CLI::Option* decode_opt = nullptr;
+
+  void Register(CLI::App& app, Runner& run) {
+    // strata generate
+    auto* generate = app.add_subcommand("generate", "Continue a prompt with a Llama-family model");
+    generate->add_option("--model", gen.model_dir, "HF model directory")->required();
+    prompt_opt = generate->add_option("--prompt", gen_prompt, "prompt text (BOS added if the tokenizer asks)");
+    ids_opt = generate->add_option("--prompt-ids", gen_prompt_ids, "prompt token ids, used as given: 1,2,3");
+    prompt_opt->excludes(ids_opt);
+    generate->add_option("--max-new-tokens", gen.max_new_tokens, "new tokens at most")->check(CLI::NonNegativeNumber);
+    auto* greedy = generate->add_flag("--greedy", gen.greedy, "argmax decoding");
+    generate->add_option("--temperature", gen.temperature, "sampling temperature (> 0)")->excludes(greedy);
+    generate->add_option("--top-p", gen.top_p, "nucleus sampling mass in (0, 1]")->excludes(greedy);
+    generate->add_option("--top-k", gen.top_k, "keep the k most likely tokens (0: all)")->excludes(greedy);
+    generate->add_option("--seed", gen.seed, "sampling seed");
+    generate->add_option("--dtype", gen.dtype, "fp32 | bf16")->check(CLI::IsMember({"fp32", "bf16"}));
+    generate->add_flag("--ignore-eos", gen.ignore_eos, "keep generating past EOS");
+    generate->add_flag("--json", gen.json, "print one JSON object");
+    generate->callback([&] {
+      run = [&] {
+        if (!prompt_opt->empty()) gen.prompt = gen_prompt;
+        if (!ids_opt->empty()) {
+          if (auto s = FillIds(gen_prompt_ids, "--prompt-ids", &gen.prompt_ids); !s.ok()) return Finish("generate", s);
+        }
+        return Finish("generate", strata::services::RunGenerate(gen));
+      };
+    });
+
+    // strata logprobs
+    auto* logprobs = app.add_subcommand("logprobs", "log p(token_t | tokens before t) for t = 1..n-1");
+    logprobs->add_option("--model", lp.model_dir, "HF model directory")->required();
+    logprobs->add_option("--ids", lp_ids, "token ids: 1,2,3")->required();
+    logprobs->add_option("--dtype", lp.dtype, "fp32 | bf16")->check(CLI::IsMember({"fp32", "bf16"}));
+    logprobs->add_flag("--json", lp.json, "print one JSON object");
+    logprobs->callback([&] {
+      run = [&] {
+        auto ids = ParseIdList(lp_ids, "--ids");
+        if (!ids.ok()) return Finish("logprobs", ids.status());
+        lp.ids = std::move(*ids);
+        return Finish("logprobs", strata::services::RunLogProbs(lp));
+      };
+    });
+
+    // strata tokenize
+    auto* tokenize = app.add_subcommand("tokenize", "Encode text or decode ids (no BOS/EOS added)");
+    tokenize->add_option("--tokenizer", tok.tokenizer_path, "model dir, tokenizer.json or tokenizer.model")->required();
+    text_opt = tokenize->add_option("--text", tok_text, "text to encode");
+    decode_opt = tokenize->add_option("--decode", tok_decode, "ids to decode: 1,2,3");
+    text_opt->excludes(decode_opt);
+    tokenize->add_flag("--json", tok.json, "print one JSON object");
+    tokenize->callback([&] {
+      run = [&] {
+        if (!text_opt->empty()) tok.text = tok_text;
+        if (!decode_opt->empty()) {
+          if (auto s = FillIds(tok_decode, "--decode", &tok.decode_ids); !s.ok()) return Finish("tokenize", s);
+        }
+        return Finish("tokenize", strata::services::RunTokenize(tok));
+      };
+    });
+
+    // strata init-model
+    auto* init_model = app.add_subcommand("init-model", "Write a randomly initialised Llama model directory");
+    init_model->add_option("--config", init.config_path, "HF config.json")->required();
+    init_model->add_option("--out", init.out_dir, "output directory")->required();
+    init_model->add_option("--head", init.head, "lm | scalar")->check(CLI::IsMember({"lm", "scalar"}));
+    init_model->add_option("--dtype", init.dtype, "fp32 | bf16")->check(CLI::IsMember({"fp32", "bf16"}));
+    init_model->add_option("--seed", init.seed, "initialisation seed");
+    init_model->add_option("--init-std", init.init_std, "standard deviation of the weights")
+        ->check(CLI::PositiveNumber);
+    init_model->callback([&] { run = [&] { return Finish("init-model", strata::services::RunInitModel(init)); }; });
+  }
+};
+
+// train: one job in-process.
+struct TrainCommands {
+  strata::services::TrainRequest train;
+
+  void Register(CLI::App& app, Runner& run) {
+    // strata train
+    auto* train_cmd = app.add_subcommand("train", "Run one job (sft, reward_model, remax, ppo, grpo, rloo) in-process");
+    train_cmd->add_option("spec", train.spec_path, "job spec (YAML)")->required();
+    train_cmd->add_option("--out", train.out_dir, "output directory (replaces output.dir)");
+    train_cmd->add_option("--metrics", train.metrics_path, "metrics file (JSON lines); default <out>/metrics.jsonl");
+    train_cmd->add_flag("--resume", train.resume, "continue from the latest checkpoint");
+    train_cmd->add_option("--set", train.overrides, "override a spec field: key.path=value (repeatable)");
+    train_cmd->callback([&] { run = [&] { return Finish("train", strata::services::RunTrain(train)); }; });
+  }
+};
+
+#if STRATA_WITH_SERVICE
+// coordinator and worker: the job service's servers.
+struct ServerCommands {
+  strata::services::CoordinatorCommand coord;
+  strata::services::WorkerCommand wk;
+
+  void Register(CLI::App& app, Runner& run) {
+    // strata coordinator / worker
+    auto* coordinator = app.add_subcommand("coordinator", "Run the job coordinator (gRPC)");
+    coordinator->add_option("--listen", coord.listen, "HOST:PORT to serve on");
+    coordinator->add_option("--redis", coord.redis, "redis://HOST:PORT of the job store");
+    coordinator->add_option("--token-file", coord.token_file, "bearer token clients and workers must present");
+    coordinator->add_option("--tls-cert", coord.tls.cert, "PEM certificate (enables TLS)");
+    coordinator->add_option("--tls-key", coord.tls.key, "PEM private key");
+    coordinator->add_option("--tls-ca", coord.tls.ca, "PEM CA: require client certificates (mTLS)");
+    coordinator->callback(
+        [&] { run = [&] { return Finish("coordinator", strata::services::RunCoordinatorServer(coord)); }; });
+    auto* worker = app.add_subcommand("worker", "Run a worker that holds a job's models (gRPC)");
+    worker->add_option("--listen", wk.listen, "HOST:PORT to serve on");
+    worker->add_option("--coordinator", wk.coordinator, "HOST:PORT of the coordinator");
+    worker->add_option("--token-file", wk.token_file, "bearer token (served and presented)");
+    worker->add_option("--nvme-dir", wk.nvme_dir, "NVMe tier directory for jobs that name none");
+    worker->add_option("--device-budget-mib", wk.device_budget_mib, "device budget for jobs that name none");
+    worker->add_option("--id", wk.worker_id, "worker id (default worker-<listen>)");
+    worker->add_option("--tls-cert", wk.tls.cert, "PEM certificate (enables TLS)");
+    worker->add_option("--tls-key", wk.tls.key, "PEM private key");
+    worker->add_option("--tls-ca", wk.tls.ca, "PEM CA for the coordinator's certificate");
+    worker->callback([&] { run = [&] { return Finish("worker", strata::services::RunWorkerServer(wk)); }; });
+  }
+};
+#endif
+
+#if STRATA_WITH_SERVICE
+// submit, jobs, status, watch, cancel: clients of a running coordinator.
+struct ClientCommands {
+  strata::services::ClientOptions client;
+  std::string submit_spec;
+  std::string submit_request_id;
+  std::vector<std::string> submit_overrides;
+  std::string jobs_state;
+  int jobs_page = 20;
+  bool jobs_all = false;
+  std::string job_id;
+  bool status_json = false;
+
+  void Register(CLI::App& app, Runner& run) {
+    // Client commands: submit, jobs, status, watch, cancel.
+    auto add_client_flags = [&](CLI::App* cmd) {
+      cmd->add_option("--addr", client.addr, "coordinator HOST:PORT (default $STRATA_ADDR or 127.0.0.1:50051)");
+      cmd->add_option("--token-file", client.token_file, "bearer token file (default $STRATA_TOKEN)");
+      cmd->add_option("--tls-ca", client.tls_ca,
+                      "PEM CA of the coordinator (default $STRATA_TLS_CA; plaintext without)");
+    };
+    auto* submit = app.add_subcommand("submit", "Submit a job; prints its id");
+    submit->add_option("spec", submit_spec, "job spec (YAML)")->required();
+    submit->add_option("--set", submit_overrides, "override a spec field: key.path=value (repeatable)");
+    submit->add_option("--request-id", submit_request_id, "idempotency key: a retry returns the same job");
+    add_client_flags(submit);
+    submit->callback([&] {
+      run = [&] {
+        return Finish("submit", strata::services::RunSubmit(client, submit_spec, submit_overrides, submit_request_id));
+      };
+    });
+    auto* jobs = app.add_subcommand("jobs", "List jobs, newest first");
+    jobs->add_option("--state", jobs_state, "QUEUED | RUNNING | SUCCEEDED | FAILED | CANCELLED");
+    jobs->add_option("--page-size", jobs_page, "jobs per page")->check(CLI::Range(1, 200));
+    jobs->add_flag("--all", jobs_all, "every page");
+    add_client_flags(jobs);
+    jobs->callback([&] {
+      run = [&] { return Finish("jobs", strata::services::RunJobs(client, jobs_state, jobs_page, jobs_all)); };
+    });
+    auto* status = app.add_subcommand("status", "A job's state");
+    status->add_option("job", job_id, "job id")->required();
+    status->add_flag("--json", status_json, "print one JSON object");
+    add_client_flags(status);
+    status->callback(
+        [&] { run = [&] { return Finish("status", strata::services::RunStatus(client, job_id, status_json)); }; });
+    auto* watch = app.add_subcommand("watch", "Stream a job's progress until it ends (non-zero unless it SUCCEEDED)");
+    watch->add_option("job", job_id, "job id")->required();
+    add_client_flags(watch);
+    watch->callback([&] { run = [&] { return Finish("watch", strata::services::RunWatch(client, job_id, stderr)); }; });
+    auto* cancel = app.add_subcommand("cancel", "Cancel a queued or running job");
+    cancel->add_option("job", job_id, "job id")->required();
+    add_client_flags(cancel);
+    cancel->callback([&] { run = [&] { return Finish("cancel", strata::services::RunCancel(client, job_id)); }; });
+  }
+};
+#endif
+
+// plan and compare: memory before a run, tables after.
+struct ReportCommands {
+  std::vector<std::string> plan_specs;
+  std::vector<std::string> plan_overrides;
+  bool plan_json = false;
+  std::vector<std::string> compare_dirs;
+  bool compare_json = false;
+
+  void Register(CLI::App& app, Runner& run) {
+    // strata plan / compare
+    auto* plan = app.add_subcommand("plan", "Model-state memory (weights, gradients, Adam) by tier for job specs");
+    plan->add_option("specs", plan_specs, "job specs (YAML)")->required();
+    plan->add_option("--set", plan_overrides, "override a spec field: key.path=value (repeatable)");
+    plan->add_flag("--json", plan_json, "print JSON");
+    plan->callback([&] {
+      run = [&] { return Finish("plan", strata::services::RunPlan(plan_specs, plan_overrides, plan_json)); };
+    });
+    auto* compare = app.add_subcommand("compare", "Side-by-side table of finished runs (their output directories)");
+    compare->add_option("runs", compare_dirs, "run output directories")->required();
+    compare->add_flag("--json", compare_json, "print JSON");
+    compare->callback(
+        [&] { run = [&] { return Finish("compare", strata::services::RunCompare(compare_dirs, compare_json)); }; });
+  }
+};
+
+// bench ...: each benchmark against a peer measured in the same run.
+struct BenchCommands {
+  strata::bench::GenerateBenchRequest gb;
+  strata::bench::IoBenchRequest io;
+  strata::bench::AdamBenchRequest ab;
+#if STRATA_WITH_SERVICE
+  strata::services::ServiceBenchRequest svc;
+  std::string svc_spec;
+  std::string svc_token_file;
+#endif
+  strata::bench::StreamBenchRequest sb;
+  strata::bench::TransferBenchRequest tb;
+
+  void Register(CLI::App& app, Runner& run) {
+    // strata bench ...
+    auto* bench = app.add_subcommand("bench", "Benchmarks, each against a peer measured in the same run");
+    bench->require_subcommand(1);
+    auto* bench_generate = bench->add_subcommand("generate", "Greedy tokens/s with the KV cache vs full recomputation");
+    bench_generate->add_option("--layers", gb.layers, "decoder layers");
+    bench_generate->add_option("--hidden", gb.hidden, "hidden size");
+    bench_generate->add_option("--heads", gb.heads, "attention heads");
+    bench_generate->add_option("--kv-heads", gb.kv_heads, "key/value heads");
+    bench_generate->add_option("--intermediate", gb.intermediate, "MLP width");
+    bench_generate->add_option("--vocab", gb.vocab, "vocabulary size");
+    bench_generate->add_option("--batch", gb.batch, "prompts per batch");
+    bench_generate->add_option("--prompt-tokens", gb.prompt_tokens, "prompt length");
+    bench_generate->add_option("--new-tokens", gb.new_tokens, "tokens generated per prompt");
+    bench_generate->add_option("--repeats", gb.repeats, "best of N runs per path");
+    bench_generate->add_option("--dtype", gb.dtype, "fp32 | bf16")->check(CLI::IsMember({"fp32", "bf16"}));
+    bench_generate->add_flag("--json", gb.json, "print one JSON object");
+    bench_generate->callback(
+        [&] { run = [&] { return Finish("bench generate", strata::bench::RunGenerateBench(gb)); }; });
+
+    auto* bench_io = bench->add_subcommand("io", "NVMe store (io_uring, O_DIRECT) vs fio, same size, block and depth");
+    bench_io->add_option("--dir", io.dir, "existing directory on the device to measure")->required();
+    bench_io->add_option("--size-mib", io.size_mib, "MiB written and read by each side")->check(CLI::PositiveNumber);
+    bench_io->add_option("--block-kib", io.block_kib, "I/O size in KiB (multiple of 4)")->check(CLI::PositiveNumber);
+    bench_io->add_option("--queue-depth", io.queue_depth, "requests in flight")->check(CLI::PositiveNumber);
+    bench_io->add_option("--engine", io.engine, "auto | uring | posix")
+        ->check(CLI::IsMember({"auto", "uring", "posix"}));
+    bench_io->add_option("--repeats", io.repeats, "runs per side, best counts")->check(CLI::PositiveNumber);
+    bench_io->add_flag("--json", io.json, "print one JSON object");
+    bench_io->callback([&] { run = [&] { return Finish("bench io", strata::bench::RunIoBench(io)); }; });
+
+    auto* bench_adam = bench->add_subcommand("adam", "CPU AdamW vs torch::optim::AdamW and the DRAM-bandwidth floor");
+    bench_adam->add_option("--params", ab.params, "parameters in the tensor")->check(CLI::PositiveNumber);
+    bench_adam->add_option("--steps", ab.steps, "timed steps (best counts)")->check(CLI::PositiveNumber);
+    bench_adam->add_option("--threads", ab.threads, "threads for all sides (0: all cores)");
+    bench_adam->add_option("--bf16-copy", ab.bf16_copy, "also write a bf16 copy of the weights (true|false)");
+    bench_adam->add_option("--isa", ab.isa, "auto | scalar | avx2 | avx512")
+        ->check(CLI::IsMember({"auto", "scalar", "avx2", "avx512"}));
+    bench_adam->add_flag("--json", ab.json, "print one JSON object");
+    bench_adam->callback([&] { run = [&] { return Finish("bench adam", strata::bench::RunAdamBench(ab)); }; });
+
+#if STRATA_WITH_SERVICE
+    auto* bench_service = bench->add_subcommand("service", "Concurrent clients against a running coordinator");
+    bench_service->add_option("--addr", svc.addr, "coordinator HOST:PORT");
+    bench_service->add_option("--token-file", svc_token_file, "bearer token file (default $STRATA_TOKEN)");
+    bench_service->add_option("--redis", svc.redis, "redis://HOST:PORT of the same stack, for the peer figures");
+    bench_service->add_option("--spec", svc_spec, "job spec each client submits")->required();
+    bench_service->add_option("--clients", svc.clients, "concurrent clients");
+    bench_service->add_option("--seconds", svc.seconds, "how long the clients run");
+    bench_service->add_flag("--json", svc.json, "print one JSON object");
+    bench_service->callback([&] {
+      run = [&] {
+        auto spec = strata::ReadFileToString(svc_spec);
+        if (!spec.ok()) return Finish("bench service", spec.status());
+        auto token = strata::services::ResolveToken(svc_token_file);
+        if (!token.ok()) return Finish("bench service", token.status());
+        svc.spec_yaml = *spec;
+        svc.token = *token;
+        return Finish("bench service", strata::services::RunServiceBench(svc));
+      };
+    });
+#endif
+
+    auto* bench_stream =
+        bench->add_subcommand("stream", "Training step with layers streamed from host / NVMe vs resident");
+    bench_stream->add_option("--layers", sb.layers, "decoder layers");
+    bench_stream->add_option("--hidden", sb.hidden, "hidden size (multiple of 64)");
+    bench_stream->add_option("--vocab", sb.vocab, "vocabulary size");
+    bench_stream->add_option("--batch", sb.batch, "sequences per step");
+    bench_stream->add_option("--seq", sb.seq, "tokens per sequence");
+    bench_stream->add_option("--device-budget-mib", sb.device_budget_mib,
+                             "device budget (0: the streamed step's own estimate + 10%)");
+    bench_stream->add_option("--prefetch", sb.prefetch_depth, "layers prefetched ahead");
+    bench_stream->add_option("--nvme-dir", sb.nvme_dir, "directory for the NVMe tier");
+    bench_stream->add_option("--steps", sb.steps, "timed steps per mode (best reported)");
+    bench_stream->add_option("--device", sb.device, "compute device: cpu, cuda or cuda:N");
+    bench_stream->add_flag("--json", sb.json, "print one JSON object");
+    bench_stream->callback([&] { run = [&] { return Finish("bench stream", strata::bench::RunStreamBench(sb)); }; });
+
+    auto* bench_transfer =
+        bench->add_subcommand("transfer", "Host<->device copy bandwidth: pinned arena vs torch pinned tensor copy");
+    bench_transfer->add_option("--device", tb.device, "cuda, cuda:N, or cpu (plumbing check)");
+    bench_transfer->add_option("--size-mib", tb.size_mib, "bytes per copy, in MiB");
+    bench_transfer->add_option("--repeats", tb.repeats, "timed copies per side and direction (median counts)");
+    bench_transfer->add_flag("--json", tb.json, "print one JSON object");
+    bench_transfer->callback(
+        [&] { run = [&] { return Finish("bench transfer", strata::bench::RunTransferBench(tb)); }; });
+  }
+};
 
 }  // namespace
 
@@ -62,266 +385,23 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "debug | info | warning | error")
       ->check(CLI::IsMember({"debug", "info", "warning", "error"}));
 
-  std::function<int()> run;
-
-  // strata generate
-  strata::services::GenerateRequest gen;
-  std::string gen_prompt, gen_prompt_ids;
-  auto* generate = app.add_subcommand("generate", "Continue a prompt with a Llama-family model");
-  generate->add_option("--model", gen.model_dir, "HF model directory")->required();
-  auto* prompt_opt = generate->add_option("--prompt", gen_prompt, "prompt text (BOS added if the tokenizer asks)");
-  auto* ids_opt = generate->add_option("--prompt-ids", gen_prompt_ids, "prompt token ids, used as given: 1,2,3");
-  prompt_opt->excludes(ids_opt);
-  generate->add_option("--max-new-tokens", gen.max_new_tokens, "new tokens at most")->check(CLI::NonNegativeNumber);
-  auto* greedy = generate->add_flag("--greedy", gen.greedy, "argmax decoding");
-  generate->add_option("--temperature", gen.temperature, "sampling temperature (> 0)")->excludes(greedy);
-  generate->add_option("--top-p", gen.top_p, "nucleus sampling mass in (0, 1]")->excludes(greedy);
-  generate->add_option("--top-k", gen.top_k, "keep the k most likely tokens (0: all)")->excludes(greedy);
-  generate->add_option("--seed", gen.seed, "sampling seed");
-  generate->add_option("--dtype", gen.dtype, "fp32 | bf16")->check(CLI::IsMember({"fp32", "bf16"}));
-  generate->add_flag("--ignore-eos", gen.ignore_eos, "keep generating past EOS");
-  generate->add_flag("--json", gen.json, "print one JSON object");
-  generate->callback([&] {
-    run = [&] {
-      if (!prompt_opt->empty()) gen.prompt = gen_prompt;
-      if (!ids_opt->empty()) {
-        if (auto s = FillIds(gen_prompt_ids, "--prompt-ids", &gen.prompt_ids); !s.ok()) return Finish("generate", s);
-      }
-      return Finish("generate", strata::services::RunGenerate(gen));
-    };
-  });
-
-  // strata logprobs
-  strata::services::LogProbsRequest lp;
-  std::string lp_ids;
-  auto* logprobs = app.add_subcommand("logprobs", "log p(token_t | tokens before t) for t = 1..n-1");
-  logprobs->add_option("--model", lp.model_dir, "HF model directory")->required();
-  logprobs->add_option("--ids", lp_ids, "token ids: 1,2,3")->required();
-  logprobs->add_option("--dtype", lp.dtype, "fp32 | bf16")->check(CLI::IsMember({"fp32", "bf16"}));
-  logprobs->add_flag("--json", lp.json, "print one JSON object");
-  logprobs->callback([&] {
-    run = [&] {
-      auto ids = ParseIdList(lp_ids, "--ids");
-      if (!ids.ok()) return Finish("logprobs", ids.status());
-      lp.ids = std::move(*ids);
-      return Finish("logprobs", strata::services::RunLogProbs(lp));
-    };
-  });
-
-  // strata tokenize
-  strata::services::TokenizeRequest tok;
-  std::string tok_text, tok_decode;
-  auto* tokenize = app.add_subcommand("tokenize", "Encode text or decode ids (no BOS/EOS added)");
-  tokenize->add_option("--tokenizer", tok.tokenizer_path, "model dir, tokenizer.json or tokenizer.model")
-      ->required();
-  auto* text_opt = tokenize->add_option("--text", tok_text, "text to encode");
-  auto* decode_opt = tokenize->add_option("--decode", tok_decode, "ids to decode: 1,2,3");
-  text_opt->excludes(decode_opt);
-  tokenize->add_flag("--json", tok.json, "print one JSON object");
-  tokenize->callback([&] {
-    run = [&] {
-      if (!text_opt->empty()) tok.text = tok_text;
-      if (!decode_opt->empty()) {
-        if (auto s = FillIds(tok_decode, "--decode", &tok.decode_ids); !s.ok()) return Finish("tokenize", s);
-      }
-      return Finish("tokenize", strata::services::RunTokenize(tok));
-    };
-  });
-
-  // strata init-model
-  strata::services::InitModelRequest init;
-  auto* init_model = app.add_subcommand("init-model", "Write a randomly initialised Llama model directory");
-  init_model->add_option("--config", init.config_path, "HF config.json")->required();
-  init_model->add_option("--out", init.out_dir, "output directory")->required();
-  init_model->add_option("--head", init.head, "lm | scalar")->check(CLI::IsMember({"lm", "scalar"}));
-  init_model->add_option("--dtype", init.dtype, "fp32 | bf16")->check(CLI::IsMember({"fp32", "bf16"}));
-  init_model->add_option("--seed", init.seed, "initialisation seed");
-  init_model->add_option("--init-std", init.init_std, "standard deviation of the weights")->check(CLI::PositiveNumber);
-  init_model->callback([&] { run = [&] { return Finish("init-model", strata::services::RunInitModel(init)); }; });
-
-  // strata train
-  strata::services::TrainRequest train;
-  auto* train_cmd = app.add_subcommand("train", "Run one job (sft, reward_model, remax, ppo, grpo, rloo) in-process");
-  train_cmd->add_option("spec", train.spec_path, "job spec (YAML)")->required();
-  train_cmd->add_option("--out", train.out_dir, "output directory (replaces output.dir)");
-  train_cmd->add_option("--metrics", train.metrics_path, "metrics file (JSON lines); default <out>/metrics.jsonl");
-  train_cmd->add_flag("--resume", train.resume, "continue from the latest checkpoint");
-  train_cmd->add_option("--set", train.overrides, "override a spec field: key.path=value (repeatable)");
-  train_cmd->callback([&] { run = [&] { return Finish("train", strata::services::RunTrain(train)); }; });
-
+  // The parsed subcommand's callback sets `run`; the groups own the flags'
+  // values, so they live as long as `app`.
+  Runner run;
+  ModelCommands model;
+  model.Register(app, run);
+  TrainCommands train;
+  train.Register(app, run);
 #if STRATA_WITH_SERVICE
-  // strata coordinator / worker
-  strata::services::CoordinatorCommand coord;
-  auto* coordinator = app.add_subcommand("coordinator", "Run the job coordinator (gRPC)");
-  coordinator->add_option("--listen", coord.listen, "HOST:PORT to serve on");
-  coordinator->add_option("--redis", coord.redis, "redis://HOST:PORT of the job store");
-  coordinator->add_option("--token-file", coord.token_file, "bearer token clients and workers must present");
-  coordinator->add_option("--tls-cert", coord.tls.cert, "PEM certificate (enables TLS)");
-  coordinator->add_option("--tls-key", coord.tls.key, "PEM private key");
-  coordinator->add_option("--tls-ca", coord.tls.ca, "PEM CA: require client certificates (mTLS)");
-  coordinator->callback([&] { run = [&] { return Finish("coordinator", strata::services::RunCoordinatorServer(coord)); }; });
-  strata::services::WorkerCommand wk;
-  auto* worker = app.add_subcommand("worker", "Run a worker that holds a job's models (gRPC)");
-  worker->add_option("--listen", wk.listen, "HOST:PORT to serve on");
-  worker->add_option("--coordinator", wk.coordinator, "HOST:PORT of the coordinator");
-  worker->add_option("--token-file", wk.token_file, "bearer token (served and presented)");
-  worker->add_option("--nvme-dir", wk.nvme_dir, "NVMe tier directory for jobs that name none");
-  worker->add_option("--device-budget-mib", wk.device_budget_mib, "device budget for jobs that name none");
-  worker->add_option("--id", wk.worker_id, "worker id (default worker-<listen>)");
-  worker->add_option("--tls-cert", wk.tls.cert, "PEM certificate (enables TLS)");
-  worker->add_option("--tls-key", wk.tls.key, "PEM private key");
-  worker->add_option("--tls-ca", wk.tls.ca, "PEM CA for the coordinator's certificate");
-  worker->callback([&] { run = [&] { return Finish("worker", strata::services::RunWorkerServer(wk)); }; });
-
-  // Client commands: submit, jobs, status, watch, cancel.
-  strata::services::ClientOptions client;
-  auto add_client_flags = [&](CLI::App* cmd) {
-    cmd->add_option("--addr", client.addr, "coordinator HOST:PORT (default $STRATA_ADDR or 127.0.0.1:50051)");
-    cmd->add_option("--token-file", client.token_file, "bearer token file (default $STRATA_TOKEN)");
-    cmd->add_option("--tls-ca", client.tls_ca, "PEM CA of the coordinator (default $STRATA_TLS_CA; plaintext without)");
-  };
-  std::string submit_spec, submit_request_id;
-  std::vector<std::string> submit_overrides;
-  auto* submit = app.add_subcommand("submit", "Submit a job; prints its id");
-  submit->add_option("spec", submit_spec, "job spec (YAML)")->required();
-  submit->add_option("--set", submit_overrides, "override a spec field: key.path=value (repeatable)");
-  submit->add_option("--request-id", submit_request_id, "idempotency key: a retry returns the same job");
-  add_client_flags(submit);
-  submit->callback([&] {
-    run = [&] {
-      return Finish("submit", strata::services::RunSubmit(client, submit_spec, submit_overrides, submit_request_id));
-    };
-  });
-  std::string jobs_state;
-  int jobs_page = 20;
-  bool jobs_all = false;
-  auto* jobs = app.add_subcommand("jobs", "List jobs, newest first");
-  jobs->add_option("--state", jobs_state, "QUEUED | RUNNING | SUCCEEDED | FAILED | CANCELLED");
-  jobs->add_option("--page-size", jobs_page, "jobs per page")->check(CLI::Range(1, 200));
-  jobs->add_flag("--all", jobs_all, "every page");
-  add_client_flags(jobs);
-  jobs->callback([&] { run = [&] { return Finish("jobs", strata::services::RunJobs(client, jobs_state, jobs_page, jobs_all)); }; });
-  std::string job_id;
-  bool status_json = false;
-  auto* status = app.add_subcommand("status", "A job's state");
-  status->add_option("job", job_id, "job id")->required();
-  status->add_flag("--json", status_json, "print one JSON object");
-  add_client_flags(status);
-  status->callback([&] { run = [&] { return Finish("status", strata::services::RunStatus(client, job_id, status_json)); }; });
-  auto* watch = app.add_subcommand("watch", "Stream a job's progress until it ends (non-zero unless it SUCCEEDED)");
-  watch->add_option("job", job_id, "job id")->required();
-  add_client_flags(watch);
-  watch->callback([&] { run = [&] { return Finish("watch", strata::services::RunWatch(client, job_id, stderr)); }; });
-  auto* cancel = app.add_subcommand("cancel", "Cancel a queued or running job");
-  cancel->add_option("job", job_id, "job id")->required();
-  add_client_flags(cancel);
-  cancel->callback([&] { run = [&] { return Finish("cancel", strata::services::RunCancel(client, job_id)); }; });
+  ServerCommands servers;
+  servers.Register(app, run);
+  ClientCommands clients;
+  clients.Register(app, run);
 #endif
-
-  // strata plan / compare
-  std::vector<std::string> plan_specs, plan_overrides;
-  bool plan_json = false;
-  auto* plan = app.add_subcommand("plan", "Model-state memory (weights, gradients, Adam) by tier for job specs");
-  plan->add_option("specs", plan_specs, "job specs (YAML)")->required();
-  plan->add_option("--set", plan_overrides, "override a spec field: key.path=value (repeatable)");
-  plan->add_flag("--json", plan_json, "print JSON");
-  plan->callback([&] { run = [&] { return Finish("plan", strata::services::RunPlan(plan_specs, plan_overrides, plan_json)); }; });
-  std::vector<std::string> compare_dirs;
-  bool compare_json = false;
-  auto* compare = app.add_subcommand("compare", "Side-by-side table of finished runs (their output directories)");
-  compare->add_option("runs", compare_dirs, "run output directories")->required();
-  compare->add_flag("--json", compare_json, "print JSON");
-  compare->callback([&] { run = [&] { return Finish("compare", strata::services::RunCompare(compare_dirs, compare_json)); }; });
-
-  // strata bench ...
-  auto* bench = app.add_subcommand("bench", "Benchmarks, each against a peer measured in the same run");
-  bench->require_subcommand(1);
-  strata::bench::GenerateBenchRequest gb;
-  auto* bench_generate = bench->add_subcommand("generate", "Greedy tokens/s with the KV cache vs full recomputation");
-  bench_generate->add_option("--layers", gb.layers, "decoder layers");
-  bench_generate->add_option("--hidden", gb.hidden, "hidden size");
-  bench_generate->add_option("--heads", gb.heads, "attention heads");
-  bench_generate->add_option("--kv-heads", gb.kv_heads, "key/value heads");
-  bench_generate->add_option("--intermediate", gb.intermediate, "MLP width");
-  bench_generate->add_option("--vocab", gb.vocab, "vocabulary size");
-  bench_generate->add_option("--batch", gb.batch, "prompts per batch");
-  bench_generate->add_option("--prompt-tokens", gb.prompt_tokens, "prompt length");
-  bench_generate->add_option("--new-tokens", gb.new_tokens, "tokens generated per prompt");
-  bench_generate->add_option("--repeats", gb.repeats, "best of N runs per path");
-  bench_generate->add_option("--dtype", gb.dtype, "fp32 | bf16")->check(CLI::IsMember({"fp32", "bf16"}));
-  bench_generate->add_flag("--json", gb.json, "print one JSON object");
-  bench_generate->callback([&] { run = [&] { return Finish("bench generate", strata::bench::RunGenerateBench(gb)); }; });
-
-  strata::bench::IoBenchRequest io;
-  auto* bench_io = bench->add_subcommand("io", "NVMe store (io_uring, O_DIRECT) vs fio, same size, block and depth");
-  bench_io->add_option("--dir", io.dir, "existing directory on the device to measure")->required();
-  bench_io->add_option("--size-mib", io.size_mib, "MiB written and read by each side")->check(CLI::PositiveNumber);
-  bench_io->add_option("--block-kib", io.block_kib, "I/O size in KiB (multiple of 4)")->check(CLI::PositiveNumber);
-  bench_io->add_option("--queue-depth", io.queue_depth, "requests in flight")->check(CLI::PositiveNumber);
-  bench_io->add_option("--engine", io.engine, "auto | uring | posix")->check(CLI::IsMember({"auto", "uring", "posix"}));
-  bench_io->add_option("--repeats", io.repeats, "runs per side, best counts")->check(CLI::PositiveNumber);
-  bench_io->add_flag("--json", io.json, "print one JSON object");
-  bench_io->callback([&] { run = [&] { return Finish("bench io", strata::bench::RunIoBench(io)); }; });
-
-  strata::bench::AdamBenchRequest ab;
-  auto* bench_adam = bench->add_subcommand("adam", "CPU AdamW vs torch::optim::AdamW and the DRAM-bandwidth floor");
-  bench_adam->add_option("--params", ab.params, "parameters in the tensor")->check(CLI::PositiveNumber);
-  bench_adam->add_option("--steps", ab.steps, "timed steps (best counts)")->check(CLI::PositiveNumber);
-  bench_adam->add_option("--threads", ab.threads, "threads for all sides (0: all cores)");
-  bench_adam->add_option("--bf16-copy", ab.bf16_copy, "also write a bf16 copy of the weights (true|false)");
-  bench_adam->add_option("--isa", ab.isa, "auto | scalar | avx2 | avx512")
-      ->check(CLI::IsMember({"auto", "scalar", "avx2", "avx512"}));
-  bench_adam->add_flag("--json", ab.json, "print one JSON object");
-  bench_adam->callback([&] { run = [&] { return Finish("bench adam", strata::bench::RunAdamBench(ab)); }; });
-
-#if STRATA_WITH_SERVICE
-  strata::services::ServiceBenchRequest svc;
-  std::string svc_spec, svc_token_file;
-  auto* bench_service = bench->add_subcommand("service", "Concurrent clients against a running coordinator");
-  bench_service->add_option("--addr", svc.addr, "coordinator HOST:PORT");
-  bench_service->add_option("--token-file", svc_token_file, "bearer token file (default $STRATA_TOKEN)");
-  bench_service->add_option("--redis", svc.redis, "redis://HOST:PORT of the same stack, for the peer figures");
-  bench_service->add_option("--spec", svc_spec, "job spec each client submits")->required();
-  bench_service->add_option("--clients", svc.clients, "concurrent clients");
-  bench_service->add_option("--seconds", svc.seconds, "how long the clients run");
-  bench_service->add_flag("--json", svc.json, "print one JSON object");
-  bench_service->callback([&] {
-    run = [&] {
-      auto spec = strata::ReadFileToString(svc_spec);
-      if (!spec.ok()) return Finish("bench service", spec.status());
-      auto token = strata::services::ResolveToken(svc_token_file);
-      if (!token.ok()) return Finish("bench service", token.status());
-      svc.spec_yaml = *spec;
-      svc.token = *token;
-      return Finish("bench service", strata::services::RunServiceBench(svc));
-    };
-  });
-#endif
-
-  strata::bench::StreamBenchRequest sb;
-  auto* bench_stream = bench->add_subcommand("stream", "Training step with layers streamed from host / NVMe vs resident");
-  bench_stream->add_option("--layers", sb.layers, "decoder layers");
-  bench_stream->add_option("--hidden", sb.hidden, "hidden size (multiple of 64)");
-  bench_stream->add_option("--vocab", sb.vocab, "vocabulary size");
-  bench_stream->add_option("--batch", sb.batch, "sequences per step");
-  bench_stream->add_option("--seq", sb.seq, "tokens per sequence");
-  bench_stream->add_option("--device-budget-mib", sb.device_budget_mib, "device budget (0: the streamed step's own estimate + 10%)");
-  bench_stream->add_option("--prefetch", sb.prefetch_depth, "layers prefetched ahead");
-  bench_stream->add_option("--nvme-dir", sb.nvme_dir, "directory for the NVMe tier");
-  bench_stream->add_option("--steps", sb.steps, "timed steps per mode (best reported)");
-  bench_stream->add_option("--device", sb.device, "compute device: cpu, cuda or cuda:N");
-  bench_stream->add_flag("--json", sb.json, "print one JSON object");
-  bench_stream->callback([&] { run = [&] { return Finish("bench stream", strata::bench::RunStreamBench(sb)); }; });
-
-  strata::bench::TransferBenchRequest tb;
-  auto* bench_transfer =
-      bench->add_subcommand("transfer", "Host<->device copy bandwidth: pinned arena vs torch pinned tensor copy");
-  bench_transfer->add_option("--device", tb.device, "cuda, cuda:N, or cpu (plumbing check)");
-  bench_transfer->add_option("--size-mib", tb.size_mib, "bytes per copy, in MiB");
-  bench_transfer->add_option("--repeats", tb.repeats, "timed copies per side and direction (median counts)");
-  bench_transfer->add_flag("--json", tb.json, "print one JSON object");
-  bench_transfer->callback(
-      [&] { run = [&] { return Finish("bench transfer", strata::bench::RunTransferBench(tb)); }; });
+  ReportCommands reports;
+  reports.Register(app, run);
+  BenchCommands benches;
+  benches.Register(app, run);
 
   try {
     app.parse(argc, argv);

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "base/file.h"
 #include "base/log.h"
+#include "base/status_macros.h"
 #include "policies/model/generation.h"
 #include "policies/model/llama.h"
 #include "policies/tokenizer/tokenizer.h"
@@ -63,18 +64,16 @@ absl::StatusOr<std::string> RunGenerate(const GenerateRequest& request) {
   if (request.prompt.has_value() == request.prompt_ids.has_value()) {
     return absl::InvalidArgumentError("give exactly one of --prompt and --prompt-ids");
   }
-  auto model = LoadLanguageModel(request.model_dir, request.dtype);
-  if (!model.ok()) return model.status();
-  auto tokenizer = MaybeLoadTokenizer(request.model_dir);
-  if (!tokenizer.ok()) return tokenizer.status();
+  STRATA_ASSIGN_OR_RETURN(auto model, LoadLanguageModel(request.model_dir, request.dtype));
+  STRATA_ASSIGN_OR_RETURN(auto tokenizer, MaybeLoadTokenizer(request.model_dir));
 
   std::vector<int32_t> prompt_ids;
   if (request.prompt.has_value()) {
-    if (*tokenizer == nullptr) {
+    if (tokenizer == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
           "--prompt needs a tokenizer, but ", request.model_dir, " has no tokenizer.json or tokenizer.model"));
     }
-    prompt_ids = (*tokenizer)->EncodeForPrompt(*request.prompt);
+    prompt_ids = tokenizer->EncodeForPrompt(*request.prompt);
     if (prompt_ids.empty()) return absl::InvalidArgumentError("--prompt: encodes to no tokens");
   } else {
     prompt_ids = *request.prompt_ids;
@@ -89,33 +88,31 @@ absl::StatusOr<std::string> RunGenerate(const GenerateRequest& request) {
   options.seed = request.seed;
   options.stop_at_eos = !request.ignore_eos;
   // Clamp to the context window so a long prompt still gets what fits.
-  const int64_t room = (*model)->config().max_position_embeddings - static_cast<int64_t>(prompt_ids.size());
+  const int64_t room = model->config().max_position_embeddings - static_cast<int64_t>(prompt_ids.size());
   if (room <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("prompt has ", prompt_ids.size(), " tokens; the model's context is ",
-                                                   (*model)->config().max_position_embeddings));
+                                                   model->config().max_position_embeddings));
   }
   if (options.max_new_tokens > room) {
     STRATA_LOG(Warning) << "--max-new-tokens " << options.max_new_tokens << " exceeds the context window; using "
                         << room;
     options.max_new_tokens = room;
   }
-  auto out = policies::Generate(**model, {prompt_ids}, options, (*model)->config().eos_token_ids,
-                                (*model)->config().pad_token_id);
-  if (!out.ok()) return out.status();
-  const std::vector<int32_t>& output_ids = out->tokens[0];
-  const std::string text = *tokenizer ? (*tokenizer)->Decode(output_ids) : std::string();
+  STRATA_ASSIGN_OR_RETURN(auto out, policies::Generate(*model, {prompt_ids}, options, model->config().eos_token_ids,
+                                                       model->config().pad_token_id));
+  const std::vector<int32_t>& output_ids = out.tokens[0];
+  const std::string text = tokenizer ? tokenizer->Decode(output_ids) : std::string();
   if (request.json) {
     return Dump(json{{"prompt_ids", prompt_ids}, {"output_ids", output_ids}, {"text", text}});
   }
-  if (*tokenizer) return text + "\n";
+  if (tokenizer) return text + "\n";
   return absl::StrJoin(output_ids, ",") + "\n";
 }
 
 absl::StatusOr<std::string> RunLogProbs(const LogProbsRequest& request) {
   if (request.ids.size() < 2) return absl::InvalidArgumentError("--ids: need at least two token ids");
-  auto model = LoadLanguageModel(request.model_dir, request.dtype);
-  if (!model.ok()) return model.status();
-  const auto& config = (*model)->config();
+  STRATA_ASSIGN_OR_RETURN(auto model, LoadLanguageModel(request.model_dir, request.dtype));
+  const auto& config = model->config();
   for (int32_t id : request.ids) {
     if (id >= config.vocab_size) {
       return absl::InvalidArgumentError(
@@ -130,7 +127,7 @@ absl::StatusOr<std::string> RunLogProbs(const LogProbsRequest& request) {
   at::NoGradGuard no_grad;
   const at::Tensor ids =
       at::tensor(std::vector<int64_t>(request.ids.begin(), request.ids.end()), at::kLong).unsqueeze(0);
-  const at::Tensor logp = policies::SequenceLogProbs(**model, ids, at::ones_like(ids))[0].contiguous();
+  const at::Tensor logp = policies::SequenceLogProbs(*model, ids, at::ones_like(ids))[0].contiguous();
   std::vector<float> values(logp.data_ptr<float>(), logp.data_ptr<float>() + logp.numel());
   if (request.json) return Dump(json{{"logprobs", values}});
   return absl::StrJoin(values, " ") + "\n";
@@ -140,29 +137,26 @@ absl::StatusOr<std::string> RunTokenize(const TokenizeRequest& request) {
   if (request.text.has_value() == request.decode_ids.has_value()) {
     return absl::InvalidArgumentError("give exactly one of --text and --decode");
   }
-  auto tokenizer = policies::Tokenizer::Load(request.tokenizer_path);
-  if (!tokenizer.ok()) return tokenizer.status();
+  STRATA_ASSIGN_OR_RETURN(auto tokenizer, policies::Tokenizer::Load(request.tokenizer_path));
   if (request.text.has_value()) {
-    const std::vector<int32_t> ids = (*tokenizer)->Encode(*request.text);
+    const std::vector<int32_t> ids = tokenizer->Encode(*request.text);
     if (request.json) return Dump(json{{"ids", ids}});
     return absl::StrJoin(ids, ",") + "\n";
   }
   for (int32_t id : *request.decode_ids) {
-    if (id >= (*tokenizer)->vocab_size()) {
+    if (id >= tokenizer->vocab_size()) {
       return absl::InvalidArgumentError(absl::StrCat("--decode: token id ", id, " is outside the vocabulary [0, ",
-                                                     (*tokenizer)->vocab_size(), ")"));
+                                                     tokenizer->vocab_size(), ")"));
     }
   }
-  const std::string text = (*tokenizer)->Decode(*request.decode_ids);
+  const std::string text = tokenizer->Decode(*request.decode_ids);
   if (request.json) return Dump(json{{"text", text}});
   return text + "\n";
 }
 
 absl::StatusOr<std::string> RunInitModel(const InitModelRequest& request) {
-  auto text = ReadFileToString(request.config_path);
-  if (!text.ok()) return text.status();
-  auto config = policies::LlamaConfig::FromJson(*text, request.config_path);
-  if (!config.ok()) return config.status();
+  STRATA_ASSIGN_OR_RETURN(auto text, ReadFileToString(request.config_path));
+  STRATA_ASSIGN_OR_RETURN(auto config, policies::LlamaConfig::FromJson(text, request.config_path));
   auto dtype = policies::ParseModelDType(request.dtype);
   if (!dtype.ok()) return absl::InvalidArgumentError(absl::StrCat("--dtype: ", dtype.status().message()));
   if (request.head != "lm" && request.head != "scalar") {
@@ -173,11 +167,12 @@ absl::StatusOr<std::string> RunInitModel(const InitModelRequest& request) {
   }
   std::error_code ec;
   std::filesystem::create_directories(request.out_dir, ec);
-  if (ec) return absl::PermissionDeniedError(absl::StrCat("--out: cannot create ", request.out_dir, ": ", ec.message()));
+  if (ec)
+    return absl::PermissionDeniedError(absl::StrCat("--out: cannot create ", request.out_dir, ": ", ec.message()));
   const auto head = request.head == "lm" ? policies::LlamaHead::kLanguageModel : policies::LlamaHead::kScalar;
-  auto model = policies::LlamaModel::RandomInit(*config, head, *dtype, request.seed, request.init_std);
-  if (auto s = model->Save(request.out_dir); !s.ok()) return s;
-  return absl::StrCat("wrote ", request.out_dir, " (", config->NumParameters(), " parameters)\n");
+  auto model = policies::LlamaModel::RandomInit(config, head, *dtype, request.seed, request.init_std);
+  STRATA_RETURN_IF_ERROR(model->Save(request.out_dir));
+  return absl::StrCat("wrote ", request.out_dir, " (", config.NumParameters(), " parameters)\n");
 }
 
 }  // namespace strata::services

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/file.h"
+#include "base/status_macros.h"
 #include "policies/job/memory_plan.h"
 
 namespace strata::services {
@@ -24,14 +25,12 @@ absl::StatusOr<std::string> RunPlan(const std::vector<std::string>& spec_paths,
   json all = json::array();
   std::string text;
   for (const auto& path : spec_paths) {
-    auto spec = policies::LoadJobSpec(path, overrides);
-    if (!spec.ok()) return spec.status();
-    auto plan = policies::PlanModelStates(*spec);
-    if (!plan.ok()) return plan.status();
-    json j{{"spec", path}, {"algorithm", policies::AlgorithmName(spec->algorithm)}};
-    text += absl::StrFormat("%s (%s): model states, by tier\n", path, policies::AlgorithmName(spec->algorithm));
+    STRATA_ASSIGN_OR_RETURN(auto spec, policies::LoadJobSpec(path, overrides));
+    STRATA_ASSIGN_OR_RETURN(auto plan, policies::PlanModelStates(spec));
+    json j{{"spec", path}, {"algorithm", policies::AlgorithmName(spec.algorithm)}};
+    text += absl::StrFormat("%s (%s): model states, by tier\n", path, policies::AlgorithmName(spec.algorithm));
     text += absl::StrFormat("  %-10s %14s %12s %12s %12s\n", "model", "parameters", "device", "host", "nvme");
-    for (const auto& m : plan->models) {
+    for (const auto& m : plan.models) {
       text += absl::StrFormat("  %-10s %14d %12s %12s %12s\n", m.role, m.parameters, GiB(m.total(0)), GiB(m.total(1)),
                               GiB(m.total(2)));
       j["models"].push_back({{"role", m.role},
@@ -41,11 +40,11 @@ absl::StatusOr<std::string> RunPlan(const std::vector<std::string>& spec_paths,
                              {"host_bytes", m.total(1)},
                              {"nvme_bytes", m.total(2)}});
     }
-    text += absl::StrFormat("  %-10s %14s %12s %12s %12s\n", "total", "", GiB(plan->total[0]), GiB(plan->total[1]),
-                            GiB(plan->total[2]));
-    j["device_bytes"] = plan->total[0];
-    j["host_bytes"] = plan->total[1];
-    j["nvme_bytes"] = plan->total[2];
+    text += absl::StrFormat("  %-10s %14s %12s %12s %12s\n", "total", "", GiB(plan.total[0]), GiB(plan.total[1]),
+                            GiB(plan.total[2]));
+    j["device_bytes"] = plan.total[0];
+    j["host_bytes"] = plan.total[1];
+    j["nvme_bytes"] = plan.total[2];
     all.push_back(j);
   }
   if (as_json) return all.dump() + "\n";
@@ -56,16 +55,15 @@ absl::StatusOr<std::string> RunCompare(const std::vector<std::string>& run_dirs,
   json all = json::array();
   for (const auto& dir : run_dirs) {
     const std::string path = JoinPath(dir, "metrics.jsonl");
-    auto text = ReadFileToString(path);
-    if (!text.ok()) return text.status();
+    STRATA_ASSIGN_OR_RETURN(auto text, ReadFileToString(path));
     json summary{{"run", dir}, {"iterations", 0}};
     double sums[4] = {0, 0, 0, 0};
     const char* times[4] = {"time/iteration_s", "time/rollout_s", "time/score_s", "time/update_s"};
     size_t pos = 0;
-    while (pos < text->size()) {
-      size_t nl = text->find('\n', pos);
-      if (nl == std::string::npos) nl = text->size();
-      json line = json::parse(text->substr(pos, nl - pos), nullptr, false);
+    while (pos < text.size()) {
+      size_t nl = text.find('\n', pos);
+      if (nl == std::string::npos) nl = text.size();
+      json line = json::parse(text.substr(pos, nl - pos), nullptr, false);
       pos = nl + 1;
       if (line.is_discarded()) return absl::DataLossError(absl::StrCat(path, ": a line is not JSON"));
       summary["iterations"] = summary["iterations"].get<int64_t>() + 1;
@@ -87,7 +85,8 @@ absl::StatusOr<std::string> RunCompare(const std::vector<std::string>& run_dirs,
   }
   if (as_json) return all.dump() + "\n";
   std::string out = absl::StrFormat("%-26s", "");
-  for (const auto& s : all) out += absl::StrFormat("%18s", std::filesystem::path(s["run"].get<std::string>()).filename().string());
+  for (const auto& s : all)
+    out += absl::StrFormat("%18s", std::filesystem::path(s["run"].get<std::string>()).filename().string());
   out += "\n";
   auto row = [&](const std::string& label, const std::function<std::string(const json&)>& cell) {
     out += absl::StrFormat("%-26s", label);

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/log.h"
+#include "base/status_macros.h"
 #include "services/coordinator/coordinator.h"
 #include "services/store/job_store.h"
 #include "services/rpc/wire.h"
@@ -61,12 +62,10 @@ struct ServerSecurity {
   std::shared_ptr<grpc::ServerCredentials> credentials;
 
   static absl::StatusOr<ServerSecurity> Resolve(const std::string& token_file, const TlsFiles& tls) {
-    auto token = ResolveToken(token_file);
-    if (!token.ok()) return token.status();
-    if (token->empty()) STRATA_LOG(Warning) << "no --token-file or STRATA_TOKEN: authentication is OFF";
-    auto credentials = MakeServerCredentials(tls);
-    if (!credentials.ok()) return credentials.status();
-    return ServerSecurity{*token, *credentials};
+    STRATA_ASSIGN_OR_RETURN(auto token, ResolveToken(token_file));
+    if (token.empty()) STRATA_LOG(Warning) << "no --token-file or STRATA_TOKEN: authentication is OFF";
+    STRATA_ASSIGN_OR_RETURN(auto credentials, MakeServerCredentials(tls));
+    return ServerSecurity{token, credentials};
   }
 };
 
@@ -74,20 +73,19 @@ struct ServerSecurity {
 
 absl::StatusOr<std::string> RunCoordinatorServer(const CoordinatorCommand& command) {
   const sigset_t signals = BlockShutdownSignals();
-  auto security = ServerSecurity::Resolve(command.token_file, command.tls);
-  if (!security.ok()) return security.status();
+  STRATA_ASSIGN_OR_RETURN(auto security, ServerSecurity::Resolve(command.token_file, command.tls));
   JobStoreOptions store_options;
   store_options.redis_url = command.redis;
   auto store = JobStore::Connect(store_options);
   if (!store.ok()) return absl::Status(store.status().code(), absl::StrCat("--redis: ", store.status().message()));
   CoordinatorOptions options;
-  options.token = security->token;
+  options.token = security.token;
   options.worker_tls.ca = command.tls.ca;
   auto service = std::make_unique<CoordinatorService>(store->get(), options);
-  if (auto s = service->Start(); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(service->Start());
   grpc::ServerBuilder builder;
   int port = 0;
-  ConfigureServer(builder, command.listen, security->credentials, &port);
+  ConfigureServer(builder, command.listen, security.credentials, &port);
   builder.RegisterService(service.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
@@ -103,17 +101,16 @@ absl::StatusOr<std::string> RunCoordinatorServer(const CoordinatorCommand& comma
 
 absl::StatusOr<std::string> RunWorkerServer(const WorkerCommand& command) {
   const sigset_t signals = BlockShutdownSignals();
-  auto security = ServerSecurity::Resolve(command.token_file, command.tls);
-  if (!security.ok()) return security.status();
+  STRATA_ASSIGN_OR_RETURN(auto security, ServerSecurity::Resolve(command.token_file, command.tls));
   WorkerServiceOptions options;
   options.worker_id = command.worker_id.empty() ? "worker-" + command.listen : command.worker_id;
-  options.token = security->token;
+  options.token = security.token;
   options.nvme_dir = command.nvme_dir;
   options.device_budget_mib = command.device_budget_mib;
   WorkerService service(options);
   grpc::ServerBuilder builder;
   int port = 0;
-  ConfigureServer(builder, command.listen, security->credentials, &port);
+  ConfigureServer(builder, command.listen, security.credentials, &port);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
@@ -123,9 +120,8 @@ absl::StatusOr<std::string> RunWorkerServer(const WorkerCommand& command) {
 
   // Registration and heartbeats until shutdown. A coordinator that is down or
   // restarting is retried; an expired registration is renewed.
-  auto channel_credentials = MakeChannelCredentials(command.tls);
-  if (!channel_credentials.ok()) return channel_credentials.status();
-  auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(command.coordinator, *channel_credentials));
+  STRATA_ASSIGN_OR_RETURN(auto channel_credentials, MakeChannelCredentials(command.tls));
+  auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(command.coordinator, channel_credentials));
   std::atomic<bool> stop{false};
   std::mutex mu;
   std::condition_variable cv;
@@ -134,7 +130,7 @@ absl::StatusOr<std::string> RunWorkerServer(const WorkerCommand& command) {
     int interval_ms = 1000;
     while (!stop.load()) {
       grpc::ClientContext context;
-      AddBearer(&context, security->token);
+      AddBearer(&context, security.token);
       context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
       grpc::Status status;
       if (!registered) {

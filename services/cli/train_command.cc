@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
 #include "services/runtime/job_runner.h"
 #include "services/runtime/local_worker_group.h"
 
@@ -14,20 +15,18 @@ namespace strata::services {
 absl::StatusOr<std::string> RunTrain(const TrainRequest& request) {
   std::vector<std::string> overrides = request.overrides;
   if (!request.out_dir.empty()) overrides.push_back("output.dir=" + request.out_dir);
-  auto spec = policies::LoadJobSpec(request.spec_path, overrides);
-  if (!spec.ok()) return spec.status();
+  STRATA_ASSIGN_OR_RETURN(auto spec, policies::LoadJobSpec(request.spec_path, overrides));
   const auto start = std::chrono::steady_clock::now();
-  auto workers = LocalWorkerGroup::Create(*spec);
-  if (!workers.ok()) return workers.status();
+  STRATA_ASSIGN_OR_RETURN(auto workers, LocalWorkerGroup::Create(spec));
   JobRunOptions options;
   options.metrics_path = request.metrics_path;
   options.resume = request.resume;
   options.progress = stderr;
   options.progress_bar = ::isatty(STDERR_FILENO) != 0;
-  if (auto s = RunJob(*spec, **workers, (*workers)->tokenizer(), options); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(RunJob(spec, *workers, workers->tokenizer(), options));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return absl::StrFormat("%s job done in %.1f s: model in %s\n", policies::AlgorithmName(spec->algorithm), seconds,
-                         spec->output_dir);
+  return absl::StrFormat("%s job done in %.1f s: model in %s\n", policies::AlgorithmName(spec.algorithm), seconds,
+                         spec.output_dir);
 }
 
 }  // namespace strata::services

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/file.h"
 #include "base/log.h"
+#include "base/status_macros.h"
 #include "policies/job/job_spec.h"
 #include "policies/job/memory_plan.h"
 #include "policies/tokenizer/tokenizer.h"
@@ -100,7 +101,8 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::JobEvent> {
     event_.set_json(e.json);
     nlohmann::json j = nlohmann::json::parse(e.json, nullptr, false);
     if (!j.is_discarded() && j.is_object()) {
-      if (j.contains("iteration") && j["iteration"].is_number_integer()) event_.set_iteration(j["iteration"].get<int64_t>());
+      if (j.contains("iteration") && j["iteration"].is_number_integer())
+        event_.set_iteration(j["iteration"].get<int64_t>());
       if (e.type == "state" && j.contains("state") && j["state"].is_string()) {
         auto state = ParseJobState(j["state"].get<std::string>());
         if (state.ok()) {
@@ -133,9 +135,8 @@ CoordinatorService::CoordinatorService(JobStore* store, CoordinatorOptions optio
 CoordinatorService::~CoordinatorService() { Stop(); }
 
 absl::Status CoordinatorService::Start() {
-  auto running = store_->ListByState(JobState::kRunning);
-  if (!running.ok()) return running.status();
-  for (const JobRecord& job : *running) {
+  STRATA_ASSIGN_OR_RETURN(auto running, store_->ListByState(JobState::kRunning));
+  for (const JobRecord& job : running) {
     // The loop that ran it died with the previous coordinator; its
     // checkpoints are on disk, so it resumes when scheduled again.
     auto requeued = store_->Transition(job.id, {JobState::kRunning}, JobState::kQueued, {{"worker", ""}});
@@ -178,19 +179,17 @@ grpc::ServerUnaryReactor* CoordinatorService::Handle(grpc::CallbackServerContext
 
 absl::Status CoordinatorService::Submit(const v1::SubmitJobRequest& request, v1::Job* response) {
   std::vector<std::string> overrides(request.overrides().begin(), request.overrides().end());
-  auto yaml = policies::ApplyOverrides(request.spec_yaml(), overrides, "spec");
-  if (!yaml.ok()) return yaml.status();
-  auto spec = policies::ParseJobSpec(*yaml, {}, "spec");
-  if (!spec.ok()) return spec.status();
-  if (spec->train.batch_size > options_.max_batch_size) {
-    return absl::ResourceExhaustedError(absl::StrCat("spec key 'train.batch_size' (", spec->train.batch_size,
+  STRATA_ASSIGN_OR_RETURN(auto yaml, policies::ApplyOverrides(request.spec_yaml(), overrides, "spec"));
+  STRATA_ASSIGN_OR_RETURN(auto spec, policies::ParseJobSpec(yaml, {}, "spec"));
+  if (spec.train.batch_size > options_.max_batch_size) {
+    return absl::ResourceExhaustedError(absl::StrCat("spec key 'train.batch_size' (", spec.train.batch_size,
                                                      ") exceeds what workers accept (", options_.max_batch_size, ")"));
   }
   // Paths resolve on the workers: checked against a registered worker's
   // working directory (the workers share one file system in the supported
   // deployments), so a missing model is reported now, not at load.
   const std::string worker_dir = AnyWorkerDirectory();
-  const policies::JobSpec resolved = worker_dir.empty() ? *spec : policies::ResolvePaths(*spec, worker_dir);
+  const policies::JobSpec resolved = worker_dir.empty() ? spec : policies::ResolvePaths(spec, worker_dir);
   for (auto [key, model] : {std::pair{"actor", &resolved.actor}, std::pair{"reference", &resolved.reference},
                             std::pair{"reward", &resolved.reward}, std::pair{"critic", &resolved.critic}}) {
     const bool checkable = !model->path.empty() && (model->path[0] == '/');
@@ -225,17 +224,16 @@ absl::Status CoordinatorService::Submit(const v1::SubmitJobRequest& request, v1:
   }
 
   JobRecord job;
-  job.algorithm = policies::AlgorithmName(spec->algorithm);
-  job.name = spec->name;
-  job.spec_yaml = *yaml;
-  job.output_dir = spec->output_dir;
-  job.iterations = spec->train.iterations;
+  job.algorithm = policies::AlgorithmName(spec.algorithm);
+  job.name = spec.name;
+  job.spec_yaml = yaml;
+  job.output_dir = spec.output_dir;
+  job.iterations = spec.train.iterations;
   job.request_id = request.request_id();
   bool created = false;
-  auto stored = store_->Create(job, &created);
-  if (!stored.ok()) return stored.status();
-  if (created) Publish(stored->id, "state", nlohmann::json{{"state", "QUEUED"}}.dump());
-  ToProto(*stored, response);
+  STRATA_ASSIGN_OR_RETURN(auto stored, store_->Create(job, &created));
+  if (created) Publish(stored.id, "state", nlohmann::json{{"state", "QUEUED"}}.dump());
+  ToProto(stored, response);
   cv_.notify_all();
   return absl::OkStatus();
 }
@@ -249,9 +247,8 @@ grpc::ServerUnaryReactor* CoordinatorService::GetJob(grpc::CallbackServerContext
                                                      const v1::GetJobRequest* request, v1::Job* response) {
   return Handle(context, [this, request, response]() -> absl::Status {
     if (request->job_id().empty()) return absl::InvalidArgumentError("job_id is required");
-    auto job = store_->Get(request->job_id());
-    if (!job.ok()) return job.status();
-    ToProto(*job, response);
+    STRATA_ASSIGN_OR_RETURN(auto job, store_->Get(request->job_id()));
+    ToProto(job, response);
     return absl::OkStatus();
   });
 }
@@ -269,10 +266,10 @@ grpc::ServerUnaryReactor* CoordinatorService::ListJobs(grpc::CallbackServerConte
       if (!parsed.ok()) return absl::InvalidArgumentError("state is not a job state");
       state = *parsed;
     }
-    auto page = store_->List(request->page_size() == 0 ? 20 : request->page_size(), request->page_token(), state);
-    if (!page.ok()) return page.status();
-    for (const JobRecord& r : page->first) ToProto(r, response->add_jobs());
-    response->set_next_page_token(page->second);
+    STRATA_ASSIGN_OR_RETURN(
+        auto page, store_->List(request->page_size() == 0 ? 20 : request->page_size(), request->page_token(), state));
+    for (const JobRecord& r : page.first) ToProto(r, response->add_jobs());
+    response->set_next_page_token(page.second);
     return absl::OkStatus();
   });
 }
@@ -280,10 +277,10 @@ grpc::ServerUnaryReactor* CoordinatorService::ListJobs(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* CoordinatorService::CancelJob(grpc::CallbackServerContext* context,
                                                         const v1::CancelJobRequest* request, v1::Job* response) {
   return Handle(context, [this, request, response]() -> absl::Status {
-    auto job = store_->Transition(request->job_id(), {JobState::kQueued, JobState::kRunning}, JobState::kCancelled);
-    if (!job.ok()) return job.status();
-    Publish(job->id, "state", nlohmann::json{{"state", "CANCELLED"}}.dump());
-    ToProto(*job, response);
+    STRATA_ASSIGN_OR_RETURN(
+        auto job, store_->Transition(request->job_id(), {JobState::kQueued, JobState::kRunning}, JobState::kCancelled));
+    Publish(job.id, "state", nlohmann::json{{"state", "CANCELLED"}}.dump());
+    ToProto(job, response);
     return absl::OkStatus();
   });
 }
@@ -304,9 +301,8 @@ grpc::ServerUnaryReactor* CoordinatorService::ListCheckpoints(grpc::CallbackServ
                                                               v1::ListCheckpointsResponse* response) {
   return Handle(context, [this, request, response]() -> absl::Status {
     if (auto job = store_->Get(request->job_id()); !job.ok()) return job.status();
-    auto list = store_->ListCheckpoints(request->job_id());
-    if (!list.ok()) return list.status();
-    for (const auto& [iteration, dir] : *list) {
+    STRATA_ASSIGN_OR_RETURN(auto list, store_->ListCheckpoints(request->job_id()));
+    for (const auto& [iteration, dir] : list) {
       auto* c = response->add_checkpoints();
       c->set_iteration(iteration);
       c->set_dir(dir);
@@ -330,7 +326,7 @@ grpc::ServerUnaryReactor* CoordinatorService::RegisterWorker(grpc::CallbackServe
     WorkerRecord worker;
     worker.id = request->worker_id();
     worker.address = request->address();
-    if (auto s = store_->RegisterWorker(worker, options_.worker_ttl_ms); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(store_->RegisterWorker(worker, options_.worker_ttl_ms));
     response->set_heartbeat_interval_ms(options_.heartbeat_interval_ms);
     cv_.notify_all();
     return absl::OkStatus();
@@ -342,7 +338,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerCont
                                                         v1::HeartbeatResponse* response) {
   return Handle(context, [this, request, response]() -> absl::Status {
     RememberWorkerDirectory(request->worker_id(), request->working_directory());
-    if (auto s = store_->Heartbeat(request->worker_id(), request->job_id(), options_.worker_ttl_ms); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(store_->Heartbeat(request->worker_id(), request->job_id(), options_.worker_ttl_ms));
     if (!request->job_id().empty()) {
       auto job = store_->Get(request->job_id());
       response->set_cancel(job.ok() && job->state == JobState::kCancelled);
@@ -400,25 +396,21 @@ void CoordinatorService::RunOnWorker(uint64_t run, JobRecord job, WorkerRecord w
   absl::Status status = [&]() -> absl::Status {
     auto spec = policies::ParseJobSpec(job.spec_yaml, {}, absl::StrCat("job ", job.id));
     if (!spec.ok()) return spec.status();
-    auto channel_credentials = MakeChannelCredentials(options_.worker_tls);
-    if (!channel_credentials.ok()) return channel_credentials.status();
+    STRATA_ASSIGN_OR_RETURN(auto channel_credentials, MakeChannelCredentials(options_.worker_tls));
     RemoteWorkerOptions remote;
     remote.address = worker.address;
     remote.token = options_.worker_token.empty() ? options_.token : options_.worker_token;
     remote.job_id = job.id;
-    auto group = RemoteWorkerGroup::Create(remote, *channel_credentials);
-    if (!group.ok()) return group.status();
-    auto loaded = (*group)->LoadModels(job.spec_yaml);
-    if (!loaded.ok()) return loaded.status();
+    STRATA_ASSIGN_OR_RETURN(auto group, RemoteWorkerGroup::Create(remote, channel_credentials));
+    STRATA_ASSIGN_OR_RETURN(auto loaded, group->LoadModels(job.spec_yaml));
     // The loop reads data and writes checkpoints where the worker resolves
     // the spec's relative paths.
-    *spec = policies::ResolvePaths(*spec, loaded->working_directory);
-    std::string tokenizer_path = loaded->tokenizer_path;
+    *spec = policies::ResolvePaths(*spec, loaded.working_directory);
+    std::string tokenizer_path = loaded.tokenizer_path;
     if (!tokenizer_path.empty() && tokenizer_path[0] != '/') {
-      tokenizer_path = JoinPath(loaded->working_directory, tokenizer_path);
+      tokenizer_path = JoinPath(loaded.working_directory, tokenizer_path);
     }
-    auto tokenizer = policies::Tokenizer::Load(tokenizer_path);
-    if (!tokenizer.ok()) return tokenizer.status();
+    STRATA_ASSIGN_OR_RETURN(auto tokenizer, policies::Tokenizer::Load(tokenizer_path));
     JobRunOptions run;
     run.resume = true;  // a requeued job continues from its last checkpoint
     run.run_id = job.id;  // ... and only its own
@@ -434,8 +426,8 @@ void CoordinatorService::RunOnWorker(uint64_t run, JobRecord job, WorkerRecord w
       auto current = store_->Get(job.id);
       return current.ok() && current->state == JobState::kCancelled;
     };
-    absl::Status ran = RunJob(*spec, **group, **tokenizer, run);
-    (void)(*group)->Unload();
+    absl::Status ran = RunJob(*spec, *group, *tokenizer, run);
+    (void)(group)->Unload();
     return ran;
   }();
 
@@ -458,8 +450,9 @@ void CoordinatorService::RunOnWorker(uint64_t run, JobRecord job, WorkerRecord w
     if (store_->Transition(job.id, {JobState::kRunning}, JobState::kFailed,
                            {{"error_code", code}, {"error_message", std::string(status.message())}})
             .ok()) {
-      Publish(job.id, "state",
-              nlohmann::json{{"state", "FAILED"}, {"error_code", code}, {"error", std::string(status.message())}}.dump());
+      Publish(
+          job.id, "state",
+          nlohmann::json{{"state", "FAILED"}, {"error_code", code}, {"error", std::string(status.message())}}.dump());
     }
   }
   finish();

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/log.h"
+#include "base/status_macros.h"
 #include "services/rpc/auth.h"
 #include "services/rpc/wire.h"
 
@@ -24,7 +25,7 @@ absl::Status RemoteWorkerOptions::Validate() const {
 
 absl::StatusOr<std::unique_ptr<RemoteWorkerGroup>> RemoteWorkerGroup::Create(
     RemoteWorkerOptions options, std::shared_ptr<grpc::ChannelCredentials> credentials) {
-  if (auto s = options.Validate(); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(options.Validate());
   if (credentials == nullptr) return absl::InvalidArgumentError("worker credentials: null");
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxWorkerMessageBytes);
@@ -87,7 +88,8 @@ absl::Status RemoteWorkerGroup::Unload() {
 
 absl::StatusOr<v1::WorkerStats> RemoteWorkerGroup::GetStats() {
   v1::WorkerStats response;
-  if (auto s = Call("GetStats", &v1::Worker::Stub::GetStats, options_.control_timeout, v1::GetStatsRequest(), &response);
+  if (auto s =
+          Call("GetStats", &v1::Worker::Stub::GetStats, options_.control_timeout, v1::GetStatsRequest(), &response);
       !s.ok()) {
     return s;
   }
@@ -99,7 +101,7 @@ absl::StatusOr<std::vector<policies::Rollout>> RemoteWorkerGroup::Generate(const
   call.set_job_id(options_.job_id);
   ToProto(request, &call);
   v1::RolloutResponse response;
-  if (auto s = Call("Rollout", &v1::Worker::Stub::Rollout, options_.work_timeout, call, &response); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(Call("Rollout", &v1::Worker::Stub::Rollout, options_.work_timeout, call, &response));
   std::vector<policies::Rollout> rollouts;
   rollouts.reserve(static_cast<size_t>(response.rollouts_size()));
   for (int i = 0; i < response.rollouts_size(); ++i) {
@@ -116,7 +118,7 @@ absl::StatusOr<policies::Scores> RemoteWorkerGroup::Score(const std::vector<poli
   call.set_job_id(options_.job_id);
   ToProto(rollouts, request, &call);
   v1::ScoreResponse response;
-  if (auto s = Call("Score", &v1::Worker::Stub::Score, options_.work_timeout, call, &response); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(Call("Score", &v1::Worker::Stub::Score, options_.work_timeout, call, &response));
   auto scores = FromProto(response);
   if (!scores.ok()) return BadReply(options_.address, "Score", scores.status());
   return scores;
@@ -127,7 +129,7 @@ absl::StatusOr<policies::UpdateStats> RemoteWorkerGroup::Update(const policies::
   call.set_job_id(options_.job_id);
   ToProto(update, &call);
   v1::UpdateResponse response;
-  if (auto s = Call("Update", &v1::Worker::Stub::Update, options_.work_timeout, call, &response); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(Call("Update", &v1::Worker::Stub::Update, options_.work_timeout, call, &response));
   return FromProto(response);
 }
 
@@ -139,7 +141,7 @@ absl::StatusOr<policies::TrainStats> RemoteWorkerGroup::Train(
   call.set_job_id(options_.job_id);
   ToProto(batch, &call);
   v1::TrainResponse response;
-  if (auto s = Call(method, rpc, options_.work_timeout, call, &response); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(Call(method, rpc, options_.work_timeout, call, &response));
   return FromProto(response);
 }
 

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
 #include "services/rpc/auth.h"
 #include "services/store/job_store.h"
 #include "strata/v1/coordinator.grpc.pb.h"
@@ -33,8 +34,11 @@ class Recorder {
     ServiceLoadResult result;
     for (auto& [call, ms] : samples_) {
       std::sort(ms.begin(), ms.end());
-      auto at = [&](double q) { return ms.empty() ? 0.0 : ms[std::min(ms.size() - 1, static_cast<size_t>(q * ms.size()))]; };
-      LatencySummary s{static_cast<int64_t>(ms.size()), errors_[call], at(0.5), at(0.9), at(0.99), ms.empty() ? 0 : ms.back()};
+      auto at = [&](double q) {
+        return ms.empty() ? 0.0 : ms[std::min(ms.size() - 1, static_cast<size_t>(q * ms.size()))];
+      };
+      LatencySummary s{static_cast<int64_t>(ms.size()), errors_[call], at(0.5), at(0.9), at(0.99),
+                       ms.empty() ? 0 : ms.back()};
       result.total_errors += s.errors;
       result.calls[call] = s;
     }
@@ -131,9 +135,8 @@ absl::StatusOr<ServiceLoadResult> RunServiceLoad(const ServiceBenchRequest& r) {
   if (!r.redis.empty()) {
     services::JobStoreOptions options;
     options.redis_url = r.redis;
-    auto store = services::JobStore::Connect(options);
-    if (!store.ok()) return store.status();
-    auto page = (*store)->List(1, "", std::nullopt);
+    STRATA_ASSIGN_OR_RETURN(auto store, services::JobStore::Connect(options));
+    auto page = store->List(1, "", std::nullopt);
     const std::string id = page.ok() && !page->first.empty() ? page->first[0].id : "";
     std::vector<std::thread> peers;
     const auto peer_end = Clock::now() + std::chrono::seconds(2);
@@ -141,7 +144,7 @@ absl::StatusOr<ServiceLoadResult> RunServiceLoad(const ServiceBenchRequest& r) {
       peers.emplace_back([&] {
         while (Clock::now() < peer_end) {
           const auto start = Clock::now();
-          auto got = (*store)->Get(id);
+          auto got = store->Get(id);
           recorder.Add("store_get", Ms(start), got.ok() ? "" : std::string(got.status().message()));
         }
       });
@@ -152,20 +155,19 @@ absl::StatusOr<ServiceLoadResult> RunServiceLoad(const ServiceBenchRequest& r) {
 }
 
 absl::StatusOr<std::string> RunServiceBench(const ServiceBenchRequest& request) {
-  auto result = RunServiceLoad(request);
-  if (!result.ok()) return result.status();
-  nlohmann::json j{{"clients", request.clients}, {"seconds", request.seconds}, {"errors", result->total_errors}};
+  STRATA_ASSIGN_OR_RETURN(auto result, RunServiceLoad(request));
+  nlohmann::json j{{"clients", request.clients}, {"seconds", request.seconds}, {"errors", result.total_errors}};
   std::string text = absl::StrFormat("%d clients for %.0f s against %s\n  %-13s %8s %7s %9s %9s %9s %9s\n",
                                      request.clients, request.seconds, request.addr, "call", "calls", "errors",
                                      "p50 ms", "p90 ms", "p99 ms", "max ms");
-  for (const auto& [call, s] : result->calls) {
+  for (const auto& [call, s] : result.calls) {
     j[call] = {{"calls", s.calls}, {"errors", s.errors}, {"p50_ms", s.p50_ms}, {"p90_ms", s.p90_ms},
                {"p99_ms", s.p99_ms}, {"max_ms", s.max_ms}};
     text += absl::StrFormat("  %-13s %8d %7d %9.2f %9.2f %9.2f %9.2f\n", call, s.calls, s.errors, s.p50_ms, s.p90_ms,
                             s.p99_ms, s.max_ms);
   }
-  for (const auto& e : result->error_samples) text += "  error: " + e + "\n";
-  j["error_samples"] = result->error_samples;
+  for (const auto& e : result.error_samples) text += "  error: " + e + "\n";
+  j["error_samples"] = result.error_samples;
   return request.json ? j.dump() + "\n" : text;
 }
 

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/file.h"
+#include "base/status_macros.h"
 
 namespace strata::services {
 namespace {
@@ -70,18 +71,15 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(c
     return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
   }
   if (tls.cert.empty()) return grpc::InsecureServerCredentials();
-  auto cert = ReadPem(tls.cert, "--tls-cert");
-  if (!cert.ok()) return cert.status();
-  auto key = ReadPem(tls.key, "--tls-key");
-  if (!key.ok()) return key.status();
+  STRATA_ASSIGN_OR_RETURN(auto cert, ReadPem(tls.cert, "--tls-cert"));
+  STRATA_ASSIGN_OR_RETURN(auto key, ReadPem(tls.key, "--tls-key"));
   grpc::SslServerCredentialsOptions options(tls.ca.empty()
                                                 ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
                                                 : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-  options.pem_key_cert_pairs.push_back({*key, *cert});
+  options.pem_key_cert_pairs.push_back({key, cert});
   if (!tls.ca.empty()) {
-    auto ca = ReadPem(tls.ca, "--tls-ca");
-    if (!ca.ok()) return ca.status();
-    options.pem_root_certs = *ca;
+    STRATA_ASSIGN_OR_RETURN(auto ca, ReadPem(tls.ca, "--tls-ca"));
+    options.pem_root_certs = ca;
   }
   return grpc::SslServerCredentials(options);
 }
@@ -94,16 +92,13 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
   }
   if (ca_path.empty()) return grpc::InsecureChannelCredentials();
   grpc::SslCredentialsOptions options;
-  auto ca = ReadPem(ca_path, "--tls-ca");
-  if (!ca.ok()) return ca.status();
-  options.pem_root_certs = *ca;
+  STRATA_ASSIGN_OR_RETURN(auto ca, ReadPem(ca_path, "--tls-ca"));
+  options.pem_root_certs = ca;
   if (!tls.cert.empty()) {
-    auto cert = ReadPem(tls.cert, "--tls-cert");
-    if (!cert.ok()) return cert.status();
-    auto key = ReadPem(tls.key, "--tls-key");
-    if (!key.ok()) return key.status();
-    options.pem_cert_chain = *cert;
-    options.pem_private_key = *key;
+    STRATA_ASSIGN_OR_RETURN(auto cert, ReadPem(tls.cert, "--tls-cert"));
+    STRATA_ASSIGN_OR_RETURN(auto key, ReadPem(tls.key, "--tls-key"));
+    options.pem_cert_chain = cert;
+    options.pem_private_key = key;
   }
   return grpc::SslCredentials(options);
 }

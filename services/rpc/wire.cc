@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 
 namespace strata::services {
 namespace {
@@ -25,9 +26,8 @@ absl::StatusOr<std::vector<std::vector<float>>> FromRows(const google::protobuf:
   std::vector<std::vector<float>> out;
   out.reserve(static_cast<size_t>(rows.size()));
   for (int i = 0; i < rows.size(); ++i) {
-    auto row = FromProto(rows.Get(i), Indexed(field, i));
-    if (!row.ok()) return row.status();
-    out.push_back(std::move(*row));
+    STRATA_ASSIGN_OR_RETURN(auto row, FromProto(rows.Get(i), Indexed(field, i)));
+    out.push_back(std::move(row));
   }
   return out;
 }
@@ -47,9 +47,8 @@ absl::StatusOr<std::vector<policies::Rollout>> FromRollouts(const google::protob
   std::vector<policies::Rollout> out;
   out.reserve(static_cast<size_t>(in.size()));
   for (int i = 0; i < in.size(); ++i) {
-    auto r = FromProto(in.Get(i), Indexed("rollouts", i));
-    if (!r.ok()) return r.status();
-    out.push_back(std::move(*r));
+    STRATA_ASSIGN_OR_RETURN(auto r, FromProto(in.Get(i), Indexed("rollouts", i)));
+    out.push_back(std::move(r));
   }
   return out;
 }
@@ -126,7 +125,8 @@ absl::StatusOr<std::vector<float>> FromProto(const v1::Tensor& tensor, const std
   } else {
     for (size_t i = 0; i < n; ++i) {
       uint32_t bits = 0;
-      for (size_t b = 0; b < 4; ++b) bits |= static_cast<uint32_t>(static_cast<unsigned char>(data[4 * i + b])) << (8 * b);
+      for (size_t b = 0; b < 4; ++b)
+        bits |= static_cast<uint32_t>(static_cast<unsigned char>(data[4 * i + b])) << (8 * b);
       out[i] = std::bit_cast<float>(bits);
     }
   }
@@ -214,9 +214,8 @@ void ToProto(const std::vector<policies::Rollout>& rollouts, const policies::Sco
 
 absl::Status FromProto(const v1::ScoreRequest& in, std::vector<policies::Rollout>* rollouts,
                        policies::ScoreRequest* request) {
-  auto r = FromRollouts(in.rollouts());
-  if (!r.ok()) return r.status();
-  *rollouts = std::move(*r);
+  STRATA_ASSIGN_OR_RETURN(auto r, FromRollouts(in.rollouts()));
+  *rollouts = std::move(r);
   request->rewards = in.rewards();
   request->reference_logprobs = in.reference_logprobs();
   request->values = in.values();
@@ -236,12 +235,12 @@ absl::StatusOr<policies::Scores> FromProto(const v1::ScoreResponse& scores) {
   auto rewards = OptionalRow(scores.has_rewards(), scores.rewards(), "rewards");
   if (!rewards.ok()) return rewards.status();
   out.rewards = std::move(*rewards);
-  for (auto [rows, field, dest] : {std::tuple{&scores.reference_logprobs(), "reference_logprobs", &out.reference_logprobs},
-                                   std::tuple{&scores.values(), "values", &out.values},
-                                   std::tuple{&scores.actor_logprobs(), "actor_logprobs", &out.actor_logprobs}}) {
-    auto r = FromRows(*rows, field);
-    if (!r.ok()) return r.status();
-    *dest = std::move(*r);
+  for (auto [rows, field, dest] :
+       {std::tuple{&scores.reference_logprobs(), "reference_logprobs", &out.reference_logprobs},
+        std::tuple{&scores.values(), "values", &out.values},
+        std::tuple{&scores.actor_logprobs(), "actor_logprobs", &out.actor_logprobs}}) {
+    STRATA_ASSIGN_OR_RETURN(auto r, FromRows(*rows, field));
+    *dest = std::move(r);
   }
   return out;
 }
@@ -274,15 +273,15 @@ absl::StatusOr<policies::PolicyUpdate> FromProto(const v1::UpdateRequest& update
       out.objective = policies::PolicyObjective::kPpo;
       break;
     default:  // proto3 enums are open: a newer client may send a value we lack
-      return absl::InvalidArgumentError(absl::StrCat("objective: unknown value ", static_cast<int>(update.objective())));
+      return absl::InvalidArgumentError(
+          absl::StrCat("objective: unknown value ", static_cast<int>(update.objective())));
   }
   for (auto [rows, field, dest] : {std::tuple{&update.advantages(), "advantages", &out.advantages},
                                    std::tuple{&update.old_logprobs(), "old_logprobs", &out.old_logprobs},
                                    std::tuple{&update.returns(), "returns", &out.returns},
                                    std::tuple{&update.old_values(), "old_values", &out.old_values}}) {
-    auto r = FromRows(*rows, field);
-    if (!r.ok()) return r.status();
-    *dest = std::move(*r);
+    STRATA_ASSIGN_OR_RETURN(auto r, FromRows(*rows, field));
+    *dest = std::move(r);
   }
   out.clip_range = update.clip_range();
   out.value_clip = update.value_clip();

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/file.h"
+#include "base/status_macros.h"
 #include "policies/rl/rl_algorithms.h"
 #include "rewards/rule_rewards.h"
 
@@ -27,14 +28,13 @@ constexpr int64_t kEvalSamplesPerPrompt = 4;
 
 // The examples of a JSONL file, each checked for the fields it needs.
 absl::StatusOr<std::vector<json>> ReadJsonl(const std::string& path, const std::vector<std::string>& fields) {
-  auto text = ReadFileToString(path);
-  if (!text.ok()) return text.status();
+  STRATA_ASSIGN_OR_RETURN(auto text, ReadFileToString(path));
   std::vector<json> rows;
   size_t start = 0;
-  for (int line = 1; start < text->size(); ++line) {
-    size_t end = text->find('\n', start);
-    if (end == std::string::npos) end = text->size();
-    const std::string row = text->substr(start, end - start);
+  for (int line = 1; start < text.size(); ++line) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string row = text.substr(start, end - start);
     start = end + 1;
     if (row.find_first_not_of(" \t\r") == std::string::npos) continue;
     json j = json::parse(row, nullptr, /*allow_exceptions=*/false);
@@ -144,7 +144,8 @@ void Progress(const JobRunOptions& o, int64_t it, int64_t total, const json& m) 
     const int width = 24;
     const int filled = static_cast<int>(width * (it + 1) / std::max<int64_t>(total, 1));
     // \033[K clears what a longer previous line left behind.
-    std::fprintf(o.progress, "\r\033[K[%s%s] %lld/%lld%s %.2f s/it", std::string(static_cast<size_t>(filled), '#').c_str(),
+    std::fprintf(o.progress, "\r\033[K[%s%s] %lld/%lld%s %.2f s/it",
+                 std::string(static_cast<size_t>(filled), '#').c_str(),
                  std::string(static_cast<size_t>(width - filled), '.').c_str(), static_cast<long long>(it + 1),
                  static_cast<long long>(total), detail.c_str(), seconds);
     if (it + 1 == total) std::fprintf(o.progress, "\n");
@@ -176,7 +177,8 @@ absl::Status RunJob(const policies::JobSpec& spec, policies::WorkerGroup& worker
                     const JobRunOptions& options) {
   std::error_code ec;
   std::filesystem::create_directories(spec.output_dir, ec);
-  if (ec) return absl::PermissionDeniedError(absl::StrCat("output.dir: cannot create ", spec.output_dir, ": ", ec.message()));
+  if (ec)
+    return absl::PermissionDeniedError(absl::StrCat("output.dir: cannot create ", spec.output_dir, ": ", ec.message()));
   const std::string metrics_path =
       options.metrics_path.empty() ? JoinPath(spec.output_dir, "metrics.jsonl") : options.metrics_path;
   const Encoder encode(tokenizer, spec, tokenizer.eos_id());
@@ -188,31 +190,27 @@ absl::Status RunJob(const policies::JobSpec& spec, policies::WorkerGroup& worker
   std::vector<std::string> eval_prompt_text;
   const bool rl = spec.algorithm != Algorithm::kSft && spec.algorithm != Algorithm::kRewardModel;
   auto read_pairs = [&](const std::string& path, std::vector<policies::PreferencePair>* out) -> absl::Status {
-    auto rows = ReadJsonl(path, {"prompt", "chosen", "rejected"});
-    if (!rows.ok()) return rows.status();
-    for (const auto& r : *rows) {
+    STRATA_ASSIGN_OR_RETURN(auto rows, ReadJsonl(path, {"prompt", "chosen", "rejected"}));
+    for (const auto& r : rows) {
       out->push_back({encode.Prompt(r["prompt"]), encode.Response(r["chosen"]), encode.Response(r["rejected"])});
     }
     return absl::OkStatus();
   };
   if (spec.algorithm == Algorithm::kSft) {
-    auto rows = ReadJsonl(spec.data.train, {"prompt", "response"});
-    if (!rows.ok()) return rows.status();
-    for (const auto& r : *rows) sft.push_back({encode.Prompt(r["prompt"]), encode.Response(r["response"])});
+    STRATA_ASSIGN_OR_RETURN(auto rows, ReadJsonl(spec.data.train, {"prompt", "response"}));
+    for (const auto& r : rows) sft.push_back({encode.Prompt(r["prompt"]), encode.Response(r["response"])});
   } else if (spec.algorithm == Algorithm::kRewardModel) {
-    if (auto s = read_pairs(spec.data.train, &pairs); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(read_pairs(spec.data.train, &pairs));
     if (!spec.data.eval.empty()) {
-      if (auto s = read_pairs(spec.data.eval, &eval_pairs); !s.ok()) return s;
+      STRATA_RETURN_IF_ERROR(read_pairs(spec.data.eval, &eval_pairs));
     }
   } else {
-    auto rows = ReadJsonl(spec.data.train, {"prompt"});
-    if (!rows.ok()) return rows.status();
-    for (const auto& r : *rows) prompts.push_back(encode.Prompt(r["prompt"]));
+    STRATA_ASSIGN_OR_RETURN(auto rows, ReadJsonl(spec.data.train, {"prompt"}));
+    for (const auto& r : rows) prompts.push_back(encode.Prompt(r["prompt"]));
     if (!spec.data.eval.empty()) {
-      auto eval_rows = ReadJsonl(spec.data.eval, {"prompt"});
-      if (!eval_rows.ok()) return eval_rows.status();
-      for (size_t i = 0; i < eval_rows->size() && static_cast<int64_t>(i) < spec.eval.prompts; ++i) {
-        eval_prompt_text.push_back((*eval_rows)[i]["prompt"]);
+      STRATA_ASSIGN_OR_RETURN(auto eval_rows, ReadJsonl(spec.data.eval, {"prompt"}));
+      for (size_t i = 0; i < eval_rows.size() && static_cast<int64_t>(i) < spec.eval.prompts; ++i) {
+        eval_prompt_text.push_back(eval_rows[i]["prompt"]);
         eval_prompts.push_back(encode.Prompt(eval_prompt_text.back()));
       }
     }
@@ -223,9 +221,8 @@ absl::Status RunJob(const policies::JobSpec& spec, policies::WorkerGroup& worker
 
   std::unique_ptr<policies::RlAlgorithm> algorithm;
   if (rl) {
-    auto created = policies::RlAlgorithm::Create(spec);
-    if (!created.ok()) return created.status();
-    algorithm = std::move(*created);
+    STRATA_ASSIGN_OR_RETURN(auto created, policies::RlAlgorithm::Create(spec));
+    algorithm = std::move(created);
   }
   // RL evaluation: greedy responses to the eval prompts scored by the rule.
   rewards::RuleFn eval_rule;
@@ -238,10 +235,9 @@ absl::Status RunJob(const policies::JobSpec& spec, policies::WorkerGroup& worker
   }
   auto evaluate = [&](json& line) -> absl::Status {
     if (spec.algorithm == Algorithm::kRewardModel && !eval_pairs.empty()) {
-      auto stats = workers.EvaluateRewardModel(eval_pairs);
-      if (!stats.ok()) return stats.status();
-      line["eval/pairwise_accuracy"] = stats->accuracy;
-      line["eval/loss"] = stats->loss;
+      STRATA_ASSIGN_OR_RETURN(auto stats, workers.EvaluateRewardModel(eval_pairs));
+      line["eval/pairwise_accuracy"] = stats.accuracy;
+      line["eval/loss"] = stats.loss;
     } else if (eval_rule) {
       // The policy is evaluated as it acts: sampled with the job's generation
       // settings (a greedy decode can sit at the rule's maximum while the
@@ -254,13 +250,12 @@ absl::Status RunJob(const policies::JobSpec& spec, policies::WorkerGroup& worker
       request.sampling.top_k = spec.generation.top_k;
       request.sampling.max_new_tokens = spec.generation.max_new_tokens;
       request.sampling.seed = policies::IterationSeed(spec.train.seed, -1);
-      auto rollouts = workers.Generate(request);
-      if (!rollouts.ok()) return rollouts.status();
+      STRATA_ASSIGN_OR_RETURN(auto rollouts, workers.Generate(request));
       double total = 0;
-      for (const auto& r : *rollouts) {
+      for (const auto& r : rollouts) {
         total += eval_rule(eval_prompt_text[static_cast<size_t>(r.prompt_index)], tokenizer.Decode(r.response));
       }
-      line["eval/score"] = total / static_cast<double>(rollouts->size());
+      line["eval/score"] = total / static_cast<double>(rollouts.size());
     }
     return absl::OkStatus();
   };
@@ -270,9 +265,8 @@ absl::Status RunJob(const policies::JobSpec& spec, policies::WorkerGroup& worker
   if (options.resume) {
     auto [dir, iteration] = LatestCheckpoint(spec.checkpoint.dir);
     if (!dir.empty()) {
-      auto state_text = ReadFileToString(JoinPath(dir, "state.json"));
-      if (!state_text.ok()) return state_text.status();
-      json state = json::parse(*state_text, nullptr, false);
+      STRATA_ASSIGN_OR_RETURN(auto state_text, ReadFileToString(JoinPath(dir, "state.json")));
+      json state = json::parse(state_text, nullptr, false);
       if (state.is_discarded() || !state.contains("metrics_lines")) {
         return absl::DataLossError(absl::StrCat(dir, "/state.json is corrupt"));
       }
@@ -287,18 +281,18 @@ absl::Status RunJob(const policies::JobSpec& spec, policies::WorkerGroup& worker
             owner.empty() ? std::string("an earlier run") : absl::StrCat("job ", owner), " (newest: ", dir,
             "); give job ", options.run_id, " its own output.dir, or remove that run's outputs"));
       }
-      if (auto s = workers.LoadCheckpoint(dir); !s.ok()) return s;
+      STRATA_RETURN_IF_ERROR(workers.LoadCheckpoint(dir));
       if (algorithm && state.contains("algorithm")) {
         algorithm->Restore(state["algorithm"].get<std::map<std::string, double>>());
       }
-      if (auto s = TruncateLines(metrics_path, state["metrics_lines"].get<int64_t>()); !s.ok()) return s;
+      STRATA_RETURN_IF_ERROR(TruncateLines(metrics_path, state["metrics_lines"].get<int64_t>()));
       start = iteration;
       if (options.progress) std::fprintf(options.progress, "resuming from %s (iteration %lld)\n", dir.c_str(),
                                          static_cast<long long>(iteration));
     }
   }
   if (start == 0) {
-    if (auto s = WriteFileAtomically(metrics_path, ""); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(WriteFileAtomically(metrics_path, ""));
   }
   int64_t metrics_lines = start;
 
@@ -308,7 +302,7 @@ absl::Status RunJob(const policies::JobSpec& spec, policies::WorkerGroup& worker
     line["iteration"] = it;
     // The first line carries the starting policy's evaluation.
     if (it == 0 && (eval_rule || !eval_pairs.empty())) {
-      if (auto s = evaluate(line); !s.ok()) return s;
+      STRATA_RETURN_IF_ERROR(evaluate(line));
       for (auto& [k, v] : line.items()) {
         if (k.rfind("eval/", 0) == 0) line["eval/initial_" + k.substr(5)] = v;
       }
@@ -318,9 +312,8 @@ absl::Status RunJob(const policies::JobSpec& spec, policies::WorkerGroup& worker
     if (rl) {
       std::vector<std::vector<int32_t>> batch;
       for (size_t i : idx) batch.push_back(prompts[i]);
-      auto metrics = algorithm->Iterate(workers, batch, it);
-      if (!metrics.ok()) return metrics.status();
-      for (const auto& [k, v] : *metrics) line[k] = v;
+      STRATA_ASSIGN_OR_RETURN(auto metrics, algorithm->Iterate(workers, batch, it));
+      for (const auto& [k, v] : metrics) line[k] = v;
     } else {
       workers.BeginPhase("update");
       absl::StatusOr<policies::TrainStats> stats;
@@ -345,9 +338,9 @@ absl::Status RunJob(const policies::JobSpec& spec, policies::WorkerGroup& worker
     }
     const bool last = it + 1 == spec.train.iterations;
     if (spec.eval.every > 0 && ((it + 1) % spec.eval.every == 0 || last)) {
-      if (auto s = evaluate(line); !s.ok()) return s;
+      STRATA_RETURN_IF_ERROR(evaluate(line));
     }
-    if (auto s = AppendLine(metrics_path, line.dump()); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(AppendLine(metrics_path, line.dump()));
     ++metrics_lines;
     if (options.on_metrics) options.on_metrics(line);
     if ((it + 1) % spec.train.log_every == 0 || last) Progress(options, it, spec.train.iterations, line);
@@ -360,12 +353,12 @@ absl::Status RunJob(const policies::JobSpec& spec, policies::WorkerGroup& worker
       std::filesystem::remove_all(tmp_dir, ec);
       std::filesystem::create_directories(tmp_dir, ec);
       if (ec) return absl::PermissionDeniedError(absl::StrCat("checkpoint.dir: cannot create ", tmp_dir));
-      if (auto s = workers.SaveCheckpoint(tmp_dir); !s.ok()) return s;
+      STRATA_RETURN_IF_ERROR(workers.SaveCheckpoint(tmp_dir));
       json state{{"iteration", it + 1},
                  {"metrics_lines", metrics_lines},
                  {"run_id", options.run_id},
                  {"algorithm", algorithm ? algorithm->State() : policies::Metrics{}}};
-      if (auto s = WriteFileAtomically(JoinPath(tmp_dir, "state.json"), state.dump()); !s.ok()) return s;
+      STRATA_RETURN_IF_ERROR(WriteFileAtomically(JoinPath(tmp_dir, "state.json"), state.dump()));
       std::filesystem::remove_all(final_dir, ec);
       std::filesystem::rename(tmp_dir, final_dir, ec);
       if (ec) return absl::InternalError(absl::StrCat("checkpoint: rename ", tmp_dir, ": ", ec.message()));

@@ -5,6 +5,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "offload/device/device_memory.h"
 #include "offload/device/device_transfer.h"
 #include "base/file.h"
@@ -82,9 +83,8 @@ at::Tensor ResponseValues(const at::Tensor& values, const Packed& p) {
 // One optimizer step of a trainable model on `packed`: forward, backward,
 // AdamW. Returns the loss.
 absl::StatusOr<double> TrainStep(policies::PlacedModel& model, const Packed& packed, const policies::LossFn& loss_fn) {
-  auto loss = model.trainer()->ForwardBackward(packed.ids, packed.mask, loss_fn);
-  if (!loss.ok()) return loss.status();
-  if (auto s = model.trainer()->OptimizerStep(); !s.ok()) return s;
+  STRATA_ASSIGN_OR_RETURN(auto loss, model.trainer()->ForwardBackward(packed.ids, packed.mask, loss_fn));
+  STRATA_RETURN_IF_ERROR(model.trainer()->OptimizerStep());
   return loss;
 }
 
@@ -96,8 +96,7 @@ std::vector<std::vector<float>> Rows(const at::Tensor& t, const std::vector<poli
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LoadOrInit(const policies::ModelSpec& spec, LlamaHead head,
                                                        const std::string& key, uint64_t seed) {
-  auto dtype = policies::ParseModelDType(spec.dtype);
-  if (!dtype.ok()) return dtype.status();
+  STRATA_ASSIGN_OR_RETURN(auto dtype, policies::ParseModelDType(spec.dtype));
   auto prefix = [&](const absl::Status& s) {
     return absl::Status(s.code(), absl::StrCat("models.", key, ": ", s.message()));
   };
@@ -106,19 +105,19 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LoadOrInit(const policies::ModelSpec
     if (!text.ok()) return prefix(text.status());
     auto config = policies::LlamaConfig::FromJson(*text, spec.init);
     if (!config.ok()) return prefix(config.status());
-    return LlamaModel::RandomInit(*config, head, *dtype, seed);
+    return LlamaModel::RandomInit(*config, head, dtype, seed);
   }
   if (!IsDirectory(spec.path)) {
     return absl::NotFoundError(absl::StrCat("models.", key, ".path: ", spec.path, " is not a directory"));
   }
-  auto model = LlamaModel::Load(spec.path, head, *dtype);
+  auto model = LlamaModel::Load(spec.path, head, dtype);
   if (model.ok() || head != LlamaHead::kScalar || model.status().code() != absl::StatusCode::kNotFound) {
     if (!model.ok()) return prefix(model.status());
     return model;
   }
   // A causal LM (e.g. the SFT output) becomes a reward model or critic with a
   // fresh scalar head, as HF does when loading it for sequence classification.
-  auto lm = LlamaModel::Load(spec.path, LlamaHead::kLanguageModel, *dtype);
+  auto lm = LlamaModel::Load(spec.path, LlamaHead::kLanguageModel, dtype);
   if (!lm.ok()) return prefix(lm.status());
   return rewards::WithFreshScalarHead(**lm, seed);
 }
@@ -134,7 +133,7 @@ LocalWorkerGroup::~LocalWorkerGroup() {
 }
 
 absl::StatusOr<std::unique_ptr<LocalWorkerGroup>> LocalWorkerGroup::Create(const policies::JobSpec& spec) {
-  if (auto s = spec.Validate(); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(spec.Validate());
   auto device = offload::ParseComputeDevice(spec.memory.device);
   if (!device.ok()) return absl::InvalidArgumentError(absl::StrCat("memory.device: ", device.status().message()));
   // Count device allocations from the start, so the models' own weights are
@@ -184,7 +183,7 @@ absl::StatusOr<std::unique_ptr<LocalWorkerGroup>> LocalWorkerGroup::Create(const
       }
     }
   }
-  if (auto s = group->LoadModels(); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(group->LoadModels());
   return group;
 }
 
@@ -192,8 +191,7 @@ absl::StatusOr<std::unique_ptr<policies::PlacedModel>> LocalWorkerGroup::Place(c
                                                                                const policies::ModelSpec& model,
                                                                                LlamaHead head, bool trainable,
                                                                                double lr) {
-  auto loaded = LoadOrInit(model, head, key, spec_.train.seed);
-  if (!loaded.ok()) return loaded.status();
+  STRATA_ASSIGN_OR_RETURN(auto loaded, LoadOrInit(model, head, key, spec_.train.seed));
   policies::PlacedModelOptions options;
   options.name = key;
   options.placement = model.placement;
@@ -201,13 +199,14 @@ absl::StatusOr<std::unique_ptr<policies::PlacedModel>> LocalWorkerGroup::Place(c
   options.trainer.adam.adam.lr = lr;
   options.trainer.adam.adam.weight_decay = spec_.train.weight_decay;
   options.batch = spec_.train.batch_size;
-  options.seq = spec_.data.max_prompt_tokens + std::max(spec_.data.max_response_tokens, spec_.generation.max_new_tokens);
+  options.seq =
+      spec_.data.max_prompt_tokens + std::max(spec_.data.max_response_tokens, spec_.generation.max_new_tokens);
   policies::OffloadContext context;
   context.arena = arena_.get();
   context.nvme = nvme_.get();
   context.device_budget_bytes = static_cast<size_t>(spec_.memory.device_mib) << 20;
   context.device = device_;
-  return policies::PlacedModel::Create(std::move(*loaded), options, context);
+  return policies::PlacedModel::Create(std::move(loaded), options, context);
 }
 
 absl::Status LocalWorkerGroup::LoadModels() {
@@ -222,18 +221,18 @@ absl::Status LocalWorkerGroup::LoadModels() {
   std::string tokenizer_dir;
   switch (spec_.algorithm) {
     case Algorithm::kSft:
-      if (auto s = assign(Place("actor", spec_.actor, LlamaHead::kLanguageModel, true, lr), &actor_); !s.ok()) return s;
+      STRATA_RETURN_IF_ERROR(assign(Place("actor", spec_.actor, LlamaHead::kLanguageModel, true, lr), &actor_));
       tokenizer_dir = spec_.actor.path;
       break;
     case Algorithm::kRewardModel:
-      if (auto s = assign(Place("reward", spec_.reward, LlamaHead::kScalar, true, lr), &reward_); !s.ok()) return s;
+      STRATA_RETURN_IF_ERROR(assign(Place("reward", spec_.reward, LlamaHead::kScalar, true, lr), &reward_));
       tokenizer_dir = spec_.reward.path;
       break;
     case Algorithm::kPpo:
     case Algorithm::kRemax:
     case Algorithm::kGrpo:
     case Algorithm::kRloo: {
-      if (auto s = assign(Place("actor", spec_.actor, LlamaHead::kLanguageModel, true, lr), &actor_); !s.ok()) return s;
+      STRATA_RETURN_IF_ERROR(assign(Place("actor", spec_.actor, LlamaHead::kLanguageModel, true, lr), &actor_));
       policies::ModelSpec reference = spec_.reference;
       if (reference.path.empty()) reference.path = spec_.actor.path;
       if (auto s = assign(Place("reference", reference, LlamaHead::kLanguageModel, false, 0), &reference_); !s.ok()) {
@@ -241,7 +240,8 @@ absl::Status LocalWorkerGroup::LoadModels() {
       }
       if (!spec_.reward.rule.empty()) {
         auto rule = rewards::MakeRule(spec_.reward.rule);
-        if (!rule.ok()) return absl::InvalidArgumentError(absl::StrCat("models.reward.rule: ", rule.status().message()));
+        if (!rule.ok())
+          return absl::InvalidArgumentError(absl::StrCat("models.reward.rule: ", rule.status().message()));
         rule_ = *rule;
       } else if (auto s = assign(Place("reward", spec_.reward, LlamaHead::kScalar, false, 0), &reward_); !s.ok()) {
         return s;
@@ -284,18 +284,16 @@ absl::StatusOr<std::vector<policies::Rollout>> LocalWorkerGroup::Generate(const 
   const auto& eos = actor.config().eos_token_ids;
   const int64_t pad = tokenizer_->pad_id() >= 0 ? tokenizer_->pad_id() : 0;
   std::vector<policies::Rollout> out;
-  auto sampled = policies::Generate(actor, prompts, request.sampling, eos, pad);
-  if (!sampled.ok()) return sampled.status();
+  STRATA_ASSIGN_OR_RETURN(auto sampled, policies::Generate(actor, prompts, request.sampling, eos, pad));
   for (size_t i = 0; i < prompts.size(); ++i) {
-    out.push_back({prompt_index[i], prompts[i], sampled->tokens[i], sampled->logprobs[i], false});
+    out.push_back({prompt_index[i], prompts[i], sampled.tokens[i], sampled.logprobs[i], false});
   }
   if (request.with_greedy) {
     policies::SamplingOptions greedy = request.sampling;
     greedy.greedy = true;
-    auto best = policies::Generate(actor, request.prompts, greedy, eos, pad);
-    if (!best.ok()) return best.status();
+    STRATA_ASSIGN_OR_RETURN(auto best, policies::Generate(actor, request.prompts, greedy, eos, pad));
     for (size_t p = 0; p < request.prompts.size(); ++p) {
-      out.push_back({static_cast<int64_t>(p), request.prompts[p], best->tokens[p], best->logprobs[p], true});
+      out.push_back({static_cast<int64_t>(p), request.prompts[p], best.tokens[p], best.logprobs[p], true});
     }
   }
   return out;
@@ -312,7 +310,8 @@ absl::StatusOr<policies::Scores> LocalWorkerGroup::Score(const std::vector<polic
   if (request.rewards) {
     if (rule_) {
       for (const auto& r : rollouts) {
-        scores.rewards.push_back(static_cast<float>(rule_(tokenizer_->Decode(r.prompt), tokenizer_->Decode(r.response))));
+        scores.rewards.push_back(
+            static_cast<float>(rule_(tokenizer_->Decode(r.prompt), tokenizer_->Decode(r.response))));
       }
     } else {
       const at::Tensor s = reward_->model().Scores(packed.ids, packed.mask).select(1, 0).to(at::kCPU).contiguous();
@@ -320,7 +319,8 @@ absl::StatusOr<policies::Scores> LocalWorkerGroup::Score(const std::vector<polic
     }
   }
   if (request.reference_logprobs) {
-    scores.reference_logprobs = Rows(ResponseLogProbs(reference_->model().Logits(packed.ids, packed.mask), packed), rollouts);
+    scores.reference_logprobs =
+        Rows(ResponseLogProbs(reference_->model().Logits(packed.ids, packed.mask), packed), rollouts);
   }
   if (request.actor_logprobs) {
     scores.actor_logprobs = Rows(ResponseLogProbs(actor_->model().Logits(packed.ids, packed.mask), packed), rollouts);
@@ -380,9 +380,8 @@ absl::StatusOr<policies::UpdateStats> LocalWorkerGroup::Update(const policies::P
         approx_kl = out.approx_kl.item<double>();
         return out.loss;
       };
-      auto loss = TrainStep(*actor_, packed, policy_loss);
-      if (!loss.ok()) return loss.status();
-      stats.policy_loss += *loss;
+      STRATA_ASSIGN_OR_RETURN(auto loss, TrainStep(*actor_, packed, policy_loss));
+      stats.policy_loss += loss;
       stats.clipfrac += clipfrac;
       stats.approx_kl += approx_kl;
       if (ppo) {
@@ -393,9 +392,8 @@ absl::StatusOr<policies::UpdateStats> LocalWorkerGroup::Update(const policies::P
           value_clipfrac = out.clipfrac.item<double>();
           return out.loss;
         };
-        auto vloss = TrainStep(*critic_, packed, value_loss);
-        if (!vloss.ok()) return vloss.status();
-        stats.value_loss += *vloss;
+        STRATA_ASSIGN_OR_RETURN(auto vloss, TrainStep(*critic_, packed, value_loss));
+        stats.value_loss += vloss;
         stats.value_clipfrac += value_clipfrac;
       }
       ++steps;
@@ -411,11 +409,10 @@ absl::StatusOr<policies::TrainStats> LocalWorkerGroup::TrainSft(const std::vecto
   std::vector<const std::vector<int32_t>*> prompts, responses;
   for (const auto& pair : batch) prompts.push_back(&pair.prompt), responses.push_back(&pair.response);
   const Packed packed = Pack(prompts, responses, device_);
-  auto loss = TrainStep(*actor_, packed, [&](const at::Tensor& logits) {
-    return policies::CrossEntropyLoss(ResponseLogProbs(logits, packed), packed.response_mask);
-  });
-  if (!loss.ok()) return loss.status();
-  return policies::TrainStats{*loss, 0};
+  STRATA_ASSIGN_OR_RETURN(auto loss, TrainStep(*actor_, packed, [&](const at::Tensor& logits) {
+                            return policies::CrossEntropyLoss(ResponseLogProbs(logits, packed), packed.response_mask);
+                          }));
+  return policies::TrainStats{loss, 0};
 }
 
 namespace {
@@ -432,17 +429,18 @@ Packed PackPairs(const std::vector<policies::PreferencePair>& pairs, const at::D
 
 absl::StatusOr<policies::TrainStats> LocalWorkerGroup::TrainRewardModel(
     const std::vector<policies::PreferencePair>& batch) {
-  if (reward_ == nullptr || reward_->trainer() == nullptr) return absl::FailedPreconditionError("no trainable reward model");
+  if (reward_ == nullptr || reward_->trainer() == nullptr)
+    return absl::FailedPreconditionError("no trainable reward model");
   const Packed packed = PackPairs(batch, device_);
   const int64_t n = static_cast<int64_t>(batch.size());
   double accuracy = 0;
-  auto loss = TrainStep(*reward_, packed, [&](const at::Tensor& values) {
-    rewards::PreferenceObjective objective = rewards::PreferenceFromTokenScores(values, packed.mask, n);
-    accuracy = objective.accuracy;
-    return objective.loss;
-  });
-  if (!loss.ok()) return loss.status();
-  return policies::TrainStats{*loss, accuracy};
+  STRATA_ASSIGN_OR_RETURN(auto loss, TrainStep(*reward_, packed, [&](const at::Tensor& values) {
+                            rewards::PreferenceObjective objective =
+                                rewards::PreferenceFromTokenScores(values, packed.mask, n);
+                            accuracy = objective.accuracy;
+                            return objective.loss;
+                          }));
+  return policies::TrainStats{loss, accuracy};
 }
 
 absl::StatusOr<policies::TrainStats> LocalWorkerGroup::EvaluateRewardModel(
@@ -488,8 +486,8 @@ absl::Status LocalWorkerGroup::SaveCheckpoint(const std::string& dir) {
     std::error_code ec;
     std::filesystem::create_directories(sub, ec);
     if (ec) return absl::PermissionDeniedError(absl::StrCat("checkpoint: cannot create ", sub, ": ", ec.message()));
-    if (auto s = model->Save(sub); !s.ok()) return s;
-    if (auto s = model->trainer()->SaveState(JoinPath(sub, "optimizer.safetensors")); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(model->Save(sub));
+    STRATA_RETURN_IF_ERROR(model->trainer()->SaveState(JoinPath(sub, "optimizer.safetensors")));
   }
   return absl::OkStatus();
 }
@@ -497,20 +495,20 @@ absl::Status LocalWorkerGroup::SaveCheckpoint(const std::string& dir) {
 absl::Status LocalWorkerGroup::LoadCheckpoint(const std::string& dir) {
   for (auto& [name, model] : Trainable()) {
     const std::string sub = JoinPath(dir, name);
-    if (auto s = model->LoadWeights(sub); !s.ok()) return s;
-    if (auto s = model->trainer()->LoadState(JoinPath(sub, "optimizer.safetensors")); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(model->LoadWeights(sub));
+    STRATA_RETURN_IF_ERROR(model->trainer()->LoadState(JoinPath(sub, "optimizer.safetensors")));
   }
   return absl::OkStatus();
 }
 
 absl::Status LocalWorkerGroup::CopyTokenizer(const std::string& dir) const {
-  const std::string from = IsDirectory(tokenizer_path_) ? tokenizer_path_ : std::filesystem::path(tokenizer_path_).parent_path().string();
+  const std::string from =
+      IsDirectory(tokenizer_path_) ? tokenizer_path_ : std::filesystem::path(tokenizer_path_).parent_path().string();
   for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json"}) {
     const std::string source = JoinPath(from, name);
     if (!IsRegularFile(source)) continue;
-    auto text = ReadFileToString(source);
-    if (!text.ok()) return text.status();
-    if (auto s = WriteFileAtomically(JoinPath(dir, name), *text); !s.ok()) return s;
+    STRATA_ASSIGN_OR_RETURN(auto text, ReadFileToString(source));
+    STRATA_RETURN_IF_ERROR(WriteFileAtomically(JoinPath(dir, name), text));
   }
   return absl::OkStatus();
 }
@@ -520,7 +518,7 @@ absl::Status LocalWorkerGroup::SaveOutput(const std::string& dir) {
   std::filesystem::create_directories(dir, ec);
   if (ec) return absl::PermissionDeniedError(absl::StrCat("output.dir: cannot create ", dir, ": ", ec.message()));
   policies::PlacedModel* model = spec_.algorithm == policies::Algorithm::kRewardModel ? reward_.get() : actor_.get();
-  if (auto s = model->Save(dir); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(model->Save(dir));
   return CopyTokenizer(dir);
 }
 

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/log.h"
+#include "base/status_macros.h"
 
 namespace strata::services {
 namespace {
@@ -182,12 +183,10 @@ class RedisConnection {
       std::vector<std::string> auth = {"AUTH"};
       if (!endpoint.user.empty()) auth.push_back(endpoint.user);
       auth.push_back(endpoint.password);
-      auto reply = connection->Command(auth);
-      if (!reply.ok()) return reply.status();
+      STRATA_ASSIGN_OR_RETURN(auto reply, connection->Command(auth));
     }
     if (endpoint.db != 0) {
-      auto reply = connection->Command({"SELECT", std::to_string(endpoint.db)});
-      if (!reply.ok()) return reply.status();
+      STRATA_ASSIGN_OR_RETURN(auto reply, connection->Command({"SELECT", std::to_string(endpoint.db)}));
     }
     return connection;
   }
@@ -211,9 +210,8 @@ class RedisConnection {
 
   // Raw, with error replies turned into a Status.
   absl::StatusOr<ReplyPtr> Command(const std::vector<std::string>& argv) {
-    auto reply = Raw(argv);
-    if (!reply.ok()) return reply.status();
-    if ((*reply)->type == REDIS_REPLY_ERROR) return ErrorReplyToStatus(address_, argv[0], ReplyString(reply->get()));
+    STRATA_ASSIGN_OR_RETURN(auto reply, Raw(argv));
+    if (reply->type == REDIS_REPLY_ERROR) return ErrorReplyToStatus(address_, argv[0], ReplyString(reply.get()));
     return reply;
   }
 
@@ -323,9 +321,9 @@ class ConnectionPool {
         STRATA_LOG(Info) << "redis at " << connection->address() << " closed an idle connection; reconnecting";
       }
     }
-    auto connection = RedisConnection::Open(endpoint_, connect_timeout_ms_, command_timeout_ms_);
-    if (!connection.ok()) return connection.status();
-    return Lease(this, std::move(*connection));
+    STRATA_ASSIGN_OR_RETURN(auto connection,
+                            RedisConnection::Open(endpoint_, connect_timeout_ms_, command_timeout_ms_));
+    return Lease(this, std::move(connection));
   }
 
   int command_timeout_ms() const { return command_timeout_ms_; }
@@ -545,28 +543,27 @@ std::string Field(const std::map<std::string, std::string>& hash, const std::str
 }
 
 absl::StatusOr<JobRecord> JobFromReply(const redisReply* reply, const std::string& what) {
-  auto hash = HashFromReply(reply, what);
-  if (!hash.ok()) return hash.status();
+  STRATA_ASSIGN_OR_RETURN(auto hash, HashFromReply(reply, what));
   JobRecord job;
-  job.id = Field(*hash, "id");
-  auto state = ParseJobState(Field(*hash, "state"));
+  job.id = Field(hash, "id");
+  auto state = ParseJobState(Field(hash, "state"));
   if (!state.ok()) return absl::InternalError(absl::StrCat(what, " has a bad state: ", state.status().message()));
   job.state = *state;
-  job.algorithm = Field(*hash, "algorithm");
-  job.name = Field(*hash, "name");
-  job.spec_yaml = Field(*hash, "spec_yaml");
-  job.output_dir = Field(*hash, "output_dir");
-  job.error_code = Field(*hash, "error_code");
-  job.error_message = Field(*hash, "error_message");
-  job.worker = Field(*hash, "worker");
-  job.request_id = Field(*hash, "request_id");
-  job.checkpoint_dir = Field(*hash, "checkpoint_dir");
+  job.algorithm = Field(hash, "algorithm");
+  job.name = Field(hash, "name");
+  job.spec_yaml = Field(hash, "spec_yaml");
+  job.output_dir = Field(hash, "output_dir");
+  job.error_code = Field(hash, "error_code");
+  job.error_message = Field(hash, "error_message");
+  job.worker = Field(hash, "worker");
+  job.request_id = Field(hash, "request_id");
+  job.checkpoint_dir = Field(hash, "checkpoint_dir");
   for (const auto& [field, out] : {std::pair<const char*, int64_t*>{"iteration", &job.iteration},
                                    {"iterations", &job.iterations},
                                    {"created_unix_ms", &job.created_unix_ms},
                                    {"updated_unix_ms", &job.updated_unix_ms},
                                    {"checkpoint_iteration", &job.checkpoint_iteration}}) {
-    if (absl::Status s = ParseInt(*hash, field, what, out); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(ParseInt(hash, field, what, out));
   }
   return job;
 }
@@ -660,13 +657,11 @@ class JobStore::Impl {
 
   // Loads every script once so calls can use EVALSHA; also proves Redis answers.
   absl::Status LoadScripts() {
-    auto lease = pool_.Acquire();
-    if (!lease.ok()) return lease.status();
+    STRATA_ASSIGN_OR_RETURN(auto lease, pool_.Acquire());
     for (int i = 0; i < kNumScripts; ++i) {
-      auto reply = (*lease)->Command({"SCRIPT", "LOAD", ScriptSource(static_cast<ScriptId>(i))});
-      if (!reply.ok()) return reply.status();
-      if (!IsStringReply(reply->get())) return Unexpected("SCRIPT LOAD");
-      shas_[i] = ReplyString(reply->get());
+      STRATA_ASSIGN_OR_RETURN(auto reply, lease->Command({"SCRIPT", "LOAD", ScriptSource(static_cast<ScriptId>(i))}));
+      if (!IsStringReply(reply.get())) return Unexpected("SCRIPT LOAD");
+      shas_[i] = ReplyString(reply.get());
     }
     return absl::OkStatus();
   }
@@ -681,32 +676,29 @@ class JobStore::Impl {
   }
 
   absl::StatusOr<ReplyPtr> Command(const std::vector<std::string>& argv) {
-    auto lease = pool_.Acquire();
-    if (!lease.ok()) return lease.status();
-    return (*lease)->Command(argv);
+    STRATA_ASSIGN_OR_RETURN(auto lease, pool_.Acquire());
+    return lease->Command(argv);
   }
 
   absl::StatusOr<std::vector<ReplyPtr>> Pipeline(const std::vector<std::vector<std::string>>& commands) {
-    auto lease = pool_.Acquire();
-    if (!lease.ok()) return lease.status();
-    return (*lease)->Pipeline(commands);
+    STRATA_ASSIGN_OR_RETURN(auto lease, pool_.Acquire());
+    return lease->Pipeline(commands);
   }
 
   // EVALSHA, falling back to EVAL when the server has lost its script cache
   // (a restart); NOSCRIPT means the script did not run, so this never runs it twice.
   absl::StatusOr<ReplyPtr> RunScript(ScriptId script, const std::vector<std::string>& keys,
                                      const std::vector<std::string>& args) {
-    auto lease = pool_.Acquire();
-    if (!lease.ok()) return lease.status();
+    STRATA_ASSIGN_OR_RETURN(auto lease, pool_.Acquire());
     std::vector<std::string> argv = {"EVALSHA", shas_[script], std::to_string(keys.size())};
     argv.insert(argv.end(), keys.begin(), keys.end());
     argv.insert(argv.end(), args.begin(), args.end());
-    auto reply = (*lease)->Raw(argv);
+    auto reply = lease->Raw(argv);
     if (!reply.ok()) return reply.status();
     if ((*reply)->type == REDIS_REPLY_ERROR && absl::StartsWith(ReplyString(reply->get()), "NOSCRIPT")) {
       argv[0] = "EVAL";
       argv[1] = ScriptSource(script);
-      reply = (*lease)->Raw(argv);
+      reply = lease->Raw(argv);
       if (!reply.ok()) return reply.status();
     }
     if ((*reply)->type == REDIS_REPLY_ERROR) return ErrorReplyToStatus(address_, "EVALSHA", ReplyString(reply->get()));
@@ -722,14 +714,12 @@ class JobStore::Impl {
       const size_t end = std::min(ids.size(), begin + kFetchBatch);
       std::vector<std::vector<std::string>> commands;
       for (size_t i = begin; i < end; ++i) commands.push_back({"HGETALL", JobKey(ids[i])});
-      auto replies = Pipeline(commands);
-      if (!replies.ok()) return replies.status();
+      STRATA_ASSIGN_OR_RETURN(auto replies, Pipeline(commands));
       for (size_t i = begin; i < end; ++i) {
-        const redisReply* reply = (*replies)[i - begin].get();
+        const redisReply* reply = replies[i - begin].get();
         if (reply->type == REDIS_REPLY_ARRAY && reply->elements == 0) continue;
-        auto job = JobFromReply(reply, "job " + ids[i]);
-        if (!job.ok()) return job.status();
-        jobs.push_back(std::move(*job));
+        STRATA_ASSIGN_OR_RETURN(auto job, JobFromReply(reply, "job " + ids[i]));
+        jobs.push_back(std::move(job));
       }
     }
     return jobs;
@@ -765,11 +755,10 @@ JobStore::JobStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 JobStore::~JobStore() = default;
 
 absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Connect(const JobStoreOptions& options) {
-  if (absl::Status s = options.Validate(); !s.ok()) return s;
-  auto endpoint = ParseRedisUrl(options.redis_url);
-  if (!endpoint.ok()) return endpoint.status();
-  auto impl = std::make_unique<Impl>(options, std::move(*endpoint));
-  if (absl::Status s = impl->LoadScripts(); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(options.Validate());
+  STRATA_ASSIGN_OR_RETURN(auto endpoint, ParseRedisUrl(options.redis_url));
+  auto impl = std::make_unique<Impl>(options, std::move(endpoint));
+  STRATA_RETURN_IF_ERROR(impl->LoadScripts());
   STRATA_LOG(Info) << "job store connected to redis at " << impl->address_ << " (key prefix \"" << options.key_prefix
                    << "\")";
   return std::unique_ptr<JobStore>(new JobStore(std::move(impl)));
@@ -807,10 +796,9 @@ absl::StatusOr<JobRecord> JobStore::Create(JobRecord job, bool* created) {
                                    impl_->StateKey(JobState::kQueued), impl_->Key("jobs:seq")},
                                   args);
     if (!reply.ok()) return reply.status();
-    auto tag = ScriptTag(reply->get(), "create");
-    if (!tag.ok()) return tag.status();
-    if (*tag == "COLLISION") continue;
-    if (*tag == "EXISTS") {
+    STRATA_ASSIGN_OR_RETURN(auto tag, ScriptTag(reply->get(), "create"));
+    if (tag == "COLLISION") continue;
+    if (tag == "EXISTS") {
       if ((*reply)->elements < 2 || !IsStringReply((*reply)->element[1])) return impl_->Unexpected("create");
       const std::string existing = ReplyString((*reply)->element[1]);
       auto existing_job = Get(existing);
@@ -820,9 +808,8 @@ absl::StatusOr<JobRecord> JobStore::Create(JobRecord job, bool* created) {
       }
       return existing_job;
     }
-    if (*tag != "OK" || (*reply)->elements < 2) return impl_->Unexpected("create");
-    auto stored = JobFromReply((*reply)->element[1], "job " + id);
-    if (!stored.ok()) return stored.status();
+    if (tag != "OK" || (*reply)->elements < 2) return impl_->Unexpected("create");
+    STRATA_ASSIGN_OR_RETURN(auto stored, JobFromReply((*reply)->element[1], "job " + id));
     if (created != nullptr) *created = true;
     return stored;
   }
@@ -830,11 +817,10 @@ absl::StatusOr<JobRecord> JobStore::Create(JobRecord job, bool* created) {
 }
 
 absl::StatusOr<JobRecord> JobStore::Get(const std::string& id) {
-  if (absl::Status s = ValidateId("job id", id); !s.ok()) return s;
-  auto reply = impl_->Command({"HGETALL", impl_->JobKey(id)});
-  if (!reply.ok()) return reply.status();
-  if ((*reply)->type == REDIS_REPLY_ARRAY && (*reply)->elements == 0) return JobNotFound(id);
-  return JobFromReply(reply->get(), "job " + id);
+  STRATA_RETURN_IF_ERROR(ValidateId("job id", id));
+  STRATA_ASSIGN_OR_RETURN(auto reply, impl_->Command({"HGETALL", impl_->JobKey(id)}));
+  if (reply->type == REDIS_REPLY_ARRAY && reply->elements == 0) return JobNotFound(id);
+  return JobFromReply(reply.get(), "job " + id);
 }
 
 absl::StatusOr<std::pair<std::vector<JobRecord>, std::string>> JobStore::List(int page_size,
@@ -847,9 +833,8 @@ absl::StatusOr<std::pair<std::vector<JobRecord>, std::string>> JobStore::List(in
   // calls neither repeat nor push entries off a page.
   std::string max = "+inf";
   if (!page_token.empty()) {
-    auto seq = DecodePageToken(page_token);
-    if (!seq.ok()) return seq.status();
-    max = absl::StrCat("(", *seq);
+    STRATA_ASSIGN_OR_RETURN(auto seq, DecodePageToken(page_token));
+    max = absl::StrCat("(", seq);
   }
   const std::string key = state.has_value() ? impl_->StateKey(*state) : impl_->Key("jobs");
   // One extra entry tells whether another page exists.
@@ -858,20 +843,19 @@ absl::StatusOr<std::pair<std::vector<JobRecord>, std::string>> JobStore::List(in
   if (!reply.ok()) return reply.status();
   std::vector<std::string> ids;
   std::vector<int64_t> seqs;
-  if (absl::Status s = impl_->ParseIds(reply->get(), true, &ids, &seqs, "ZREVRANGEBYSCORE"); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(impl_->ParseIds(reply->get(), true, &ids, &seqs, "ZREVRANGEBYSCORE"));
   std::string next_token;
   if (ids.size() > static_cast<size_t>(page_size)) {
     ids.resize(page_size);
     next_token = EncodePageToken(seqs[page_size - 1]);
   }
-  auto jobs = impl_->FetchJobs(ids);
-  if (!jobs.ok()) return jobs.status();
-  return std::make_pair(std::move(*jobs), std::move(next_token));
+  STRATA_ASSIGN_OR_RETURN(auto jobs, impl_->FetchJobs(ids));
+  return std::make_pair(std::move(jobs), std::move(next_token));
 }
 
 absl::StatusOr<JobRecord> JobStore::Transition(const std::string& id, std::vector<JobState> from, JobState to,
                                                const std::map<std::string, std::string>& fields) {
-  if (absl::Status s = ValidateId("job id", id); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(ValidateId("job id", id));
   if (from.empty()) return absl::InvalidArgumentError("Transition: `from` lists no states");
   std::vector<std::string> args = {JobStateName(to), std::to_string(from.size())};
   for (const JobState state : from) args.push_back(JobStateName(state));
@@ -895,14 +879,12 @@ absl::StatusOr<JobRecord> JobStore::Transition(const std::string& id, std::vecto
   }
   std::vector<std::string> keys = {impl_->JobKey(id)};
   for (const JobState state : kAllStates) keys.push_back(impl_->StateKey(state));
-  auto reply = impl_->RunScript(kTransitionScript, keys, args);
-  if (!reply.ok()) return reply.status();
-  auto tag = ScriptTag(reply->get(), "transition");
-  if (!tag.ok()) return tag.status();
-  if (*tag == "NOT_FOUND") return JobNotFound(id);
-  if ((*tag == "STATE" || *tag == "CORRUPT") && (*reply)->elements >= 2 && IsStringReply((*reply)->element[1])) {
-    const std::string current = ReplyString((*reply)->element[1]);
-    if (*tag == "CORRUPT") return absl::InternalError(absl::StrCat("job ", id, " has a bad state \"", current, "\""));
+  STRATA_ASSIGN_OR_RETURN(auto reply, impl_->RunScript(kTransitionScript, keys, args));
+  STRATA_ASSIGN_OR_RETURN(auto tag, ScriptTag(reply.get(), "transition"));
+  if (tag == "NOT_FOUND") return JobNotFound(id);
+  if ((tag == "STATE" || tag == "CORRUPT") && reply->elements >= 2 && IsStringReply(reply->element[1])) {
+    const std::string current = ReplyString(reply->element[1]);
+    if (tag == "CORRUPT") return absl::InternalError(absl::StrCat("job ", id, " has a bad state \"", current, "\""));
     std::vector<std::string> allowed;
     for (const JobState state : from) allowed.push_back(JobStateName(state));
     return absl::FailedPreconditionError(
@@ -911,47 +893,44 @@ absl::StatusOr<JobRecord> JobStore::Transition(const std::string& id, std::vecto
                          ? " (a finished job never changes state)"
                          : absl::StrCat(" (allowed only from ", absl::StrJoin(allowed, ", "), ")")));
   }
-  if (*tag != "OK" || (*reply)->elements < 2) return impl_->Unexpected("transition");
-  return JobFromReply((*reply)->element[1], "job " + id);
+  if (tag != "OK" || reply->elements < 2) return impl_->Unexpected("transition");
+  return JobFromReply(reply->element[1], "job " + id);
 }
 
 absl::Status JobStore::SetProgress(const std::string& id, int64_t iteration) {
-  if (absl::Status s = ValidateId("job id", id); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(ValidateId("job id", id));
   if (iteration < 0) return absl::InvalidArgumentError(absl::StrCat("iteration must not be negative, got ", iteration));
-  auto reply = impl_->RunScript(kProgressScript, {impl_->JobKey(id)}, {std::to_string(iteration)});
-  if (!reply.ok()) return reply.status();
-  auto tag = ScriptTag(reply->get(), "progress");
-  if (!tag.ok()) return tag.status();
-  if (*tag == "NOT_FOUND") return JobNotFound(id);
-  if (*tag != "OK") return impl_->Unexpected("progress");
+  STRATA_ASSIGN_OR_RETURN(auto reply,
+                          impl_->RunScript(kProgressScript, {impl_->JobKey(id)}, {std::to_string(iteration)}));
+  STRATA_ASSIGN_OR_RETURN(auto tag, ScriptTag(reply.get(), "progress"));
+  if (tag == "NOT_FOUND") return JobNotFound(id);
+  if (tag != "OK") return impl_->Unexpected("progress");
   return absl::OkStatus();
 }
 
 absl::Status JobStore::RecordCheckpoint(const std::string& id, int64_t iteration, const std::string& dir) {
-  if (absl::Status s = ValidateId("job id", id); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(ValidateId("job id", id));
   if (iteration < 0) return absl::InvalidArgumentError(absl::StrCat("iteration must not be negative, got ", iteration));
   if (dir.empty()) return absl::InvalidArgumentError("checkpoint dir is empty");
   auto reply = impl_->RunScript(kCheckpointScript, {impl_->JobKey(id), impl_->JobKey(id) + ":checkpoints"},
                                 {std::to_string(iteration), dir});
   if (!reply.ok()) return reply.status();
-  auto tag = ScriptTag(reply->get(), "checkpoint");
-  if (!tag.ok()) return tag.status();
-  if (*tag == "NOT_FOUND") return JobNotFound(id);
-  if (*tag != "OK") return impl_->Unexpected("checkpoint");
+  STRATA_ASSIGN_OR_RETURN(auto tag, ScriptTag(reply->get(), "checkpoint"));
+  if (tag == "NOT_FOUND") return JobNotFound(id);
+  if (tag != "OK") return impl_->Unexpected("checkpoint");
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> JobStore::ListCheckpoints(const std::string& id) {
-  if (absl::Status s = ValidateId("job id", id); !s.ok()) return s;
-  auto replies = impl_->Pipeline({{"EXISTS", impl_->JobKey(id)}, {"HGETALL", impl_->JobKey(id) + ":checkpoints"}});
-  if (!replies.ok()) return replies.status();
-  const redisReply* exists = (*replies)[0].get();
+  STRATA_RETURN_IF_ERROR(ValidateId("job id", id));
+  STRATA_ASSIGN_OR_RETURN(
+      auto replies, impl_->Pipeline({{"EXISTS", impl_->JobKey(id)}, {"HGETALL", impl_->JobKey(id) + ":checkpoints"}}));
+  const redisReply* exists = replies[0].get();
   if (exists->type != REDIS_REPLY_INTEGER) return impl_->Unexpected("EXISTS");
   if (exists->integer == 0) return JobNotFound(id);
-  auto hash = HashFromReply((*replies)[1].get(), "checkpoints of job " + id);
-  if (!hash.ok()) return hash.status();
+  STRATA_ASSIGN_OR_RETURN(auto hash, HashFromReply(replies[1].get(), "checkpoints of job " + id));
   std::vector<std::pair<int64_t, std::string>> checkpoints;
-  for (const auto& [iteration_text, dir] : *hash) {
+  for (const auto& [iteration_text, dir] : hash) {
     int64_t iteration = 0;
     if (!absl::SimpleAtoi(iteration_text, &iteration)) {
       return absl::InternalError(absl::StrCat("checkpoints of job ", id, ": bad iteration \"", iteration_text, "\""));
@@ -964,15 +943,14 @@ absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> JobStore::ListCheck
 
 absl::StatusOr<std::string> JobStore::AppendEvent(const std::string& id, const std::string& type,
                                                   const std::string& json) {
-  if (absl::Status s = ValidateId("job id", id); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(ValidateId("job id", id));
   if (type.empty()) return absl::InvalidArgumentError("event type is empty");
   auto reply = impl_->RunScript(kAppendEventScript, {impl_->JobKey(id), impl_->JobKey(id) + ":events"},
                                 {std::to_string(impl_->options_.max_events_per_job), type, json});
   if (!reply.ok()) return reply.status();
-  auto tag = ScriptTag(reply->get(), "append event");
-  if (!tag.ok()) return tag.status();
-  if (*tag == "NOT_FOUND") return JobNotFound(id);
-  if (*tag != "OK" || (*reply)->elements < 2 || !IsStringReply((*reply)->element[1])) {
+  STRATA_ASSIGN_OR_RETURN(auto tag, ScriptTag(reply->get(), "append event"));
+  if (tag == "NOT_FOUND") return JobNotFound(id);
+  if (tag != "OK" || (*reply)->elements < 2 || !IsStringReply((*reply)->element[1])) {
     return impl_->Unexpected("append event");
   }
   return ReplyString((*reply)->element[1]);
@@ -980,7 +958,7 @@ absl::StatusOr<std::string> JobStore::AppendEvent(const std::string& id, const s
 
 absl::StatusOr<std::vector<JobEventRecord>> JobStore::ReadEvents(const std::string& id, const std::string& after_id,
                                                                  int count, int block_ms) {
-  if (absl::Status s = ValidateId("job id", id); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(ValidateId("job id", id));
   if (!after_id.empty() && !IsStreamId(after_id)) {
     return absl::InvalidArgumentError(
         absl::StrCat("after_id \"", absl::CHexEscape(after_id), "\" is not a stream entry id (<ms>-<seq>)"));
@@ -992,12 +970,10 @@ absl::StatusOr<std::vector<JobEventRecord>> JobStore::ReadEvents(const std::stri
 
   // A lease of its own: the blocking XREAD holds this connection for up to
   // block_ms while other calls take other connections.
-  auto lease = impl_->pool_.Acquire();
-  if (!lease.ok()) return lease.status();
-  auto exists = (*lease)->Command({"EXISTS", impl_->JobKey(id)});
-  if (!exists.ok()) return exists.status();
-  if ((*exists)->type != REDIS_REPLY_INTEGER) return impl_->Unexpected("EXISTS");
-  if ((*exists)->integer == 0) return JobNotFound(id);
+  STRATA_ASSIGN_OR_RETURN(auto lease, impl_->pool_.Acquire());
+  STRATA_ASSIGN_OR_RETURN(auto exists, lease->Command({"EXISTS", impl_->JobKey(id)}));
+  if (exists->type != REDIS_REPLY_INTEGER) return impl_->Unexpected("EXISTS");
+  if (exists->integer == 0) return JobNotFound(id);
 
   std::vector<std::string> argv = {"XREAD", "COUNT", std::to_string(count)};
   // XREAD BLOCK 0 would wait forever, so "don't block" leaves BLOCK out.
@@ -1005,14 +981,14 @@ absl::StatusOr<std::vector<JobEventRecord>> JobStore::ReadEvents(const std::stri
     argv.push_back("BLOCK");
     argv.push_back(std::to_string(block_ms));
     // The socket must outwait the server-side block.
-    if (absl::Status s = (*lease)->SetTimeout(impl_->pool_.command_timeout_ms() + block_ms); !s.ok()) return s;
+    STRATA_RETURN_IF_ERROR(lease->SetTimeout(impl_->pool_.command_timeout_ms() + block_ms));
   }
   argv.push_back("STREAMS");
   argv.push_back(impl_->JobKey(id) + ":events");
   argv.push_back(after_id.empty() ? "0-0" : after_id);
-  auto reply = (*lease)->Command(argv);
-  if (block_ms > 0 && !(*lease)->broken()) {
-    if (absl::Status s = (*lease)->SetTimeout(impl_->pool_.command_timeout_ms()); !s.ok()) return s;
+  auto reply = lease->Command(argv);
+  if (block_ms > 0 && !lease->broken()) {
+    STRATA_RETURN_IF_ERROR(lease->SetTimeout(impl_->pool_.command_timeout_ms()));
   }
   if (!reply.ok()) return reply.status();
 
@@ -1031,71 +1007,64 @@ absl::StatusOr<std::vector<JobEventRecord>> JobStore::ReadEvents(const std::stri
     if (entry->type != REDIS_REPLY_ARRAY || entry->elements != 2 || !IsStringReply(entry->element[0])) {
       return impl_->Unexpected("XREAD");
     }
-    auto fields = HashFromReply(entry->element[1], "event of job " + id);
-    if (!fields.ok()) return fields.status();
-    events.push_back({ReplyString(entry->element[0]), Field(*fields, "type"), Field(*fields, "json")});
+    STRATA_ASSIGN_OR_RETURN(auto fields, HashFromReply(entry->element[1], "event of job " + id));
+    events.push_back({ReplyString(entry->element[0]), Field(fields, "type"), Field(fields, "json")});
   }
   return events;
 }
 
 absl::StatusOr<std::vector<JobRecord>> JobStore::ListByState(JobState state) {
-  auto reply = impl_->Command({"ZRANGE", impl_->StateKey(state), "0", "-1"});
-  if (!reply.ok()) return reply.status();
+  STRATA_ASSIGN_OR_RETURN(auto reply, impl_->Command({"ZRANGE", impl_->StateKey(state), "0", "-1"}));
   std::vector<std::string> ids;
-  if (absl::Status s = impl_->ParseIds(reply->get(), false, &ids, nullptr, "ZRANGE"); !s.ok()) return s;
-  auto jobs = impl_->FetchJobs(ids);
-  if (!jobs.ok()) return jobs.status();
+  STRATA_RETURN_IF_ERROR(impl_->ParseIds(reply.get(), false, &ids, nullptr, "ZRANGE"));
+  STRATA_ASSIGN_OR_RETURN(auto jobs, impl_->FetchJobs(ids));
   // A job can change state between the ZRANGE and the HGETALL; report only
   // those still in `state`.
-  std::erase_if(*jobs, [state](const JobRecord& job) { return job.state != state; });
+  std::erase_if(jobs, [state](const JobRecord& job) { return job.state != state; });
   return jobs;
 }
 
 absl::Status JobStore::RegisterWorker(const WorkerRecord& worker, int ttl_ms) {
-  if (absl::Status s = ValidateWorkerId(worker.id); !s.ok()) return s;
-  if (absl::Status s = ValidateTtl(ttl_ms); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(ValidateWorkerId(worker.id));
+  STRATA_RETURN_IF_ERROR(ValidateTtl(ttl_ms));
   auto reply = impl_->RunScript(kRegisterWorkerScript, {impl_->WorkerKey(worker.id), impl_->Key("workers")},
                                 {worker.id, worker.address, worker.job_id, std::to_string(ttl_ms)});
   if (!reply.ok()) return reply.status();
-  auto tag = ScriptTag(reply->get(), "register worker");
-  if (!tag.ok()) return tag.status();
-  if (*tag != "OK") return impl_->Unexpected("register worker");
+  STRATA_ASSIGN_OR_RETURN(auto tag, ScriptTag(reply->get(), "register worker"));
+  if (tag != "OK") return impl_->Unexpected("register worker");
   return absl::OkStatus();
 }
 
 absl::Status JobStore::Heartbeat(const std::string& worker_id, const std::string& job_id, int ttl_ms) {
-  if (absl::Status s = ValidateWorkerId(worker_id); !s.ok()) return s;
-  if (absl::Status s = ValidateTtl(ttl_ms); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(ValidateWorkerId(worker_id));
+  STRATA_RETURN_IF_ERROR(ValidateTtl(ttl_ms));
   auto reply = impl_->RunScript(kHeartbeatScript, {impl_->WorkerKey(worker_id), impl_->Key("workers")},
                                 {worker_id, job_id, std::to_string(ttl_ms)});
   if (!reply.ok()) return reply.status();
-  auto tag = ScriptTag(reply->get(), "heartbeat");
-  if (!tag.ok()) return tag.status();
-  if (*tag == "NOT_FOUND") {
+  STRATA_ASSIGN_OR_RETURN(auto tag, ScriptTag(reply->get(), "heartbeat"));
+  if (tag == "NOT_FOUND") {
     return absl::NotFoundError(absl::StrCat("worker ", worker_id, " is not registered (its registration expired)"));
   }
-  if (*tag != "OK") return impl_->Unexpected("heartbeat");
+  if (tag != "OK") return impl_->Unexpected("heartbeat");
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<WorkerRecord>> JobStore::ListWorkers() {
-  auto reply = impl_->RunScript(kListWorkersScript, {impl_->Key("workers")}, {impl_->Key("worker:")});
-  if (!reply.ok()) return reply.status();
-  auto tag = ScriptTag(reply->get(), "list workers");
-  if (!tag.ok()) return tag.status();
-  if (*tag != "OK" || (*reply)->elements < 2 || (*reply)->element[1]->type != REDIS_REPLY_ARRAY) {
+  STRATA_ASSIGN_OR_RETURN(auto reply,
+                          impl_->RunScript(kListWorkersScript, {impl_->Key("workers")}, {impl_->Key("worker:")}));
+  STRATA_ASSIGN_OR_RETURN(auto tag, ScriptTag(reply.get(), "list workers"));
+  if (tag != "OK" || reply->elements < 2 || reply->element[1]->type != REDIS_REPLY_ARRAY) {
     return impl_->Unexpected("list workers");
   }
-  const redisReply* list = (*reply)->element[1];
+  const redisReply* list = reply->element[1];
   std::vector<WorkerRecord> workers;
   for (size_t i = 0; i < list->elements; ++i) {
-    auto hash = HashFromReply(list->element[i], "worker registration");
-    if (!hash.ok()) return hash.status();
+    STRATA_ASSIGN_OR_RETURN(auto hash, HashFromReply(list->element[i], "worker registration"));
     WorkerRecord worker;
-    worker.id = Field(*hash, "id");
-    worker.address = Field(*hash, "address");
-    worker.job_id = Field(*hash, "job_id");
-    if (absl::Status s = ParseInt(*hash, "last_heartbeat_unix_ms", "worker " + worker.id,
+    worker.id = Field(hash, "id");
+    worker.address = Field(hash, "address");
+    worker.job_id = Field(hash, "job_id");
+    if (absl::Status s = ParseInt(hash, "last_heartbeat_unix_ms", "worker " + worker.id,
                                   &worker.last_heartbeat_unix_ms);
         !s.ok()) {
       return s;
@@ -1108,9 +1077,8 @@ absl::StatusOr<std::vector<WorkerRecord>> JobStore::ListWorkers() {
 }
 
 absl::Status JobStore::Ping() {
-  auto reply = impl_->Command({"PING"});
-  if (!reply.ok()) return reply.status();
-  if (!IsStringReply(reply->get()) || ReplyString(reply->get()) != "PONG") return impl_->Unexpected("PING");
+  STRATA_ASSIGN_OR_RETURN(auto reply, impl_->Command({"PING"}));
+  if (!IsStringReply(reply.get()) || ReplyString(reply.get()) != "PONG") return impl_->Unexpected("PING");
   return absl::OkStatus();
 }
 

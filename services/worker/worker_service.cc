@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "offload/device/device_memory.h"
 #include "offload/device/device_transfer.h"
 #include "base/log.h"
@@ -39,11 +40,9 @@ std::function<absl::Status(LocalWorkerGroup&)> TrainCall(
     const Request* request, v1::TrainResponse* response,
     absl::StatusOr<policies::TrainStats> (LocalWorkerGroup::*method)(const std::vector<Batch>&)) {
   return [request, response, method](LocalWorkerGroup& group) -> absl::Status {
-    auto batch = FromProto(*request);
-    if (!batch.ok()) return batch.status();
-    auto stats = (group.*method)(*batch);
-    if (!stats.ok()) return stats.status();
-    ToProto(*stats, response);
+    STRATA_ASSIGN_OR_RETURN(auto batch, FromProto(*request));
+    STRATA_ASSIGN_OR_RETURN(auto stats, (group.*method)(batch));
+    ToProto(stats, response);
     return absl::OkStatus();
   };
 }
@@ -99,8 +98,8 @@ grpc::ServerUnaryReactor* WorkerService::SubmitForJob(grpc::CallbackServerContex
                                                       std::function<absl::Status(LocalWorkerGroup&)> work) {
   return Submit(context, [this, job_id, work = std::move(work)]() -> absl::Status {
     if (group_ == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat("worker ", options_.worker_id, " has no job loaded (call for job ",
-                                                        job_id, "); LoadModels first"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "worker ", options_.worker_id, " has no job loaded (call for job ", job_id, "); LoadModels first"));
     }
     if (job_id != job_id_) {
       return absl::FailedPreconditionError(
@@ -161,20 +160,19 @@ absl::Status WorkerService::LoadModelsOnWorkThread(const v1::LoadModelsRequest& 
   job_id_.clear();
   spec_yaml_.clear();
   phase_.clear();
-  auto spec = policies::ParseJobSpec(request.spec_yaml(), {}, absl::StrCat("job ", request.job_id()));
-  if (!spec.ok()) return spec.status();
-  if (spec->memory.nvme_dir.empty()) spec->memory.nvme_dir = options_.nvme_dir;
-  if (spec->memory.device_mib == 0) spec->memory.device_mib = options_.device_budget_mib;
+  STRATA_ASSIGN_OR_RETURN(auto spec,
+                          policies::ParseJobSpec(request.spec_yaml(), {}, absl::StrCat("job ", request.job_id())));
+  if (spec.memory.nvme_dir.empty()) spec.memory.nvme_dir = options_.nvme_dir;
+  if (spec.memory.device_mib == 0) spec.memory.device_mib = options_.device_budget_mib;
   // GetStats reports the new job's device from now on, during the load too.
-  if (auto device = offload::ParseComputeDevice(spec->memory.device); device.ok()) {
+  if (auto device = offload::ParseComputeDevice(spec.memory.device); device.ok()) {
     if (auto monitor = offload::DeviceMemoryMonitor::ForDevice(*device); monitor.ok()) {
       std::lock_guard<std::mutex> lock(stats_mu_);
       published_monitor_ = *monitor;
     }
   }
-  auto group = LocalWorkerGroup::Create(*spec);
-  if (!group.ok()) return group.status();
-  group_ = std::move(*group);
+  STRATA_ASSIGN_OR_RETURN(auto group, LocalWorkerGroup::Create(spec));
+  group_ = std::move(group);
   job_id_ = request.job_id();
   spec_yaml_ = request.spec_yaml();
   response->set_tokenizer_path(group_->tokenizer_path());
@@ -192,9 +190,8 @@ grpc::ServerUnaryReactor* WorkerService::LoadModels(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* WorkerService::Rollout(grpc::CallbackServerContext* context,
                                                  const v1::RolloutRequest* request, v1::RolloutResponse* response) {
   return SubmitForJob(context, request->job_id(), [request, response](LocalWorkerGroup& group) -> absl::Status {
-    auto rollouts = group.Generate(FromProto(*request));
-    if (!rollouts.ok()) return rollouts.status();
-    for (const auto& r : *rollouts) ToProto(r, response->add_rollouts());
+    STRATA_ASSIGN_OR_RETURN(auto rollouts, group.Generate(FromProto(*request)));
+    for (const auto& r : rollouts) ToProto(r, response->add_rollouts());
     return absl::OkStatus();
   });
 }
@@ -204,10 +201,9 @@ grpc::ServerUnaryReactor* WorkerService::Score(grpc::CallbackServerContext* cont
   return SubmitForJob(context, request->job_id(), [request, response](LocalWorkerGroup& group) -> absl::Status {
     std::vector<policies::Rollout> rollouts;
     policies::ScoreRequest what;
-    if (auto s = FromProto(*request, &rollouts, &what); !s.ok()) return s;
-    auto scores = group.Score(rollouts, what);
-    if (!scores.ok()) return scores.status();
-    ToProto(*scores, response);
+    STRATA_RETURN_IF_ERROR(FromProto(*request, &rollouts, &what));
+    STRATA_ASSIGN_OR_RETURN(auto scores, group.Score(rollouts, what));
+    ToProto(scores, response);
     return absl::OkStatus();
   });
 }
@@ -215,11 +211,9 @@ grpc::ServerUnaryReactor* WorkerService::Score(grpc::CallbackServerContext* cont
 grpc::ServerUnaryReactor* WorkerService::Update(grpc::CallbackServerContext* context, const v1::UpdateRequest* request,
                                                 v1::UpdateResponse* response) {
   return SubmitForJob(context, request->job_id(), [request, response](LocalWorkerGroup& group) -> absl::Status {
-    auto update = FromProto(*request);
-    if (!update.ok()) return update.status();
-    auto stats = group.Update(*update);
-    if (!stats.ok()) return stats.status();
-    ToProto(*stats, response);
+    STRATA_ASSIGN_OR_RETURN(auto update, FromProto(*request));
+    STRATA_ASSIGN_OR_RETURN(auto stats, group.Update(update));
+    ToProto(stats, response);
     return absl::OkStatus();
   });
 }

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/status_macros.h"
 #include "offload/nvme/io_backend.h"
 
 namespace strata::testing {
@@ -64,7 +65,7 @@ class FaultIoBackend final : public offload::IoBackend {
     const int need =
         std::min(std::max(min_results - injected, 0), static_cast<int>(running_.size()));
     std::vector<offload::IoBackendResult> real;
-    if (auto status = inner_->Reap(need, &real); !status.ok()) return status;
+    STRATA_RETURN_IF_ERROR(inner_->Reap(need, &real));
     for (offload::IoBackendResult& r : real) {
       auto it = running_.find(r.tag);
       if (on_complete_ && it != running_.end()) {

@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "base/file.h"
+#include "base/status_macros.h"
 #include "tests/testutil/testutil.h"
 
 extern char** environ;
@@ -54,9 +55,8 @@ class RedisServer {
     // server binds; a few fresh ports make that race harmless.
     absl::Status status;
     for (int attempt = 0; attempt < 5; ++attempt) {
-      auto port = FreePort();
-      if (!port.ok()) return port.status();
-      server->port_ = *port;
+      STRATA_ASSIGN_OR_RETURN(auto port, FreePort());
+      server->port_ = port;
       status = server->Launch();
       if (status.ok()) return server;
     }

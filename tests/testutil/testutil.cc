@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "gtest/gtest.h"
 #include "base/file.h"
 #include "base/subprocess.h"
@@ -30,9 +31,8 @@ TempDir::~TempDir() {
 
 absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv) {
   TempDir scratch;
-  auto run = RunProcess(argv, scratch.path());
-  if (!run.ok()) return run.status();
-  return CommandResult{run->exit_code, std::move(run->output), std::move(run->error)};
+  STRATA_ASSIGN_OR_RETURN(auto run, RunProcess(argv, scratch.path()));
+  return CommandResult{run.exit_code, std::move(run.output), std::move(run.error)};
 }
 
 bool HaveProgram(const std::string& program) {
