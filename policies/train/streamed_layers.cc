@@ -21,7 +21,7 @@ absl::Status AddLayersToStreamer(std::vector<LlamaLayerWeights> layers, offload:
   for (auto& layer : layers) {
     std::vector<std::pair<std::string, at::Tensor>> named;
     for (auto& [name, tensor] : layer.Named()) named.emplace_back(name, *tensor);
-    STRATA_ASSIGN_OR_RETURN(auto index, streamer->AddLayer(named));
+    STRATA_RETURN_IF_ERROR(streamer->AddLayer(named).status());
     layer = LlamaLayerWeights();  // drop the device copies now, layer by layer
   }
   return absl::OkStatus();
