@@ -7,8 +7,8 @@ set -euo pipefail
 packages=(
   # toolchain
   build-essential cmake ninja-build pkg-config ccache git
-  # tensors: libtorch (CPU) and a fast BLAS for it
-  libtorch-dev libopenblas0-pthread
+  # tensors: libtorch (CPU) and a fast BLAS for it; Gloo's headers for c10d
+  libtorch-dev libopenblas0-pthread libgloo-dev
   # service: gRPC, protobuf, Abseil, Redis client and server
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libhiredis-dev redis-server

@@ -1,0 +1,182 @@
+#include "policies/dist/process_group.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <exception>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace strata::policies {
+namespace {
+
+// c10d's errors are exceptions whose text is all there is to go on.
+absl::Status FromException(const std::string& what, const std::exception& e) {
+  const std::string message = absl::StrCat(what, ": ", e.what());
+  const std::string text = e.what();
+  if (absl::StrContains(text, "imed out") || absl::StrContains(text, "imeout")) {
+    return absl::DeadlineExceededError(message);
+  }
+  if (absl::StrContains(text, "onnection") || absl::StrContains(text, "refused") ||
+      absl::StrContains(text, "reset") || absl::StrContains(text, "closed")) {
+    return absl::UnavailableError(message);
+  }
+  return absl::InternalError(message);
+}
+
+// c10d 1.13 counts connect timeouts in whole seconds: less is no wait at all.
+constexpr std::chrono::milliseconds kMinTimeout{1000};
+
+absl::Status CheckPort(int port) {
+  if (port < 0 || port > std::numeric_limits<uint16_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat("rendezvous port must be in [0, 65535], got ", port));
+  }
+  return absl::OkStatus();
+}
+
+class RendezvousImpl final : public Rendezvous {
+ public:
+  explicit RendezvousImpl(c10::intrusive_ptr<c10d::TCPStore> store) : store_(std::move(store)) {}
+  int port() const override { return store_->getPort(); }
+  const c10::intrusive_ptr<c10d::TCPStore>& store() const { return store_; }
+
+ private:
+  c10::intrusive_ptr<c10d::TCPStore> store_;
+};
+
+absl::StatusOr<std::unique_ptr<Rendezvous>> OpenStore(const std::string& host, int port, bool is_server,
+                                                      int world_size, std::chrono::milliseconds timeout) {
+  if (auto s = CheckPort(port); !s.ok()) return s;
+  if (timeout < kMinTimeout) {
+    return absl::InvalidArgumentError(absl::StrCat("rendezvous timeout must be at least ", kMinTimeout.count(),
+                                                   " ms, got ", timeout.count(), " ms"));
+  }
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<uint16_t>(port);
+  options.isServer = is_server;
+  if (is_server) options.numWorkers = static_cast<size_t>(world_size);
+  options.waitWorkers = false;  // the ranks meet when they build the group
+  options.timeout = timeout;
+  try {
+    return std::make_unique<RendezvousImpl>(c10::make_intrusive<c10d::TCPStore>(host, options));
+  } catch (const std::exception& e) {
+    return FromException(absl::StrCat(is_server ? "host" : "join", " rendezvous at ", host, ":", port), e);
+  }
+}
+
+class GlooProcessGroup final : public ProcessGroup {
+ public:
+  GlooProcessGroup(const ProcessGroupOptions& options, std::unique_ptr<Rendezvous> rendezvous,
+                   c10::intrusive_ptr<c10d::ProcessGroupGloo> group)
+      : options_(options), rendezvous_(std::move(rendezvous)), group_(std::move(group)) {}
+
+  // c10d's tensor lists mean one tensor per device, so each tensor is its
+  // own collective; they are all issued before the first wait.
+  absl::Status AllReduceSum(std::vector<at::Tensor>& tensors) override {
+    return Run("all-reduce", tensors, [&](std::vector<at::Tensor>& one) { return group_->allreduce(one); });
+  }
+
+  absl::Status Broadcast(std::vector<at::Tensor>& tensors, int root) override {
+    if (root < 0 || root >= options_.world_size) {
+      return absl::InvalidArgumentError(absl::StrCat("broadcast root ", root, " is not a rank of ", options_.world_size));
+    }
+    c10d::BroadcastOptions broadcast;
+    broadcast.rootRank = root;
+    return Run("broadcast", tensors,
+               [&](std::vector<at::Tensor>& one) { return group_->broadcast(one, broadcast); });
+  }
+
+  absl::Status Barrier() override {
+    std::vector<at::Tensor> none(1);
+    return Run("barrier", none, [&](std::vector<at::Tensor>&) { return group_->barrier(); });
+  }
+
+  int rank() const override { return options_.rank; }
+  int world_size() const override { return options_.world_size; }
+
+ private:
+  // Starts `start` on each tensor, then waits for all of them. After a
+  // failure the remaining work is still waited for (its buffers are the
+  // caller's), each bounded by the group's timeout.
+  template <typename Start>
+  absl::Status Run(const char* what, std::vector<at::Tensor>& tensors, Start start) {
+    std::vector<c10::intrusive_ptr<c10d::Work>> started;
+    absl::Status status;
+    try {
+      for (at::Tensor& tensor : tensors) {
+        std::vector<at::Tensor> one = {tensor};
+        started.push_back(start(one));
+      }
+    } catch (const std::exception& e) {
+      status = FromException(absl::StrCat(what, " on rank ", options_.rank, " of ", options_.world_size), e);
+    }
+    for (auto& work : started) {
+      try {
+        work->wait(options_.timeout);
+      } catch (const std::exception& e) {
+        if (status.ok()) {
+          status = FromException(absl::StrCat(what, " on rank ", options_.rank, " of ", options_.world_size), e);
+        }
+      }
+    }
+    return status;
+  }
+
+  const ProcessGroupOptions options_;
+  std::unique_ptr<Rendezvous> rendezvous_;  // the store outlives the group
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
+};
+
+}  // namespace
+
+absl::Status ProcessGroupOptions::Validate() const {
+  if (world_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("process group world_size must be >= 1, got ", world_size));
+  }
+  if (rank < 0 || rank >= world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("process group rank must be in [0, ", world_size, "), got ", rank));
+  }
+  if (timeout < kMinTimeout) {
+    return absl::InvalidArgumentError(absl::StrCat("process group timeout must be at least ", kMinTimeout.count(),
+                                                   " ms, got ", timeout.count(), " ms"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Rendezvous>> Rendezvous::Host(const std::string& host, int port, int world_size,
+                                                             std::chrono::milliseconds timeout) {
+  if (world_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("rendezvous world_size must be >= 1, got ", world_size));
+  }
+  return OpenStore(host, port, /*is_server=*/true, world_size, timeout);
+}
+
+absl::StatusOr<std::unique_ptr<Rendezvous>> Rendezvous::Join(const std::string& host, int port,
+                                                             std::chrono::milliseconds timeout) {
+  return OpenStore(host, port, /*is_server=*/false, 0, timeout);
+}
+
+absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Create(const ProcessGroupOptions& options,
+                                                                   std::unique_ptr<Rendezvous> rendezvous) {
+  if (auto s = options.Validate(); !s.ok()) return s;
+  if (rendezvous == nullptr) return absl::InvalidArgumentError("process group needs a rendezvous");
+  auto* store = static_cast<RendezvousImpl*>(rendezvous.get());
+  try {
+    auto gloo = c10d::ProcessGroupGloo::Options::create(options.timeout);
+    // Loopback for a gang on one machine; the hostname's address otherwise.
+    gloo->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    // One group per store: keys of a later group must not meet this one's.
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>("strata", store->store());
+    auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, options.rank, options.world_size, gloo);
+    return std::unique_ptr<ProcessGroup>(new GlooProcessGroup(options, std::move(rendezvous), std::move(group)));
+  } catch (const std::exception& e) {
+    return FromException(absl::StrCat("process group rank ", options.rank, " of ", options.world_size), e);
+  }
+}
+
+}  // namespace strata::policies

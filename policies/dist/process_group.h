@@ -1,0 +1,92 @@
+// A job's ranks talking to each other: a c10d process group (Gloo, on CPU
+// tensors) that meets through a TCPStore rendezvous hosted by rank 0. The
+// trainer all-reduces gradients through it and the algorithms all-reduce
+// their statistics, so that a gang of N ranks computes what one rank would.
+//
+// Every call completes or fails within its timeout. A rank that died or
+// hangs becomes DEADLINE_EXCEEDED (or UNAVAILABLE when its connection broke)
+// on every other rank, never a hang. c10d reports failures by throwing;
+// nothing here throws.
+//
+// Thread-compatibility: one thread drives a ProcessGroup, and every rank
+// issues the same collectives in the same order.
+#ifndef STRATA_POLICIES_DIST_PROCESS_GROUP_H_
+#define STRATA_POLICIES_DIST_PROCESS_GROUP_H_
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace strata::policies {
+
+// The key-value store the ranks meet at. Rank 0 hosts it: Host returns as
+// soon as it listens, so its port can be handed to the other ranks (by the
+// coordinator), which Join it.
+class Rendezvous {
+ public:
+  // Listens on host:port (0: a free port) for `world_size` ranks, itself
+  // included. UNAVAILABLE when it cannot listen there.
+  static absl::StatusOr<std::unique_ptr<Rendezvous>> Host(const std::string& host, int port, int world_size,
+                                                          std::chrono::milliseconds timeout);
+  // Connects to the store rank 0 hosts. DEADLINE_EXCEEDED (or UNAVAILABLE)
+  // when it is not there within `timeout`.
+  static absl::StatusOr<std::unique_ptr<Rendezvous>> Join(const std::string& host, int port,
+                                                          std::chrono::milliseconds timeout);
+  virtual ~Rendezvous() = default;
+  Rendezvous(const Rendezvous&) = delete;
+  Rendezvous& operator=(const Rendezvous&) = delete;
+
+  // The port the store listens on.
+  virtual int port() const = 0;
+
+ protected:
+  Rendezvous() = default;
+};
+
+struct ProcessGroupOptions {
+  int rank = 0;
+  int world_size = 1;
+  // Bounds the group's creation and every collective; at least 1 s (c10d
+  // counts connect timeouts in whole seconds).
+  std::chrono::milliseconds timeout{30000};
+
+  // INVALID_ARGUMENT naming the field.
+  absl::Status Validate() const;
+};
+
+class ProcessGroup {
+ public:
+  // Builds a Gloo process group over loopback-or-network TCP through
+  // `rendezvous`, which it keeps. Returns once every rank has joined;
+  // DEADLINE_EXCEEDED when they do not within options.timeout.
+  static absl::StatusOr<std::unique_ptr<ProcessGroup>> Create(const ProcessGroupOptions& options,
+                                                              std::unique_ptr<Rendezvous> rendezvous);
+  virtual ~ProcessGroup() = default;
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  // In place: each tensor becomes its sum over the ranks. Tensors are
+  // contiguous CPU tensors, of any dtypes and shapes, the same list on every
+  // rank. Each is its own collective, all in flight together.
+  virtual absl::Status AllReduceSum(std::vector<at::Tensor>& tensors) = 0;
+  // In place: every rank gets `root`'s values.
+  virtual absl::Status Broadcast(std::vector<at::Tensor>& tensors, int root) = 0;
+  // Returns once every rank has called it.
+  virtual absl::Status Barrier() = 0;
+
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+
+ protected:
+  ProcessGroup() = default;
+};
+
+}  // namespace strata::policies
+
+#endif  // STRATA_POLICIES_DIST_PROCESS_GROUP_H_

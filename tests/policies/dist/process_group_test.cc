@@ -1,0 +1,139 @@
+// Ranks as threads of one process, meeting over loopback as separate
+// processes would: rendezvous, collectives, and the failure bounds.
+#include "policies/dist/process_group.h"
+
+#include <future>
+#include <thread>
+
+#include "gtest/gtest.h"
+
+namespace strata::policies {
+namespace {
+
+using std::chrono::milliseconds;
+
+// Runs `body(rank, group)` on every rank of a fresh group of `world` ranks.
+template <typename Body>
+void OnEveryRank(int world, Body body, milliseconds timeout = milliseconds(20000)) {
+  auto host = Rendezvous::Host("127.0.0.1", 0, world, timeout);
+  ASSERT_TRUE(host.ok()) << host.status();
+  const int port = (*host)->port();
+  ASSERT_GT(port, 0);
+  std::vector<std::thread> others;
+  auto run = [&](int rank, std::unique_ptr<Rendezvous> rendezvous) {
+    if (rendezvous == nullptr) {
+      auto joined = Rendezvous::Join("127.0.0.1", port, timeout);
+      ASSERT_TRUE(joined.ok()) << joined.status();
+      rendezvous = std::move(*joined);
+    }
+    ProcessGroupOptions options;
+    options.rank = rank;
+    options.world_size = world;
+    options.timeout = timeout;
+    auto group = ProcessGroup::Create(options, std::move(rendezvous));
+    ASSERT_TRUE(group.ok()) << group.status();
+    body(rank, **group);
+  };
+  for (int rank = 1; rank < world; ++rank) others.emplace_back(run, rank, nullptr);
+  run(0, std::move(*host));
+  for (auto& t : others) t.join();
+}
+
+TEST(ProcessGroupTest, TwoRanksSumBroadcastAndMeet) {
+  std::vector<at::Tensor> sums(2), broadcasts(2);
+  OnEveryRank(2, [&](int rank, ProcessGroup& group) {
+    EXPECT_EQ(group.rank(), rank);
+    EXPECT_EQ(group.world_size(), 2);
+    std::vector<at::Tensor> tensors = {at::full({3}, static_cast<float>(rank + 1)),
+                                       at::arange(4, at::kDouble) * (rank + 1)};
+    const absl::Status reduced = group.AllReduceSum(tensors);
+    EXPECT_TRUE(reduced.ok()) << reduced;
+    sums[static_cast<size_t>(rank)] = tensors[1];
+    EXPECT_TRUE(tensors[0].equal(at::full({3}, 3.0f)));
+    std::vector<at::Tensor> b = {at::full({2}, static_cast<int64_t>(10 + rank))};
+    EXPECT_TRUE(group.Broadcast(b, 1).ok());
+    broadcasts[static_cast<size_t>(rank)] = b[0];
+    EXPECT_TRUE(group.Barrier().ok());
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_TRUE(sums[static_cast<size_t>(rank)].equal(at::arange(4, at::kDouble) * 3)) << "rank " << rank;
+    EXPECT_TRUE(broadcasts[static_cast<size_t>(rank)].equal(at::full({2}, int64_t{11}))) << "rank " << rank;
+  }
+}
+
+TEST(ProcessGroupTest, OneRankIsItsOwnGang) {
+  OnEveryRank(1, [](int, ProcessGroup& group) {
+    std::vector<at::Tensor> tensors = {at::full({2}, 5.0f)};
+    EXPECT_TRUE(group.AllReduceSum(tensors).ok());
+    EXPECT_TRUE(tensors[0].equal(at::full({2}, 5.0f)));
+  });
+}
+
+// Rank 0 all-reduces; rank 1 holds its group open without joining the
+// collective until rank 0 is done (a hung rank), or drops it (a dead rank).
+absl::Status AllReduceAgainstAnAbsentRank(bool rank1_hangs) {
+  std::promise<void> rank0_done;
+  std::shared_future<void> done = rank0_done.get_future().share();
+  absl::Status result;
+  OnEveryRank(
+      2,
+      [&](int rank, ProcessGroup& group) {
+        if (rank == 1) {
+          if (rank1_hangs) done.wait();
+          return;
+        }
+        std::vector<at::Tensor> tensors = {at::ones({4})};
+        const auto start = std::chrono::steady_clock::now();
+        result = group.AllReduceSum(tensors);
+        EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+        rank0_done.set_value();
+      },
+      milliseconds(1000));
+  return result;
+}
+
+TEST(ProcessGroupTest, ARankThatHangsIsADeadlineNotAHang) {
+  const absl::Status s = AllReduceAgainstAnAbsentRank(/*rank1_hangs=*/true);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_NE(s.message().find("all-reduce on rank 0 of 2"), absl::string_view::npos) << s;
+}
+
+TEST(ProcessGroupTest, ARankThatLeavesFailsTheCollective) {
+  const absl::Status s = AllReduceAgainstAnAbsentRank(/*rank1_hangs=*/false);
+  EXPECT_FALSE(s.ok());
+  EXPECT_TRUE(s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kDeadlineExceeded) << s;
+}
+
+TEST(ProcessGroupTest, NobodyToJoinIsAnErrorWithinTheTimeout) {
+  // A port with no store behind it: take a free one, then close it.
+  int port = 0;
+  {
+    auto host = Rendezvous::Host("127.0.0.1", 0, 2, milliseconds(1000));
+    ASSERT_TRUE(host.ok()) << host.status();
+    port = (*host)->port();
+  }
+  auto joined = Rendezvous::Join("127.0.0.1", port, milliseconds(1000));
+  ASSERT_FALSE(joined.ok());
+  EXPECT_TRUE(joined.status().code() == absl::StatusCode::kDeadlineExceeded ||
+              joined.status().code() == absl::StatusCode::kUnavailable)
+      << joined.status();
+}
+
+TEST(ProcessGroupTest, OptionsAreValidatedByName) {
+  ProcessGroupOptions options;
+  options.world_size = 2;
+  options.rank = 2;
+  EXPECT_NE(options.Validate().message().find("rank"), absl::string_view::npos);
+  options.rank = 0;
+  options.world_size = 0;
+  EXPECT_NE(options.Validate().message().find("world_size"), absl::string_view::npos);
+  options.world_size = 1;
+  options.timeout = milliseconds(999);  // c10d would not wait at all
+  EXPECT_NE(options.Validate().message().find("timeout"), absl::string_view::npos);
+  EXPECT_EQ(Rendezvous::Join("127.0.0.1", 1, milliseconds(10)).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Rendezvous::Host("127.0.0.1", 70000, 1, milliseconds(100)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace strata::policies
