@@ -58,27 +58,30 @@ std::vector<size_t> Lengths(const std::vector<Rollout>& rollouts) {
 class PhaseClock {
  public:
   explicit PhaseClock(WorkerGroup& workers) : workers_(workers), start_(Clock::now()), phase_start_(start_) {}
+  // The next phase's start also brings the ended phase's peaks.
   void Begin(const std::string& phase) {
-    End();
+    EndTimer();
     phase_ = phase;
     phase_start_ = Clock::now();
-    workers_.BeginPhase(phase);
+    AddPeaks(workers_.BeginPhase(phase));
   }
   void Finish(Metrics& m) {
-    End();
+    if (!phase_.empty()) {
+      EndTimer();
+      AddPeaks(workers_.PhaseMemory(phase_));
+      phase_.clear();
+    }
     for (const auto& [tier, bytes] : peaks_) m["memory/" + tier + "_peak_bytes"] = static_cast<double>(bytes);
     for (const auto& [phase, seconds] : seconds_) m["time/" + phase + "_s"] = seconds;
     m["time/iteration_s"] = Since(start_);
   }
 
  private:
-  void End() {
-    if (phase_.empty()) return;
-    seconds_[phase_] += Since(phase_start_);
-    for (const auto& [tier, bytes] : workers_.PhaseMemory(phase_).peak_bytes) {
-      peaks_[tier] = std::max(peaks_[tier], bytes);
-    }
-    phase_.clear();
+  void EndTimer() {
+    if (!phase_.empty()) seconds_[phase_] += Since(phase_start_);
+  }
+  void AddPeaks(const MemoryStats& stats) {
+    for (const auto& [tier, bytes] : stats.peak_bytes) peaks_[tier] = std::max(peaks_[tier], bytes);
   }
   WorkerGroup& workers_;
   Clock::time_point start_, phase_start_;

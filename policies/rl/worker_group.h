@@ -108,8 +108,11 @@ class WorkerGroup {
   virtual absl::StatusOr<TrainStats> TrainRewardModel(const std::vector<PreferencePair>& batch) = 0;
   virtual absl::StatusOr<TrainStats> EvaluateRewardModel(const std::vector<PreferencePair>& pairs) = 0;
 
-  // Starts a phase ("rollout", "score", "update") for the memory figures.
-  virtual void BeginPhase(const std::string& phase) = 0;
+  // Starts a phase ("rollout", "score", "update") for the memory figures
+  // and returns the peaks of the phase it ends (empty for the first), so a
+  // remote worker answers both in one call.
+  virtual MemoryStats BeginPhase(const std::string& phase) = 0;
+  // The peaks of `phase`: so far for the current one, as it ended otherwise.
   virtual MemoryStats PhaseMemory(const std::string& phase) = 0;
 
   // Everything needed to resume (weights, optimizer states, step counts)

@@ -43,6 +43,10 @@ absl::Status RemoteWorkerGroup::Call(const char* method,
                                                                            Response*),
                                      std::chrono::milliseconds timeout, const Request& request,
                                      Response* response) const {
+  {
+    std::lock_guard<std::mutex> lock(calls_mu_);
+    ++calls_[method];
+  }
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + timeout);
   AddBearer(&context, options_.token);
@@ -177,13 +181,20 @@ v1::CheckpointRequest CheckpointCall(const std::string& job_id, const std::strin
 
 }  // namespace
 
-void RemoteWorkerGroup::BeginPhase(const std::string& phase) {
+std::map<std::string, int64_t> RemoteWorkerGroup::calls() const {
+  std::lock_guard<std::mutex> lock(calls_mu_);
+  return calls_;
+}
+
+policies::MemoryStats RemoteWorkerGroup::BeginPhase(const std::string& phase) {
   v1::PhaseMemory response;
   if (auto s = Call("BeginPhase", &v1::Worker::Stub::BeginPhase, options_.control_timeout,
                     PhaseRequest(options_.job_id, phase), &response);
       !s.ok()) {
     STRATA_LOG(Warning) << s;
+    return {};
   }
+  return FromProto(response);
 }
 
 policies::MemoryStats RemoteWorkerGroup::PhaseMemory(const std::string& phase) {

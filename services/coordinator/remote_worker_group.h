@@ -17,7 +17,9 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -81,13 +83,15 @@ class RemoteWorkerGroup final : public policies::WorkerGroup {
       const std::vector<policies::PreferencePair>& pairs) override;
   // The interface gives these two no way to fail: an error is logged and
   // the figures are empty; a lost worker then fails the next operation.
-  void BeginPhase(const std::string& phase) override;
+  policies::MemoryStats BeginPhase(const std::string& phase) override;
   policies::MemoryStats PhaseMemory(const std::string& phase) override;
   absl::Status SaveCheckpoint(const std::string& dir) override;
   absl::Status LoadCheckpoint(const std::string& dir) override;
   absl::Status SaveOutput(const std::string& dir) override;
 
   const RemoteWorkerOptions& options() const { return options_; }
+  // Calls made so far, by method name ("Rollout", "BeginPhase", ...).
+  std::map<std::string, int64_t> calls() const;
 
  private:
   // One unary call with `timeout` as its deadline and the bearer token; the
@@ -105,6 +109,8 @@ class RemoteWorkerGroup final : public policies::WorkerGroup {
 
   const RemoteWorkerOptions options_;
   std::unique_ptr<strata::v1::Worker::Stub> stub_;
+  mutable std::mutex calls_mu_;
+  mutable std::map<std::string, int64_t> calls_;  // guarded by calls_mu_
 };
 
 }  // namespace strata::services

@@ -454,10 +454,15 @@ absl::StatusOr<policies::TrainStats> LocalWorkerGroup::EvaluateRewardModel(
   return policies::TrainStats{objective.loss.item<double>(), objective.accuracy};
 }
 
-void LocalWorkerGroup::BeginPhase(const std::string& phase) {
-  if (!phase_.empty()) phase_memory_[phase_] = PhaseMemory(phase_);
+policies::MemoryStats LocalWorkerGroup::BeginPhase(const std::string& phase) {
+  policies::MemoryStats ended;
+  if (!phase_.empty()) {
+    ended = PhaseMemory(phase_);
+    phase_memory_[phase_] = ended;
+  }
   phase_ = phase;
   monitor_->ResetPeak();
+  return ended;
 }
 
 policies::MemoryStats LocalWorkerGroup::PhaseMemory(const std::string& phase) {

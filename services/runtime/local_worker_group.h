@@ -36,7 +36,7 @@ class LocalWorkerGroup final : public policies::WorkerGroup {
   absl::StatusOr<policies::TrainStats> TrainRewardModel(const std::vector<policies::PreferencePair>& batch) override;
   absl::StatusOr<policies::TrainStats> EvaluateRewardModel(
       const std::vector<policies::PreferencePair>& pairs) override;
-  void BeginPhase(const std::string& phase) override;
+  policies::MemoryStats BeginPhase(const std::string& phase) override;
   policies::MemoryStats PhaseMemory(const std::string& phase) override;
   absl::Status SaveCheckpoint(const std::string& dir) override;
   absl::Status LoadCheckpoint(const std::string& dir) override;

@@ -240,10 +240,8 @@ grpc::ServerUnaryReactor* WorkerService::BeginPhase(grpc::CallbackServerContext*
                                                     const v1::BeginPhaseRequest* request, v1::PhaseMemory* response) {
   // Answers with the peaks of the phase it ends (empty for the first).
   return SubmitForJob(context, request->job_id(), [this, request, response](LocalWorkerGroup& group) -> absl::Status {
-    const std::string ended = phase_;
-    group.BeginPhase(request->phase());
+    ToProto(group.BeginPhase(request->phase()), response);
     phase_ = request->phase();
-    if (!ended.empty()) ToProto(group.PhaseMemory(ended), response);
     return absl::OkStatus();
   });
 }

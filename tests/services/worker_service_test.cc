@@ -420,6 +420,7 @@ TEST_F(WorkerServiceTest, RemaxAgainstRemoteWorkerMatchesLocal) {
   auto local_algorithm = policies::RlAlgorithm::Create(spec);
   auto remote_algorithm = policies::RlAlgorithm::Create(spec);
   ASSERT_TRUE(local_algorithm.ok() && remote_algorithm.ok());
+  const std::map<std::string, int64_t> calls_before = remote->calls();
   for (int64_t it = 0; it < 2; ++it) {
     auto want = (*local_algorithm)->Iterate(**local, prompts, it);
     ASSERT_TRUE(want.ok()) << want.status();
@@ -433,6 +434,17 @@ TEST_F(WorkerServiceTest, RemaxAgainstRemoteWorkerMatchesLocal) {
     EXPECT_TRUE(got->contains("objective/scores"));
     EXPECT_TRUE(got->contains("loss/policy_avg"));
   }
+  // Per iteration: Rollout, Score (sampled), Score (greedy), Update, and the
+  // phases: each BeginPhase brings the ended phase's peaks, so only the last
+  // phase's are asked for (8 calls; 10 when every phase was asked for).
+  std::map<std::string, int64_t> per_iteration;
+  for (const auto& [method, n] : remote->calls()) {
+    const int64_t made = n - (calls_before.count(method) ? calls_before.at(method) : 0);
+    if (made > 0) per_iteration[method] = made / 2;
+  }
+  const std::map<std::string, int64_t> want_calls = {
+      {"BeginPhase", 3}, {"GetPhaseMemory", 1}, {"Rollout", 1}, {"Score", 2}, {"Update", 1}};
+  EXPECT_EQ(per_iteration, want_calls);
 
   // The updated weights match too: both actors now greedily say the same.
   policies::RolloutRequest greedy{prompts, {}, 1, false};
