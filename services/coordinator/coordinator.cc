@@ -393,7 +393,8 @@ void CoordinatorService::RunOnWorker(uint64_t run, JobRecord job, WorkerRecord w
     finished_runs_.insert(run);
     cv_.notify_all();
   };
-  absl::Status status = [&]() -> absl::Status {
+  std::unique_ptr<RemoteWorkerGroup> group;  // set once the worker is asked to load
+  auto run_job = [&]() -> absl::Status {
     auto spec = policies::ParseJobSpec(job.spec_yaml, {}, absl::StrCat("job ", job.id));
     if (!spec.ok()) return spec.status();
     STRATA_ASSIGN_OR_RETURN(auto channel_credentials, MakeChannelCredentials(options_.worker_tls));
@@ -401,7 +402,7 @@ void CoordinatorService::RunOnWorker(uint64_t run, JobRecord job, WorkerRecord w
     remote.address = worker.address;
     remote.token = options_.worker_token.empty() ? options_.token : options_.worker_token;
     remote.job_id = job.id;
-    STRATA_ASSIGN_OR_RETURN(auto group, RemoteWorkerGroup::Create(remote, channel_credentials));
+    STRATA_ASSIGN_OR_RETURN(group, RemoteWorkerGroup::Create(remote, channel_credentials));
     STRATA_ASSIGN_OR_RETURN(auto loaded, group->LoadModels(job.spec_yaml));
     // The loop reads data and writes checkpoints where the worker resolves
     // the spec's relative paths.
@@ -429,7 +430,17 @@ void CoordinatorService::RunOnWorker(uint64_t run, JobRecord job, WorkerRecord w
     absl::Status ran = RunJob(*spec, *group, *tokenizer, run);
     (void)(group)->Unload();
     return ran;
-  }();
+  };
+  // The loop runs libtorch and JSON code on what workers and files say; an
+  // exception there fails this job (and unloads its worker), never the
+  // coordinator and its other jobs.
+  absl::Status status;
+  try {
+    status = run_job();
+  } catch (const std::exception& e) {
+    status = absl::InternalError(absl::StrCat("job ", job.id, " on worker ", worker.id, ": ", e.what()));
+    if (group != nullptr) (void)group->Unload();
+  }
 
   if (status.ok()) {
     if (store_->Transition(job.id, {JobState::kRunning}, JobState::kSucceeded).ok()) {

@@ -1,5 +1,7 @@
 #include "services/coordinator/remote_worker_group.h"
 
+#include <algorithm>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -65,7 +67,58 @@ absl::Status RemoteWorkerGroup::Call(const char* method,
 
 namespace {
 
-// A reply that does not parse is the worker's fault, not the caller's.
+// A reply that parses but does not fit its request (rows that do not match
+// the batch) would otherwise reach the algorithms' tensor code.
+absl::Status CheckRollouts(const policies::RolloutRequest& request, const std::vector<policies::Rollout>& rollouts) {
+  const size_t prompts = request.prompts.size();
+  const size_t want = prompts * static_cast<size_t>(std::max<int64_t>(request.samples_per_prompt, 0)) +
+                      (request.with_greedy ? prompts : 0);
+  if (rollouts.size() != want) {
+    return absl::InvalidArgumentError(absl::StrCat(rollouts.size(), " rollouts for ", prompts, " prompts x ",
+                                                   request.samples_per_prompt, " samples",
+                                                   request.with_greedy ? " + greedy" : "", "; expected ", want));
+  }
+  for (size_t i = 0; i < rollouts.size(); ++i) {
+    const policies::Rollout& r = rollouts[i];
+    if (r.prompt_index < 0 || static_cast<size_t>(r.prompt_index) >= prompts) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rollouts[", i, "].prompt_index ", r.prompt_index, " is not one of ", prompts, " prompts"));
+    }
+    if (r.logprobs.size() != r.response.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("rollouts[", i, "].logprobs has ", r.logprobs.size(),
+                                                     " values for ", r.response.size(), " response tokens"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckScores(const std::vector<policies::Rollout>& rollouts, const policies::ScoreRequest& request,
+                         const policies::Scores& scores) {
+  if (request.rewards && scores.rewards.size() != rollouts.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rewards has ", scores.rewards.size(), " values for ", rollouts.size(), " rollouts"));
+  }
+  for (auto [wanted, rows, field] : {std::tuple{request.reference_logprobs, &scores.reference_logprobs,
+                                                "reference_logprobs"},
+                                     std::tuple{request.values, &scores.values, "values"},
+                                     std::tuple{request.actor_logprobs, &scores.actor_logprobs, "actor_logprobs"}}) {
+    if (!wanted) continue;
+    if (rows->size() != rollouts.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, " has ", rows->size(), " rows for ", rollouts.size(), " rollouts"));
+    }
+    for (size_t i = 0; i < rows->size(); ++i) {
+      if ((*rows)[i].size() != rollouts[i].response.size()) {
+        return absl::InvalidArgumentError(absl::StrCat(field, "[", i, "] has ", (*rows)[i].size(), " values for ",
+                                                       rollouts[i].response.size(), " response tokens"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A reply that does not parse, or does not fit its request, is the worker's
+// fault, not the caller's.
 absl::Status BadReply(const std::string& address, const char* method, const absl::Status& status) {
   return absl::InternalError(absl::StrCat("worker ", address, ": ", method, ": malformed reply: ", status.message()));
 }
@@ -113,6 +166,7 @@ absl::StatusOr<std::vector<policies::Rollout>> RemoteWorkerGroup::Generate(const
     if (!r.ok()) return BadReply(options_.address, "Rollout", r.status());
     rollouts.push_back(std::move(*r));
   }
+  if (auto s = CheckRollouts(request, rollouts); !s.ok()) return BadReply(options_.address, "Rollout", s);
   return rollouts;
 }
 
@@ -125,6 +179,7 @@ absl::StatusOr<policies::Scores> RemoteWorkerGroup::Score(const std::vector<poli
   STRATA_RETURN_IF_ERROR(Call("Score", &v1::Worker::Stub::Score, options_.work_timeout, call, &response));
   auto scores = FromProto(response);
   if (!scores.ok()) return BadReply(options_.address, "Score", scores.status());
+  if (auto s = CheckScores(rollouts, request, *scores); !s.ok()) return BadReply(options_.address, "Score", s);
   return scores;
 }
 

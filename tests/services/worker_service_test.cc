@@ -610,3 +610,64 @@ TEST(RemoteWorkerGroupTest, OptionsAreValidated) {
 
 }  // namespace
 }  // namespace strata::services
+
+namespace strata::services {
+namespace {
+
+// A worker that answers every Rollout and Score with well-formed messages
+// that do not fit the request: one rollout too few, one reward too few, a
+// log-prob row one token short.
+class MisfitWorker final : public v1::Worker::Service {
+ public:
+  grpc::Status Rollout(grpc::ServerContext*, const v1::RolloutRequest*, v1::RolloutResponse* response) override {
+    policies::Rollout r{0, {1, 2}, {3, 4}, {-0.5f, -0.25f}, false};
+    ToProto(r, response->add_rollouts());
+    return grpc::Status::OK;
+  }
+  grpc::Status Score(grpc::ServerContext*, const v1::ScoreRequest* request, v1::ScoreResponse* response) override {
+    policies::Scores scores;
+    scores.rewards.assign(static_cast<size_t>(request->rollouts_size()) - (short_rewards ? 1 : 0), 1.0f);
+    for (const auto& r : request->rollouts()) {
+      scores.reference_logprobs.emplace_back(static_cast<size_t>(r.response_size()) - (short_rewards ? 0 : 1), -1.0f);
+    }
+    ToProto(scores, response);
+    return grpc::Status::OK;
+  }
+  bool short_rewards = true;
+};
+
+TEST(RemoteWorkerGroupTest, RepliesThatDoNotFitTheBatchAreInternalNamingTheField) {
+  MisfitWorker misfit;
+  grpc::ServerBuilder builder;
+  builder.RegisterService(&misfit);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  RemoteWorkerOptions options;
+  options.address = "misfit";
+  options.job_id = "job-1";
+  RemoteWorkerGroup group(server->InProcessChannel(grpc::ChannelArguments()), options);
+
+  policies::RolloutRequest request;
+  request.prompts = {{1, 2}, {5, 6}};
+  auto rollouts = group.Generate(request);
+  ASSERT_FALSE(rollouts.ok());
+  EXPECT_EQ(rollouts.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(rollouts.status().message()),
+              HasSubstr("worker misfit: Rollout: malformed reply: 1 rollouts for 2 prompts x 1 samples; expected 2"));
+
+  std::vector<policies::Rollout> batch = {{0, {1, 2}, {3, 4}, {-1, -1}, false}, {1, {5, 6}, {7}, {-1}, false}};
+  auto scores = group.Score(batch, policies::ScoreRequest{true, true, false, false});
+  ASSERT_FALSE(scores.ok());
+  EXPECT_EQ(scores.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(scores.status().message()), HasSubstr("rewards has 1 values for 2 rollouts"));
+
+  misfit.short_rewards = false;  // rewards fit; the log-prob rows are one token short
+  scores = group.Score(batch, policies::ScoreRequest{true, true, false, false});
+  ASSERT_FALSE(scores.ok());
+  EXPECT_THAT(std::string(scores.status().message()),
+              HasSubstr("reference_logprobs[0] has 1 values for 2 response tokens"));
+  server->Shutdown();
+}
+
+}  // namespace
+}  // namespace strata::services
