@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -15,7 +16,9 @@
 #include "base/file.h"
 #include "services/rpc/auth.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "services/rpc/wire.h"
 #include "strata/v1/coordinator.grpc.pb.h"
+#include "strata/v1/worker.grpc.pb.h"
 #include "tests/testutil/child_process.h"
 #include "tests/testutil/redis_server.h"
 #include "tests/testutil/testutil.h"
@@ -52,12 +55,15 @@ class ServiceTest : public ::testing::Test {
     ASSERT_TRUE(port.ok());
     coordinator_addr_ = absl::StrCat("127.0.0.1:", *port);
     StartCoordinator();
-    for (int i = 0; i < 2; ++i) StartWorker(i);
+    for (int i = 0; i < RealWorkers(); ++i) StartWorker(i);
     channel_ = grpc::CreateChannel(coordinator_addr_, grpc::InsecureChannelCredentials());
     ASSERT_TRUE(channel_->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(20)))
         << coordinator_->Log();
     stub_ = v1::Coordinator::NewStub(channel_);
   }
+
+  // Worker processes the fixture starts.
+  virtual int RealWorkers() const { return 2; }
 
   // The coordinator runs elsewhere than the workers: spec paths must
   // resolve where the workers run.
@@ -510,6 +516,84 @@ TEST_F(ServiceTest, FiftyConcurrentClientsSeeNoErrors) {
   EXPECT_GT(result->calls["list"].calls, 50);
   EXPECT_GT(result->calls["get"].calls, 50);
   EXPECT_GT(result->calls["watch_events"].calls, 50);  // at least the QUEUED event of each job
+}
+
+// A worker that loads any job and then answers Rollout with rows that do not
+// match the batch (one rollout for every batch), as a buggy or hostile
+// worker might.
+class MisfitWorker final : public v1::Worker::Service {
+ public:
+  explicit MisfitWorker(std::string tokenizer_path, std::string working_directory)
+      : tokenizer_path_(std::move(tokenizer_path)), working_directory_(std::move(working_directory)) {}
+  grpc::Status LoadModels(grpc::ServerContext*, const v1::LoadModelsRequest*, v1::LoadModelsResponse* out) override {
+    out->set_tokenizer_path(tokenizer_path_);
+    out->set_working_directory(working_directory_);
+    return grpc::Status::OK;
+  }
+  grpc::Status Rollout(grpc::ServerContext*, const v1::RolloutRequest*, v1::RolloutResponse* out) override {
+    services::ToProto(policies::Rollout{0, {1, 2}, {3, 4}, {-0.5f, -0.25f}, false}, out->add_rollouts());
+    return grpc::Status::OK;
+  }
+  // Scores that fit whatever it is asked to score: only the rollouts misfit.
+  grpc::Status Score(grpc::ServerContext*, const v1::ScoreRequest* request, v1::ScoreResponse* out) override {
+    policies::Scores scores;
+    scores.rewards.assign(static_cast<size_t>(request->rollouts_size()), 0.5f);
+    for (const auto& r : request->rollouts()) scores.reference_logprobs.emplace_back(r.response_size(), -1.0f);
+    services::ToProto(scores, out);
+    return grpc::Status::OK;
+  }
+  grpc::Status Unload(grpc::ServerContext*, const v1::UnloadRequest*, v1::UnloadResponse*) override {
+    ++unloads;
+    return grpc::Status::OK;
+  }
+  std::atomic<int> unloads{0};
+
+ private:
+  const std::string tokenizer_path_, working_directory_;
+};
+
+class MisfitWorkerTest : public ServiceTest {
+ protected:
+  int RealWorkers() const override { return 0; }
+};
+
+TEST_F(MisfitWorkerTest, RepliesThatDoNotFitTheBatchFailTheJobNotTheCoordinator) {
+  MisfitWorker misfit(JoinPath(model_, "tokenizer.json"), dir_.path());
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&misfit);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  {
+    v1::RegisterWorkerRequest request;
+    request.set_worker_id("misfit");
+    request.set_address(absl::StrCat("127.0.0.1:", port));
+    request.set_working_directory(dir_.path());
+    (*request.mutable_memory_bytes())["host"] = int64_t{8} << 30;
+    v1::RegisterWorkerResponse response;
+    grpc::ClientContext context;
+    Auth(&context);
+    ASSERT_TRUE(stub_->RegisterWorker(&context, request, &response).ok());
+  }
+  v1::Job job;
+  ASSERT_TRUE(Submit(Spec(2, "misfit"), &job).ok());
+  const auto events = Watch(job.id(), Ended);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back().state(), v1::FAILED);
+  const v1::Job failed = Get(job.id());
+  EXPECT_EQ(failed.error_code(), "INTERNAL");
+  EXPECT_NE(failed.error_message().find("Rollout: malformed reply: 1 rollouts for 4 prompts"), std::string::npos)
+      << failed.error_message();
+  EXPECT_GE(misfit.unloads.load(), 1);
+  // The coordinator is still there for everyone else.
+  EXPECT_TRUE(coordinator_->Alive()) << coordinator_->Log();
+  v1::ListJobsRequest list;
+  v1::ListJobsResponse listed;
+  grpc::ClientContext context;
+  Auth(&context);
+  EXPECT_TRUE(stub_->ListJobs(&context, list, &listed).ok());
+  server->Shutdown();
 }
 
 }  // namespace

@@ -54,6 +54,13 @@ class ChildProcess {
     return status_;
   }
   bool running() const { return pid_ > 0; }
+  // True while the child has not exited (reaps it when it has).
+  bool Alive() {
+    if (pid_ <= 0) return false;
+    if (::waitpid(pid_, &status_, WNOHANG) == 0) return true;
+    pid_ = -1;
+    return false;
+  }
   std::string Log() const {
     auto text = ReadFileToString(log_path_);
     return text.ok() ? *text : std::string();
