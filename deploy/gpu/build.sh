@@ -21,7 +21,7 @@ echo "build.sh: torch $(python3 -c 'import torch; print(torch.__version__, torch
 export PKG_CONFIG_PATH="$multiarch/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
 export PKG_CONFIG_SYSROOT_DIR="$prefix"
 export LD_LIBRARY_PATH="$multiarch${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_WITH_SERVICE=OFF \
+cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_WITH_SERVICE=OFF -DSTRATA_BUILD_DIST=OFF \
   -DCMAKE_PREFIX_PATH="$torch_cmake;$prefix/usr;$multiarch/cmake" \
   -DCMAKE_INCLUDE_PATH="$prefix/usr/include" -DCMAKE_LIBRARY_PATH="$multiarch" \
   -DCMAKE_BUILD_RPATH="$multiarch"
