@@ -82,8 +82,7 @@ absl::StatusOr<ModeResult> RunMode(const StreamBenchRequest& r, const policies::
     if (home == Tier::kNvme) {
       offload::NvmeStoreOptions store_options;
       store_options.directory = r.nvme_dir;
-      STRATA_ASSIGN_OR_RETURN(auto opened, offload::NvmeStore::Open(store_options));
-      store = std::move(opened);
+      STRATA_ASSIGN_OR_RETURN(store, offload::NvmeStore::Open(store_options));
     }
     offload::LayerStreamerOptions options;
     options.device = device;
@@ -92,8 +91,7 @@ absl::StatusOr<ModeResult> RunMode(const StreamBenchRequest& r, const policies::
     options.nvme_prefix = "bench/";
     options.device_budget_bytes = device_budget;
     options.compute_reserve_bytes = policies::LayerWorkingBytes(config, r.batch, r.seq, at::kFloat, /*training=*/true);
-    STRATA_ASSIGN_OR_RETURN(auto created, offload::LayerStreamer::Create(options, arena.get(), store.get(), nullptr));
-    streamer = std::move(created);
+    STRATA_ASSIGN_OR_RETURN(streamer, offload::LayerStreamer::Create(options, arena.get(), store.get(), nullptr));
     STRATA_RETURN_IF_ERROR(policies::AddLayersToStreamer(std::move(weights.layers), streamer.get()));
     source = std::make_unique<policies::StreamedLayerSource>(streamer.get());
   }

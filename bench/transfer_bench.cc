@@ -66,8 +66,7 @@ absl::StatusOr<std::string> RunTransferBench(const TransferBenchRequest& r) {
   at::Tensor on_device;
   auto ours_h2d = MedianRate(r.repeats, bytes, [&]() -> absl::Status {
     on_device = at::Tensor();  // as the peer: the previous copy's memory is free for this one
-    STRATA_ASSIGN_OR_RETURN(auto uploaded, t.Upload(source->bytes(), {static_cast<int64_t>(bytes)}, at::kByte));
-    on_device = std::move(uploaded);
+    STRATA_ASSIGN_OR_RETURN(on_device, t.Upload(source->bytes(), {static_cast<int64_t>(bytes)}, at::kByte));
     return t.WaitAll();
   });
   if (!ours_h2d.ok()) return ours_h2d.status();

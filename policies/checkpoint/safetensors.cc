@@ -393,8 +393,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   entries.reserve(header->size());
   for (const auto& [key, value] : header->items()) {
     if (key == kMetadataKey) {
-      STRATA_ASSIGN_OR_RETURN(auto parsed, ParseMetadata(path, value));
-      metadata = std::move(parsed);
+      STRATA_ASSIGN_OR_RETURN(metadata, ParseMetadata(path, value));
       continue;
     }
     STRATA_ASSIGN_OR_RETURN(auto entry, ParseEntry(path, key, value, buffer.size()));

@@ -10,6 +10,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace strata::policies {
 namespace {
@@ -31,6 +32,14 @@ absl::Status FromException(const std::string& what, const std::exception& e) {
 // c10d 1.13 counts connect timeouts in whole seconds: less is no wait at all.
 constexpr std::chrono::milliseconds kMinTimeout{1000};
 
+absl::Status CheckTimeout(const char* what, std::chrono::milliseconds timeout) {
+  if (timeout < kMinTimeout) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " timeout must be at least ", kMinTimeout.count(),
+                                                   " ms, got ", timeout.count(), " ms"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckPort(int port) {
   if (port < 0 || port > std::numeric_limits<uint16_t>::max()) {
     return absl::InvalidArgumentError(absl::StrCat("rendezvous port must be in [0, 65535], got ", port));
@@ -50,11 +59,8 @@ class RendezvousImpl final : public Rendezvous {
 
 absl::StatusOr<std::unique_ptr<Rendezvous>> OpenStore(const std::string& host, int port, bool is_server,
                                                       int world_size, std::chrono::milliseconds timeout) {
-  if (auto s = CheckPort(port); !s.ok()) return s;
-  if (timeout < kMinTimeout) {
-    return absl::InvalidArgumentError(absl::StrCat("rendezvous timeout must be at least ", kMinTimeout.count(),
-                                                   " ms, got ", timeout.count(), " ms"));
-  }
+  STRATA_RETURN_IF_ERROR(CheckPort(port));
+  STRATA_RETURN_IF_ERROR(CheckTimeout("rendezvous", timeout));
   c10d::TCPStoreOptions options;
   options.port = static_cast<uint16_t>(port);
   options.isServer = is_server;
@@ -77,7 +83,10 @@ class GlooProcessGroup final : public ProcessGroup {
   // c10d's tensor lists mean one tensor per device, so each tensor is its
   // own collective; they are all issued before the first wait.
   absl::Status AllReduceSum(std::vector<at::Tensor>& tensors) override {
-    return Run("all-reduce", tensors, [&](std::vector<at::Tensor>& one) { return group_->allreduce(one); });
+    return Run("all-reduce", tensors.size(), [&](size_t i) {
+      std::vector<at::Tensor> one = {tensors[i]};
+      return group_->allreduce(one);
+    });
   }
 
   absl::Status Broadcast(std::vector<at::Tensor>& tensors, int root) override {
@@ -86,41 +95,40 @@ class GlooProcessGroup final : public ProcessGroup {
     }
     c10d::BroadcastOptions broadcast;
     broadcast.rootRank = root;
-    return Run("broadcast", tensors,
-               [&](std::vector<at::Tensor>& one) { return group_->broadcast(one, broadcast); });
+    return Run("broadcast", tensors.size(), [&](size_t i) {
+      std::vector<at::Tensor> one = {tensors[i]};
+      return group_->broadcast(one, broadcast);
+    });
   }
 
   absl::Status Barrier() override {
-    std::vector<at::Tensor> none(1);
-    return Run("barrier", none, [&](std::vector<at::Tensor>&) { return group_->barrier(); });
+    return Run("barrier", 1, [&](size_t) { return group_->barrier(); });
   }
 
   int rank() const override { return options_.rank; }
   int world_size() const override { return options_.world_size; }
 
  private:
-  // Starts `start` on each tensor, then waits for all of them. After a
-  // failure the remaining work is still waited for (its buffers are the
+  // Starts `count` collectives (`start(i)`), then waits for all of them.
+  // After a failure the rest are still waited for (their buffers are the
   // caller's), each bounded by the group's timeout.
   template <typename Start>
-  absl::Status Run(const char* what, std::vector<at::Tensor>& tensors, Start start) {
+  absl::Status Run(const char* what, size_t count, Start start) {
+    auto failed = [&](const std::exception& e) {
+      return FromException(absl::StrCat(what, " on rank ", options_.rank, " of ", options_.world_size), e);
+    };
     std::vector<c10::intrusive_ptr<c10d::Work>> started;
     absl::Status status;
     try {
-      for (at::Tensor& tensor : tensors) {
-        std::vector<at::Tensor> one = {tensor};
-        started.push_back(start(one));
-      }
+      for (size_t i = 0; i < count; ++i) started.push_back(start(i));
     } catch (const std::exception& e) {
-      status = FromException(absl::StrCat(what, " on rank ", options_.rank, " of ", options_.world_size), e);
+      status = failed(e);
     }
     for (auto& work : started) {
       try {
         work->wait(options_.timeout);
       } catch (const std::exception& e) {
-        if (status.ok()) {
-          status = FromException(absl::StrCat(what, " on rank ", options_.rank, " of ", options_.world_size), e);
-        }
+        if (status.ok()) status = failed(e);
       }
     }
     return status;
@@ -141,11 +149,7 @@ absl::Status ProcessGroupOptions::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("process group rank must be in [0, ", world_size, "), got ", rank));
   }
-  if (timeout < kMinTimeout) {
-    return absl::InvalidArgumentError(absl::StrCat("process group timeout must be at least ", kMinTimeout.count(),
-                                                   " ms, got ", timeout.count(), " ms"));
-  }
-  return absl::OkStatus();
+  return CheckTimeout("process group", timeout);
 }
 
 absl::StatusOr<std::unique_ptr<Rendezvous>> Rendezvous::Host(const std::string& host, int port, int world_size,
@@ -163,7 +167,7 @@ absl::StatusOr<std::unique_ptr<Rendezvous>> Rendezvous::Join(const std::string& 
 
 absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Create(const ProcessGroupOptions& options,
                                                                    std::unique_ptr<Rendezvous> rendezvous) {
-  if (auto s = options.Validate(); !s.ok()) return s;
+  STRATA_RETURN_IF_ERROR(options.Validate());
   if (rendezvous == nullptr) return absl::InvalidArgumentError("process group needs a rendezvous");
   auto* store = static_cast<RendezvousImpl*>(rendezvous.get());
   try {

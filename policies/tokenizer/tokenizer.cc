@@ -81,8 +81,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& pa
     const std::string config_path = JoinPath(path, "tokenizer_config.json");
     if (IsRegularFile(config_path)) {
       STRATA_ASSIGN_OR_RETURN(auto text, ReadFileToString(config_path));
-      STRATA_ASSIGN_OR_RETURN(auto parsed, ParseTokenizerConfig(text, config_path));
-      config = std::move(parsed);
+      STRATA_ASSIGN_OR_RETURN(config, ParseTokenizerConfig(text, config_path));
     }
     // tokenizer.json carries the added tokens and pre-tokenizer exactly as
     // the model was trained with, so it wins over tokenizer.model.
@@ -105,8 +104,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& pa
 
   std::unique_ptr<Tokenizer> tokenizer;
   if (EndsWith(tokenizer_path, ".json")) {
-    STRATA_ASSIGN_OR_RETURN(auto hf, HfBpeTokenizer::FromFile(tokenizer_path));
-    tokenizer = std::move(hf);
+    STRATA_ASSIGN_OR_RETURN(tokenizer, HfBpeTokenizer::FromFile(tokenizer_path));
   } else {
     absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> sp =
         SentencePieceTokenizer::FromFile(tokenizer_path);

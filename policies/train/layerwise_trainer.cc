@@ -182,8 +182,7 @@ absl::StatusOr<std::unique_ptr<LayerwiseTrainer>> LayerwiseTrainer::Create(const
   LlamaWeights& r = trainer->resident_;
   if ((!r.embed_tokens.device().is_cpu() || options.stage_gradients) && options.optimizer != offload::Tier::kDevice) {
     // Gradients leave the GPU through the download stream (pinned staging).
-    STRATA_ASSIGN_OR_RETURN(auto transfer, offload::DeviceTransfer::Create(r.embed_tokens.device()));
-    trainer->grad_transfer_ = std::move(transfer);
+    STRATA_ASSIGN_OR_RETURN(trainer->grad_transfer_, offload::DeviceTransfer::Create(r.embed_tokens.device()));
   }
   std::vector<std::pair<std::string, at::Tensor*>> resident_params = {{"model.embed_tokens.weight", &r.embed_tokens},
                                                                       {"model.norm.weight", &r.norm}};

@@ -221,8 +221,7 @@ absl::Status RunJob(const policies::JobSpec& spec, policies::WorkerGroup& worker
 
   std::unique_ptr<policies::RlAlgorithm> algorithm;
   if (rl) {
-    STRATA_ASSIGN_OR_RETURN(auto created, policies::RlAlgorithm::Create(spec));
-    algorithm = std::move(created);
+    STRATA_ASSIGN_OR_RETURN(algorithm, policies::RlAlgorithm::Create(spec));
   }
   // RL evaluation: greedy responses to the eval prompts scored by the rule.
   rewards::RuleFn eval_rule;

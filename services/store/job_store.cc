@@ -5,8 +5,6 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
-#include <cerrno>
-#include <mutex>
 #include <random>
 
 #include "absl/strings/ascii.h"

@@ -53,7 +53,6 @@ class ChildProcess {
     pid_ = -1;
     return status_;
   }
-  bool running() const { return pid_ > 0; }
   // True while the child has not exited (reaps it when it has).
   bool Alive() {
     if (pid_ <= 0) return false;
