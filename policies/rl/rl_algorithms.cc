@@ -58,12 +58,16 @@ std::vector<size_t> Lengths(const std::vector<Rollout>& rollouts) {
 class PhaseClock {
  public:
   explicit PhaseClock(WorkerGroup& workers) : workers_(workers), start_(Clock::now()), phase_start_(start_) {}
-  // The next phase's start also brings the ended phase's peaks.
+  // The next phase's start also brings the ended phase's peaks. The first
+  // one's belong to whatever ran before this iteration (the last update,
+  // evaluation, a checkpoint), not to it.
   void Begin(const std::string& phase) {
+    const bool ends_own_phase = !phase_.empty();
     EndTimer();
     phase_ = phase;
     phase_start_ = Clock::now();
-    AddPeaks(workers_.BeginPhase(phase));
+    const MemoryStats ended = workers_.BeginPhase(phase);
+    if (ends_own_phase) AddPeaks(ended);
   }
   void Finish(Metrics& m) {
     if (!phase_.empty()) {
