@@ -1,8 +1,10 @@
 #include "policies/dist/process_group.h"
 
+#ifdef STRATA_HAVE_GLOO
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#endif
 
 #include <exception>
 #include <limits>
@@ -14,6 +16,33 @@
 
 namespace strata::policies {
 namespace {
+
+class SoloProcessGroup final : public ProcessGroup {
+ public:
+  absl::Status AllReduceSum(std::vector<at::Tensor>&) override { return absl::OkStatus(); }
+  absl::Status StartAllReduceSum(std::vector<at::Tensor>) override { return absl::OkStatus(); }
+  absl::Status WaitPending() override { return absl::OkStatus(); }
+  absl::Status Broadcast(std::vector<at::Tensor>&, int root) override {
+    if (root != 0) return absl::InvalidArgumentError(absl::StrCat("broadcast root ", root, " is not a rank of 1"));
+    return absl::OkStatus();
+  }
+  absl::Status Barrier() override { return absl::OkStatus(); }
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+};
+
+// c10d 1.13 counts connect timeouts in whole seconds: less is no wait at all.
+constexpr std::chrono::milliseconds kMinTimeout{1000};
+
+absl::Status CheckTimeout(const char* what, std::chrono::milliseconds timeout) {
+  if (timeout < kMinTimeout) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " timeout must be at least ", kMinTimeout.count(),
+                                                   " ms, got ", timeout.count(), " ms"));
+  }
+  return absl::OkStatus();
+}
+
+#ifdef STRATA_HAVE_GLOO
 
 // c10d's errors are exceptions whose text is all there is to go on.
 absl::Status FromException(const std::string& what, const std::exception& e) {
@@ -27,17 +56,6 @@ absl::Status FromException(const std::string& what, const std::exception& e) {
     return absl::UnavailableError(message);
   }
   return absl::InternalError(message);
-}
-
-// c10d 1.13 counts connect timeouts in whole seconds: less is no wait at all.
-constexpr std::chrono::milliseconds kMinTimeout{1000};
-
-absl::Status CheckTimeout(const char* what, std::chrono::milliseconds timeout) {
-  if (timeout < kMinTimeout) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " timeout must be at least ", kMinTimeout.count(),
-                                                   " ms, got ", timeout.count(), " ms"));
-  }
-  return absl::OkStatus();
 }
 
 absl::Status CheckPort(int port) {
@@ -89,6 +107,29 @@ class GlooProcessGroup final : public ProcessGroup {
     });
   }
 
+  absl::Status StartAllReduceSum(std::vector<at::Tensor> tensors) override {
+    if (tensors.empty()) return absl::OkStatus();
+    try {
+      pending_.push_back({tensors, group_->allreduce_coalesced(tensors)});
+    } catch (const std::exception& e) {
+      return Failed("all-reduce", e);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status WaitPending() override {
+    absl::Status status;
+    for (Pending& p : pending_) {
+      try {
+        p.work->wait(options_.timeout);
+      } catch (const std::exception& e) {
+        if (status.ok()) status = Failed("all-reduce", e);
+      }
+    }
+    pending_.clear();
+    return status;
+  }
+
   absl::Status Broadcast(std::vector<at::Tensor>& tensors, int root) override {
     if (root < 0 || root >= options_.world_size) {
       return absl::InvalidArgumentError(absl::StrCat("broadcast root ", root, " is not a rank of ", options_.world_size));
@@ -112,11 +153,13 @@ class GlooProcessGroup final : public ProcessGroup {
   // Starts `count` collectives (`start(i)`), then waits for all of them.
   // After a failure the rest are still waited for (their buffers are the
   // caller's), each bounded by the group's timeout.
+  absl::Status Failed(const char* what, const std::exception& e) const {
+    return FromException(absl::StrCat(what, " on rank ", options_.rank, " of ", options_.world_size), e);
+  }
+
   template <typename Start>
   absl::Status Run(const char* what, size_t count, Start start) {
-    auto failed = [&](const std::exception& e) {
-      return FromException(absl::StrCat(what, " on rank ", options_.rank, " of ", options_.world_size), e);
-    };
+    auto failed = [&](const std::exception& e) { return Failed(what, e); };
     std::vector<c10::intrusive_ptr<c10d::Work>> started;
     absl::Status status;
     try {
@@ -134,12 +177,24 @@ class GlooProcessGroup final : public ProcessGroup {
     return status;
   }
 
+  // A started bucket and its tensors (c10d holds them too; kept for clarity
+  // of ownership until the wait).
+  struct Pending {
+    std::vector<at::Tensor> tensors;
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+
   const ProcessGroupOptions options_;
   std::unique_ptr<Rendezvous> rendezvous_;  // the store outlives the group
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
+  std::vector<Pending> pending_;
 };
 
+#endif  // STRATA_HAVE_GLOO
+
 }  // namespace
+
+std::unique_ptr<ProcessGroup> ProcessGroup::Solo() { return std::make_unique<SoloProcessGroup>(); }
 
 absl::Status ProcessGroupOptions::Validate() const {
   if (world_size < 1) {
@@ -151,6 +206,9 @@ absl::Status ProcessGroupOptions::Validate() const {
   }
   return CheckTimeout("process group", timeout);
 }
+
+#ifdef STRATA_HAVE_GLOO
+bool ProcessGroup::Available() { return true; }
 
 absl::StatusOr<std::unique_ptr<Rendezvous>> Rendezvous::Host(const std::string& host, int port, int world_size,
                                                              std::chrono::milliseconds timeout) {
@@ -182,5 +240,29 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Create(const Process
     return FromException(absl::StrCat("process group rank ", options.rank, " of ", options.world_size), e);
   }
 }
+
+#else
+bool ProcessGroup::Available() { return false; }
+
+namespace {
+absl::Status NoGloo() {
+  return absl::UnimplementedError(
+      "this build has no Gloo (c10d's CPU backend): a job of one rank runs, more need a build with libgloo-dev");
+}
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Rendezvous>> Rendezvous::Host(const std::string&, int, int,
+                                                             std::chrono::milliseconds) {
+  return NoGloo();
+}
+absl::StatusOr<std::unique_ptr<Rendezvous>> Rendezvous::Join(const std::string&, int, std::chrono::milliseconds) {
+  return NoGloo();
+}
+absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Create(const ProcessGroupOptions& options,
+                                                                   std::unique_ptr<Rendezvous>) {
+  STRATA_RETURN_IF_ERROR(options.Validate());
+  return NoGloo();
+}
+#endif  // STRATA_HAVE_GLOO
 
 }  // namespace strata::policies

@@ -2,6 +2,7 @@
 // tensors) that meets through a TCPStore rendezvous hosted by rank 0. The
 // trainer all-reduces gradients through it and the algorithms all-reduce
 // their statistics, so that a gang of N ranks computes what one rank would.
+// A gang of one uses ProcessGroup::Solo(), which needs no c10d at all.
 //
 // Every call completes or fails within its timeout. A rank that died or
 // hangs becomes DEADLINE_EXCEEDED (or UNAVAILABLE when its connection broke)
@@ -64,9 +65,14 @@ class ProcessGroup {
  public:
   // Builds a Gloo process group over loopback-or-network TCP through
   // `rendezvous`, which it keeps. Returns once every rank has joined;
-  // DEADLINE_EXCEEDED when they do not within options.timeout.
+  // DEADLINE_EXCEEDED when they do not within options.timeout. UNIMPLEMENTED
+  // in a build without Gloo (see policies/CMakeLists.txt).
   static absl::StatusOr<std::unique_ptr<ProcessGroup>> Create(const ProcessGroupOptions& options,
                                                               std::unique_ptr<Rendezvous> rendezvous);
+  // A gang of one: rank 0 of 1, every collective a no-op.
+  static std::unique_ptr<ProcessGroup> Solo();
+  // True when Create can build multi-rank groups in this build.
+  static bool Available();
   virtual ~ProcessGroup() = default;
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
@@ -75,6 +81,15 @@ class ProcessGroup {
   // contiguous CPU tensors, of any dtypes and shapes, the same list on every
   // rank. Each is its own collective, all in flight together.
   virtual absl::Status AllReduceSum(std::vector<at::Tensor>& tensors) = 0;
+  // Starts summing `tensors` in place and returns; they are one bucket (one
+  // collective; Gloo flattens it), so they must share a dtype. The caller
+  // keeps them alive and untouched until WaitPending. The trainer hands
+  // over each layer's gradients this way while the next layer's backward
+  // runs.
+  virtual absl::Status StartAllReduceSum(std::vector<at::Tensor> tensors) = 0;
+  // Finishes every sum StartAllReduceSum started, in order; the first
+  // failure is returned after all of them have ended.
+  virtual absl::Status WaitPending() = 0;
   // In place: every rank gets `root`'s values.
   virtual absl::Status Broadcast(std::vector<at::Tensor>& tensors, int root) = 0;
   // Returns once every rank has called it.

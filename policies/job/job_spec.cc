@@ -173,6 +173,11 @@ absl::Status JobSpec::Validate() const {
   if (eval.every < 0) return KeyError("eval.every", "must be >= 0");
   if (eval.prompts < 1) return KeyError("eval.prompts", "must be >= 1");
   if (checkpoint.every < 0) return KeyError("checkpoint.every", "must be >= 0");
+  if (parallel.workers < 1) return KeyError("parallel.workers", absl::StrCat("must be >= 1, got ", parallel.workers));
+  if (parallel.workers > train.batch_size) {
+    return KeyError("parallel.workers", absl::StrCat("(", parallel.workers, ") must not exceed train.batch_size (",
+                                                     train.batch_size, "): every rank needs a share of the batch"));
+  }
   if (auto device = offload::ParseDeviceName(memory.device); !device.ok()) {
     return KeyError("memory.device", std::string(device.status().message()));
   }
@@ -350,6 +355,10 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::ve
     STRATA_RETURN_IF_ERROR(memory.Read("nvme_dir", &spec.memory.nvme_dir));
     STRATA_RETURN_IF_ERROR(memory.Read("pin_host", &spec.memory.pin_host));
     STRATA_RETURN_IF_ERROR(memory.CheckNoUnknownKeys());
+
+    STRATA_ASSIGN_OR_RETURN(auto parallel, r.Child("parallel"));
+    STRATA_RETURN_IF_ERROR(parallel.Read("workers", &spec.parallel.workers));
+    STRATA_RETURN_IF_ERROR(parallel.CheckNoUnknownKeys());
 
     STRATA_ASSIGN_OR_RETURN(auto output, r.Child("output"));
     STRATA_RETURN_IF_ERROR(output.Read("dir", &spec.output_dir));

@@ -102,6 +102,12 @@ struct MemorySpec {
   bool pin_host = false;
 };
 
+struct ParallelSpec {
+  // Data-parallel ranks (worker processes) the job spans; each takes
+  // 1/workers of every global batch. At most train.batch_size.
+  int64_t workers = 1;
+};
+
 struct JobSpec {
   Algorithm algorithm = Algorithm::kRemax;
   std::string name;         // optional label
@@ -115,6 +121,7 @@ struct JobSpec {
   EvalSpec eval;
   CheckpointSpec checkpoint;
   MemorySpec memory;
+  ParallelSpec parallel;
   std::string output_dir;   // required
 
   // Which models the algorithm uses, and cross-field checks.

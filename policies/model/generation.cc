@@ -24,7 +24,8 @@ absl::Status SamplingOptions::Validate() const {
   return absl::OkStatus();
 }
 
-at::Tensor SampleNextTokens(const at::Tensor& logits, const SamplingOptions& options, at::Generator& generator) {
+at::Tensor SampleNextTokens(const at::Tensor& logits, const SamplingOptions& options,
+                            std::vector<at::Generator>& generators) {
   if (options.greedy) return logits.argmax(-1);
   const float neg_inf = -std::numeric_limits<float>::infinity();
   at::Tensor scores = logits.to(at::kFloat) / options.temperature;
@@ -42,7 +43,13 @@ at::Tensor SampleNextTokens(const at::Tensor& logits, const SamplingOptions& opt
     const at::Tensor drop = drop_sorted.scatter(-1, order, drop_sorted);
     scores = scores.masked_fill(drop, neg_inf);
   }
-  return at::multinomial(scores.softmax(-1), 1, /*replacement=*/false, generator).squeeze(-1);
+  const at::Tensor probs = scores.softmax(-1);
+  if (generators.size() == 1) return at::multinomial(probs, 1, /*replacement=*/false, generators[0]).squeeze(-1);
+  std::vector<at::Tensor> rows;
+  for (int64_t b = 0; b < probs.size(0); ++b) {
+    rows.push_back(at::multinomial(probs[b], 1, /*replacement=*/false, generators[static_cast<size_t>(b)]));
+  }
+  return at::cat(rows);
 }
 
 absl::StatusOr<GenerationOutput> Generate(const LlamaModel& model, const std::vector<std::vector<int32_t>>& prompts,
@@ -50,6 +57,10 @@ absl::StatusOr<GenerationOutput> Generate(const LlamaModel& model, const std::ve
                                           int64_t pad_id) {
   STRATA_RETURN_IF_ERROR(options.Validate());
   if (prompts.empty()) return absl::InvalidArgumentError("no prompts given");
+  if (!options.row_seeds.empty() && options.row_seeds.size() != prompts.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("row_seeds has ", options.row_seeds.size(), " seeds for ",
+                                                   prompts.size(), " prompts"));
+  }
   const LlamaConfig& config = model.config();
   size_t longest = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -88,7 +99,12 @@ absl::StatusOr<GenerationOutput> Generate(const LlamaModel& model, const std::ve
   const at::Device device = model.device();
   ids = ids.to(device);
   mask = mask.to(device);
-  at::Generator generator = at::detail::createCPUGenerator(options.seed);
+  std::vector<at::Generator> generators;
+  if (options.row_seeds.empty()) {
+    generators.push_back(at::detail::createCPUGenerator(options.seed));
+  } else {
+    for (uint64_t seed : options.row_seeds) generators.push_back(at::detail::createCPUGenerator(seed));
+  }
   std::unique_ptr<KvCache> cache;
   if (options.use_kv_cache) {
     cache = std::make_unique<KvCache>(config, batch, total, at::TensorOptions().dtype(model.dtype()).device(device));
@@ -103,7 +119,7 @@ absl::StatusOr<GenerationOutput> Generate(const LlamaModel& model, const std::ve
   for (int64_t step = 0; step < options.max_new_tokens; ++step) {
     at::Tensor hidden = cache ? model.Hidden(step_ids, mask, cache.get()) : model.Hidden(ids, mask);
     const at::Tensor logits = model.LogitsFromHidden(hidden.select(1, hidden.size(1) - 1)).to(at::kCPU);  // [B, V]
-    const at::Tensor next = SampleNextTokens(logits, options, generator);                   // [B]
+    const at::Tensor next = SampleNextTokens(logits, options, generators);                   // [B]
     const at::Tensor logp = at::log_softmax(logits, -1).gather(-1, next.unsqueeze(-1)).squeeze(-1);
     const at::Tensor is_eos = eos.numel() > 0 ? at::isin(next, eos) : at::zeros_like(next, at::kBool);
     bool all_done = true;

@@ -30,6 +30,10 @@ struct SamplingOptions {
   bool use_kv_cache = true;
   // Seed of the sampling generator; the same seed and inputs give the same tokens.
   uint64_t seed = 0;
+  // One seed per prompt, when given: each row then draws from its own
+  // generator, so a prompt's continuation does not depend on which other
+  // prompts share its batch (a data-parallel rank's shard). `seed` is unused.
+  std::vector<uint64_t> row_seeds;
 
   // INVALID_ARGUMENT naming the field.
   absl::Status Validate() const;
@@ -51,8 +55,10 @@ absl::StatusOr<GenerationOutput> Generate(const LlamaModel& model, const std::ve
                                           const SamplingOptions& options, const std::vector<int64_t>& eos_ids,
                                           int64_t pad_id = -1);
 
-// Picks the next token of each row from float32 logits [B, V]. Exposed for tests.
-at::Tensor SampleNextTokens(const at::Tensor& logits, const SamplingOptions& options, at::Generator& generator);
+// Picks the next token of each row from float32 logits [B, V], all rows from
+// one generator, or row b from generators[b]. Exposed for tests.
+at::Tensor SampleNextTokens(const at::Tensor& logits, const SamplingOptions& options,
+                            std::vector<at::Generator>& generators);
 
 }  // namespace strata::policies
 

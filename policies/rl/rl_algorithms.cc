@@ -1,26 +1,26 @@
 #include "policies/rl/rl_algorithms.h"
 
-#include <chrono>
-
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "policies/rl/rl_losses.h"
 
 namespace strata::policies {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double Since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
-SamplingOptions Sampling(const JobSpec& spec, int64_t iteration) {
+SamplingOptions Sampling(const JobSpec& spec, const std::vector<BatchPrompt>& prompts, int64_t iteration) {
   SamplingOptions s;
   s.temperature = spec.generation.temperature;
   s.top_p = spec.generation.top_p;
   s.top_k = spec.generation.top_k;
   s.max_new_tokens = spec.generation.max_new_tokens;
   s.seed = IterationSeed(spec.train.seed, iteration);
+  for (const BatchPrompt& p : prompts) s.row_seeds.push_back(IterationSeed(s.seed, p.index));
   return s;
+}
+
+std::vector<std::vector<int32_t>> Ids(const std::vector<BatchPrompt>& prompts) {
+  std::vector<std::vector<int32_t>> out;
+  for (const BatchPrompt& p : prompts) out.push_back(p.ids);
+  return out;
 }
 
 // Response-token tensors of a set of rollouts: mask and padded log-probs.
@@ -30,7 +30,7 @@ struct Tokens {
   int64_t width = 1;
 };
 
-Tokens TokensOf(const std::vector<Rollout>& rollouts) {
+Tokens TokensOf(const std::vector<policies::Rollout>& rollouts) {
   Tokens t;
   std::vector<std::vector<float>> lp, ones;
   for (const auto& r : rollouts) {
@@ -44,55 +44,29 @@ Tokens TokensOf(const std::vector<Rollout>& rollouts) {
 }
 
 at::Tensor Clip(const std::vector<float>& scores, double clip) {
-  at::Tensor s = at::tensor(scores);
+  at::Tensor s = at::tensor(scores, at::kFloat);
   return clip > 0 ? s.clamp(-clip, clip) : s;
 }
 
-std::vector<size_t> Lengths(const std::vector<Rollout>& rollouts) {
+std::vector<size_t> Lengths(const std::vector<policies::Rollout>& rollouts) {
   std::vector<size_t> out;
   for (const auto& r : rollouts) out.push_back(r.response.size());
   return out;
 }
 
-// Peak memory per tier over the iteration's phases, and phase timings.
-class PhaseClock {
- public:
-  explicit PhaseClock(WorkerGroup& workers) : workers_(workers), start_(Clock::now()), phase_start_(start_) {}
-  // The next phase's start also brings the ended phase's peaks. The first
-  // one's belong to whatever ran before this iteration (the last update,
-  // evaluation, a checkpoint), not to it.
-  void Begin(const std::string& phase) {
-    const bool ends_own_phase = !phase_.empty();
-    EndTimer();
-    phase_ = phase;
-    phase_start_ = Clock::now();
-    const MemoryStats ended = workers_.BeginPhase(phase);
-    if (ends_own_phase) AddPeaks(ended);
-  }
-  void Finish(Metrics& m) {
-    if (!phase_.empty()) {
-      EndTimer();
-      AddPeaks(workers_.PhaseMemory(phase_));
-      phase_.clear();
-    }
-    for (const auto& [tier, bytes] : peaks_) m["memory/" + tier + "_peak_bytes"] = static_cast<double>(bytes);
-    for (const auto& [phase, seconds] : seconds_) m["time/" + phase + "_s"] = seconds;
-    m["time/iteration_s"] = Since(start_);
-  }
+double Sum(const at::Tensor& t) { return t.numel() == 0 ? 0.0 : t.sum().item<double>(); }
 
- private:
-  void EndTimer() {
-    if (!phase_.empty()) seconds_[phase_] += Since(phase_start_);
-  }
-  void AddPeaks(const MemoryStats& stats) {
-    for (const auto& [tier, bytes] : stats.peak_bytes) peaks_[tier] = std::max(peaks_[tier], bytes);
-  }
-  WorkerGroup& workers_;
-  Clock::time_point start_, phase_start_;
-  std::string phase_;
-  std::map<std::string, double> seconds_;
-  std::map<std::string, int64_t> peaks_;
-};
+// The objective metrics every algorithm reports, as sums over this rank's
+// sequences (means over the gang's).
+void AddObjective(const at::Tensor& score, const at::Tensor& kl, const at::Tensor& mask, double kl_coef,
+                  GlobalMeans& means) {
+  const double n = static_cast<double>(score.numel());
+  const at::Tensor kl_sum = (kl * mask).sum(-1);
+  means.Add("objective/scores", Sum(score), n);
+  means.Add("objective/kl", Sum(kl_sum), n);
+  means.Add("objective/rlhf_reward", Sum(score - kl_coef * kl_sum), n);
+  means.Add("objective/response_tokens", Sum(mask), n);
+}
 
 void AddUpdateStats(const UpdateStats& u, bool ppo, Metrics& m) {
   m["loss/policy_avg"] = u.policy_loss;
@@ -104,31 +78,56 @@ void AddUpdateStats(const UpdateStats& u, bool ppo, Metrics& m) {
   }
 }
 
-// Per-sequence KL sums and the objective metrics shared by every algorithm.
-void AddObjective(const at::Tensor& score, const at::Tensor& kl, const at::Tensor& mask, double kl_coef, Metrics& m) {
-  const at::Tensor kl_sum = (kl * mask).sum(-1);
-  m["objective/scores"] = score.mean().item<double>();
-  m["objective/kl"] = kl_sum.mean().item<double>();
-  m["objective/rlhf_reward"] = (score - kl_coef * kl_sum).mean().item<double>();
-  m["objective/response_tokens"] = mask.sum(-1).mean().item<double>();
+double Param(const Metrics& params, const std::string& key, double fallback) {
+  auto it = params.find(key);
+  return it == params.end() ? fallback : it->second;
 }
 
-class Remax final : public RlAlgorithm {
+// What every algorithm keeps between phases.
+class PhasedAlgorithm : public RlAlgorithm {
+ protected:
+  // The rollouts must be those of the prompts asked for: an answer that does
+  // not fit the batch (from a remote worker) is an error here, not a crash
+  // in a tensor op later.
+  absl::Status CheckRollouts(const std::vector<policies::Rollout>& rollouts, size_t prompts, int64_t per_prompt,
+                             bool greedy) const {
+    const size_t want = prompts * static_cast<size_t>(per_prompt + (greedy ? 1 : 0));
+    if (rollouts.size() != want) {
+      return absl::InternalError(
+          absl::StrCat("rollout returned ", rollouts.size(), " responses for ", prompts, " prompts, expected ", want));
+    }
+    for (const policies::Rollout& r : rollouts) {
+      if (r.prompt_index < 0 || static_cast<size_t>(r.prompt_index) >= prompts ||
+          (!r.greedy && r.logprobs.size() != r.response.size())) {
+        return absl::InternalError(absl::StrCat("rollout of prompt ", r.prompt_index, " does not fit the batch"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  std::vector<BatchPrompt> prompts_;
+  std::vector<policies::Rollout> rollouts_;
+  PolicyUpdate update_;
+  bool scored_ = false;
+};
+
+class Remax final : public PhasedAlgorithm {
  public:
-  explicit Remax(const JobSpec& spec, KlEstimator estimator) : spec_(spec), estimator_(estimator) {}
+  Remax(const JobSpec& spec, KlEstimator estimator) : spec_(spec), estimator_(estimator) {}
 
-  absl::StatusOr<Metrics> Iterate(WorkerGroup& workers, const std::vector<std::vector<int32_t>>& prompts,
-                                  int64_t iteration) override {
-    Metrics m;
-    PhaseClock clock(workers);
-    clock.Begin("rollout");
-    RolloutRequest request{prompts, Sampling(spec_, iteration), 1, /*with_greedy=*/true};
-    auto rollouts = workers.Generate(request);
-    if (!rollouts.ok()) return rollouts.status();
-    std::vector<Rollout> sampled, greedy;
-    for (auto& r : *rollouts) (r.greedy ? greedy : sampled).push_back(std::move(r));
+  absl::Status Rollout(WorkerGroup& workers, const std::vector<BatchPrompt>& prompts, int64_t,
+                       int64_t iteration) override {
+    prompts_ = prompts;
+    scored_ = false;
+    RolloutRequest request{Ids(prompts), Sampling(spec_, prompts, iteration), 1, /*with_greedy=*/true};
+    STRATA_ASSIGN_OR_RETURN(rollouts_, workers.Generate(request));
+    return CheckRollouts(rollouts_, prompts.size(), 1, true);
+  }
 
-    clock.Begin("score");
+  absl::StatusOr<Metrics> Score(WorkerGroup& workers, ProcessGroup& gang, const Metrics&) override {
+    std::vector<policies::Rollout> sampled, greedy;
+    for (auto& r : rollouts_) (r.greedy ? greedy : sampled).push_back(std::move(r));
+    rollouts_.clear();
     STRATA_ASSIGN_OR_RETURN(auto s, workers.Score(sampled, ScoreRequest{true, true, false, false}));
     // The greedy baseline needs only its reward: no KL enters the baseline.
     STRATA_ASSIGN_OR_RETURN(auto g, workers.Score(greedy, ScoreRequest{true, false, false, false}));
@@ -141,15 +140,25 @@ class Remax final : public RlAlgorithm {
     const at::Tensor advantages =
         RemaxAdvantages(score, baseline, kl, tokens.mask, spec_.remax.kl_coef, spec_.remax.discount);
 
-    clock.Begin("update");
-    PolicyUpdate update;
-    update.rollouts = std::move(sampled);
-    update.advantages = UnpadRows(advantages, Lengths(update.rollouts));
-    update.objective = PolicyObjective::kReinforce;
-    STRATA_ASSIGN_OR_RETURN(auto stats, workers.Update(update));
-    clock.Finish(m);
-    AddObjective(score, kl, tokens.mask, spec_.remax.kl_coef, m);
-    m["objective/greedy_scores"] = baseline.mean().item<double>();
+    update_ = PolicyUpdate();
+    update_.rollouts = std::move(sampled);
+    update_.advantages = UnpadRows(advantages, Lengths(update_.rollouts));
+    update_.objective = PolicyObjective::kReinforce;
+    scored_ = true;
+
+    GlobalMeans means;
+    AddObjective(score, kl, tokens.mask, spec_.remax.kl_coef, means);
+    means.Add("objective/greedy_scores", Sum(baseline), static_cast<double>(baseline.numel()));
+    Metrics m;
+    STRATA_RETURN_IF_ERROR(means.Reduce(gang, m));
+    return m;
+  }
+
+  absl::StatusOr<Metrics> Update(WorkerGroup& workers, ProcessGroup&, int64_t) override {
+    if (!scored_) return absl::FailedPreconditionError("update before score");
+    scored_ = false;
+    STRATA_ASSIGN_OR_RETURN(auto stats, workers.Update(update_));
+    Metrics m;
     AddUpdateStats(stats, false, m);
     return m;
   }
@@ -159,99 +168,137 @@ class Remax final : public RlAlgorithm {
   const KlEstimator estimator_;
 };
 
-class Ppo final : public RlAlgorithm {
+class Ppo final : public PhasedAlgorithm {
  public:
-  Ppo(const JobSpec& spec, KlEstimator estimator)
-      : spec_(spec), estimator_(estimator), kl_(spec.ppo.kl_coef, spec.ppo.kl_target, spec.ppo.kl_horizon) {}
+  Ppo(const JobSpec& spec, KlEstimator estimator) : spec_(spec), estimator_(estimator) {}
 
-  absl::StatusOr<Metrics> Iterate(WorkerGroup& workers, const std::vector<std::vector<int32_t>>& prompts,
-                                  int64_t iteration) override {
-    Metrics m;
-    PhaseClock clock(workers);
-    clock.Begin("rollout");
-    auto rollouts = workers.Generate(RolloutRequest{prompts, Sampling(spec_, iteration), 1, false});
-    if (!rollouts.ok()) return rollouts.status();
+  absl::Status Rollout(WorkerGroup& workers, const std::vector<BatchPrompt>& prompts, int64_t global_batch,
+                       int64_t iteration) override {
+    prompts_ = prompts;
+    global_batch_ = global_batch;
+    scored_ = false;
+    STRATA_ASSIGN_OR_RETURN(rollouts_,
+                            workers.Generate(RolloutRequest{Ids(prompts), Sampling(spec_, prompts, iteration), 1, false}));
+    return CheckRollouts(rollouts_, prompts.size(), 1, false);
+  }
 
-    clock.Begin("score");
-    STRATA_ASSIGN_OR_RETURN(auto s, workers.Score(*rollouts, ScoreRequest{true, true, true, false}));
-    const Tokens tokens = TokensOf(*rollouts);
+  absl::StatusOr<Metrics> Score(WorkerGroup& workers, ProcessGroup& gang, const Metrics& params) override {
+    STRATA_ASSIGN_OR_RETURN(auto s, workers.Score(rollouts_, ScoreRequest{true, true, true, false}));
+    const Tokens tokens = TokensOf(rollouts_);
     const at::Tensor ref = PadRows(s.reference_logprobs, tokens.width);
     const at::Tensor values = PadRows(s.values, tokens.width);
     const at::Tensor kl = KlPenalty(tokens.logprobs, ref, estimator_) * tokens.mask;
     const at::Tensor score = Clip(s.rewards, spec_.ppo.reward_clip);
-    const double kl_coef = kl_.value();
+    const double kl_coef = Param(params, "kl_coef", spec_.ppo.kl_coef);
     const at::Tensor rewards = TokenRewards(score, kl, tokens.mask, kl_coef);
     auto [advantages, returns] = Gae(rewards, values, tokens.mask, spec_.ppo.gamma, spec_.ppo.lambda);
-    if (spec_.ppo.whiten_advantages) advantages = Whiten(advantages, tokens.mask);
+    if (spec_.ppo.whiten_advantages) {
+      STRATA_ASSIGN_OR_RETURN(advantages, WhitenOverGang(gang, advantages, tokens.mask));
+    }
 
-    clock.Begin("update");
-    PolicyUpdate update;
-    const auto lengths = Lengths(*rollouts);
-    update.rollouts = std::move(*rollouts);
-    update.advantages = UnpadRows(advantages, lengths);
-    update.objective = PolicyObjective::kPpo;
-    for (const auto& r : update.rollouts) update.old_logprobs.push_back(r.logprobs);
-    update.returns = UnpadRows(returns, lengths);
-    update.old_values = s.values;
-    update.clip_range = spec_.ppo.clip_range;
-    update.value_clip = spec_.ppo.value_clip;
-    update.epochs = spec_.ppo.epochs;
-    update.minibatches = spec_.ppo.minibatches;
-    update.shuffle_seed = IterationSeed(spec_.train.seed, iteration) ^ 0x9e3779b97f4a7c15ULL;
-    STRATA_ASSIGN_OR_RETURN(auto stats, workers.Update(update));
-    clock.Finish(m);
-    AddObjective(score, kl, tokens.mask, kl_coef, m);
+    update_ = PolicyUpdate();
+    const auto lengths = Lengths(rollouts_);
+    update_.rollouts = std::move(rollouts_);
+    rollouts_.clear();
+    update_.advantages = UnpadRows(advantages, lengths);
+    update_.objective = PolicyObjective::kPpo;
+    for (const auto& r : update_.rollouts) {
+      update_.old_logprobs.push_back(r.logprobs);
+      update_.rows.push_back(prompts_[static_cast<size_t>(r.prompt_index)].index);
+    }
+    update_.global_rows = global_batch_;
+    update_.returns = UnpadRows(returns, lengths);
+    update_.old_values = s.values;
+    update_.clip_range = spec_.ppo.clip_range;
+    update_.value_clip = spec_.ppo.value_clip;
+    update_.epochs = spec_.ppo.epochs;
+    update_.minibatches = spec_.ppo.minibatches;
+    scored_ = true;
+
+    GlobalMeans means;
+    AddObjective(score, kl, tokens.mask, kl_coef, means);
+    means.Add("val/mean", Sum(values * tokens.mask), Sum(tokens.mask));
+    Metrics m;
+    STRATA_RETURN_IF_ERROR(means.Reduce(gang, m));
     m["objective/kl_coef"] = kl_coef;
-    m["val/mean"] = MaskedMean(values, tokens.mask).item<double>();
-    AddUpdateStats(stats, true, m);
-    kl_.Update(m["objective/kl"], static_cast<int64_t>(prompts.size()));
     return m;
   }
 
-  Metrics State() const override { return {{"kl_coef", kl_.value()}}; }
-  void Restore(const Metrics& state) override {
-    if (auto it = state.find("kl_coef"); it != state.end()) kl_.set_value(it->second);
+  absl::StatusOr<Metrics> Update(WorkerGroup& workers, ProcessGroup&, int64_t iteration) override {
+    if (!scored_) return absl::FailedPreconditionError("update before score");
+    scored_ = false;
+    update_.shuffle_seed = IterationSeed(spec_.train.seed, iteration) ^ 0x9e3779b97f4a7c15ULL;
+    STRATA_ASSIGN_OR_RETURN(auto stats, workers.Update(update_));
+    Metrics m;
+    AddUpdateStats(stats, true, m);
+    return m;
   }
 
  private:
+  // Whiten with the mean and (unbiased) variance of every rank's tokens.
+  static absl::StatusOr<at::Tensor> WhitenOverGang(ProcessGroup& gang, const at::Tensor& x, const at::Tensor& mask) {
+    std::vector<at::Tensor> sums = {at::tensor({Sum(x * mask), Sum(mask)}, at::kDouble)};
+    STRATA_RETURN_IF_ERROR(gang.AllReduceSum(sums));
+    const double count = sums[0][1].item<double>();
+    const double mean = sums[0][0].item<double>() / std::max(count, 1.0);
+    std::vector<at::Tensor> squares = {at::tensor({Sum((x - mean).pow(2) * mask)}, at::kDouble)};
+    STRATA_RETURN_IF_ERROR(gang.AllReduceSum(squares));
+    const double var = squares[0][0].item<double>() / std::max(count - 1, 1.0);  // unbiased, as TRL's masked_var
+    return (x - mean) * (1.0 / std::sqrt(var + 1e-8)) * mask;
+  }
+
   const JobSpec spec_;
   const KlEstimator estimator_;
-  KlController kl_;
+  int64_t global_batch_ = 0;
 };
 
 // GRPO and RLOO: several samples per prompt, a group baseline per sequence,
-// the KL penalty as a per-token reward, REINFORCE over the result.
-class GroupBaseline final : public RlAlgorithm {
+// the KL penalty as a per-token reward, REINFORCE over the result. A
+// prompt's samples stay on the rank that holds the prompt.
+class GroupBaseline final : public PhasedAlgorithm {
  public:
   GroupBaseline(const JobSpec& spec, KlEstimator estimator, bool grpo)
       : spec_(spec), estimator_(estimator), grpo_(grpo) {}
 
-  absl::StatusOr<Metrics> Iterate(WorkerGroup& workers, const std::vector<std::vector<int32_t>>& prompts,
-                                  int64_t iteration) override {
-    Metrics m;
-    PhaseClock clock(workers);
+  absl::Status Rollout(WorkerGroup& workers, const std::vector<BatchPrompt>& prompts, int64_t,
+                       int64_t iteration) override {
+    prompts_ = prompts;
+    scored_ = false;
     const int64_t group = spec_.group.samples_per_prompt;
-    clock.Begin("rollout");
-    auto rollouts = workers.Generate(RolloutRequest{prompts, Sampling(spec_, iteration), group, false});
-    if (!rollouts.ok()) return rollouts.status();
-    clock.Begin("score");
-    STRATA_ASSIGN_OR_RETURN(auto s, workers.Score(*rollouts, ScoreRequest{true, true, false, false}));
-    const Tokens tokens = TokensOf(*rollouts);
+    STRATA_ASSIGN_OR_RETURN(
+        rollouts_, workers.Generate(RolloutRequest{Ids(prompts), Sampling(spec_, prompts, iteration), group, false}));
+    return CheckRollouts(rollouts_, prompts.size(), group, false);
+  }
+
+  absl::StatusOr<Metrics> Score(WorkerGroup& workers, ProcessGroup& gang, const Metrics&) override {
+    const int64_t group = spec_.group.samples_per_prompt;
+    STRATA_ASSIGN_OR_RETURN(auto s, workers.Score(rollouts_, ScoreRequest{true, true, false, false}));
+    const Tokens tokens = TokensOf(rollouts_);
     const at::Tensor kl = KlPenalty(tokens.logprobs, PadRows(s.reference_logprobs, tokens.width), estimator_) *
                           tokens.mask;
     const at::Tensor score = Clip(s.rewards, spec_.group.reward_clip);
     // Generate returns the samples of a prompt next to each other.
-    const at::Tensor grouped = score.view({static_cast<int64_t>(prompts.size()), group});
+    const at::Tensor grouped = score.view({static_cast<int64_t>(prompts_.size()), group});
     const at::Tensor seq_adv = (grpo_ ? GrpoAdvantages(grouped) : RlooAdvantages(grouped)).reshape({-1, 1});
     const at::Tensor advantages = (seq_adv - spec_.group.kl_coef * kl) * tokens.mask;
-    clock.Begin("update");
-    PolicyUpdate update;
-    const auto lengths = Lengths(*rollouts);
-    update.rollouts = std::move(*rollouts);
-    update.advantages = UnpadRows(advantages, lengths);
-    STRATA_ASSIGN_OR_RETURN(auto stats, workers.Update(update));
-    clock.Finish(m);
-    AddObjective(score, kl, tokens.mask, spec_.group.kl_coef, m);
+    update_ = PolicyUpdate();
+    const auto lengths = Lengths(rollouts_);
+    update_.rollouts = std::move(rollouts_);
+    rollouts_.clear();
+    update_.advantages = UnpadRows(advantages, lengths);
+    scored_ = true;
+    GlobalMeans means;
+    AddObjective(score, kl, tokens.mask, spec_.group.kl_coef, means);
+    Metrics m;
+    STRATA_RETURN_IF_ERROR(means.Reduce(gang, m));
+    return m;
+  }
+
+  absl::StatusOr<Metrics> Update(WorkerGroup& workers, ProcessGroup&, int64_t) override {
+    if (!scored_) return absl::FailedPreconditionError("update before score");
+    scored_ = false;
+    STRATA_ASSIGN_OR_RETURN(auto stats, workers.Update(update_));
+    Metrics m;
     AddUpdateStats(stats, false, m);
     return m;
   }
@@ -263,6 +310,45 @@ class GroupBaseline final : public RlAlgorithm {
 };
 
 }  // namespace
+
+void GlobalMeans::Add(const std::string& key, double sum, double count) {
+  keys_.push_back(key);
+  values_.push_back(sum);
+  values_.push_back(count);
+}
+
+absl::Status GlobalMeans::Reduce(ProcessGroup& gang, Metrics& out) const {
+  std::vector<at::Tensor> sums = {at::tensor(values_, at::kDouble)};
+  STRATA_RETURN_IF_ERROR(gang.AllReduceSum(sums));
+  const double* v = sums[0].data_ptr<double>();
+  for (size_t i = 0; i < keys_.size(); ++i) out[keys_[i]] = v[2 * i] / std::max(v[2 * i + 1], 1e-30);
+  return absl::OkStatus();
+}
+
+RlController::RlController(const JobSpec& spec)
+    : spec_(spec), kl_(spec.ppo.kl_coef, spec.ppo.kl_target, spec.ppo.kl_horizon) {}
+
+Metrics RlController::ScoreParams() const {
+  if (spec_.algorithm != Algorithm::kPpo) return {};
+  return {{"kl_coef", kl_.value()}};
+}
+
+void RlController::Observe(const Metrics& iteration) {
+  if (spec_.algorithm != Algorithm::kPpo) return;
+  auto kl = iteration.find("objective/kl");
+  if (kl != iteration.end()) kl_.Update(kl->second, spec_.train.batch_size);
+}
+
+Metrics RlController::State() const {
+  if (spec_.algorithm != Algorithm::kPpo) return {};
+  return {{"kl_coef", kl_.value()}};
+}
+
+void RlController::Restore(const Metrics& state) {
+  if (auto it = state.find("kl_coef"); it != state.end() && spec_.algorithm == Algorithm::kPpo) {
+    kl_.set_value(it->second);
+  }
+}
 
 uint64_t IterationSeed(uint64_t job_seed, int64_t iteration) {
   // splitmix64 of the pair, so neighbouring iterations get unrelated seeds.

@@ -1,6 +1,10 @@
-// The RL loops: one iteration of ReMax, PPO, GRPO or RLOO against a
-// WorkerGroup. They see token ids and per-token floats only, so local and
-// remote workers are interchangeable.
+// The RL loops, split the way a gang runs them. Each rank of a job runs an
+// RlAlgorithm on its shard of the global batch, phase by phase (rollout,
+// score, update) against its WorkerGroup; statistics that span the batch
+// (means, PPO's whitening) are summed over the gang, so every rank reports
+// the same global metrics and a gang of N computes what one rank would. The
+// driver (the coordinator, or `strata train`) holds only scalars between
+// iterations: RlController.
 #ifndef STRATA_POLICIES_RL_RL_ALGORITHMS_H_
 #define STRATA_POLICIES_RL_RL_ALGORITHMS_H_
 
@@ -10,12 +14,22 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "policies/dist/process_group.h"
 #include "policies/job/job_spec.h"
+#include "policies/rl/rl_losses.h"
 #include "policies/rl/worker_group.h"
 
 namespace strata::policies {
 
 using Metrics = std::map<std::string, double>;
+
+// A prompt of the iteration's global batch and its index there: sampling
+// seeds derive from the index, so a prompt's samples do not depend on the
+// rank it lands on.
+struct BatchPrompt {
+  int64_t index = 0;
+  std::vector<int32_t> ids;
+};
 
 class RlAlgorithm {
  public:
@@ -23,19 +37,51 @@ class RlAlgorithm {
   // For remax, ppo, grpo and rloo specs; INVALID_ARGUMENT otherwise.
   static absl::StatusOr<std::unique_ptr<RlAlgorithm>> Create(const JobSpec& spec);
 
-  // One iteration over `prompts`: rollout, score, advantages, update.
-  // Metrics use the names of docs/job-spec.md (objective/scores,
-  // objective/kl, loss/policy_avg, time/rollout_s, memory/device_peak_bytes, ...).
-  virtual absl::StatusOr<Metrics> Iterate(WorkerGroup& workers, const std::vector<std::vector<int32_t>>& prompts,
-                                          int64_t iteration) = 0;
+  // Samples responses to this rank's prompts (`global_batch` prompts over
+  // the gang) and keeps them for Score. Reports nothing global yet.
+  virtual absl::Status Rollout(WorkerGroup& workers, const std::vector<BatchPrompt>& prompts, int64_t global_batch,
+                               int64_t iteration) = 0;
+  // Rewards, reference log-probs (and values), then advantages, kept for
+  // Update. `params` are the driver's scalars ("kl_coef"). Returns the
+  // objective/* metrics of the whole batch.
+  virtual absl::StatusOr<Metrics> Score(WorkerGroup& workers, ProcessGroup& gang, const Metrics& params) = 0;
+  // The gradient steps on what Score kept; returns loss/* and policy/*
+  // metrics of the whole batch.
+  virtual absl::StatusOr<Metrics> Update(WorkerGroup& workers, ProcessGroup& gang, int64_t iteration) = 0;
+};
 
-  // Algorithm state a resumed run needs (the adaptive KL coefficient).
-  virtual Metrics State() const { return {}; }
-  virtual void Restore(const Metrics&) {}
+// The driver's part of an RL loop: the scalars carried from one iteration
+// to the next (PPO's adaptive KL coefficient), and what a resumed run needs.
+class RlController {
+ public:
+  explicit RlController(const JobSpec& spec);
+  // The scalars the score phase needs.
+  Metrics ScoreParams() const;
+  // Learns from an iteration's global metrics.
+  void Observe(const Metrics& iteration);
+  Metrics State() const;
+  void Restore(const Metrics& state);
+
+ private:
+  const JobSpec spec_;
+  KlController kl_;
+};
+
+// Global means over the gang: each rank adds its sums and counts, Reduce
+// sums them over the ranks in one collective and writes sum / count.
+class GlobalMeans {
+ public:
+  void Add(const std::string& key, double sum, double count);
+  absl::Status Reduce(ProcessGroup& gang, Metrics& out) const;
+
+ private:
+  std::vector<std::string> keys_;
+  std::vector<double> values_;  // sum, count per key
 };
 
 // The sampling seed of an iteration: a pure function of the job seed and the
 // iteration, so a resumed run samples what an uninterrupted one would.
+// Also derives a prompt's seed from its iteration's and its batch index.
 uint64_t IterationSeed(uint64_t job_seed, int64_t iteration);
 
 }  // namespace strata::policies

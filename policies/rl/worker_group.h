@@ -62,6 +62,12 @@ struct PolicyUpdate {
   int64_t epochs = 1;
   int64_t minibatches = 1;
   uint64_t shuffle_seed = 0;
+  // Data parallel: each rollout's row in the global batch of `global_rows`.
+  // Minibatches are drawn from the global rows (the same on every rank) and
+  // each rank trains on the rows it holds, so a gang of N takes the steps
+  // one rank would. Empty: the rollouts are the whole batch.
+  std::vector<int64_t> rows;
+  int64_t global_rows = 0;
 };
 
 struct UpdateStats {

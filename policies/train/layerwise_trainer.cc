@@ -88,6 +88,13 @@ class LayerwiseTrainerImpl final : public LayerwiseTrainer {
   // After an error (and at destruction): waits for downloads still writing
   // into staging buffers, then drops them unadded.
   void AbandonGrads();
+  // Data parallel: starts summing the gradients that became final since the
+  // last call (one bucket), and waits for every sum started.
+  absl::Status StartGradientSums();
+  absl::Status FinishGradientSums();
+  bool data_parallel() const {
+    return options_.data_parallel != nullptr && options_.data_parallel->world_size() > 1;
+  }
   absl::Status AllocateState(ParamState& state, const at::Tensor& value);
   // The host bytes the optimizer may write p's new weights into, or empty.
   std::span<std::byte> WriteTarget(const ParamState& p);
@@ -108,6 +115,8 @@ class LayerwiseTrainerImpl final : public LayerwiseTrainer {
   std::unique_ptr<offload::DeviceTransfer> grad_transfer_;  // GPU with host gradients only
   PendingBatch current_grads_;
   std::deque<PendingBatch> pending_grads_;
+  std::vector<ParamState*> final_grads_;  // data parallel: not yet handed to the sum
+  bool summed_since_step_ = false;        // data parallel: gradients already summed
   std::vector<ParamState> params_;
   std::vector<std::vector<size_t>> layer_params_;  // params_ index per layer tensor
   int64_t num_parameters_ = 0;
@@ -220,10 +229,12 @@ absl::Status LayerwiseTrainerImpl::AccumulateGrad(ParamState& state, const at::T
   if (!grad.defined()) return absl::OkStatus();
   if (state.device_grad.defined()) {
     state.device_grad.add_(grad.reshape({-1}).to(at::kFloat));
+    final_grads_.push_back(&state);
     return absl::OkStatus();
   }
   if (grad_transfer_ == nullptr) {
     HostView(state.grad, state.numel).add_(grad.reshape({-1}).to(at::kCPU, at::kFloat));
+    final_grads_.push_back(&state);
     return absl::OkStatus();
   }
   auto staging = arena_->Allocate(static_cast<size_t>(state.numel) * sizeof(float));
@@ -251,13 +262,35 @@ absl::Status LayerwiseTrainerImpl::FlushGrads(size_t keep_in_flight) {
     STRATA_RETURN_IF_ERROR(grad_transfer_->WaitHost(*batch.fence));
     for (PendingGrad& g : batch.grads) {
       HostView(g.state->grad, g.state->numel).add_(HostView(g.staging, g.state->numel));
+      final_grads_.push_back(g.state);
     }
     pending_grads_.pop_front();  // staging buffers go back to the arena's pools
   }
   return absl::OkStatus();
 }
 
+absl::Status LayerwiseTrainerImpl::StartGradientSums() {
+  if (!data_parallel()) {
+    final_grads_.clear();
+    return absl::OkStatus();
+  }
+  std::vector<at::Tensor> bucket;
+  for (ParamState* p : final_grads_) {
+    bucket.push_back(p->device_grad.defined() ? p->device_grad : HostView(p->grad, p->numel));
+  }
+  final_grads_.clear();
+  return options_.data_parallel->StartAllReduceSum(std::move(bucket));
+}
+
+absl::Status LayerwiseTrainerImpl::FinishGradientSums() {
+  if (!data_parallel()) return absl::OkStatus();
+  return options_.data_parallel->WaitPending();
+}
+
 void LayerwiseTrainerImpl::AbandonGrads() {
+  // Sums still writing into the gradient buffers end first.
+  (void)FinishGradientSums();
+  final_grads_.clear();
   if (grad_transfer_ == nullptr) return;
   // One wait covers every download queued, whichever batch it belongs to.
   if (!grad_transfer_->WaitAll().ok()) (void)offload::SynchronizeDevice(grad_transfer_->device());
@@ -271,6 +304,10 @@ absl::StatusOr<double> LayerwiseTrainerImpl::ForwardBackward(const at::Tensor& i
                                                              const at::Tensor& attention_mask, const LossFn& loss_fn) {
   // However this returns early (an error, or an exception from libtorch),
   // no download may still be writing into a staging buffer afterwards.
+  if (data_parallel() && summed_since_step_) {
+    return absl::FailedPreconditionError(
+        "data parallel training sums gradients in ForwardBackward: one per OptimizerStep");
+  }
   absl::Cleanup abandon_grads = [this] { AbandonGrads(); };
   const int64_t layers = config_.num_hidden_layers;
   const LayerContext ctx = MakeLayerContext(config_, attention_mask, input_ids.size(1),
@@ -324,6 +361,7 @@ absl::StatusOr<double> LayerwiseTrainerImpl::ForwardBackward(const at::Tensor& i
     }
   }
   status.Update(FlushGrads(/*keep_in_flight=*/1));
+  if (status.ok()) status.Update(StartGradientSums());
   if (!status.ok()) return status;
   norm = at::Tensor();
   if (!head_weight.is_same(embed)) head_weight = at::Tensor();
@@ -348,6 +386,7 @@ absl::StatusOr<double> LayerwiseTrainerImpl::ForwardBackward(const at::Tensor& i
       status.Update(AccumulateGrad(params_[layer_params_[static_cast<size_t>(l)][i]], slots[i]->grad()));
     }
     status.Update(FlushGrads(/*keep_in_flight=*/1));
+    if (status.ok()) status.Update(StartGradientSums());
     if (!status.ok()) {
       source_->EndPass();
       return status;
@@ -361,7 +400,10 @@ absl::StatusOr<double> LayerwiseTrainerImpl::ForwardBackward(const at::Tensor& i
   at::embedding(embed, input_ids).backward(grad);
   status.Update(AccumulateGrad(params_[0], embed.grad()));  // params_[0] is embed_tokens (see Create)
   status.Update(FlushGrads(/*keep_in_flight=*/0));
+  if (status.ok()) status.Update(StartGradientSums());
+  if (status.ok()) status.Update(FinishGradientSums());
   if (!status.ok()) return status;
+  summed_since_step_ = data_parallel();
   std::move(abandon_grads).Cancel();
   return loss_value;
 }
@@ -447,6 +489,7 @@ absl::Status LayerwiseTrainerImpl::WriteBack(const ParamState& p, const at::Tens
 }
 
 absl::Status LayerwiseTrainerImpl::OptimizerStep() {
+  summed_since_step_ = false;
   absl::Status status;
   switch (options_.optimizer) {
     case offload::Tier::kHost: status = HostStep(); break;

@@ -23,6 +23,7 @@
 #include "offload/host/host_arena.h"
 #include "offload/nvme/nvme_store.h"
 #include "offload/tiers/placement.h"
+#include "policies/dist/process_group.h"
 #include "policies/model/layer_source.h"
 #include "policies/model/llama.h"
 
@@ -49,6 +50,14 @@ struct LayerwiseTrainerOptions {
   // stream, pinned staging in the arena: 2 layers of fp32 gradients); tests
   // turn it on to run that logic without a GPU.
   bool stage_gradients = false;
+  // Data parallel: the gang whose gradients are summed. Each layer's
+  // gradients are handed to it as soon as they are final, so the sums run
+  // while the next layer's backward computes; ForwardBackward returns once
+  // they are all done. Null (or a gang of one) sums nothing. Each rank
+  // scales its loss by its share of the global batch, so the sum is the
+  // global batch's gradient. One ForwardBackward per OptimizerStep then
+  // (accumulating twice would sum the first part twice).
+  ProcessGroup* data_parallel = nullptr;
 };
 
 class LayerwiseTrainer {

@@ -8,22 +8,24 @@
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
 #include "services/runtime/job_runner.h"
-#include "services/runtime/local_worker_group.h"
+#include "services/runtime/local_gang.h"
 
 namespace strata::services {
 
 absl::StatusOr<std::string> RunTrain(const TrainRequest& request) {
   std::vector<std::string> overrides = request.overrides;
   if (!request.out_dir.empty()) overrides.push_back("output.dir=" + request.out_dir);
+  if (request.workers > 0) overrides.push_back(absl::StrCat("parallel.workers=", request.workers));
   STRATA_ASSIGN_OR_RETURN(auto spec, policies::LoadJobSpec(request.spec_path, overrides));
   const auto start = std::chrono::steady_clock::now();
-  STRATA_ASSIGN_OR_RETURN(auto workers, LocalWorkerGroup::Create(spec));
+  JobRankOptions rank;
+  rank.metrics_path = request.metrics_path;
+  STRATA_ASSIGN_OR_RETURN(auto gang, LocalGang::Create(spec, static_cast<int>(spec.parallel.workers), rank));
   JobRunOptions options;
-  options.metrics_path = request.metrics_path;
   options.resume = request.resume;
   options.progress = stderr;
   options.progress_bar = ::isatty(STDERR_FILENO) != 0;
-  STRATA_RETURN_IF_ERROR(RunJob(spec, *workers, workers->tokenizer(), options));
+  STRATA_RETURN_IF_ERROR(RunJob(spec, *gang, options));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return absl::StrFormat("%s job done in %.1f s: model in %s\n", policies::AlgorithmName(spec.algorithm), seconds,
                          spec.output_dir);

@@ -1,4 +1,5 @@
-// `strata train SPEC.yaml`: runs one job in-process through LocalWorkerGroup.
+// `strata train SPEC.yaml`: runs one job in-process: a gang of
+// parallel.workers ranks (threads, Gloo over loopback when more than one).
 #ifndef STRATA_SERVICES_CLI_TRAIN_COMMAND_H_
 #define STRATA_SERVICES_CLI_TRAIN_COMMAND_H_
 
@@ -15,6 +16,7 @@ struct TrainRequest {
   std::string out_dir;                 // --out: replaces output.dir
   std::string metrics_path;            // --metrics
   bool resume = false;
+  int workers = 0;                     // --workers: replaces parallel.workers (0: keep)
 };
 
 // Returns a one-line summary for stdout; progress goes to stderr.

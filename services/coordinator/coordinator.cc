@@ -11,6 +11,7 @@
 #include "policies/job/memory_plan.h"
 #include "policies/tokenizer/tokenizer.h"
 #include "services/runtime/job_runner.h"
+#include "services/runtime/local_gang.h"
 #include "services/coordinator/remote_worker_group.h"
 #include "services/rpc/wire.h"
 
@@ -181,6 +182,11 @@ absl::Status CoordinatorService::Submit(const v1::SubmitJobRequest& request, v1:
   std::vector<std::string> overrides(request.overrides().begin(), request.overrides().end());
   STRATA_ASSIGN_OR_RETURN(auto yaml, policies::ApplyOverrides(request.spec_yaml(), overrides, "spec"));
   STRATA_ASSIGN_OR_RETURN(auto spec, policies::ParseJobSpec(yaml, {}, "spec"));
+  if (spec.parallel.workers > 1) {
+    return absl::UnimplementedError(absl::StrCat(
+        "spec key 'parallel.workers' (", spec.parallel.workers,
+        "): the service runs a job on one worker for now; run it with `strata train --workers N`"));
+  }
   if (spec.train.batch_size > options_.max_batch_size) {
     return absl::ResourceExhaustedError(absl::StrCat("spec key 'train.batch_size' (", spec.train.batch_size,
                                                      ") exceeds what workers accept (", options_.max_batch_size, ")"));
@@ -412,9 +418,11 @@ void CoordinatorService::RunOnWorker(uint64_t run, JobRecord job, WorkerRecord w
       tokenizer_path = JoinPath(loaded.working_directory, tokenizer_path);
     }
     STRATA_ASSIGN_OR_RETURN(auto tokenizer, policies::Tokenizer::Load(tokenizer_path));
+    JobRankOptions rank;
+    rank.run_id = job.id;  // resume continues only this job's checkpoints
+    STRATA_ASSIGN_OR_RETURN(auto gang, LocalGang::Over(*spec, *group, *tokenizer, rank));
     JobRunOptions run;
     run.resume = true;  // a requeued job continues from its last checkpoint
-    run.run_id = job.id;  // ... and only its own
     run.own_checkpoint = job.checkpoint_dir;
     run.on_metrics = [&](const nlohmann::json& line) {
       Publish(job.id, "metrics", line.dump());
@@ -427,7 +435,7 @@ void CoordinatorService::RunOnWorker(uint64_t run, JobRecord job, WorkerRecord w
       auto current = store_->Get(job.id);
       return current.ok() && current->state == JobState::kCancelled;
     };
-    absl::Status ran = RunJob(*spec, *group, *tokenizer, run);
+    absl::Status ran = RunJob(*spec, *gang, run);
     (void)(group)->Unload();
     return ran;
   };

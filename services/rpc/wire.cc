@@ -173,6 +173,7 @@ void ToProto(const policies::SamplingOptions& options, v1::SamplingOptions* out)
   out->set_max_new_tokens(options.max_new_tokens);
   out->set_stop_at_eos(options.stop_at_eos);
   out->set_seed(options.seed);
+  out->mutable_row_seeds()->Add(options.row_seeds.begin(), options.row_seeds.end());
 }
 
 policies::SamplingOptions FromProto(const v1::SamplingOptions& options) {
@@ -184,6 +185,7 @@ policies::SamplingOptions FromProto(const v1::SamplingOptions& options) {
   out.max_new_tokens = options.max_new_tokens();
   out.stop_at_eos = options.stop_at_eos();
   out.seed = options.seed();
+  out.row_seeds.assign(options.row_seeds().begin(), options.row_seeds().end());
   return out;
 }
 

@@ -1,53 +1,67 @@
-// Runs one job's loop against a WorkerGroup: data, batches, the algorithm's
-// iterations, evaluation, metrics lines, checkpoints and resume. Used by
-// `strata train` (in-process workers) and by the coordinator.
+// Drives one job: which phase runs next on the job's gang of ranks, the
+// scalars carried between iterations (PPO's KL coefficient), evaluation and
+// checkpoint cadence, cancellation between phases, progress. The driver
+// opens no job file and holds no tensor: data, tokenizer, checkpoints and
+// the metrics file belong to the ranks (JobRank). Used by `strata train`
+// (a LocalGang) and by the coordinator (a gang of remote workers).
 #ifndef STRATA_SERVICES_RUNTIME_JOB_RUNNER_H_
 #define STRATA_SERVICES_RUNTIME_JOB_RUNNER_H_
 
+#include <cstdio>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
 #include "policies/job/job_spec.h"
-#include "policies/tokenizer/tokenizer.h"
-#include "policies/rl/worker_group.h"
+#include "services/runtime/job_rank.h"
 
 namespace strata::services {
 
+// The ranks of one job, as the driver sees them.
+class Gang {
+ public:
+  virtual ~Gang() = default;
+  // Sends `request` to every rank and waits for all of them: MergeReplies of
+  // their replies, or the error that ended the phase (a rank's own error is
+  // preferred to the timeouts it caused on the others).
+  virtual absl::StatusOr<PhaseReply> Run(const PhaseRequest& request) = 0;
+};
+
+// Rank 0's reply, with each time/* and memory/* figure the largest any rank
+// reported. INTERNAL for no replies.
+absl::StatusOr<PhaseReply> MergeReplies(const std::vector<PhaseReply>& replies);
+
+// Of several ranks' errors, the one that explains the others: a rank's own
+// failure rather than the DEADLINE_EXCEEDED / UNAVAILABLE it caused
+// elsewhere.
+absl::Status FirstCause(const std::vector<absl::Status>& statuses);
+
 struct JobRunOptions {
-  // One JSON object per iteration is appended here; "" = <output.dir>/metrics.jsonl.
-  std::string metrics_path;
-  // Continue from the latest checkpoint under checkpoint.dir, if any.
+  // Continue from the newest checkpoint this run may continue, if any.
   bool resume = false;
-  // Names this run in its checkpoints (the service uses the job id). When
-  // set, resume continues only this run's checkpoints; finding another
-  // run's is FAILED_PRECONDITION naming both, so a new job never silently
-  // continues an old one that wrote to the same directory.
-  std::string run_id;
-  // A checkpoint this run is known to have written (the job store's record)
-  // is accepted even without a run_id: written before checkpoints had one.
+  // A checkpoint the job store knows this run wrote (see JobRank's
+  // find_checkpoint).
   std::string own_checkpoint;
   // Draw a progress bar with \r (a terminal); otherwise print plain lines.
   bool progress_bar = false;
   // Where progress goes; null for none.
   std::FILE* progress = nullptr;
-  // Called with each metrics line after it is written.
+  // Called with each metrics line after the ranks recorded it.
   std::function<void(const nlohmann::json&)> on_metrics;
-  // Called after a checkpoint is complete (iteration it resumes at, directory).
+  // Called after a checkpoint is complete on every rank (the iteration it
+  // resumes at, its directory on the ranks).
   std::function<void(int64_t, const std::string&)> on_checkpoint;
-  // Polled between iterations; true stops the job with CANCELLED.
+  // Polled between phases; true stops the job with CANCELLED.
   std::function<bool()> cancelled;
 };
 
-// Runs `spec` to completion: `spec.train.iterations` iterations, checkpoints
-// every `checkpoint.every`, the trained model written to `output.dir`.
-absl::Status RunJob(const policies::JobSpec& spec, policies::WorkerGroup& workers, const policies::Tokenizer& tokenizer,
-                    const JobRunOptions& options);
-
-// The newest complete checkpoint under `dir` ("" if none) and its iteration.
-std::pair<std::string, int64_t> LatestCheckpoint(const std::string& dir);
+// Runs `spec` to completion on `gang`: `spec.train.iterations` iterations,
+// checkpoints every `checkpoint.every`, the trained model written to
+// `output.dir` by rank 0.
+absl::Status RunJob(const policies::JobSpec& spec, Gang& gang, const JobRunOptions& options);
 
 }  // namespace strata::services
 

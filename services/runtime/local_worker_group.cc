@@ -1,6 +1,7 @@
 #include "services/runtime/local_worker_group.h"
 
 #include <filesystem>
+#include <map>
 #include <numeric>
 #include <random>
 
@@ -10,6 +11,7 @@
 #include "offload/device/device_transfer.h"
 #include "base/file.h"
 #include "base/log.h"
+#include "policies/rl/rl_algorithms.h"
 #include "policies/rl/rl_losses.h"
 #include "rewards/reward_model.h"
 
@@ -82,10 +84,24 @@ at::Tensor ResponseValues(const at::Tensor& values, const Packed& p) {
 
 // One optimizer step of a trainable model on `packed`: forward, backward,
 // AdamW. Returns the loss.
-absl::StatusOr<double> TrainStep(policies::PlacedModel& model, const Packed& packed, const policies::LossFn& loss_fn) {
-  STRATA_ASSIGN_OR_RETURN(auto loss, model.trainer()->ForwardBackward(packed.ids, packed.mask, loss_fn));
+// One gradient step; `scale` is this rank's share of the global batch (its
+// loss is a mean over its own rows), so the gang's summed gradients are
+// the global batch's. Returns the scaled loss.
+absl::StatusOr<double> TrainStep(policies::PlacedModel& model, const Packed& packed, const policies::LossFn& loss_fn,
+                                 double scale = 1.0) {
+  auto scaled = [&](const at::Tensor& output) { return loss_fn(output) * scale; };
+  STRATA_ASSIGN_OR_RETURN(auto loss, model.trainer()->ForwardBackward(packed.ids, packed.mask, scaled));
   STRATA_RETURN_IF_ERROR(model.trainer()->OptimizerStep());
   return loss;
+}
+
+// This rank's share of a global count (0 when there is nothing at all).
+double Share(double local, double global) { return global > 0 ? local / global : 0.0; }
+
+size_t Tokens(const std::vector<const std::vector<int32_t>*>& responses) {
+  size_t n = 0;
+  for (const auto* r : responses) n += r->size();
+  return n;
 }
 
 std::vector<std::vector<float>> Rows(const at::Tensor& t, const std::vector<policies::Rollout>& rollouts) {
@@ -132,7 +148,8 @@ LocalWorkerGroup::~LocalWorkerGroup() {
   critic_.reset();
 }
 
-absl::StatusOr<std::unique_ptr<LocalWorkerGroup>> LocalWorkerGroup::Create(const policies::JobSpec& spec) {
+absl::StatusOr<std::unique_ptr<LocalWorkerGroup>> LocalWorkerGroup::Create(const policies::JobSpec& spec,
+                                                                          policies::ProcessGroup* gang) {
   STRATA_RETURN_IF_ERROR(spec.Validate());
   auto device = offload::ParseComputeDevice(spec.memory.device);
   if (!device.ok()) return absl::InvalidArgumentError(absl::StrCat("memory.device: ", device.status().message()));
@@ -144,6 +161,11 @@ absl::StatusOr<std::unique_ptr<LocalWorkerGroup>> LocalWorkerGroup::Create(const
     return absl::Status(monitor.status().code(), absl::StrCat("memory.device: ", monitor.status().message()));
   }
   std::unique_ptr<LocalWorkerGroup> group(new LocalWorkerGroup(spec));
+  if (gang == nullptr) {
+    group->solo_ = policies::ProcessGroup::Solo();
+    gang = group->solo_.get();
+  }
+  group->gang_ = gang;
   group->device_ = *device;
   group->monitor_ = *monitor;
   offload::HostArenaOptions arena_options;
@@ -198,6 +220,7 @@ absl::StatusOr<std::unique_ptr<policies::PlacedModel>> LocalWorkerGroup::Place(c
   options.trainable = trainable;
   options.trainer.adam.adam.lr = lr;
   options.trainer.adam.adam.weight_decay = spec_.train.weight_decay;
+  options.trainer.data_parallel = gang_;
   options.batch = spec_.train.batch_size;
   options.seq =
       spec_.data.max_prompt_tokens + std::max(spec_.data.max_response_tokens, spec_.generation.max_new_tokens);
@@ -283,14 +306,28 @@ absl::StatusOr<std::vector<policies::Rollout>> LocalWorkerGroup::Generate(const 
   }
   const auto& eos = actor.config().eos_token_ids;
   const int64_t pad = tokenizer_->pad_id() >= 0 ? tokenizer_->pad_id() : 0;
+  if (!request.sampling.row_seeds.empty() && request.sampling.row_seeds.size() != request.prompts.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("rollout: ", request.sampling.row_seeds.size(), " row seeds for ",
+                                                   request.prompts.size(), " prompts"));
+  }
+  policies::SamplingOptions sampling = request.sampling;
+  if (!sampling.row_seeds.empty()) {
+    // Sample g of prompt p draws from its own stream of the prompt's seed.
+    sampling.row_seeds.clear();
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const uint64_t prompt_seed = request.sampling.row_seeds[static_cast<size_t>(prompt_index[i])];
+      sampling.row_seeds.push_back(policies::IterationSeed(prompt_seed, static_cast<int64_t>(i % static_cast<size_t>(request.samples_per_prompt))));
+    }
+  }
   std::vector<policies::Rollout> out;
-  STRATA_ASSIGN_OR_RETURN(auto sampled, policies::Generate(actor, prompts, request.sampling, eos, pad));
+  STRATA_ASSIGN_OR_RETURN(auto sampled, policies::Generate(actor, prompts, sampling, eos, pad));
   for (size_t i = 0; i < prompts.size(); ++i) {
     out.push_back({prompt_index[i], prompts[i], sampled.tokens[i], sampled.logprobs[i], false});
   }
   if (request.with_greedy) {
     policies::SamplingOptions greedy = request.sampling;
     greedy.greedy = true;
+    greedy.row_seeds.clear();
     STRATA_ASSIGN_OR_RETURN(auto best, policies::Generate(actor, request.prompts, greedy, eos, pad));
     for (size_t p = 0; p < request.prompts.size(); ++p) {
       out.push_back({static_cast<int64_t>(p), request.prompts[p], best.tokens[p], best.logprobs[p], true});
@@ -341,78 +378,130 @@ absl::StatusOr<policies::UpdateStats> LocalWorkerGroup::Update(const policies::P
     return absl::InvalidArgumentError("update: PPO needs old_logprobs, returns and old_values per rollout");
   }
   if (ppo && critic_ == nullptr) return absl::FailedPreconditionError("PPO update but this job has no critic");
+  // Minibatches are drawn from the global batch's rows, the same on every
+  // rank; each rank trains on the rows of a minibatch it holds.
+  const bool sharded = !update.rows.empty();
+  if (sharded && update.rows.size() != n) return absl::InvalidArgumentError("update: one global row per rollout needed");
+  const int64_t total = sharded ? update.global_rows : static_cast<int64_t>(n);
+  std::map<int64_t, size_t> local_row;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t row = sharded ? update.rows[i] : static_cast<int64_t>(i);
+    if (row < 0 || row >= total) return absl::InvalidArgumentError(absl::StrCat("update: row ", row, " of ", total));
+    local_row[row] = i;
+  }
   const int64_t epochs = ppo ? update.epochs : 1;
   const int64_t minibatches = ppo ? std::max<int64_t>(1, update.minibatches) : 1;
-  std::vector<size_t> order(n);
+  std::vector<int64_t> order(static_cast<size_t>(total));
   std::iota(order.begin(), order.end(), 0);
   std::mt19937_64 rng(update.shuffle_seed);
-  policies::UpdateStats stats;
-  int64_t steps = 0;
+  std::vector<std::vector<size_t>> steps;  // local rows of each gradient step
+  const size_t per = (static_cast<size_t>(total) + static_cast<size_t>(minibatches) - 1) / static_cast<size_t>(minibatches);
   for (int64_t epoch = 0; epoch < epochs; ++epoch) {
     if (ppo) std::shuffle(order.begin(), order.end(), rng);
-    const size_t per = (n + static_cast<size_t>(minibatches) - 1) / static_cast<size_t>(minibatches);
-    for (size_t start = 0; start < n; start += per) {
-      std::vector<size_t> idx(order.begin() + static_cast<std::ptrdiff_t>(start),
-                              order.begin() + static_cast<std::ptrdiff_t>(std::min(n, start + per)));
-      std::vector<const std::vector<int32_t>*> prompts, responses;
-      std::vector<std::vector<float>> adv, old_lp, ret, old_v;
-      for (size_t i : idx) {
-        prompts.push_back(&update.rollouts[i].prompt);
-        responses.push_back(&update.rollouts[i].response);
-        adv.push_back(update.advantages[i]);
-        if (ppo) {
-          old_lp.push_back(update.old_logprobs[i]);
-          ret.push_back(update.returns[i]);
-          old_v.push_back(update.old_values[i]);
-        }
+    for (size_t start = 0; start < order.size(); start += per) {
+      std::vector<size_t> idx;
+      for (size_t k = start; k < std::min(order.size(), start + per); ++k) {
+        if (auto it = local_row.find(order[k]); it != local_row.end()) idx.push_back(it->second);
       }
-      const Packed packed = Pack(prompts, responses, device_);
-      const int64_t width = packed.targets.size(1);
-      auto rows = [&](const std::vector<std::vector<float>>& r) { return policies::PadRows(r, width).to(device_); };
-      const at::Tensor advantages = rows(adv);
-      double clipfrac = 0, approx_kl = 0;
-      auto policy_loss = [&](const at::Tensor& logits) {
-        const at::Tensor logp = ResponseLogProbs(logits, packed);
-        if (!ppo) return policies::ReinforceLoss(logp, advantages, packed.response_mask);
-        const auto out =
-            policies::PpoClippedLoss(logp, rows(old_lp), advantages, packed.response_mask, update.clip_range);
-        clipfrac = out.clipfrac.item<double>();
-        approx_kl = out.approx_kl.item<double>();
-        return out.loss;
-      };
-      STRATA_ASSIGN_OR_RETURN(auto loss, TrainStep(*actor_, packed, policy_loss));
-      stats.policy_loss += loss;
-      stats.clipfrac += clipfrac;
-      stats.approx_kl += approx_kl;
-      if (ppo) {
-        double value_clipfrac = 0;
-        auto value_loss = [&](const at::Tensor& values) {
-          const auto out = policies::PpoValueLossClipped(ResponseValues(values, packed), rows(old_v), rows(ret),
-                                                         packed.response_mask, update.value_clip);
-          value_clipfrac = out.clipfrac.item<double>();
-          return out.loss;
-        };
-        STRATA_ASSIGN_OR_RETURN(auto vloss, TrainStep(*critic_, packed, value_loss));
-        stats.value_loss += vloss;
-        stats.value_clipfrac += value_clipfrac;
-      }
-      ++steps;
+      steps.push_back(std::move(idx));
     }
   }
-  const double k = static_cast<double>(std::max<int64_t>(steps, 1));
-  stats.policy_loss /= k, stats.value_loss /= k, stats.clipfrac /= k, stats.value_clipfrac /= k, stats.approx_kl /= k;
+  // Each step's token count over the gang, in one collective.
+  std::vector<double> tokens(steps.size() * 2, 0.0);
+  for (size_t k = 0; k < steps.size(); ++k) {
+    for (size_t i : steps[k]) tokens[2 * k] += static_cast<double>(update.rollouts[i].response.size());
+    tokens[2 * k + 1] = tokens[2 * k];
+  }
+  std::vector<double> global_tokens = tokens;
+  STRATA_RETURN_IF_ERROR(SumOverGang(global_tokens));
+
+  // A rank with no rows in a step still joins the gradient sum, with one
+  // placeholder row whose loss weighs nothing.
+  const std::vector<int32_t> placeholder = {0};
+  const std::vector<float> zero = {0.0f};
+  policies::UpdateStats stats;
+  for (size_t k = 0; k < steps.size(); ++k) {
+    const std::vector<size_t>& idx = steps[k];
+    const double scale = Share(tokens[2 * k], global_tokens[2 * k]);
+    std::vector<const std::vector<int32_t>*> prompts, responses;
+    std::vector<std::vector<float>> adv, old_lp, ret, old_v;
+    for (size_t i : idx) {
+      prompts.push_back(&update.rollouts[i].prompt);
+      responses.push_back(&update.rollouts[i].response);
+      adv.push_back(update.advantages[i]);
+      if (ppo) {
+        old_lp.push_back(update.old_logprobs[i]);
+        ret.push_back(update.returns[i]);
+        old_v.push_back(update.old_values[i]);
+      }
+    }
+    if (idx.empty()) {
+      prompts.push_back(&placeholder), responses.push_back(&placeholder);
+      adv.push_back(zero), old_lp.push_back(zero), ret.push_back(zero), old_v.push_back(zero);
+    }
+    const Packed packed = Pack(prompts, responses, device_);
+    const int64_t width = packed.targets.size(1);
+    auto rows = [&](const std::vector<std::vector<float>>& r) { return policies::PadRows(r, width).to(device_); };
+    const at::Tensor advantages = rows(adv);
+    double clipfrac = 0, approx_kl = 0;
+    auto policy_loss = [&](const at::Tensor& logits) {
+      const at::Tensor logp = ResponseLogProbs(logits, packed);
+      if (!ppo) return policies::ReinforceLoss(logp, advantages, packed.response_mask);
+      const auto out =
+          policies::PpoClippedLoss(logp, rows(old_lp), advantages, packed.response_mask, update.clip_range);
+      clipfrac = out.clipfrac.item<double>();
+      approx_kl = out.approx_kl.item<double>();
+      return out.loss;
+    };
+    STRATA_ASSIGN_OR_RETURN(auto loss, TrainStep(*actor_, packed, policy_loss, scale));
+    stats.policy_loss += loss;
+    stats.clipfrac += scale * clipfrac;
+    stats.approx_kl += scale * approx_kl;
+    if (ppo) {
+      double value_clipfrac = 0;
+      auto value_loss = [&](const at::Tensor& values) {
+        const auto out = policies::PpoValueLossClipped(ResponseValues(values, packed), rows(old_v), rows(ret),
+                                                       packed.response_mask, update.value_clip);
+        value_clipfrac = out.clipfrac.item<double>();
+        return out.loss;
+      };
+      STRATA_ASSIGN_OR_RETURN(auto vloss, TrainStep(*critic_, packed, value_loss, scale));
+      stats.value_loss += vloss;
+      stats.value_clipfrac += scale * value_clipfrac;
+    }
+  }
+  std::vector<double> sums = {stats.policy_loss, stats.value_loss, stats.clipfrac, stats.value_clipfrac,
+                              stats.approx_kl};
+  STRATA_RETURN_IF_ERROR(SumOverGang(sums));
+  const double k = static_cast<double>(std::max<size_t>(steps.size(), 1));
+  stats.policy_loss = sums[0] / k, stats.value_loss = sums[1] / k, stats.clipfrac = sums[2] / k;
+  stats.value_clipfrac = sums[3] / k, stats.approx_kl = sums[4] / k;
   return stats;
+}
+
+absl::Status LocalWorkerGroup::SumOverGang(std::vector<double>& values) {
+  if (gang_->world_size() == 1 || values.empty()) return absl::OkStatus();
+  std::vector<at::Tensor> t = {at::tensor(values, at::kDouble)};
+  STRATA_RETURN_IF_ERROR(gang_->AllReduceSum(t));
+  const double* v = t[0].data_ptr<double>();
+  values.assign(v, v + values.size());
+  return absl::OkStatus();
 }
 
 absl::StatusOr<policies::TrainStats> LocalWorkerGroup::TrainSft(const std::vector<policies::TextPair>& batch) {
   if (actor_ == nullptr || actor_->trainer() == nullptr) return absl::FailedPreconditionError("no trainable actor");
+  if (batch.empty()) return absl::InvalidArgumentError("SFT step: empty batch");
   std::vector<const std::vector<int32_t>*> prompts, responses;
   for (const auto& pair : batch) prompts.push_back(&pair.prompt), responses.push_back(&pair.response);
   const Packed packed = Pack(prompts, responses, device_);
+  std::vector<double> tokens = {static_cast<double>(Tokens(responses))};
+  STRATA_RETURN_IF_ERROR(SumOverGang(tokens));
   STRATA_ASSIGN_OR_RETURN(auto loss, TrainStep(*actor_, packed, [&](const at::Tensor& logits) {
                             return policies::CrossEntropyLoss(ResponseLogProbs(logits, packed), packed.response_mask);
-                          }));
-  return policies::TrainStats{loss, 0};
+                          }, Share(static_cast<double>(Tokens(responses)), tokens[0])));
+  std::vector<double> sums = {loss};
+  STRATA_RETURN_IF_ERROR(SumOverGang(sums));
+  return policies::TrainStats{sums[0], 0};
 }
 
 namespace {
@@ -431,16 +520,22 @@ absl::StatusOr<policies::TrainStats> LocalWorkerGroup::TrainRewardModel(
     const std::vector<policies::PreferencePair>& batch) {
   if (reward_ == nullptr || reward_->trainer() == nullptr)
     return absl::FailedPreconditionError("no trainable reward model");
+  if (batch.empty()) return absl::InvalidArgumentError("reward model step: empty batch");
   const Packed packed = PackPairs(batch, device_);
   const int64_t n = static_cast<int64_t>(batch.size());
+  std::vector<double> pairs = {static_cast<double>(n)};
+  STRATA_RETURN_IF_ERROR(SumOverGang(pairs));
+  const double scale = Share(static_cast<double>(n), pairs[0]);
   double accuracy = 0;
   STRATA_ASSIGN_OR_RETURN(auto loss, TrainStep(*reward_, packed, [&](const at::Tensor& values) {
                             rewards::PreferenceObjective objective =
                                 rewards::PreferenceFromTokenScores(values, packed.mask, n);
                             accuracy = objective.accuracy;
                             return objective.loss;
-                          }));
-  return policies::TrainStats{loss, accuracy};
+                          }, scale));
+  std::vector<double> sums = {loss, scale * accuracy};
+  STRATA_RETURN_IF_ERROR(SumOverGang(sums));
+  return policies::TrainStats{sums[0], sums[1]};
 }
 
 absl::StatusOr<policies::TrainStats> LocalWorkerGroup::EvaluateRewardModel(

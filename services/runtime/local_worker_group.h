@@ -12,6 +12,7 @@
 #include "offload/device/device_memory.h"
 #include "offload/host/host_arena.h"
 #include "offload/nvme/nvme_store.h"
+#include "policies/dist/process_group.h"
 #include "policies/job/job_spec.h"
 #include "policies/train/placed_model.h"
 #include "policies/tokenizer/tokenizer.h"
@@ -25,7 +26,14 @@ class LocalWorkerGroup final : public policies::WorkerGroup {
   // Loads the models `spec`'s algorithm needs under their placements. Paths
   // are resolved against the working directory. Errors name the model
   // ("models.actor.path: ...") and the file.
-  static absl::StatusOr<std::unique_ptr<LocalWorkerGroup>> Create(const policies::JobSpec& spec);
+  //
+  // `gang` (null: a gang of one) makes this one data-parallel rank: the
+  // batches it is given are its shard, gradients are summed over the gang,
+  // each rank's loss is weighted by its share of the global batch's tokens
+  // (or pairs), and the losses and statistics it returns are the global
+  // batch's. It must outlive the group.
+  static absl::StatusOr<std::unique_ptr<LocalWorkerGroup>> Create(const policies::JobSpec& spec,
+                                                                  policies::ProcessGroup* gang = nullptr);
   ~LocalWorkerGroup() override;
 
   absl::StatusOr<std::vector<policies::Rollout>> Generate(const policies::RolloutRequest& request) override;
@@ -59,8 +67,12 @@ class LocalWorkerGroup final : public policies::WorkerGroup {
   // The trained models by checkpoint name.
   std::vector<std::pair<std::string, policies::PlacedModel*>> Trainable();
   absl::Status CopyTokenizer(const std::string& dir) const;
+  // Sums `values` over the gang (in place).
+  absl::Status SumOverGang(std::vector<double>& values);
 
   const policies::JobSpec spec_;
+  std::unique_ptr<policies::ProcessGroup> solo_;  // the gang when none is given
+  policies::ProcessGroup* gang_ = nullptr;
   at::Device device_ = at::kCPU;                        // memory.device
   offload::DeviceMemoryMonitor* monitor_ = nullptr;     // of device_
   std::unique_ptr<offload::HostArena> arena_;

@@ -1,4 +1,5 @@
-// What an iteration reports about memory, against a scripted WorkerGroup.
+// The RL algorithms' phases against scripted WorkerGroups, and the driver's
+// scalar state.
 #include "policies/rl/rl_algorithms.h"
 
 #include "gtest/gtest.h"
@@ -6,10 +7,7 @@
 namespace strata::policies {
 namespace {
 
-// Answers every call with fixed, well-formed data. Each BeginPhase reports
-// the ended phase's device peak as 10 x the number of phases started so far,
-// except for the phase that was open before the iteration (evaluation, a
-// checkpoint, the previous update), which reports `before_iteration`.
+// Answers every call with fixed, well-formed data.
 class ScriptedWorkers final : public WorkerGroup {
  public:
   absl::StatusOr<std::vector<Rollout>> Generate(const RolloutRequest& request) override {
@@ -34,38 +32,95 @@ class ScriptedWorkers final : public WorkerGroup {
   absl::StatusOr<TrainStats> EvaluateRewardModel(const std::vector<PreferencePair>&) override {
     return TrainStats{};
   }
-  MemoryStats BeginPhase(const std::string&) override {
-    MemoryStats ended;
-    ended.peak_bytes["device"] = phases_started_ == 0 ? before_iteration : 10 * phases_started_;
-    ++phases_started_;
-    return ended;
-  }
-  MemoryStats PhaseMemory(const std::string&) override {
-    MemoryStats current;
-    current.peak_bytes["device"] = 10 * phases_started_;
-    return current;
-  }
+  MemoryStats BeginPhase(const std::string&) override { return {}; }
+  MemoryStats PhaseMemory(const std::string&) override { return {}; }
   absl::Status SaveCheckpoint(const std::string&) override { return absl::OkStatus(); }
   absl::Status LoadCheckpoint(const std::string&) override { return absl::OkStatus(); }
   absl::Status SaveOutput(const std::string&) override { return absl::OkStatus(); }
-
-  int64_t before_iteration = int64_t{1} << 40;
-
- private:
-  int64_t phases_started_ = 0;
 };
 
-TEST(RlAlgorithmsTest, IterationPeaksCoverItsOwnPhasesOnly) {
+std::vector<BatchPrompt> Batch() { return {{0, {1, 2}}, {1, {3}}}; }
+
+TEST(RlAlgorithmsTest, RemaxPhasesReportTheBatchObjective) {
   JobSpec spec;
   spec.algorithm = Algorithm::kRemax;
   auto remax = RlAlgorithm::Create(spec);
   ASSERT_TRUE(remax.ok()) << remax.status();
   ScriptedWorkers workers;
-  auto metrics = (*remax)->Iterate(workers, {{1, 2}, {3}}, 0);
-  ASSERT_TRUE(metrics.ok()) << metrics.status();
-  // rollout ends at 10, score at 20, update (asked at the end) at 30; the
-  // 1 TiB of whatever ran before the iteration is not this iteration's.
-  EXPECT_EQ(metrics->at("memory/device_peak_bytes"), 30.0);
+  auto gang = ProcessGroup::Solo();
+  ASSERT_TRUE((*remax)->Rollout(workers, Batch(), 2, 0).ok());
+  auto scored = (*remax)->Score(workers, *gang, {});
+  ASSERT_TRUE(scored.ok()) << scored.status();
+  // Every reward is 1 and the behaviour and reference log-probs agree.
+  EXPECT_DOUBLE_EQ(scored->at("objective/scores"), 1.0);
+  EXPECT_DOUBLE_EQ(scored->at("objective/greedy_scores"), 1.0);
+  EXPECT_DOUBLE_EQ(scored->at("objective/kl"), 0.0);
+  EXPECT_DOUBLE_EQ(scored->at("objective/response_tokens"), 2.0);
+  auto updated = (*remax)->Update(workers, *gang, 0);
+  ASSERT_TRUE(updated.ok()) << updated.status();
+  EXPECT_TRUE(updated->contains("loss/policy_avg"));
+  // What was scored is used once.
+  EXPECT_EQ((*remax)->Update(workers, *gang, 0).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// Rollouts that do not fit the prompts asked for are an error, not a crash.
+class ShortWorkers final : public WorkerGroup {
+ public:
+  absl::StatusOr<std::vector<Rollout>> Generate(const RolloutRequest&) override {
+    return std::vector<Rollout>{{7, {1}, {5}, {-1.0f}, false}};
+  }
+  absl::StatusOr<Scores> Score(const std::vector<Rollout>&, const ScoreRequest&) override { return Scores{}; }
+  absl::StatusOr<UpdateStats> Update(const PolicyUpdate&) override { return UpdateStats{}; }
+  absl::StatusOr<TrainStats> TrainSft(const std::vector<TextPair>&) override { return TrainStats{}; }
+  absl::StatusOr<TrainStats> TrainRewardModel(const std::vector<PreferencePair>&) override { return TrainStats{}; }
+  absl::StatusOr<TrainStats> EvaluateRewardModel(const std::vector<PreferencePair>&) override {
+    return TrainStats{};
+  }
+  MemoryStats BeginPhase(const std::string&) override { return {}; }
+  MemoryStats PhaseMemory(const std::string&) override { return {}; }
+  absl::Status SaveCheckpoint(const std::string&) override { return absl::OkStatus(); }
+  absl::Status LoadCheckpoint(const std::string&) override { return absl::OkStatus(); }
+  absl::Status SaveOutput(const std::string&) override { return absl::OkStatus(); }
+};
+
+TEST(RlAlgorithmsTest, RolloutsThatDoNotFitTheBatchAreAnError) {
+  JobSpec spec;
+  spec.algorithm = Algorithm::kPpo;
+  auto ppo = RlAlgorithm::Create(spec);
+  ASSERT_TRUE(ppo.ok()) << ppo.status();
+  ShortWorkers workers;
+  const absl::Status s = (*ppo)->Rollout(workers, Batch(), 2, 0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_NE(s.message().find("1 responses for 2 prompts"), std::string::npos) << s;
+}
+
+TEST(RlAlgorithmsTest, PpoControllerCarriesTheKlCoefficient) {
+  JobSpec spec;
+  spec.algorithm = Algorithm::kPpo;
+  spec.ppo.kl_coef = 0.1;
+  spec.ppo.kl_target = 1.0;
+  spec.ppo.kl_horizon = 100;
+  RlController controller(spec);
+  EXPECT_DOUBLE_EQ(controller.ScoreParams().at("kl_coef"), 0.1);
+  controller.Observe({{"objective/kl", 10.0}});  // far above target: the coefficient grows
+  const double grown = controller.ScoreParams().at("kl_coef");
+  EXPECT_GT(grown, 0.1);
+  RlController resumed(spec);
+  resumed.Restore(controller.State());
+  EXPECT_DOUBLE_EQ(resumed.ScoreParams().at("kl_coef"), grown);
+  // Other algorithms carry nothing.
+  spec.algorithm = Algorithm::kRemax;
+  EXPECT_TRUE(RlController(spec).ScoreParams().empty());
+}
+
+TEST(RlAlgorithmsTest, GlobalMeansOfOneRankAreItsMeans) {
+  GlobalMeans means;
+  means.Add("a", 6.0, 3.0);
+  means.Add("b", 1.0, 4.0);
+  Metrics m;
+  ASSERT_TRUE(means.Reduce(*ProcessGroup::Solo(), m).ok());
+  EXPECT_DOUBLE_EQ(m.at("a"), 2.0);
+  EXPECT_DOUBLE_EQ(m.at("b"), 0.25);
 }
 
 }  // namespace

@@ -1,0 +1,456 @@
+#include "services/runtime/job_rank.h"
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/file.h"
+#include "base/status_macros.h"
+#include "rewards/rule_rewards.h"
+
+namespace strata::services {
+namespace {
+
+using nlohmann::json;
+using policies::Algorithm;
+using policies::Metrics;
+
+constexpr int64_t kEvalSamplesPerPrompt = 4;
+
+// The examples of a JSONL file, each checked for the fields it needs.
+absl::StatusOr<std::vector<json>> ReadJsonl(const std::string& path, const std::vector<std::string>& fields) {
+  STRATA_ASSIGN_OR_RETURN(auto text, ReadFileToString(path));
+  std::vector<json> rows;
+  size_t start = 0;
+  for (int line = 1; start < text.size(); ++line) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string row = text.substr(start, end - start);
+    start = end + 1;
+    if (row.find_first_not_of(" \t\r") == std::string::npos) continue;
+    json j = json::parse(row, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ":", line, ": not a JSON object"));
+    }
+    for (const auto& f : fields) {
+      if (!j.contains(f) || !j[f].is_string()) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ":", line, ": field '", f, "' (a string) is missing"));
+      }
+    }
+    rows.push_back(std::move(j));
+  }
+  if (rows.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no examples"));
+  return rows;
+}
+
+class Encoder {
+ public:
+  Encoder(const policies::Tokenizer& tokenizer, const policies::JobSpec& spec)
+      : tokenizer_(tokenizer), spec_(spec), eos_(tokenizer.eos_id()) {}
+  std::vector<int32_t> Prompt(const std::string& text) const {
+    std::vector<int32_t> ids = tokenizer_.EncodeForPrompt(text);
+    // Keep the end of an over-long prompt: it is what the response follows.
+    const size_t max = static_cast<size_t>(spec_.data.max_prompt_tokens);
+    if (ids.size() > max) ids.erase(ids.begin(), ids.end() - static_cast<std::ptrdiff_t>(max));
+    return ids;
+  }
+  std::vector<int32_t> Response(const std::string& text) const {
+    std::vector<int32_t> ids = tokenizer_.Encode(text);
+    const size_t max = static_cast<size_t>(spec_.data.max_response_tokens);
+    if (ids.size() + 1 > max) ids.resize(max - 1);
+    if (eos_ >= 0) ids.push_back(static_cast<int32_t>(eos_));
+    return ids;
+  }
+
+ private:
+  const policies::Tokenizer& tokenizer_;
+  const policies::JobSpec& spec_;
+  const int64_t eos_;
+};
+
+// Example indices of iteration `it`: epochs are reshuffled with the job
+// seed, so batch contents depend only on (seed, iteration) and a resumed
+// run sees the data an uninterrupted one would.
+std::vector<size_t> BatchIndices(size_t examples, int64_t batch, int64_t it, uint64_t seed) {
+  std::vector<size_t> out;
+  std::vector<size_t> order;
+  size_t order_epoch = SIZE_MAX;  // the epoch `order` was shuffled for
+  const size_t first = static_cast<size_t>(it * batch);
+  for (size_t k = first; k < first + static_cast<size_t>(batch); ++k) {
+    const size_t epoch = k / examples;
+    if (epoch != order_epoch) {  // a batch spans at most a few epochs
+      order.resize(examples);
+      std::iota(order.begin(), order.end(), 0);
+      std::mt19937_64 rng(seed * 1315423911ULL + epoch);
+      std::shuffle(order.begin(), order.end(), rng);
+      order_epoch = epoch;
+    }
+    out.push_back(order[k % examples]);
+  }
+  return out;
+}
+
+std::string CheckpointName(int64_t iteration) { return absl::StrFormat("iter-%06d", iteration); }
+
+// Writes a metrics line and flushes it to disk before the iteration counts as done.
+absl::Status AppendLine(const std::string& path, const std::string& line) {
+  std::ofstream out(path, std::ios::app);
+  out << line << '\n';
+  out.flush();
+  if (!out) return absl::ResourceExhaustedError(absl::StrCat("cannot append to metrics file ", path));
+  return absl::OkStatus();
+}
+
+// True when both paths name the same existing file or directory.
+bool SameFile(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  return std::filesystem::equivalent(a, b, ec) && !ec;
+}
+
+// Keeps the first `lines` lines of the metrics file (a resumed run rewrites
+// what came after its checkpoint).
+absl::Status TruncateLines(const std::string& path, int64_t lines) {
+  auto text = ReadFileToString(path);
+  if (!text.ok()) return text.status().code() == absl::StatusCode::kNotFound ? absl::OkStatus() : text.status();
+  size_t pos = 0;
+  for (int64_t i = 0; i < lines && pos < text->size(); ++i) {
+    const size_t nl = text->find('\n', pos);
+    pos = nl == std::string::npos ? text->size() : nl + 1;
+  }
+  return WriteFileAtomically(path, text->substr(0, pos));
+}
+
+double Param(const Metrics& params, const std::string& key, double fallback = 0) {
+  auto it = params.find(key);
+  return it == params.end() ? fallback : it->second;
+}
+
+}  // namespace
+
+// The job's examples, tokenized; every rank holds all of them and takes its
+// shard per iteration.
+struct JobRank::Data {
+  std::vector<policies::TextPair> sft;
+  std::vector<policies::PreferencePair> pairs, eval_pairs;
+  std::vector<std::vector<int32_t>> prompts, eval_prompts;
+  std::vector<std::string> eval_prompt_text;
+  rewards::RuleFn eval_rule;
+  size_t examples = 0;
+};
+
+std::pair<std::string, int64_t> LatestCheckpoint(const std::string& dir) {
+  std::pair<std::string, int64_t> best{"", -1};
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) return best;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("iter-", 0) != 0 || name.find('.') != std::string::npos) continue;
+    // state.json is written last: without it the checkpoint is incomplete.
+    if (!IsRegularFile(JoinPath(entry.path().string(), "state.json"))) continue;
+    const int64_t it = std::atoll(name.c_str() + 5);
+    if (it > best.second) best = {entry.path().string(), it};
+  }
+  return best;
+}
+
+JobRank::JobRank(const policies::JobSpec& spec, policies::WorkerGroup& models, const policies::Tokenizer& tokenizer,
+                 policies::ProcessGroup& gang, JobRankOptions options)
+    : spec_(spec), models_(models), tokenizer_(tokenizer), gang_(gang), options_(std::move(options)) {}
+
+JobRank::~JobRank() = default;
+
+absl::StatusOr<std::unique_ptr<JobRank>> JobRank::Create(const policies::JobSpec& spec, policies::WorkerGroup& models,
+                                                         const policies::Tokenizer& tokenizer,
+                                                         policies::ProcessGroup& gang, JobRankOptions options) {
+  if (gang.world_size() > spec.train.batch_size) {
+    return absl::InvalidArgumentError(absl::StrCat("parallel.workers (", gang.world_size(),
+                                                   ") exceeds train.batch_size (", spec.train.batch_size,
+                                                   "): every rank needs a share of the batch"));
+  }
+  std::unique_ptr<JobRank> rank(new JobRank(spec, models, tokenizer, gang, std::move(options)));
+  rank->metrics_path_ =
+      rank->options_.metrics_path.empty() ? JoinPath(spec.output_dir, "metrics.jsonl") : rank->options_.metrics_path;
+  if (gang.rank() == 0) {
+    std::error_code ec;
+    std::filesystem::create_directories(spec.output_dir, ec);
+    if (ec) {
+      return absl::PermissionDeniedError(absl::StrCat("output.dir: cannot create ", spec.output_dir, ": ", ec.message()));
+    }
+  }
+  auto data = std::make_unique<Data>();
+  const Encoder encode(tokenizer, spec);
+  auto read_pairs = [&](const std::string& path, std::vector<policies::PreferencePair>* out) -> absl::Status {
+    STRATA_ASSIGN_OR_RETURN(auto rows, ReadJsonl(path, {"prompt", "chosen", "rejected"}));
+    for (const auto& r : rows) {
+      out->push_back({encode.Prompt(r["prompt"]), encode.Response(r["chosen"]), encode.Response(r["rejected"])});
+    }
+    return absl::OkStatus();
+  };
+  const bool rl = spec.algorithm != Algorithm::kSft && spec.algorithm != Algorithm::kRewardModel;
+  if (spec.algorithm == Algorithm::kSft) {
+    STRATA_ASSIGN_OR_RETURN(auto rows, ReadJsonl(spec.data.train, {"prompt", "response"}));
+    for (const auto& r : rows) data->sft.push_back({encode.Prompt(r["prompt"]), encode.Response(r["response"])});
+    data->examples = data->sft.size();
+  } else if (spec.algorithm == Algorithm::kRewardModel) {
+    STRATA_RETURN_IF_ERROR(read_pairs(spec.data.train, &data->pairs));
+    if (!spec.data.eval.empty()) {
+      STRATA_RETURN_IF_ERROR(read_pairs(spec.data.eval, &data->eval_pairs));
+    }
+    data->examples = data->pairs.size();
+  } else {
+    STRATA_ASSIGN_OR_RETURN(auto rows, ReadJsonl(spec.data.train, {"prompt"}));
+    for (const auto& r : rows) data->prompts.push_back(encode.Prompt(r["prompt"]));
+    if (!spec.data.eval.empty()) {
+      STRATA_ASSIGN_OR_RETURN(auto eval_rows, ReadJsonl(spec.data.eval, {"prompt"}));
+      for (size_t i = 0; i < eval_rows.size() && static_cast<int64_t>(i) < spec.eval.prompts; ++i) {
+        data->eval_prompt_text.push_back(eval_rows[i]["prompt"]);
+        data->eval_prompts.push_back(encode.Prompt(data->eval_prompt_text.back()));
+      }
+    }
+    data->examples = data->prompts.size();
+    STRATA_ASSIGN_OR_RETURN(rank->algorithm_, policies::RlAlgorithm::Create(spec));
+    // RL evaluation: sampled responses to the eval prompts scored by the rule.
+    const std::string rule_name = !spec.eval.rule.empty() ? spec.eval.rule : spec.reward.rule;
+    if (spec.eval.every > 0 && !data->eval_prompts.empty()) {
+      if (rule_name.empty()) return absl::InvalidArgumentError("eval.rule is required to evaluate this job");
+      auto rule = rewards::MakeRule(rule_name);
+      if (!rule.ok()) return absl::InvalidArgumentError(absl::StrCat("eval.rule: ", rule.status().message()));
+      data->eval_rule = *rule;
+    }
+  }
+  (void)rl;
+  rank->data_ = std::move(data);
+  return rank;
+}
+
+std::vector<size_t> JobRank::ShardOf(int64_t iteration, std::vector<int64_t>* batch_index) const {
+  const auto all = BatchIndices(data_->examples, spec_.train.batch_size, iteration, spec_.train.seed);
+  std::vector<size_t> mine;
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (static_cast<int>(i % static_cast<size_t>(gang_.world_size())) != gang_.rank()) continue;
+    mine.push_back(all[i]);
+    if (batch_index) batch_index->push_back(static_cast<int64_t>(i));
+  }
+  return mine;
+}
+
+absl::StatusOr<PhaseReply> JobRank::Run(const PhaseRequest& request) {
+  const std::string& phase = request.phase;
+  PhaseReply reply;
+  if (phase == "find_checkpoint") return FindCheckpoint(request);
+  if (phase == "start") {
+    STRATA_RETURN_IF_ERROR(Start(request));
+    return reply;
+  }
+  if (phase == "commit") return Commit(request);
+  if (phase == "finish") {
+    if (gang_.rank() == 0) {
+      STRATA_RETURN_IF_ERROR(models_.SaveOutput(spec_.output_dir));
+    }
+    STRATA_RETURN_IF_ERROR(gang_.Barrier());
+    return reply;
+  }
+  if (phase == "evaluate") {
+    STRATA_ASSIGN_OR_RETURN(reply.metrics, Evaluate());
+    return reply;
+  }
+  const bool rl = algorithm_ != nullptr;
+  const bool known = rl ? (phase == "rollout" || phase == "score" || phase == "update") : phase == "train";
+  if (!known) {
+    return absl::InvalidArgumentError(absl::StrCat("phase '", phase, "' is not one of this ",
+                                                   policies::AlgorithmName(spec_.algorithm), " job's"));
+  }
+  // Timed and measured phases: the reply carries this rank's figures.
+  const std::string measured = phase == "train" ? "update" : phase;
+  const auto started = std::chrono::steady_clock::now();
+  models_.BeginPhase(measured);
+  if (phase == "rollout") {
+    std::vector<int64_t> index;
+    const auto rows = ShardOf(request.iteration, &index);
+    std::vector<policies::BatchPrompt> prompts;
+    for (size_t i = 0; i < rows.size(); ++i) prompts.push_back({index[i], data_->prompts[rows[i]]});
+    STRATA_RETURN_IF_ERROR(algorithm_->Rollout(models_, prompts, spec_.train.batch_size, request.iteration));
+  } else if (phase == "score") {
+    STRATA_ASSIGN_OR_RETURN(reply.metrics, algorithm_->Score(models_, gang_, request.params));
+  } else if (phase == "update") {
+    STRATA_ASSIGN_OR_RETURN(reply.metrics, algorithm_->Update(models_, gang_, request.iteration));
+  } else {
+    STRATA_ASSIGN_OR_RETURN(reply.metrics, Train(request.iteration));
+  }
+  reply.metrics["time/" + measured + "_s"] =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  for (const auto& [tier, bytes] : models_.PhaseMemory(measured).peak_bytes) {
+    reply.metrics["memory/" + tier + "_peak_bytes"] = static_cast<double>(bytes);
+  }
+  return reply;
+}
+
+absl::StatusOr<policies::Metrics> JobRank::Train(int64_t iteration) {
+  const auto rows = ShardOf(iteration, nullptr);
+  Metrics m;
+  if (spec_.algorithm == Algorithm::kSft) {
+    std::vector<policies::TextPair> batch;
+    for (size_t i : rows) batch.push_back(data_->sft[i]);
+    STRATA_ASSIGN_OR_RETURN(auto stats, models_.TrainSft(batch));
+    m["loss/train_avg"] = stats.loss;
+  } else {
+    std::vector<policies::PreferencePair> batch;
+    for (size_t i : rows) batch.push_back(data_->pairs[i]);
+    STRATA_ASSIGN_OR_RETURN(auto stats, models_.TrainRewardModel(batch));
+    m["loss/train_avg"] = stats.loss;
+    m["train/pairwise_accuracy"] = stats.accuracy;
+  }
+  return m;
+}
+
+absl::StatusOr<policies::Metrics> JobRank::Evaluate() {
+  Metrics m;
+  const size_t world = static_cast<size_t>(gang_.world_size());
+  const size_t me = static_cast<size_t>(gang_.rank());
+  policies::GlobalMeans means;
+  if (spec_.algorithm == Algorithm::kRewardModel && !data_->eval_pairs.empty()) {
+    std::vector<policies::PreferencePair> mine;
+    for (size_t i = me; i < data_->eval_pairs.size(); i += world) mine.push_back(data_->eval_pairs[i]);
+    double loss = 0, accuracy = 0;
+    if (!mine.empty()) {
+      STRATA_ASSIGN_OR_RETURN(auto stats, models_.EvaluateRewardModel(mine));
+      loss = stats.loss, accuracy = stats.accuracy;
+    }
+    const double n = static_cast<double>(mine.size());
+    means.Add("eval/pairwise_accuracy", accuracy * n, n);
+    means.Add("eval/loss", loss * n, n);
+  } else if (data_->eval_rule) {
+    // The policy is evaluated as it acts: sampled with the job's generation
+    // settings (a greedy decode can sit at the rule's maximum while the
+    // policy does not), with one fixed seed per prompt so evaluations compare.
+    policies::RolloutRequest request;
+    std::vector<size_t> which;
+    for (size_t i = me; i < data_->eval_prompts.size(); i += world) {
+      request.prompts.push_back(data_->eval_prompts[i]);
+      which.push_back(i);
+    }
+    request.samples_per_prompt = kEvalSamplesPerPrompt;
+    request.sampling.temperature = spec_.generation.temperature;
+    request.sampling.top_p = spec_.generation.top_p;
+    request.sampling.top_k = spec_.generation.top_k;
+    request.sampling.max_new_tokens = spec_.generation.max_new_tokens;
+    request.sampling.seed = policies::IterationSeed(spec_.train.seed, -1);
+    for (size_t i : which) request.sampling.row_seeds.push_back(policies::IterationSeed(request.sampling.seed, i));
+    double total = 0, count = 0;
+    if (!request.prompts.empty()) {
+      STRATA_ASSIGN_OR_RETURN(auto rollouts, models_.Generate(request));
+      for (const auto& r : rollouts) {
+        if (r.prompt_index < 0 || static_cast<size_t>(r.prompt_index) >= which.size()) {
+          return absl::InternalError(absl::StrCat("evaluation rollout of prompt ", r.prompt_index,
+                                                  " does not fit the batch"));
+        }
+        total += data_->eval_rule(data_->eval_prompt_text[which[static_cast<size_t>(r.prompt_index)]],
+                                  tokenizer_.Decode(r.response));
+        count += 1;
+      }
+    }
+    means.Add("eval/score", total, count);
+  } else {
+    return m;
+  }
+  STRATA_RETURN_IF_ERROR(means.Reduce(gang_, m));
+  return m;
+}
+
+absl::StatusOr<PhaseReply> JobRank::FindCheckpoint(const PhaseRequest& request) {
+  PhaseReply reply;
+  auto [dir, iteration] = LatestCheckpoint(spec_.checkpoint.dir);
+  if (dir.empty()) return reply;
+  STRATA_ASSIGN_OR_RETURN(auto state_text, ReadFileToString(JoinPath(dir, "state.json")));
+  json state = json::parse(state_text, nullptr, false);
+  if (state.is_discarded() || !state.is_object() || !state.contains("metrics_lines") ||
+      !state["metrics_lines"].is_number_integer()) {
+    return absl::DataLossError(absl::StrCat(dir, "/state.json is corrupt"));
+  }
+  if (state.contains("run_id") && !state["run_id"].is_string()) {
+    return absl::DataLossError(absl::StrCat(dir, "/state.json: run_id is not a string"));
+  }
+  const std::string owner = state.value("run_id", std::string());
+  const bool known_own = owner.empty() && !request.text.empty() && SameFile(dir, request.text);
+  if (!options_.run_id.empty() && owner != options_.run_id && !known_own) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint.dir ", spec_.checkpoint.dir, " holds checkpoints of ",
+        owner.empty() ? std::string("an earlier run") : absl::StrCat("job ", owner), " (newest: ", dir,
+        "); give job ", options_.run_id, " its own output.dir, or remove that run's outputs"));
+  }
+  reply.text = dir;
+  reply.metrics["iteration"] = static_cast<double>(iteration);
+  reply.metrics["metrics_lines"] = static_cast<double>(state["metrics_lines"].get<int64_t>());
+  if (state.contains("algorithm") && state["algorithm"].is_object()) {
+    for (const auto& [key, value] : state["algorithm"].items()) {
+      if (!value.is_number()) return absl::DataLossError(absl::StrCat(dir, "/state.json: algorithm.", key));
+      reply.metrics["state/" + key] = value.get<double>();
+    }
+  }
+  return reply;
+}
+
+absl::Status JobRank::Start(const PhaseRequest& request) {
+  if (!request.text.empty()) {
+    STRATA_RETURN_IF_ERROR(models_.LoadCheckpoint(request.text));
+  }
+  if (gang_.rank() == 0) {
+    if (request.text.empty()) {
+      STRATA_RETURN_IF_ERROR(WriteFileAtomically(metrics_path_, ""));
+    } else {
+      STRATA_RETURN_IF_ERROR(
+          TruncateLines(metrics_path_, static_cast<int64_t>(Param(request.params, "metrics_lines"))));
+    }
+  }
+  return gang_.Barrier();
+}
+
+absl::StatusOr<PhaseReply> JobRank::Commit(const PhaseRequest& request) {
+  PhaseReply reply;
+  if (gang_.rank() == 0) {
+    STRATA_RETURN_IF_ERROR(AppendLine(metrics_path_, request.text));
+  }
+  if (Param(request.params, "checkpoint") == 0) return reply;
+  // Written under a temporary name and renamed, state.json last: a crash
+  // mid-write leaves no directory that looks complete. The weights and
+  // optimizer states are the same on every rank; rank 0 writes them.
+  const std::string final_dir = JoinPath(spec_.checkpoint.dir, CheckpointName(request.iteration + 1));
+  const std::string tmp_dir = final_dir + ".tmp";
+  absl::Status written;
+  if (gang_.rank() == 0) {
+    std::error_code ec;
+    std::filesystem::remove_all(tmp_dir, ec);
+    std::filesystem::create_directories(tmp_dir, ec);
+    if (ec) return absl::PermissionDeniedError(absl::StrCat("checkpoint.dir: cannot create ", tmp_dir));
+    written = models_.SaveCheckpoint(tmp_dir);
+    if (written.ok()) {
+      json algorithm = json::object();
+      for (const auto& [key, value] : request.params) {
+        if (key.rfind("state/", 0) == 0) algorithm[key.substr(6)] = value;
+      }
+      json state{{"iteration", request.iteration + 1},
+                 {"metrics_lines", static_cast<int64_t>(Param(request.params, "metrics_lines"))},
+                 {"run_id", options_.run_id},
+                 {"world_size", gang_.world_size()},
+                 {"algorithm", algorithm}};
+      written = WriteFileAtomically(JoinPath(tmp_dir, "state.json"), state.dump());
+    }
+    if (written.ok()) {
+      std::filesystem::remove_all(final_dir, ec);
+      std::filesystem::rename(tmp_dir, final_dir, ec);
+      if (ec) written = absl::InternalError(absl::StrCat("checkpoint: rename ", tmp_dir, ": ", ec.message()));
+    }
+  }
+  STRATA_RETURN_IF_ERROR(written);
+  STRATA_RETURN_IF_ERROR(gang_.Barrier());
+  reply.text = final_dir;
+  return reply;
+}
+
+}  // namespace strata::services

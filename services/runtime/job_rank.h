@@ -1,0 +1,108 @@
+// One rank's part of a job: its models (a WorkerGroup), the job's data read
+// and tokenized where the rank runs, its shard of every global batch, and
+// the algorithm's state between phases. The driver (RunJob: the
+// coordinator, or `strata train`) sends the same PhaseRequest to every rank
+// of the gang and gets scalars back; prompts, rollouts, scores, advantages
+// and weights never leave the ranks.
+#ifndef STRATA_SERVICES_RUNTIME_JOB_RANK_H_
+#define STRATA_SERVICES_RUNTIME_JOB_RANK_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "policies/dist/process_group.h"
+#include "policies/job/job_spec.h"
+#include "policies/rl/rl_algorithms.h"
+#include "policies/rl/worker_group.h"
+#include "policies/tokenizer/tokenizer.h"
+
+namespace strata::services {
+
+// The phases, in the order a run uses them:
+//   find_checkpoint  the newest complete checkpoint this run may continue:
+//                    reply text = its directory ("" for none), metrics
+//                    "iteration", "metrics_lines" and "state/<key>" (the
+//                    driver's scalars). `text` names a checkpoint the job
+//                    store knows to be this run's (written before checkpoints
+//                    recorded their run); FAILED_PRECONDITION for another
+//                    run's checkpoints.
+//   start            loads checkpoint `text` ("" starts afresh); rank 0 keeps
+//                    the first params["metrics_lines"] lines of the metrics
+//                    file.
+//   rollout, score, update   one RL iteration (score takes params such as
+//                    "kl_coef"); train: one SFT or reward-model step.
+//   evaluate         eval/* metrics of the whole eval set (none configured:
+//                    no metrics).
+//   commit           rank 0 appends `text` (the iteration's metrics line) to
+//                    the metrics file; with params["checkpoint"] = 1 every
+//                    rank writes its part of checkpoint iter-<iteration+1>
+//                    and the reply's text names it once complete.
+//                    params["state/<key>"] are recorded in it.
+//   finish           rank 0 writes the trained model to output.dir.
+// Replies carry time/<phase>_s and memory/<tier>_peak_bytes of the phase
+// as this rank saw it; every other metric is the gang's.
+struct PhaseRequest {
+  std::string phase;
+  int64_t iteration = 0;
+  policies::Metrics params;
+  std::string text;
+};
+
+struct PhaseReply {
+  policies::Metrics metrics;
+  std::string text;
+};
+
+struct JobRankOptions {
+  // One JSON object per iteration goes here (rank 0); "" = <output.dir>/metrics.jsonl.
+  std::string metrics_path;
+  // Names this run in its checkpoints (the service uses the job id).
+  std::string run_id;
+};
+
+class JobRank {
+ public:
+  // Reads and tokenizes the job's data and checks what its loop will need
+  // (an eval rule); errors name the spec key or file. `models` and `gang`
+  // must outlive the rank. The gang may not be larger than the batch.
+  static absl::StatusOr<std::unique_ptr<JobRank>> Create(const policies::JobSpec& spec,
+                                                         policies::WorkerGroup& models,
+                                                         const policies::Tokenizer& tokenizer,
+                                                         policies::ProcessGroup& gang, JobRankOptions options);
+  ~JobRank();
+
+  // Runs one phase; INVALID_ARGUMENT for an unknown one.
+  absl::StatusOr<PhaseReply> Run(const PhaseRequest& request);
+
+  // The prompt rows of iteration `it` this rank holds, with their indices in
+  // the global batch: row i goes to rank i mod N.
+  std::vector<size_t> ShardOf(int64_t iteration, std::vector<int64_t>* batch_index) const;
+
+ private:
+  struct Data;
+  JobRank(const policies::JobSpec& spec, policies::WorkerGroup& models, const policies::Tokenizer& tokenizer,
+          policies::ProcessGroup& gang, JobRankOptions options);
+  absl::StatusOr<PhaseReply> FindCheckpoint(const PhaseRequest& request);
+  absl::Status Start(const PhaseRequest& request);
+  absl::StatusOr<policies::Metrics> Train(int64_t iteration);
+  absl::StatusOr<policies::Metrics> Evaluate();
+  absl::StatusOr<PhaseReply> Commit(const PhaseRequest& request);
+
+  const policies::JobSpec spec_;
+  policies::WorkerGroup& models_;
+  const policies::Tokenizer& tokenizer_;
+  policies::ProcessGroup& gang_;
+  const JobRankOptions options_;
+  std::string metrics_path_;
+  std::unique_ptr<Data> data_;
+  std::unique_ptr<policies::RlAlgorithm> algorithm_;
+};
+
+// The newest complete checkpoint under `dir` ("" if none) and its iteration.
+std::pair<std::string, int64_t> LatestCheckpoint(const std::string& dir);
+
+}  // namespace strata::services
+
+#endif  // STRATA_SERVICES_RUNTIME_JOB_RANK_H_

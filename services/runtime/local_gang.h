@@ -1,0 +1,53 @@
+// A job's gang inside this process: N ranks, each with its own models (a
+// LocalWorkerGroup) and JobRank, on their own threads, meeting through a
+// Gloo process group over loopback. `strata train` runs a gang of one
+// (no c10d at all) or, with --workers N, of N; tests compare the two.
+#ifndef STRATA_SERVICES_RUNTIME_LOCAL_GANG_H_
+#define STRATA_SERVICES_RUNTIME_LOCAL_GANG_H_
+
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "policies/dist/process_group.h"
+#include "policies/job/job_spec.h"
+#include "services/runtime/job_rank.h"
+#include "services/runtime/job_runner.h"
+#include "services/runtime/local_worker_group.h"
+
+namespace strata::services {
+
+class LocalGang final : public Gang {
+ public:
+  // Loads `ranks` copies of the job's models and data. UNIMPLEMENTED for
+  // more than one rank in a build without Gloo.
+  static absl::StatusOr<std::unique_ptr<LocalGang>> Create(const policies::JobSpec& spec, int ranks,
+                                                           const JobRankOptions& options,
+                                                           std::chrono::milliseconds timeout = std::chrono::seconds(60));
+  // One rank over models held elsewhere (which must outlive the gang).
+  static absl::StatusOr<std::unique_ptr<LocalGang>> Over(const policies::JobSpec& spec,
+                                                         policies::WorkerGroup& models,
+                                                         const policies::Tokenizer& tokenizer,
+                                                         const JobRankOptions& options);
+  ~LocalGang() override;
+
+  absl::StatusOr<PhaseReply> Run(const PhaseRequest& request) override;
+
+  int size() const { return static_cast<int>(ranks_.size()); }
+  // Rank r's models (Create only).
+  LocalWorkerGroup& models(int r) { return *ranks_[static_cast<size_t>(r)].models; }
+
+ private:
+  struct Rank {
+    std::unique_ptr<policies::ProcessGroup> group;
+    std::unique_ptr<LocalWorkerGroup> models;
+    std::unique_ptr<JobRank> job;
+  };
+  LocalGang() = default;
+  std::vector<Rank> ranks_;
+};
+
+}  // namespace strata::services
+
+#endif  // STRATA_SERVICES_RUNTIME_LOCAL_GANG_H_
