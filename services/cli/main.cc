@@ -175,6 +175,10 @@ struct ServerCommands {
     coordinator->add_option("--tls-cert", coord.tls.cert, "PEM certificate (enables TLS)");
     coordinator->add_option("--tls-key", coord.tls.key, "PEM private key");
     coordinator->add_option("--tls-ca", coord.tls.ca, "PEM CA: require client certificates (mTLS)");
+    coordinator
+        ->add_option("--collective-timeout-ms", coord.collective_timeout_ms,
+                     "how long a job's ranks wait in a collective for a rank that died or hangs")
+        ->check(CLI::Range(1000, 3600000));
     coordinator->callback(
         [&] { run = [&] { return Finish("coordinator", strata::services::RunCoordinatorServer(coord)); }; });
     auto* worker = app.add_subcommand("worker", "Run a worker that holds a job's models (gRPC)");

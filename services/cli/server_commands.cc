@@ -81,6 +81,7 @@ absl::StatusOr<std::string> RunCoordinatorServer(const CoordinatorCommand& comma
   CoordinatorOptions options;
   options.token = security.token;
   options.worker_tls.ca = command.tls.ca;
+  options.collective_timeout_ms = command.collective_timeout_ms;
   auto service = std::make_unique<CoordinatorService>(store->get(), options);
   STRATA_RETURN_IF_ERROR(service->Start());
   grpc::ServerBuilder builder;
@@ -117,6 +118,13 @@ absl::StatusOr<std::string> RunWorkerServer(const WorkerCommand& command) {
     return absl::UnavailableError(absl::StrCat("--listen: cannot listen on ", command.listen));
   }
   STRATA_LOG(Info) << options.worker_id << " listening on " << command.listen;
+  // Health says SERVING only while the worker is registered: a job can be
+  // scheduled on it exactly then (readiness probes and tests wait for it).
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  auto set_ready = [health](bool ready) {
+    if (health != nullptr) health->SetServingStatus(ready);
+  };
+  set_ready(false);
 
   // Registration and heartbeats until shutdown. A coordinator that is down or
   // restarting is retried; an expired registration is renewed.
@@ -148,6 +156,7 @@ absl::StatusOr<std::string> RunWorkerServer(const WorkerCommand& command) {
         status = stub->RegisterWorker(&context, request, &response);
         if (status.ok()) {
           registered = true;
+          set_ready(true);
           interval_ms = static_cast<int>(std::max<int64_t>(100, response.heartbeat_interval_ms()));
           STRATA_LOG(Info) << options.worker_id << " registered with " << command.coordinator;
         }
@@ -164,6 +173,7 @@ absl::StatusOr<std::string> RunWorkerServer(const WorkerCommand& command) {
                             << status.error_message();
         registered = false;
       }
+      if (!registered) set_ready(false);
       std::unique_lock<std::mutex> lock(mu);
       cv.wait_for(lock, std::chrono::milliseconds(interval_ms), [&] { return stop.load(); });
     }

@@ -16,6 +16,9 @@ struct CoordinatorCommand {
   std::string redis = "redis://127.0.0.1:6379";
   std::string token_file;
   TlsFiles tls;
+  // Bounds forming a gang and each collective in it: how long the ranks of
+  // a job wait for one that died or hangs before the job is requeued.
+  int collective_timeout_ms = 60000;
 };
 
 struct WorkerCommand {

@@ -9,9 +9,8 @@
 #include "base/status_macros.h"
 #include "policies/job/job_spec.h"
 #include "policies/job/memory_plan.h"
-#include "policies/tokenizer/tokenizer.h"
 #include "services/runtime/job_runner.h"
-#include "services/runtime/local_gang.h"
+#include "services/coordinator/remote_gang.h"
 #include "services/coordinator/remote_worker_group.h"
 #include "services/rpc/wire.h"
 
@@ -183,29 +182,24 @@ absl::Status CoordinatorService::Submit(const v1::SubmitJobRequest& request, v1:
   STRATA_ASSIGN_OR_RETURN(auto yaml, policies::ApplyOverrides(request.spec_yaml(), overrides, "spec"));
   STRATA_ASSIGN_OR_RETURN(auto spec, policies::ParseJobSpec(yaml, {}, "spec"));
   if (spec.parallel.workers > 1) {
-    return absl::UnimplementedError(absl::StrCat(
-        "spec key 'parallel.workers' (", spec.parallel.workers,
-        "): the service runs a job on one worker for now; run it with `strata train --workers N`"));
+    STRATA_ASSIGN_OR_RETURN(auto registered, store_->ListWorkers());
+    if (static_cast<int64_t>(registered.size()) < spec.parallel.workers) {
+      return absl::ResourceExhaustedError(absl::StrCat("spec key 'parallel.workers' asks for ", spec.parallel.workers,
+                                                       " workers; ", registered.size(), " are registered"));
+    }
   }
   if (spec.train.batch_size > options_.max_batch_size) {
     return absl::ResourceExhaustedError(absl::StrCat("spec key 'train.batch_size' (", spec.train.batch_size,
                                                      ") exceeds what workers accept (", options_.max_batch_size, ")"));
   }
-  // Paths resolve on the workers: checked against a registered worker's
-  // working directory (the workers share one file system in the supported
-  // deployments), so a missing model is reported now, not at load.
+  // Paths resolve on the workers, which report a missing model or data file
+  // when they start the job (naming the spec key); the coordinator opens no
+  // job file. Admission: the model states the memory planner expects must
+  // fit the largest registered worker's host RAM (and device budget). It
+  // needs the models' config.json and is skipped where the coordinator
+  // cannot see them.
   const std::string worker_dir = AnyWorkerDirectory();
   const policies::JobSpec resolved = worker_dir.empty() ? spec : policies::ResolvePaths(spec, worker_dir);
-  for (auto [key, model] : {std::pair{"actor", &resolved.actor}, std::pair{"reference", &resolved.reference},
-                            std::pair{"reward", &resolved.reward}, std::pair{"critic", &resolved.critic}}) {
-    const bool checkable = !model->path.empty() && (model->path[0] == '/');
-    if (checkable && !IsDirectory(model->path)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("spec key 'models.", key, ".path': ", model->path, " is not a model directory"));
-    }
-  }
-  // Admission: the model states the memory planner expects must fit the
-  // largest registered worker's host RAM (and device budget, when it has one).
   if (!worker_dir.empty()) {
     auto plan = policies::PlanModelStates(resolved);
     if (plan.ok()) {
@@ -353,6 +347,16 @@ grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerCont
   });
 }
 
+namespace {
+
+// Workers a queued job needs (parallel.workers); 1 for a spec that no longer parses.
+int64_t GangSize(const JobRecord& job) {
+  auto spec = policies::ParseJobSpec(job.spec_yaml, {}, "job");
+  return spec.ok() ? spec->parallel.workers : 1;
+}
+
+}  // namespace
+
 void CoordinatorService::SchedulerLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
@@ -366,61 +370,77 @@ void CoordinatorService::SchedulerLoop() {
     }
     finished_runs_.clear();
     lock.unlock();
+    // Redis is only called with mu_ released: heartbeats and RPC handlers take it.
     auto queued = store_->ListByState(JobState::kQueued);
     auto workers = store_->ListWorkers();
-    lock.lock();
     if (queued.ok() && workers.ok()) {
       std::sort(queued->begin(), queued->end(),
                 [](const JobRecord& a, const JobRecord& b) { return a.created_unix_ms < b.created_unix_ms; });
-      auto job = queued->begin();
-      for (const WorkerRecord& worker : *workers) {
-        if (job == queued->end()) break;
-        if (busy_workers_.count(worker.id)) continue;
-        auto running = store_->Transition(job->id, {JobState::kQueued}, JobState::kRunning, {{"worker", worker.id}});
-        ++job;
-        if (!running.ok()) continue;  // cancelled or taken meanwhile
-        busy_workers_.insert(worker.id);
-        Publish(running->id, "state", nlohmann::json{{"state", "RUNNING"}, {"worker", worker.id}}.dump());
+      for (const JobRecord& job : *queued) {
+        // Reserve a gang of idle workers under the lock, then claim the job.
+        const int64_t size = GangSize(job);
+        std::vector<WorkerRecord> gang;
+        {
+          std::lock_guard<std::mutex> guard(mu_);
+          for (const WorkerRecord& worker : *workers) {
+            if (static_cast<int64_t>(gang.size()) == size) break;
+            if (!busy_workers_.count(worker.id)) gang.push_back(worker);
+          }
+          if (static_cast<int64_t>(gang.size()) < size) continue;  // stays QUEUED until enough are free
+          for (const WorkerRecord& w : gang) busy_workers_.insert(w.id);
+        }
+        std::string ids;
+        for (const WorkerRecord& w : gang) ids += (ids.empty() ? "" : ",") + w.id;
+        auto running = store_->Transition(job.id, {JobState::kQueued}, JobState::kRunning, {{"worker", ids}});
+        std::lock_guard<std::mutex> guard(mu_);
+        if (!running.ok()) {  // cancelled or taken meanwhile
+          for (const WorkerRecord& w : gang) busy_workers_.erase(w.id);
+          continue;
+        }
         const uint64_t run = next_run_++;
-        job_threads_[run] = std::thread([this, run, r = *running, worker] { RunOnWorker(run, r, worker); });
+        job_threads_[run] = std::thread([this, run, r = *running, gang] {
+          Publish(r.id, "state", nlohmann::json{{"state", "RUNNING"}, {"worker", r.worker}}.dump());
+          RunOnGang(run, r, gang);
+        });
       }
     } else {
       STRATA_LOG(Warning) << "scheduler: " << (queued.ok() ? workers.status() : queued.status());
     }
+    lock.lock();
     cv_.wait_for(lock, std::chrono::milliseconds(options_.scheduler_interval_ms));
+    lock.unlock();
     WakeAllWatchers();  // lets parked watchers notice jobs that ended
+    lock.lock();
   }
 }
 
-void CoordinatorService::RunOnWorker(uint64_t run, JobRecord job, WorkerRecord worker) {
+void CoordinatorService::RunOnGang(uint64_t run, JobRecord job, std::vector<WorkerRecord> workers) {
   auto finish = [&] {
     std::lock_guard<std::mutex> lock(mu_);
-    busy_workers_.erase(worker.id);
+    for (const WorkerRecord& w : workers) busy_workers_.erase(w.id);
     finished_runs_.insert(run);
     cv_.notify_all();
   };
-  std::unique_ptr<RemoteWorkerGroup> group;  // set once the worker is asked to load
+  std::string names;
+  for (const WorkerRecord& w : workers) names += (names.empty() ? "" : ", ") + w.id;
+  std::unique_ptr<RemoteGang> gang;  // set once every rank has joined
   auto run_job = [&]() -> absl::Status {
     auto spec = policies::ParseJobSpec(job.spec_yaml, {}, absl::StrCat("job ", job.id));
     if (!spec.ok()) return spec.status();
     STRATA_ASSIGN_OR_RETURN(auto channel_credentials, MakeChannelCredentials(options_.worker_tls));
-    RemoteWorkerOptions remote;
-    remote.address = worker.address;
-    remote.token = options_.worker_token.empty() ? options_.token : options_.worker_token;
-    remote.job_id = job.id;
-    STRATA_ASSIGN_OR_RETURN(group, RemoteWorkerGroup::Create(remote, channel_credentials));
-    STRATA_ASSIGN_OR_RETURN(auto loaded, group->LoadModels(job.spec_yaml));
-    // The loop reads data and writes checkpoints where the worker resolves
-    // the spec's relative paths.
-    *spec = policies::ResolvePaths(*spec, loaded.working_directory);
-    std::string tokenizer_path = loaded.tokenizer_path;
-    if (!tokenizer_path.empty() && tokenizer_path[0] != '/') {
-      tokenizer_path = JoinPath(loaded.working_directory, tokenizer_path);
+    std::vector<std::unique_ptr<RemoteWorkerGroup>> ranks;
+    for (const WorkerRecord& worker : workers) {
+      RemoteWorkerOptions remote;
+      remote.address = worker.address;
+      remote.token = options_.worker_token.empty() ? options_.token : options_.worker_token;
+      remote.job_id = job.id;
+      STRATA_ASSIGN_OR_RETURN(auto rank, RemoteWorkerGroup::Create(remote, channel_credentials));
+      ranks.push_back(std::move(rank));
     }
-    STRATA_ASSIGN_OR_RETURN(auto tokenizer, policies::Tokenizer::Load(tokenizer_path));
-    JobRankOptions rank;
-    rank.run_id = job.id;  // resume continues only this job's checkpoints
-    STRATA_ASSIGN_OR_RETURN(auto gang, LocalGang::Over(*spec, *group, *tokenizer, rank));
+    STRATA_ASSIGN_OR_RETURN(gang, RemoteGang::Start(std::move(ranks), job.spec_yaml,
+                                                    std::chrono::milliseconds(options_.collective_timeout_ms)));
+    // The loop below opens no file: data, tokenizer, checkpoints and the
+    // metrics file are the ranks'; only scalars come back.
     JobRunOptions run;
     run.resume = true;  // a requeued job continues from its last checkpoint
     run.own_checkpoint = job.checkpoint_dir;
@@ -436,18 +456,17 @@ void CoordinatorService::RunOnWorker(uint64_t run, JobRecord job, WorkerRecord w
       return current.ok() && current->state == JobState::kCancelled;
     };
     absl::Status ran = RunJob(*spec, *gang, run);
-    (void)(group)->Unload();
+    gang->Unload();
     return ran;
   };
-  // The loop runs libtorch and JSON code on what workers and files say; an
-  // exception there fails this job (and unloads its worker), never the
-  // coordinator and its other jobs.
+  // The loop runs JSON code on what workers say; an exception there fails
+  // this job (and unloads its workers), never the coordinator and its other jobs.
   absl::Status status;
   try {
     status = run_job();
   } catch (const std::exception& e) {
-    status = absl::InternalError(absl::StrCat("job ", job.id, " on worker ", worker.id, ": ", e.what()));
-    if (group != nullptr) (void)group->Unload();
+    status = absl::InternalError(absl::StrCat("job ", job.id, " on workers ", names, ": ", e.what()));
+    if (gang != nullptr) gang->Unload();
   }
 
   if (status.ok()) {
@@ -457,11 +476,11 @@ void CoordinatorService::RunOnWorker(uint64_t run, JobRecord job, WorkerRecord w
   } else if (status.code() == absl::StatusCode::kCancelled) {
     // CancelJob already recorded the state and the event.
   } else if (status.code() == absl::StatusCode::kUnavailable || status.code() == absl::StatusCode::kDeadlineExceeded) {
-    // The worker is gone: back to the queue; the next run resumes from the
-    // last checkpoint on another (or the restarted) worker.
+    // A worker is gone (or a rank's collective timed out with it): back to
+    // the queue; the next run resumes from the last checkpoint on a new gang.
     if (store_->Transition(job.id, {JobState::kRunning}, JobState::kQueued, {{"worker", ""}}).ok()) {
-      Publish(job.id, "log", nlohmann::json{{"message", absl::StrCat("worker ", worker.id, " lost: ",
-                                                                     status.message(), "; job requeued")}}.dump());
+      Publish(job.id, "log", nlohmann::json{{"message", absl::StrCat("gang (", names, ") lost: ", status.message(),
+                                                                     "; job requeued")}}.dump());
       Publish(job.id, "state", nlohmann::json{{"state", "QUEUED"}}.dump());
     }
   } else {

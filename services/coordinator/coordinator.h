@@ -39,6 +39,9 @@ struct CoordinatorOptions {
   int scheduler_interval_ms = 200;
   // Largest train.batch_size accepted.
   int64_t max_batch_size = 4096;
+  // Bounds forming a job's gang and each of its collectives: a rank that
+  // died or hangs fails the others' collectives within this (c10d timeout).
+  int collective_timeout_ms = 60000;
 };
 
 class WatchReactor;
@@ -81,7 +84,7 @@ class CoordinatorService final : public strata::v1::Coordinator::CallbackService
   grpc::ServerUnaryReactor* Handle(grpc::CallbackServerContext* context, std::function<absl::Status()> work);
   absl::Status Submit(const strata::v1::SubmitJobRequest& request, strata::v1::Job* response);
   void SchedulerLoop();
-  void RunOnWorker(uint64_t run, JobRecord job, WorkerRecord worker);
+  void RunOnGang(uint64_t run, JobRecord job, std::vector<WorkerRecord> workers);
   // Where workers resolve relative spec paths (from registration and heartbeats).
   void RememberWorkerDirectory(const std::string& worker_id, const std::string& dir);
   std::string AnyWorkerDirectory();

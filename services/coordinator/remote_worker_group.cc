@@ -1,5 +1,7 @@
 #include "services/coordinator/remote_worker_group.h"
 
+#include <cmath>
+
 #include <algorithm>
 #include <tuple>
 #include <utility>
@@ -136,6 +138,59 @@ absl::StatusOr<RemoteWorkerGroup::Loaded> RemoteWorkerGroup::LoadModels(const st
   return Loaded{response.tokenizer_path(), response.working_directory()};
 }
 
+absl::StatusOr<int> RemoteWorkerGroup::OpenRendezvous(int world_size, std::chrono::milliseconds timeout) {
+  v1::OpenRendezvousRequest request;
+  request.set_job_id(options_.job_id);
+  request.set_world_size(world_size);
+  request.set_timeout_ms(timeout.count());
+  v1::OpenRendezvousResponse response;
+  STRATA_RETURN_IF_ERROR(
+      Call("OpenRendezvous", &v1::Worker::Stub::OpenRendezvous, options_.control_timeout, request, &response));
+  if (response.port() <= 0 || response.port() > 65535) {
+    return BadReply(options_.address, "OpenRendezvous", absl::InvalidArgumentError(absl::StrCat("port ", response.port())));
+  }
+  return response.port();
+}
+
+absl::StatusOr<RemoteWorkerGroup::Loaded> RemoteWorkerGroup::StartRank(const std::string& spec_yaml, int rank,
+                                                                       int world_size,
+                                                                       const std::string& rendezvous_host,
+                                                                       int rendezvous_port,
+                                                                       std::chrono::milliseconds timeout) {
+  v1::StartRankRequest request;
+  request.set_job_id(options_.job_id);
+  request.set_spec_yaml(spec_yaml);
+  request.set_rank(rank);
+  request.set_world_size(world_size);
+  request.set_rendezvous_host(rendezvous_host);
+  request.set_rendezvous_port(rendezvous_port);
+  request.set_timeout_ms(timeout.count());
+  v1::LoadModelsResponse response;
+  STRATA_RETURN_IF_ERROR(Call("StartRank", &v1::Worker::Stub::StartRank, options_.work_timeout, request, &response));
+  return Loaded{response.tokenizer_path(), response.working_directory()};
+}
+
+absl::StatusOr<services::PhaseReply> RemoteWorkerGroup::RunPhase(const services::PhaseRequest& request) {
+  v1::PhaseRequest call;
+  call.set_job_id(options_.job_id);
+  call.set_phase(request.phase);
+  call.set_iteration(request.iteration);
+  call.mutable_params()->insert(request.params.begin(), request.params.end());
+  call.set_text(request.text);
+  v1::PhaseReply response;
+  STRATA_RETURN_IF_ERROR(Call("RunPhase", &v1::Worker::Stub::RunPhase, options_.work_timeout, call, &response));
+  services::PhaseReply reply;
+  for (const auto& [key, value] : response.metrics()) {
+    if (!std::isfinite(value)) {  // JSON has no NaN; a diverged loss stops the job here, named
+      return absl::InternalError(
+          absl::StrCat("worker ", options_.address, ": ", request.phase, " metric ", key, " is ", value));
+    }
+    reply.metrics[key] = value;
+  }
+  reply.text = response.text();
+  return reply;
+}
+
 absl::Status RemoteWorkerGroup::Unload() {
   v1::UnloadRequest request;
   request.set_job_id(options_.job_id);
@@ -220,7 +275,7 @@ absl::StatusOr<policies::TrainStats> RemoteWorkerGroup::EvaluateRewardModel(
 
 namespace {
 
-v1::BeginPhaseRequest PhaseRequest(const std::string& job_id, const std::string& phase) {
+v1::BeginPhaseRequest PhaseCall(const std::string& job_id, const std::string& phase) {
   v1::BeginPhaseRequest call;
   call.set_job_id(job_id);
   call.set_phase(phase);
@@ -244,7 +299,7 @@ std::map<std::string, int64_t> RemoteWorkerGroup::calls() const {
 policies::MemoryStats RemoteWorkerGroup::BeginPhase(const std::string& phase) {
   v1::PhaseMemory response;
   if (auto s = Call("BeginPhase", &v1::Worker::Stub::BeginPhase, options_.control_timeout,
-                    PhaseRequest(options_.job_id, phase), &response);
+                    PhaseCall(options_.job_id, phase), &response);
       !s.ok()) {
     STRATA_LOG(Warning) << s;
     return {};
@@ -255,7 +310,7 @@ policies::MemoryStats RemoteWorkerGroup::BeginPhase(const std::string& phase) {
 policies::MemoryStats RemoteWorkerGroup::PhaseMemory(const std::string& phase) {
   v1::PhaseMemory response;
   if (auto s = Call("GetPhaseMemory", &v1::Worker::Stub::GetPhaseMemory, options_.control_timeout,
-                    PhaseRequest(options_.job_id, phase), &response);
+                    PhaseCall(options_.job_id, phase), &response);
       !s.ok()) {
     STRATA_LOG(Warning) << s;
     return {};

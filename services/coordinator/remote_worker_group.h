@@ -25,6 +25,7 @@
 
 #include "absl/status/statusor.h"
 #include "policies/rl/worker_group.h"
+#include "services/runtime/job_rank.h"
 #include "strata/v1/worker.grpc.pb.h"
 
 namespace strata::services {
@@ -68,6 +69,13 @@ class RemoteWorkerGroup final : public policies::WorkerGroup {
   // Asks the worker to load `spec_yaml` (a validated spec, overrides applied;
   // paths resolve on the worker) for options.job_id.
   absl::StatusOr<Loaded> LoadModels(const std::string& spec_yaml);
+  // The gang calls (see worker.proto): rank 0's rendezvous port; joining
+  // the gang as `rank` of `world_size` and loading the job; one phase.
+  absl::StatusOr<int> OpenRendezvous(int world_size, std::chrono::milliseconds timeout);
+  absl::StatusOr<Loaded> StartRank(const std::string& spec_yaml, int rank, int world_size,
+                                   const std::string& rendezvous_host, int rendezvous_port,
+                                   std::chrono::milliseconds timeout);
+  absl::StatusOr<PhaseReply> RunPhase(const PhaseRequest& request);
   // Drops the job's models on the worker.
   absl::Status Unload();
   // What the worker is doing and its memory per tier.

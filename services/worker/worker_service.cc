@@ -70,10 +70,32 @@ void WorkerService::Shutdown() {
   // waits behind a long operation.
   executor.reset();
   // Nothing else touches the work thread's state now.
+  DropJob();
+  PublishStats();
+}
+
+void WorkerService::DropJob() {
+  rank_.reset();
   group_.reset();
+  gang_.reset();
+  rendezvous_.reset();
   job_id_.clear();
   spec_yaml_.clear();
-  PublishStats();
+  phase_.clear();
+}
+
+absl::StatusOr<policies::JobSpec> WorkerService::ParseSpec(const std::string& job_id, const std::string& yaml) {
+  STRATA_ASSIGN_OR_RETURN(auto spec, policies::ParseJobSpec(yaml, {}, absl::StrCat("job ", job_id)));
+  if (spec.memory.nvme_dir.empty()) spec.memory.nvme_dir = options_.nvme_dir;
+  if (spec.memory.device_mib == 0) spec.memory.device_mib = options_.device_budget_mib;
+  // GetStats reports the new job's device from now on, during the load too.
+  if (auto device = offload::ParseComputeDevice(spec.memory.device); device.ok()) {
+    if (auto monitor = offload::DeviceMemoryMonitor::ForDevice(*device); monitor.ok()) {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      published_monitor_ = *monitor;
+    }
+  }
+  return spec;
 }
 
 grpc::ServerUnaryReactor* WorkerService::Submit(grpc::CallbackServerContext* context,
@@ -156,21 +178,8 @@ absl::Status WorkerService::LoadModelsOnWorkThread(const v1::LoadModelsRequest& 
     return absl::OkStatus();
   }
   // Free the old models before the new ones are allocated.
-  group_.reset();
-  job_id_.clear();
-  spec_yaml_.clear();
-  phase_.clear();
-  STRATA_ASSIGN_OR_RETURN(auto spec,
-                          policies::ParseJobSpec(request.spec_yaml(), {}, absl::StrCat("job ", request.job_id())));
-  if (spec.memory.nvme_dir.empty()) spec.memory.nvme_dir = options_.nvme_dir;
-  if (spec.memory.device_mib == 0) spec.memory.device_mib = options_.device_budget_mib;
-  // GetStats reports the new job's device from now on, during the load too.
-  if (auto device = offload::ParseComputeDevice(spec.memory.device); device.ok()) {
-    if (auto monitor = offload::DeviceMemoryMonitor::ForDevice(*device); monitor.ok()) {
-      std::lock_guard<std::mutex> lock(stats_mu_);
-      published_monitor_ = *monitor;
-    }
-  }
+  DropJob();
+  STRATA_ASSIGN_OR_RETURN(auto spec, ParseSpec(request.job_id(), request.spec_yaml()));
   STRATA_ASSIGN_OR_RETURN(auto group, LocalWorkerGroup::Create(spec));
   group_ = std::move(group);
   job_id_ = request.job_id();
@@ -179,6 +188,82 @@ absl::Status WorkerService::LoadModelsOnWorkThread(const v1::LoadModelsRequest& 
   response->set_working_directory(std::filesystem::current_path().string());
   STRATA_LOG(Info) << "worker " << options_.worker_id << " loaded job " << job_id_;
   return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* WorkerService::OpenRendezvous(grpc::CallbackServerContext* context,
+                                                        const v1::OpenRendezvousRequest* request,
+                                                        v1::OpenRendezvousResponse* response) {
+  return Submit(context, [this, request, response]() -> absl::Status {
+    if (request->job_id().empty()) return absl::InvalidArgumentError("job_id: empty");
+    if ((group_ != nullptr || rendezvous_ != nullptr) && job_id_ != request->job_id()) {
+      return absl::FailedPreconditionError(absl::StrCat("worker ", options_.worker_id, " holds job ", job_id_,
+                                                        "; unload it before starting job ", request->job_id()));
+    }
+    DropJob();
+    STRATA_ASSIGN_OR_RETURN(rendezvous_,
+                            policies::Rendezvous::Host("0.0.0.0", 0, request->world_size(),
+                                                       std::chrono::milliseconds(request->timeout_ms())));
+    job_id_ = request->job_id();
+    response->set_port(rendezvous_->port());
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* WorkerService::StartRank(grpc::CallbackServerContext* context,
+                                                   const v1::StartRankRequest* request,
+                                                   v1::LoadModelsResponse* response) {
+  return Submit(context, [this, request, response]() -> absl::Status {
+    if (request->job_id().empty()) return absl::InvalidArgumentError("job_id: empty");
+    if ((group_ != nullptr || rendezvous_ != nullptr) && job_id_ != request->job_id()) {
+      return absl::FailedPreconditionError(absl::StrCat("worker ", options_.worker_id, " holds job ", job_id_,
+                                                        "; unload it before starting job ", request->job_id()));
+    }
+    std::unique_ptr<policies::Rendezvous> rendezvous = std::move(rendezvous_);
+    DropJob();
+    STRATA_ASSIGN_OR_RETURN(auto spec, ParseSpec(request->job_id(), request->spec_yaml()));
+    policies::ProcessGroupOptions options;
+    options.rank = request->rank();
+    options.world_size = request->world_size();
+    options.timeout = std::chrono::milliseconds(request->timeout_ms());
+    STRATA_RETURN_IF_ERROR(options.Validate());
+    if (options.world_size == 1) {
+      gang_ = policies::ProcessGroup::Solo();
+    } else {
+      if (options.rank == 0 && rendezvous == nullptr) {
+        return absl::FailedPreconditionError("rank 0 starts after OpenRendezvous");
+      }
+      if (options.rank != 0) {
+        STRATA_ASSIGN_OR_RETURN(rendezvous, policies::Rendezvous::Join(request->rendezvous_host(),
+                                                                       request->rendezvous_port(), options.timeout));
+      }
+      STRATA_ASSIGN_OR_RETURN(gang_, policies::ProcessGroup::Create(options, std::move(rendezvous)));
+    }
+    STRATA_ASSIGN_OR_RETURN(group_, LocalWorkerGroup::Create(spec, gang_.get()));
+    JobRankOptions rank_options;
+    rank_options.run_id = request->job_id();
+    STRATA_ASSIGN_OR_RETURN(rank_, JobRank::Create(spec, *group_, group_->tokenizer(), *gang_, rank_options));
+    job_id_ = request->job_id();
+    spec_yaml_ = request->spec_yaml();
+    response->set_tokenizer_path(group_->tokenizer_path());
+    response->set_working_directory(std::filesystem::current_path().string());
+    STRATA_LOG(Info) << "worker " << options_.worker_id << " is rank " << options.rank << " of "
+                     << options.world_size << " for job " << job_id_;
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* WorkerService::RunPhase(grpc::CallbackServerContext* context,
+                                                  const v1::PhaseRequest* request, v1::PhaseReply* response) {
+  return SubmitForJob(context, request->job_id(), [this, request, response](LocalWorkerGroup&) -> absl::Status {
+    if (rank_ == nullptr) return absl::FailedPreconditionError("RunPhase before StartRank");
+    PhaseRequest phase{request->phase(), request->iteration(), {request->params().begin(), request->params().end()},
+                       request->text()};
+    phase_ = phase.phase == "train" ? "update" : phase.phase;
+    STRATA_ASSIGN_OR_RETURN(auto reply, rank_->Run(phase));
+    response->mutable_metrics()->insert(reply.metrics.begin(), reply.metrics.end());
+    response->set_text(reply.text);
+    return absl::OkStatus();
+  });
 }
 
 grpc::ServerUnaryReactor* WorkerService::LoadModels(grpc::CallbackServerContext* context,
@@ -299,16 +384,13 @@ grpc::ServerUnaryReactor* WorkerService::GetStats(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* WorkerService::Unload(grpc::CallbackServerContext* context, const v1::UnloadRequest* request,
                                                 v1::UnloadResponse* /*response*/) {
   return Submit(context, [this, request]() -> absl::Status {
-    if (group_ == nullptr) return absl::OkStatus();
+    if (group_ == nullptr && rendezvous_ == nullptr) return absl::OkStatus();
     if (request->job_id() != job_id_) {
       return absl::FailedPreconditionError(
           absl::StrCat("worker ", options_.worker_id, " holds job ", job_id_, ", not job ", request->job_id()));
     }
-    group_.reset();
     STRATA_LOG(Info) << "worker " << options_.worker_id << " unloaded job " << job_id_;
-    job_id_.clear();
-    spec_yaml_.clear();
-    phase_.clear();
+    DropJob();
     return absl::OkStatus();
   });
 }

@@ -24,6 +24,8 @@
 #include "absl/status/status.h"
 #include "services/rpc/auth.h"
 #include "services/rpc/executor.h"
+#include "policies/dist/process_group.h"
+#include "services/runtime/job_rank.h"
 #include "services/runtime/local_worker_group.h"
 #include "strata/v1/worker.grpc.pb.h"
 
@@ -55,6 +57,20 @@ class WorkerService final : public strata::v1::Worker::CallbackService {
   // destroy the service only after the server.
   void Shutdown();
 
+  // Rank 0 of a gang: opens the rendezvous on a free port (held for the
+  // job's StartRank). FAILED_PRECONDITION while another job is loaded.
+  grpc::ServerUnaryReactor* OpenRendezvous(grpc::CallbackServerContext* context,
+                                           const strata::v1::OpenRendezvousRequest* request,
+                                           strata::v1::OpenRendezvousResponse* response) override;
+  // Joins the gang, loads the models and the job's data (JobRank). Returns
+  // once every rank has joined; DEADLINE_EXCEEDED when they do not within
+  // the request's timeout. FAILED_PRECONDITION while another job is loaded.
+  grpc::ServerUnaryReactor* StartRank(grpc::CallbackServerContext* context,
+                                      const strata::v1::StartRankRequest* request,
+                                      strata::v1::LoadModelsResponse* response) override;
+  // One phase on this rank; FAILED_PRECONDITION before StartRank.
+  grpc::ServerUnaryReactor* RunPhase(grpc::CallbackServerContext* context, const strata::v1::PhaseRequest* request,
+                                     strata::v1::PhaseReply* response) override;
   // Parses the spec (policies::ParseJobSpec) and loads its models.
   // FAILED_PRECONDITION while another job is loaded; the same job id with the
   // same spec is a no-op (a retried call), with a different spec a reload.
@@ -116,6 +132,10 @@ class WorkerService final : public strata::v1::Worker::CallbackService {
                                       strata::v1::LoadModelsResponse* response);
   // Publishes the loaded job and its current phase's peaks for GetStats.
   void PublishStats();
+  // Drops the job: its rank, models and gang, in that order.
+  void DropJob();
+  // The spec of a job being loaded, with this worker's defaults filled in.
+  absl::StatusOr<policies::JobSpec> ParseSpec(const std::string& job_id, const std::string& yaml);
 
   const WorkerServiceOptions options_;
   const TokenAuthenticator auth_;
@@ -126,7 +146,10 @@ class WorkerService final : public strata::v1::Worker::CallbackService {
   std::atomic<bool> stopping_{false};
 
   // Touched only on the work thread.
+  std::unique_ptr<policies::Rendezvous> rendezvous_;  // rank 0, until StartRank
+  std::unique_ptr<policies::ProcessGroup> gang_;
   std::unique_ptr<LocalWorkerGroup> group_;
+  std::unique_ptr<JobRank> rank_;
   std::string job_id_;
   std::string spec_yaml_;
   std::string phase_;

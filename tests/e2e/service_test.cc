@@ -5,8 +5,11 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -56,6 +59,7 @@ class ServiceTest : public ::testing::Test {
     coordinator_addr_ = absl::StrCat("127.0.0.1:", *port);
     StartCoordinator();
     for (int i = 0; i < RealWorkers(); ++i) StartWorker(i);
+    for (int i = 0; i < RealWorkers(); ++i) WaitUntilRegistered(i);
     channel_ = grpc::CreateChannel(coordinator_addr_, grpc::InsecureChannelCredentials());
     ASSERT_TRUE(channel_->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(20)))
         << coordinator_->Log();
@@ -73,10 +77,15 @@ class ServiceTest : public ::testing::Test {
     return d;
   }
 
-  void StartCoordinator() {
-    auto p = ChildProcess::Spawn({testing::StrataBinary(), "coordinator", "--listen", coordinator_addr_, "--redis",
-                                  redis_->url(), "--token-file", dir_.Join("token")},
-                                 dir_.Join("coordinator.log"), CoordinatorDirectory());
+  // `prefix` runs the coordinator through another program (setpriv);
+  // `cwd` and `token_file` default to the fixture's.
+  void StartCoordinator(std::vector<std::string> prefix = {}, std::string cwd = "", std::string token_file = "") {
+    std::vector<std::string> argv = std::move(prefix);
+    argv.insert(argv.end(), {testing::StrataBinary(), "coordinator", "--listen", coordinator_addr_, "--redis",
+                             redis_->url(), "--token-file", token_file.empty() ? dir_.Join("token") : token_file,
+                             // A gang's ranks give up on a lost rank within 5 s.
+                             "--collective-timeout-ms", "5000"});
+    auto p = ChildProcess::Spawn(argv, dir_.Join("coordinator.log"), cwd.empty() ? CoordinatorDirectory() : cwd);
     ASSERT_TRUE(p.ok()) << p.status();
     coordinator_ = std::move(*p);
   }
@@ -94,6 +103,27 @@ class ServiceTest : public ::testing::Test {
                                  dir_.Join(absl::StrCat("worker", i, ".log")), dir_.path());
     ASSERT_TRUE(p.ok()) << p.status();
     workers_[i] = std::move(*p);
+  }
+
+  // A worker's health turns SERVING once it has registered with the
+  // coordinator; the health stream reports the change (no polling).
+  void WaitUntilRegistered(int i) {
+    auto health =
+        grpc::health::v1::Health::NewStub(grpc::CreateChannel(worker_addr_[i], grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    context.set_wait_for_ready(true);
+    grpc::health::v1::HealthCheckRequest request;
+    auto reader = health->Watch(&context, request);
+    grpc::health::v1::HealthCheckResponse response;
+    while (reader->Read(&response)) {
+      if (response.status() == grpc::health::v1::HealthCheckResponse::SERVING) {
+        context.TryCancel();
+        reader->Finish();
+        return;
+      }
+    }
+    ADD_FAILURE() << "worker " << i << " never registered: " << reader->Finish().error_message();
   }
 
   std::string Spec(int iterations, const std::string& out, int checkpoint_every = 2) const {
@@ -373,7 +403,6 @@ TEST_F(ServiceTest, BadInputGetsTheRightCodeAndServersKeepServing) {
       {Spec(1, "x"), {"models.actor.path=" + big}, grpc::StatusCode::RESOURCE_EXHAUSTED, "host memory"},
       {"algorithm: [remax", {}, grpc::StatusCode::INVALID_ARGUMENT, "YAML"},
       {Spec(1, "x"), {"algorithm=dpo"}, grpc::StatusCode::INVALID_ARGUMENT, "algorithm"},
-      {Spec(1, "x"), {"models.actor.path=/nonexistent/model"}, grpc::StatusCode::INVALID_ARGUMENT, "models.actor.path"},
       {Spec(1, "x"), {"train.lr=-0.1"}, grpc::StatusCode::INVALID_ARGUMENT, "train.lr"},
       {Spec(1, "x"), {"train.batch_size=1000000"}, grpc::StatusCode::RESOURCE_EXHAUSTED, "train.batch_size"},
   };
@@ -436,12 +465,15 @@ output: {dir: relative_out}
   EXPECT_TRUE(IsRegularFile(dir_.Join("relative_out/model.safetensors")));
   EXPECT_TRUE(IsRegularFile(dir_.Join("relative_out/metrics.jsonl")));
   EXPECT_FALSE(std::filesystem::exists(JoinPath(CoordinatorDirectory(), "relative_out")));
-  // A relative model path that does not exist where the workers run is
-  // refused at submit, naming the key.
+  // A relative model path that does not exist where the workers run fails
+  // the job when the workers start it, naming the model (the coordinator
+  // opens no job file, so it cannot tell at submit).
   v1::Job missing;
-  const grpc::Status refused = Submit(spec, &missing, "", {"models.actor.path=no_such_model"});
-  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_NE(refused.error_message().find("models.actor.path"), std::string::npos);
+  ASSERT_TRUE(Submit(spec, &missing, "", {"models.actor.path=no_such_model"}).ok());
+  EXPECT_EQ(Watch(missing.id(), Ended).back().state(), v1::FAILED);
+  const v1::Job failed = Get(missing.id());
+  EXPECT_NE(failed.error_message().find("models.actor"), std::string::npos) << failed.error_message();
+  EXPECT_NE(failed.error_message().find("no_such_model"), std::string::npos) << failed.error_message();
 }
 
 // Health checks need no token, on both servers; everything else does.
@@ -521,6 +553,119 @@ TEST_F(ServiceTest, FiftyConcurrentClientsSeeNoErrors) {
 // A worker that loads any job and then answers Rollout with rows that do not
 // match the batch (one rollout for every batch), as a buggy or hostile
 // worker might.
+// Metrics lines of a job's output, without wall-clock and memory figures.
+std::vector<json> MetricsOf(const std::string& path) {
+  std::vector<json> lines;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    json j = json::parse(line);
+    for (auto it = j.begin(); it != j.end();) {
+      const std::string key = it.key();
+      it = key.rfind("time/", 0) == 0 || key.rfind("memory/", 0) == 0 ? j.erase(it) : std::next(it);
+    }
+    lines.push_back(j);
+  }
+  return lines;
+}
+
+// parallel.workers: 2 runs the job on both workers as one gang (Gloo over
+// loopback between the worker processes) and computes what one worker
+// does: the same metrics within float32 reduction-order noise (see
+// tests/e2e/train_test.cc, DataParallelTest, for the tolerance).
+TEST_F(ServiceTest, TwoWorkerGangMatchesOneWorker) {
+  v1::Job one, two;
+  ASSERT_TRUE(Submit(Spec(3, "gang1", 2), &one).ok());
+  ASSERT_EQ(Watch(one.id(), Ended).back().state(), v1::SUCCEEDED) << Get(one.id()).error_message();
+  ASSERT_TRUE(Submit(Spec(3, "gang2", 2), &two, "", {"parallel.workers=2"}).ok());
+  ASSERT_EQ(Watch(two.id(), Ended).back().state(), v1::SUCCEEDED) << Get(two.id()).error_message();
+  const v1::Job done = Get(two.id());
+  EXPECT_TRUE(done.worker() == "" || done.worker().find(',') != std::string::npos) << done.worker();
+  const auto want = MetricsOf(dir_.Join("gang1/metrics.jsonl"));
+  const auto got = MetricsOf(dir_.Join("gang2/metrics.jsonl"));
+  ASSERT_EQ(want.size(), 3u);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_EQ(got[i].size(), want[i].size()) << got[i].dump();
+    for (const auto& [key, value] : want[i].items()) {
+      const double a = value.get<double>(), b = got[i][key].get<double>();
+      EXPECT_LE(std::abs(a - b), 1e-4 + 1e-4 * std::abs(a)) << "iteration " << i << " " << key;
+    }
+  }
+  EXPECT_TRUE(IsRegularFile(dir_.Join("gang2/model.safetensors")));
+  // A gang larger than the registered workers is refused at submit, naming the key.
+  v1::Job refused;
+  const grpc::Status status = Submit(Spec(3, "gang3"), &refused, "", {"parallel.workers=3"});
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(status.error_message().find("parallel.workers"), std::string::npos) << status.error_message();
+}
+
+// kill -9 of one rank of a two-rank gang mid-job: the other rank's
+// collective fails within the collective timeout (5 s here) instead of
+// hanging, the job goes back to the queue, and when the killed worker is
+// back the job resumes from its checkpoint on a new gang and succeeds. The
+// survivor is part of that new gang, so it was freed, not left stuck.
+TEST_F(ServiceTest, RankKilledMidJobRequeuesAndTheGangFinishes) {
+  v1::Job job;
+  const grpc::Status submitted = Submit(Spec(8, "gangkill", 2), &job, "", {"parallel.workers=2"});
+  ASSERT_TRUE(submitted.ok()) << submitted.error_message();
+  Watch(job.id(), AtIteration(3));
+  ASSERT_EQ(Get(job.id()).state(), v1::RUNNING);
+  workers_[1]->Kill(SIGKILL);
+  StartWorker(1);
+  WaitUntilRegistered(1);
+  const auto all = Watch(job.id(), Ended, "");
+  ASSERT_FALSE(all.empty());
+  EXPECT_EQ(all.back().state(), v1::SUCCEEDED) << Get(job.id()).error_message() << "\n" << coordinator_->Log();
+  bool ran = false, requeued = false;
+  for (const auto& e : all) {
+    if (e.type() != "state") continue;
+    if (e.state() == v1::RUNNING) ran = true;
+    if (e.state() == v1::QUEUED && ran) requeued = true;
+  }
+  EXPECT_TRUE(requeued) << "the job never went back to the queue";
+  EXPECT_EQ(Get(job.id()).iteration(), 8);
+}
+
+// The coordinator opens no job file: run as an unprivileged user that
+// cannot enter the directory holding the model, the data and the outputs
+// (the workers run as root and can), it still runs the job to SUCCEEDED.
+TEST_F(ServiceTest, CoordinatorWithoutAccessToJobFilesRunsTheJob) {
+  if (::geteuid() != 0 || !testing::HaveProgram("setpriv")) GTEST_SKIP() << "needs root and setpriv";
+  const std::vector<std::string> nobody = {"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"};
+  auto can = [&](const std::string& test, const std::string& path) {
+    std::vector<std::string> argv = nobody;
+    argv.insert(argv.end(), {"test", test, path});
+    auto r = testing::RunCommand(argv);
+    return r.ok() && r->exit_code == 0;
+  };
+  if (!can("-x", testing::StrataBinary())) GTEST_SKIP() << "the strata binary is not executable by others here";
+  ASSERT_FALSE(can("-r", JoinPath(model_, "config.json"))) << "the fixture's directory is readable by others";
+  // The token, where the unprivileged coordinator can read it.
+  testing::TempDir open_dir;
+  ::chmod(open_dir.path().c_str(), 0755);
+  const std::string token = open_dir.Join("token");
+  testing::WriteTextFile(token, kToken);
+  ::chmod(token.c_str(), 0644);
+  coordinator_->Kill(SIGKILL);
+  StartCoordinator(nobody, "/", token);
+  ASSERT_TRUE(channel_->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(20)));
+  // The first call may still go to the dead coordinator's connection
+  // (UNAVAILABLE); a retry with the same request id is idempotent.
+  v1::Job job;
+  grpc::Status submitted;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    submitted = Submit(Spec(2, "nofiles", 1), &job, "nofiles-request");
+    if (submitted.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+    channel_->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  }
+  ASSERT_TRUE(submitted.ok()) << submitted.error_message() << "\nalive " << coordinator_->Alive() << "\n"
+                              << coordinator_->Log();
+  EXPECT_EQ(Watch(job.id(), Ended).back().state(), v1::SUCCEEDED) << Get(job.id()).error_message() << "\n"
+                                                                   << coordinator_->Log();
+  EXPECT_TRUE(IsRegularFile(dir_.Join("nofiles/model.safetensors")));
+  EXPECT_EQ(MetricsOf(dir_.Join("nofiles/metrics.jsonl")).size(), 2u);
+}
+
 class MisfitWorker final : public v1::Worker::Service {
  public:
   explicit MisfitWorker(std::string tokenizer_path, std::string working_directory)
@@ -530,16 +675,14 @@ class MisfitWorker final : public v1::Worker::Service {
     out->set_working_directory(working_directory_);
     return grpc::Status::OK;
   }
-  grpc::Status Rollout(grpc::ServerContext*, const v1::RolloutRequest*, v1::RolloutResponse* out) override {
-    services::ToProto(policies::Rollout{0, {1, 2}, {3, 4}, {-0.5f, -0.25f}, false}, out->add_rollouts());
+  grpc::Status StartRank(grpc::ServerContext*, const v1::StartRankRequest*, v1::LoadModelsResponse* out) override {
+    out->set_tokenizer_path(tokenizer_path_);
+    out->set_working_directory(working_directory_);
     return grpc::Status::OK;
   }
-  // Scores that fit whatever it is asked to score: only the rollouts misfit.
-  grpc::Status Score(grpc::ServerContext*, const v1::ScoreRequest* request, v1::ScoreResponse* out) override {
-    policies::Scores scores;
-    scores.rewards.assign(static_cast<size_t>(request->rollouts_size()), 0.5f);
-    for (const auto& r : request->rollouts()) scores.reference_logprobs.emplace_back(r.response_size(), -1.0f);
-    services::ToProto(scores, out);
+  // Every phase answers with no metrics: fine for those that report none,
+  // malformed for the score phase, which must report the objective.
+  grpc::Status RunPhase(grpc::ServerContext*, const v1::PhaseRequest*, v1::PhaseReply*) override {
     return grpc::Status::OK;
   }
   grpc::Status Unload(grpc::ServerContext*, const v1::UnloadRequest*, v1::UnloadResponse*) override {
@@ -583,7 +726,8 @@ TEST_F(MisfitWorkerTest, RepliesThatDoNotFitTheBatchFailTheJobNotTheCoordinator)
   EXPECT_EQ(events.back().state(), v1::FAILED);
   const v1::Job failed = Get(job.id());
   EXPECT_EQ(failed.error_code(), "INTERNAL");
-  EXPECT_NE(failed.error_message().find("Rollout: malformed reply: 1 rollouts for 4 prompts"), std::string::npos)
+  EXPECT_NE(failed.error_message().find("score: malformed reply: metric objective/scores is missing"),
+            std::string::npos)
       << failed.error_message();
   EXPECT_GE(misfit.unloads.load(), 1);
   // The coordinator is still there for everyone else.

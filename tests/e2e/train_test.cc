@@ -166,14 +166,16 @@ TEST_F(TrainTest, RunsOnTheGpu_CUDA) {
 // one rank does with the same global batch and seed. Not bit for bit: a
 // rank sums its half of each batch and the all-reduce adds the halves, so
 // float32 sums are taken in another order (and generation runs at another
-// batch shape). Each such sum differs by a few float32 ulps (about 1e-7 of
-// the value); measured over these runs the largest metric difference is
-// 4e-7 absolute. The metric tolerance, 1e-5 + 1e-4 x |value|, is 25x that
-// and far below any effect of training; for weights see below (measured:
-// at most 0.16% of the update, reward model; 0.01% otherwise).
+// batch shape). Each such sum differs by a few float32 ulps: about 1e-6 of a
+// token's log-prob (|log p| up to ~10), so up to ~1e-4 in a sequence's sum
+// of log-prob differences (KL, rewards with a KL term) over its <= 8 tokens,
+// and ~1e-7 relative elsewhere. The tolerance is 1e-4 + 1e-4 x |value|;
+// measured here the largest difference is 4e-7, and 3.4e-5 (objective/kl)
+// in the service's two-worker run. For weights see below (measured: at
+// most 0.16% of the update, reward model; 0.01% otherwise).
 class DataParallelTest : public TrainTest, public ::testing::WithParamInterface<std::string> {
  protected:
-  static bool Close(double a, double b) { return std::abs(a - b) <= 1e-5 + 1e-4 * std::abs(a); }
+  static bool Close(double a, double b) { return std::abs(a - b) <= 1e-4 + 1e-4 * std::abs(a); }
 };
 
 TEST_P(DataParallelTest, TwoRanksMatchOneRank) {

@@ -1,0 +1,136 @@
+#include "services/coordinator/remote_gang.h"
+
+#include <cmath>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "base/log.h"
+#include "base/status_macros.h"
+
+namespace strata::services {
+namespace {
+
+bool Measured(const std::string& key) { return key.rfind("time/", 0) == 0 || key.rfind("memory/", 0) == 0; }
+
+// What the driver reads from each phase's reply.
+std::vector<std::string> Required(const std::string& phase) {
+  if (phase == "score") return {"objective/scores", "objective/kl"};
+  if (phase == "update") return {"loss/policy_avg"};
+  if (phase == "train") return {"loss/train_avg"};
+  return {};
+}
+
+}  // namespace
+
+std::string AddressHost(const std::string& address) {
+  if (!address.empty() && address[0] == '[') {
+    const size_t close = address.find(']');
+    return close == std::string::npos ? address : address.substr(1, close - 1);
+  }
+  const size_t colon = address.rfind(':');
+  return colon == std::string::npos ? address : address.substr(0, colon);
+}
+
+absl::Status CheckPhaseReplies(const PhaseRequest& request, const std::vector<PhaseReply>& replies) {
+  if (replies.empty()) return absl::InternalError("no replies");
+  for (const std::string& key : Required(request.phase)) {
+    for (size_t r = 0; r < replies.size(); ++r) {
+      if (!replies[r].metrics.contains(key)) {
+        return absl::InternalError(
+            absl::StrCat("rank ", r, ": ", request.phase, ": malformed reply: metric ", key, " is missing"));
+      }
+    }
+  }
+  if (request.phase == "find_checkpoint" && !replies[0].text.empty()) {
+    const auto it = replies[0].metrics.find("iteration");
+    if (it == replies[0].metrics.end() || it->second < 0 || it->second != std::floor(it->second)) {
+      return absl::InternalError("rank 0: find_checkpoint: malformed reply: no iteration for the checkpoint");
+    }
+  }
+  const PhaseReply& first = replies[0];
+  for (size_t r = 1; r < replies.size(); ++r) {
+    if (replies[r].text != first.text) {
+      return absl::InternalError(absl::StrCat("rank ", r, ": ", request.phase, ": reply '", replies[r].text,
+                                              "' differs from rank 0's '", first.text, "'"));
+    }
+    for (const auto& [key, value] : first.metrics) {
+      if (Measured(key)) continue;
+      const auto it = replies[r].metrics.find(key);
+      // The ranks derive global metrics from the same all-reduced sums.
+      if (it == replies[r].metrics.end() || std::abs(it->second - value) > 1e-9 * (1 + std::abs(value))) {
+        return absl::InternalError(absl::StrCat(
+            "rank ", r, ": ", request.phase, ": malformed reply: ", key, " = ",
+            it == replies[r].metrics.end() ? std::string("(missing)") : absl::StrCat(it->second),
+            " where rank 0 reports ", value));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+template <typename T, typename Call>
+absl::StatusOr<std::vector<T>> RemoteGang::OnEveryRank(Call call) {
+  std::vector<absl::StatusOr<T>> results(workers_.size(), absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (size_t r = 1; r < workers_.size(); ++r) threads.emplace_back([&, r] { results[r] = call(r); });
+  results[0] = call(0);
+  for (auto& t : threads) t.join();
+  std::vector<absl::Status> statuses;
+  std::vector<T> out;
+  for (auto& result : results) {
+    statuses.push_back(result.status());
+    if (result.ok()) out.push_back(std::move(*result));
+  }
+  STRATA_RETURN_IF_ERROR(FirstCause(statuses));
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<RemoteGang>> RemoteGang::Start(std::vector<std::unique_ptr<RemoteWorkerGroup>> workers,
+                                                              const std::string& spec_yaml,
+                                                              std::chrono::milliseconds collective_timeout) {
+  if (workers.empty()) return absl::InvalidArgumentError("a gang needs at least one worker");
+  std::unique_ptr<RemoteGang> gang(new RemoteGang(std::move(workers)));
+  const int world = static_cast<int>(gang->workers_.size());
+  int port = 0;
+  std::string host;
+  if (world > 1) {
+    STRATA_ASSIGN_OR_RETURN(port, gang->workers_[0]->OpenRendezvous(world, collective_timeout));
+    host = AddressHost(gang->workers_[0]->options().address);
+  }
+  auto started = gang->OnEveryRank<RemoteWorkerGroup::Loaded>([&](size_t r) {
+    return gang->workers_[r]->StartRank(spec_yaml, static_cast<int>(r), world, host, port, collective_timeout);
+  });
+  if (!started.ok()) {
+    gang->Unload();
+    return started.status();
+  }
+  return gang;
+}
+
+absl::StatusOr<PhaseReply> RemoteGang::Run(const PhaseRequest& request) {
+  STRATA_ASSIGN_OR_RETURN(auto replies,
+                          OnEveryRank<PhaseReply>([&](size_t r) { return workers_[r]->RunPhase(request); }));
+  STRATA_RETURN_IF_ERROR(CheckPhaseReplies(request, replies));
+  return MergeReplies(replies);
+}
+
+void RemoteGang::Unload() {
+  // At once: a rank still in a collective with a lost one answers only when
+  // that collective times out, and the others should not wait behind it.
+  (void)OnEveryRank<bool>([&](size_t r) -> absl::StatusOr<bool> {
+    if (absl::Status s = workers_[r]->Unload(); !s.ok()) {
+      STRATA_LOG(Warning) << "unload on " << workers_[r]->options().address << ": " << s;
+    }
+    return true;
+  });
+}
+
+std::map<std::string, int64_t> RemoteGang::calls() const {
+  std::map<std::string, int64_t> total;
+  for (const auto& worker : workers_) {
+    for (const auto& [method, n] : worker->calls()) total[method] += n;
+  }
+  return total;
+}
+
+}  // namespace strata::services

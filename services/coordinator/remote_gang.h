@@ -1,0 +1,61 @@
+// A job's gang of remote workers, as the coordinator drives it: rank 0
+// opens the rendezvous, every rank joins and loads the job (StartRank),
+// then each phase goes to every rank at once and their scalar replies are
+// checked against each other and merged.
+//
+// Errors: a rank that cannot be reached is UNAVAILABLE naming it (the
+// coordinator requeues the job); the other ranks then fail their next
+// collective within the collective timeout, and Unload, queued behind that,
+// frees them. Replies that disagree on a global metric, or lack what their
+// phase must report, are INTERNAL naming the rank: a faulty worker fails
+// the job, not the coordinator.
+#ifndef STRATA_SERVICES_COORDINATOR_REMOTE_GANG_H_
+#define STRATA_SERVICES_COORDINATOR_REMOTE_GANG_H_
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "services/coordinator/remote_worker_group.h"
+#include "services/runtime/job_runner.h"
+
+namespace strata::services {
+
+class RemoteGang final : public Gang {
+ public:
+  // `workers[r]` becomes rank r. Returns once every rank has joined and
+  // loaded the job; `collective_timeout` bounds forming the gang and every
+  // collective in it.
+  static absl::StatusOr<std::unique_ptr<RemoteGang>> Start(std::vector<std::unique_ptr<RemoteWorkerGroup>> workers,
+                                                           const std::string& spec_yaml,
+                                                           std::chrono::milliseconds collective_timeout);
+
+  absl::StatusOr<PhaseReply> Run(const PhaseRequest& request) override;
+  // Drops the job on every rank (best effort: each rank's error is logged).
+  void Unload();
+
+  // Calls made so far over every rank, by method.
+  std::map<std::string, int64_t> calls() const;
+
+ private:
+  explicit RemoteGang(std::vector<std::unique_ptr<RemoteWorkerGroup>> workers) : workers_(std::move(workers)) {}
+  // Runs `call(rank)` on every rank at once; the first cause of failure.
+  template <typename T, typename Call>
+  absl::StatusOr<std::vector<T>> OnEveryRank(Call call);
+
+  std::vector<std::unique_ptr<RemoteWorkerGroup>> workers_;
+};
+
+// The host part of a "host:port" (or "[v6]:port") address.
+std::string AddressHost(const std::string& address);
+
+// Checks phase replies of every rank against each other: the global metrics
+// (all but time/* and memory/*) and the text must agree, and each phase must
+// report what the driver reads from it. INTERNAL naming the rank otherwise.
+absl::Status CheckPhaseReplies(const PhaseRequest& request, const std::vector<PhaseReply>& replies);
+
+}  // namespace strata::services
+
+#endif  // STRATA_SERVICES_COORDINATOR_REMOTE_GANG_H_
