@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The README's main job: build strata, start a local stack (redis-server with
 # AOF, the coordinator, two workers, all on loopback), run the tiny alignment
-# demo through the job service (SFT -> reward model -> ReMax -> PPO, each job
-# scheduled on a worker), stream each job's progress, print the ReMax vs
+# demo through the job service (SFT -> reward model on one worker each; ReMax
+# and PPO with parallel.workers: 2, each on both workers as one data-parallel
+# gang), stream each job's progress, print the ReMax vs
 # PPO table and a few sampled responses, then stop the stack.
 # Outputs land in ./out (OUT_ROOT: run somewhere else; it gets a copy of
 # examples/). `deploy/demo.sh --in-process` runs the same chain without the
@@ -23,9 +24,13 @@ rm -rf out/tiny
 start=$(date +%s)
 
 if [ "${1:-}" = "--in-process" ]; then
-  for stage in sft reward remax ppo; do
+  for stage in sft reward; do
     echo "== strata train examples/tiny/$stage.yaml"
     "$strata" --log-level warning train "examples/tiny/$stage.yaml"
+  done
+  for stage in remax ppo; do
+    echo "== strata train examples/tiny/$stage.yaml --workers 2"
+    "$strata" --log-level warning train "examples/tiny/$stage.yaml" --workers 2
   done
 else
   export STRATA_LOCAL_DIR="$work/out/local" STRATA_BIN="$strata"
@@ -38,10 +43,11 @@ else
     "$strata" watch "$id"
   done
   # One after the other, so that their time per iteration is comparable on
-  # this machine's two cores.
+  # this machine's two cores; each spans both workers (two ranks, Gloo over
+  # loopback), half of every batch on each.
   for stage in remax ppo; do
-    id=$("$strata" submit "examples/tiny/$stage.yaml")
-    echo "== $stage: job $id"
+    id=$("$strata" submit "examples/tiny/$stage.yaml" --set parallel.workers=2)
+    echo "== $stage: job $id (parallel.workers=2)"
     "$strata" watch "$id"
   done
   echo

@@ -8,6 +8,7 @@
 
 #include <exception>
 #include <limits>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -195,6 +196,47 @@ class GlooProcessGroup final : public ProcessGroup {
 }  // namespace
 
 std::unique_ptr<ProcessGroup> ProcessGroup::Solo() { return std::make_unique<SoloProcessGroup>(); }
+
+absl::StatusOr<std::vector<std::unique_ptr<ProcessGroup>>> ProcessGroup::CreateInProcess(
+    int ranks, std::chrono::milliseconds timeout) {
+  if (ranks < 1) return absl::InvalidArgumentError(absl::StrCat("ranks must be >= 1, got ", ranks));
+  std::vector<std::unique_ptr<ProcessGroup>> groups(static_cast<size_t>(ranks));
+  if (ranks == 1) {
+    groups[0] = Solo();
+    return groups;
+  }
+  STRATA_ASSIGN_OR_RETURN(auto host, Rendezvous::Host("127.0.0.1", 0, ranks, timeout));
+  const int port = host->port();
+  std::vector<absl::Status> statuses(static_cast<size_t>(ranks));
+  std::vector<std::thread> threads;
+  // Each rank's group forms only when all have joined: one thread each.
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r, rendezvous = r == 0 ? std::move(host) : nullptr]() mutable {
+      absl::Status& status = statuses[static_cast<size_t>(r)];
+      if (rendezvous == nullptr) {
+        auto joined = Rendezvous::Join("127.0.0.1", port, timeout);
+        if (!joined.ok()) {
+          status = joined.status();
+          return;
+        }
+        rendezvous = std::move(*joined);
+      }
+      ProcessGroupOptions options;
+      options.rank = r;
+      options.world_size = ranks;
+      options.timeout = timeout;
+      auto group = Create(options, std::move(rendezvous));
+      if (group.ok()) {
+        groups[static_cast<size_t>(r)] = std::move(*group);
+      } else {
+        status = group.status();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const absl::Status& s : statuses) STRATA_RETURN_IF_ERROR(s);
+  return groups;
+}
 
 absl::Status ProcessGroupOptions::Validate() const {
   if (world_size < 1) {

@@ -71,6 +71,10 @@ class ProcessGroup {
                                                               std::unique_ptr<Rendezvous> rendezvous);
   // A gang of one: rank 0 of 1, every collective a no-op.
   static std::unique_ptr<ProcessGroup> Solo();
+  // A gang of `ranks` inside this process (one thread per rank), over
+  // loopback: element r is rank r. One rank is Solo().
+  static absl::StatusOr<std::vector<std::unique_ptr<ProcessGroup>>> CreateInProcess(
+      int ranks, std::chrono::milliseconds timeout);
   // True when Create can build multi-rank groups in this build.
   static bool Available();
   virtual ~ProcessGroup() = default;

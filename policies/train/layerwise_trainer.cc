@@ -12,6 +12,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "offload/device/device_transfer.h"
 #include "offload/tiers/placement.h"
@@ -45,7 +46,8 @@ class LayerwiseTrainerImpl final : public LayerwiseTrainer {
                                          const LossFn& loss_fn) override;
   absl::Status OptimizerStep() override;
   absl::Status SaveState(const std::string& path) override;
-  absl::Status LoadState(const std::string& path) override;
+  absl::Status LoadState(const std::vector<std::string>& paths) override;
+  int64_t optimizer_state_bytes() const override;
   absl::StatusOr<at::Tensor> Gradient(const std::string& name) const override;
   int64_t num_parameters() const override { return num_parameters_; }
   const offload::CpuAdam& adam() const override { return *adam_; }
@@ -63,6 +65,8 @@ class LayerwiseTrainerImpl final : public LayerwiseTrainer {
     std::vector<int64_t> shape;
     at::ScalarType dtype = at::kFloat;  // of the device weights
     int64_t step = 0;
+    bool held = true;  // this rank holds its optimizer state (ZeRO-1: one rank does)
+    int owner = 0;     // the rank that does
     offload::HostBuffer master, grad, exp_avg, exp_avg_sq;  // host optimizer (grad also for NVMe)
     at::Tensor device_master, device_grad, device_exp_avg, device_exp_avg_sq;  // device optimizer
   };
@@ -101,6 +105,9 @@ class LayerwiseTrainerImpl final : public LayerwiseTrainer {
   // Copies new fp32 weights `master` into p's device tensor or layer home.
   absl::Status WriteBack(const ParamState& p, const at::Tensor& master);
   absl::Status HostStep();
+  // ZeRO-1: each owner's new weights to every other rank, which writes them
+  // back to its own copy of the model.
+  absl::Status BroadcastUpdatedWeights();
   absl::Status NvmeStep();
   absl::Status DeviceStep();
 
@@ -119,6 +126,10 @@ class LayerwiseTrainerImpl final : public LayerwiseTrainer {
   bool summed_since_step_ = false;        // data parallel: gradients already summed
   std::vector<ParamState> params_;
   std::vector<std::vector<size_t>> layer_params_;  // params_ index per layer tensor
+  // ZeRO-1: the optimizer is sharded over the gang; parameters dealt so far
+  // per rank (floats), to balance the next one.
+  bool sharded_ = false;
+  std::vector<int64_t> dealt_;
   int64_t num_parameters_ = 0;
 };
 
@@ -134,6 +145,12 @@ absl::Status LayerwiseTrainerImpl::AllocateState(ParamState& state, const at::Te
   state.shape.assign(value.sizes().begin(), value.sizes().end());
   state.dtype = value.scalar_type();
   num_parameters_ += state.numel;
+  if (sharded_) {
+    // To the rank with the fewest parameters so far (the lowest on a tie).
+    state.owner = static_cast<int>(std::min_element(dealt_.begin(), dealt_.end()) - dealt_.begin());
+    dealt_[static_cast<size_t>(state.owner)] += state.numel;
+    state.held = state.owner == options_.data_parallel->rank();
+  }
   if (options_.optimizer == offload::Tier::kDevice) {
     state.device_master = value.detach().to(at::kFloat, /*non_blocking=*/false, /*copy=*/true).reshape({-1});
     state.device_grad = at::zeros_like(state.device_master);
@@ -143,7 +160,7 @@ absl::Status LayerwiseTrainerImpl::AllocateState(ParamState& state, const at::Te
   }
   const size_t bytes = static_cast<size_t>(state.numel) * sizeof(float);
   std::vector<offload::HostBuffer*> buffers = {&state.grad};
-  if (options_.optimizer == offload::Tier::kHost) {
+  if (options_.optimizer == offload::Tier::kHost && state.held) {
     buffers.insert(buffers.end(), {&state.master, &state.exp_avg, &state.exp_avg_sq});
   }
   for (offload::HostBuffer* buffer : buffers) {
@@ -160,7 +177,7 @@ absl::Status LayerwiseTrainerImpl::AllocateState(ParamState& state, const at::Te
     return nvme_adam_->Register(state.name,
                                 std::span<const float>(master.data_ptr<float>(), static_cast<size_t>(state.numel)));
   }
-  HostView(state.master, state.numel).copy_(master);
+  if (state.held) HostView(state.master, state.numel).copy_(master);
   return absl::OkStatus();
 }
 
@@ -182,6 +199,10 @@ absl::StatusOr<std::unique_ptr<LayerwiseTrainer>> LayerwiseTrainer::Create(const
   std::unique_ptr<LayerwiseTrainerImpl> trainer(
       new LayerwiseTrainerImpl(config, head, std::move(resident), source, arena, options));
   trainer->adam_ = std::move(adam);
+  if (trainer->data_parallel() && options.optimizer == offload::Tier::kHost) {
+    trainer->sharded_ = true;
+    trainer->dealt_.assign(static_cast<size_t>(options.data_parallel->world_size()), 0);
+  }
   if (options.optimizer == offload::Tier::kNvme) {
     if (nvme == nullptr) return absl::InvalidArgumentError("an NVMe optimizer needs an NVMe store");
     STRATA_ASSIGN_OR_RETURN(auto state,
@@ -412,6 +433,7 @@ absl::Status LayerwiseTrainerImpl::SaveState(const std::string& path) {
   TensorWriteBatch batch;
   std::map<std::string, std::string> metadata = {{"format", "strata-optimizer"}};
   for (ParamState& p : params_) {
+    if (!p.held) continue;
     at::Tensor master, m, v;
     if (options_.optimizer == offload::Tier::kDevice) {
       master = p.device_master, m = p.device_exp_avg, v = p.device_exp_avg_sq;
@@ -432,9 +454,23 @@ absl::Status LayerwiseTrainerImpl::SaveState(const std::string& path) {
   return WriteSafetensors(path, batch.entries(), metadata);
 }
 
-absl::Status LayerwiseTrainerImpl::LoadState(const std::string& path) {
-  STRATA_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(path));
+absl::Status LayerwiseTrainerImpl::LoadState(const std::vector<std::string>& paths) {
+  std::vector<std::unique_ptr<SafetensorsFile>> files;
+  for (const std::string& path : paths) {
+    STRATA_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(path));
+    files.push_back(std::move(file));
+  }
   for (ParamState& p : params_) {
+    if (!p.held) continue;
+    // The file (of whichever rank wrote this parameter's state) that has it.
+    size_t which = 0;
+    while (which < files.size() && files[which]->Find(p.name + ".master") == nullptr) ++which;
+    if (which == files.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(absl::StrJoin(paths, ", "),
+                                                     ": no optimizer state for ", p.name));
+    }
+    const SafetensorsFile* file = files[which].get();
+    const std::string& path = paths[which];
     std::array<at::Tensor, 3> loaded;
     const char* suffixes[] = {".master", ".exp_avg", ".exp_avg_sq"};
     for (int i = 0; i < 3; ++i) {
@@ -512,6 +548,7 @@ absl::Status LayerwiseTrainerImpl::HostStep() {
   spans.reserve(params_.size());
   std::vector<const ParamState*> write_back;  // homes the optimizer cannot write in place
   for (ParamState& p : params_) {
+    if (!p.held) continue;
     offload::AdamTensorSpan span;
     span.name = p.name;
     const size_t n = static_cast<size_t>(p.numel);
@@ -536,7 +573,36 @@ absl::Status LayerwiseTrainerImpl::HostStep() {
   for (const ParamState* p : write_back) {
     STRATA_RETURN_IF_ERROR(WriteBack(*p, HostView(p->master, p->numel)));
   }
+  return sharded_ ? BroadcastUpdatedWeights() : absl::OkStatus();
+}
+
+absl::Status LayerwiseTrainerImpl::BroadcastUpdatedWeights() {
+  // The owner sends its fp32 master; the others receive into their gradient
+  // buffer, spent by now (it is zeroed after the step).
+  ProcessGroup& gang = *options_.data_parallel;
+  for (int owner = 0; owner < gang.world_size(); ++owner) {
+    std::vector<at::Tensor> tensors;
+    std::vector<const ParamState*> received;
+    for (const ParamState& p : params_) {
+      if (p.owner != owner) continue;
+      tensors.push_back(HostView(p.held ? p.master : p.grad, p.numel));
+      if (!p.held) received.push_back(&p);
+    }
+    if (tensors.empty()) continue;
+    STRATA_RETURN_IF_ERROR(gang.Broadcast(tensors, owner));
+    for (const ParamState* p : received) {
+      STRATA_RETURN_IF_ERROR(WriteBack(*p, HostView(p->grad, p->numel)));
+    }
+  }
   return absl::OkStatus();
+}
+
+int64_t LayerwiseTrainerImpl::optimizer_state_bytes() const {
+  int64_t floats = 0;
+  for (const ParamState& p : params_) {
+    if (p.held) floats += 3 * p.numel;
+  }
+  return floats * static_cast<int64_t>(sizeof(float));
 }
 
 absl::Status LayerwiseTrainerImpl::NvmeStep() {

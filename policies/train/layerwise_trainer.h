@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "offload/adam/cpu_adam.h"
@@ -88,10 +89,18 @@ class LayerwiseTrainer {
   virtual absl::Status OptimizerStep() = 0;
 
   // Optimizer state (fp32 master weights, both moments and step count of
-  // every parameter) as one safetensors file, and its restore. LoadState
-  // checks names and sizes and names the offending tensor.
+  // every parameter this rank holds: all of them unless sharded) as one
+  // safetensors file, and its restore. LoadState takes the files of every
+  // rank that wrote one, whatever the gang's size was then (so a resumed
+  // job may re-shard), and reads each parameter this rank holds from the
+  // file that has it. It checks names and sizes and names the offending
+  // tensor, or the parameter no file has.
   virtual absl::Status SaveState(const std::string& path) = 0;
-  virtual absl::Status LoadState(const std::string& path) = 0;
+  virtual absl::Status LoadState(const std::vector<std::string>& paths) = 0;
+  absl::Status LoadState(const std::string& path) { return LoadState(std::vector<std::string>{path}); }
+  // Host (or device) bytes of the optimizer states this rank holds: fp32
+  // master weights and both moments.
+  virtual int64_t optimizer_state_bytes() const = 0;
 
   // A copy of the accumulated gradient of the parameter with this HF name,
   // shaped like the parameter; NOT_FOUND for an unknown name.

@@ -14,6 +14,7 @@
 #include "bench/adam_bench.h"
 #include "bench/generate_bench.h"
 #include "bench/io_bench.h"
+#include "bench/allreduce_bench.h"
 #include "bench/stream_bench.h"
 #include "bench/transfer_bench.h"
 #include "services/cli/model_commands.h"
@@ -290,6 +291,7 @@ struct BenchCommands {
 #endif
   strata::bench::StreamBenchRequest sb;
   strata::bench::TransferBenchRequest tb;
+  strata::bench::AllReduceBenchRequest arb;
 
   void Register(CLI::App& app, Runner& run) {
     // strata bench ...
@@ -369,6 +371,17 @@ struct BenchCommands {
     bench_stream->add_option("--device", sb.device, "compute device: cpu, cuda or cuda:N");
     bench_stream->add_flag("--json", sb.json, "print one JSON object");
     bench_stream->callback([&] { run = [&] { return Finish("bench stream", strata::bench::RunStreamBench(sb)); }; });
+
+    auto* bench_allreduce = bench->add_subcommand(
+        "allreduce", "Gradient all-reduce over 2 ranks: strata's bucketed path vs bare c10d Gloo; step wait share");
+    bench_allreduce->add_option("--config", arb.config, "HF config.json of the model shape");
+    bench_allreduce->add_option("--ranks", arb.ranks, "ranks (threads over loopback)");
+    bench_allreduce->add_option("--batch", arb.batch, "sequences per rank in the training step");
+    bench_allreduce->add_option("--seq", arb.seq, "tokens per sequence");
+    bench_allreduce->add_option("--steps", arb.steps, "timed repetitions (best reported)");
+    bench_allreduce->add_flag("--json", arb.json, "print one JSON object");
+    bench_allreduce->callback(
+        [&] { run = [&] { return Finish("bench allreduce", strata::bench::RunAllReduceBench(arb)); }; });
 
     auto* bench_transfer =
         bench->add_subcommand("transfer", "Host<->device copy bandwidth: pinned arena vs torch pinned tensor copy");

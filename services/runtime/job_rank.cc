@@ -418,29 +418,34 @@ absl::StatusOr<PhaseReply> JobRank::Commit(const PhaseRequest& request) {
   }
   if (Param(request.params, "checkpoint") == 0) return reply;
   // Written under a temporary name and renamed, state.json last: a crash
-  // mid-write leaves no directory that looks complete. The weights and
-  // optimizer states are the same on every rank; rank 0 writes them.
+  // mid-write leaves no directory that looks complete. Rank 0 makes the
+  // directory; every rank writes its part (rank 0 the weights, each rank the
+  // optimizer states it holds); once all have, rank 0 writes state.json and
+  // renames the directory into place.
   const std::string final_dir = JoinPath(spec_.checkpoint.dir, CheckpointName(request.iteration + 1));
   const std::string tmp_dir = final_dir + ".tmp";
-  absl::Status written;
+  std::error_code ec;
   if (gang_.rank() == 0) {
-    std::error_code ec;
     std::filesystem::remove_all(tmp_dir, ec);
     std::filesystem::create_directories(tmp_dir, ec);
     if (ec) return absl::PermissionDeniedError(absl::StrCat("checkpoint.dir: cannot create ", tmp_dir));
-    written = models_.SaveCheckpoint(tmp_dir);
-    if (written.ok()) {
-      json algorithm = json::object();
-      for (const auto& [key, value] : request.params) {
-        if (key.rfind("state/", 0) == 0) algorithm[key.substr(6)] = value;
-      }
-      json state{{"iteration", request.iteration + 1},
-                 {"metrics_lines", static_cast<int64_t>(Param(request.params, "metrics_lines"))},
-                 {"run_id", options_.run_id},
-                 {"world_size", gang_.world_size()},
-                 {"algorithm", algorithm}};
-      written = WriteFileAtomically(JoinPath(tmp_dir, "state.json"), state.dump());
+  }
+  STRATA_RETURN_IF_ERROR(gang_.Barrier());
+  absl::Status written = models_.SaveCheckpoint(tmp_dir);
+  // Every rank's part is on disk (or this rank failed: its own error wins).
+  STRATA_RETURN_IF_ERROR(written);
+  STRATA_RETURN_IF_ERROR(gang_.Barrier());
+  if (gang_.rank() == 0) {
+    json algorithm = json::object();
+    for (const auto& [key, value] : request.params) {
+      if (key.rfind("state/", 0) == 0) algorithm[key.substr(6)] = value;
     }
+    json state{{"iteration", request.iteration + 1},
+               {"metrics_lines", static_cast<int64_t>(Param(request.params, "metrics_lines"))},
+               {"run_id", options_.run_id},
+               {"world_size", gang_.world_size()},
+               {"algorithm", algorithm}};
+    written = WriteFileAtomically(JoinPath(tmp_dir, "state.json"), state.dump());
     if (written.ok()) {
       std::filesystem::remove_all(final_dir, ec);
       std::filesystem::rename(tmp_dir, final_dir, ec);

@@ -6,54 +6,11 @@
 #include "base/status_macros.h"
 
 namespace strata::services {
-namespace {
-
-// The ranks' process groups, built concurrently (each waits for the others).
-absl::StatusOr<std::vector<std::unique_ptr<policies::ProcessGroup>>> MeetOverLoopback(
-    int ranks, std::chrono::milliseconds timeout) {
-  std::vector<std::unique_ptr<policies::ProcessGroup>> groups(static_cast<size_t>(ranks));
-  if (ranks == 1) {
-    groups[0] = policies::ProcessGroup::Solo();
-    return groups;
-  }
-  STRATA_ASSIGN_OR_RETURN(auto host, policies::Rendezvous::Host("127.0.0.1", 0, ranks, timeout));
-  const int port = host->port();
-  std::vector<absl::Status> statuses(static_cast<size_t>(ranks));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r) {
-    threads.emplace_back([&, r, rendezvous = r == 0 ? std::move(host) : nullptr]() mutable {
-      if (rendezvous == nullptr) {
-        auto joined = policies::Rendezvous::Join("127.0.0.1", port, timeout);
-        if (!joined.ok()) {
-          statuses[static_cast<size_t>(r)] = joined.status();
-          return;
-        }
-        rendezvous = std::move(*joined);
-      }
-      policies::ProcessGroupOptions options;
-      options.rank = r;
-      options.world_size = ranks;
-      options.timeout = timeout;
-      auto group = policies::ProcessGroup::Create(options, std::move(rendezvous));
-      if (group.ok()) {
-        groups[static_cast<size_t>(r)] = std::move(*group);
-      } else {
-        statuses[static_cast<size_t>(r)] = group.status();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  STRATA_RETURN_IF_ERROR(FirstCause(statuses));
-  return groups;
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<LocalGang>> LocalGang::Create(const policies::JobSpec& spec, int ranks,
                                                              const JobRankOptions& options,
                                                              std::chrono::milliseconds timeout) {
   if (ranks < 1) return absl::InvalidArgumentError(absl::StrCat("workers must be >= 1, got ", ranks));
-  STRATA_ASSIGN_OR_RETURN(auto groups, MeetOverLoopback(ranks, timeout));
+  STRATA_ASSIGN_OR_RETURN(auto groups, policies::ProcessGroup::CreateInProcess(ranks, timeout));
   std::unique_ptr<LocalGang> gang(new LocalGang());
   for (int r = 0; r < ranks; ++r) {
     Rank rank;
@@ -63,18 +20,6 @@ absl::StatusOr<std::unique_ptr<LocalGang>> LocalGang::Create(const policies::Job
                             JobRank::Create(spec, *rank.models, rank.models->tokenizer(), *rank.group, options));
     gang->ranks_.push_back(std::move(rank));
   }
-  return gang;
-}
-
-absl::StatusOr<std::unique_ptr<LocalGang>> LocalGang::Over(const policies::JobSpec& spec,
-                                                           policies::WorkerGroup& models,
-                                                           const policies::Tokenizer& tokenizer,
-                                                           const JobRankOptions& options) {
-  std::unique_ptr<LocalGang> gang(new LocalGang());
-  Rank rank;
-  rank.group = policies::ProcessGroup::Solo();
-  STRATA_ASSIGN_OR_RETURN(rank.job, JobRank::Create(spec, models, tokenizer, *rank.group, options));
-  gang->ranks_.push_back(std::move(rank));
   return gang;
 }
 

@@ -25,18 +25,11 @@ class LocalGang final : public Gang {
   static absl::StatusOr<std::unique_ptr<LocalGang>> Create(const policies::JobSpec& spec, int ranks,
                                                            const JobRankOptions& options,
                                                            std::chrono::milliseconds timeout = std::chrono::seconds(60));
-  // One rank over models held elsewhere (which must outlive the gang).
-  static absl::StatusOr<std::unique_ptr<LocalGang>> Over(const policies::JobSpec& spec,
-                                                         policies::WorkerGroup& models,
-                                                         const policies::Tokenizer& tokenizer,
-                                                         const JobRankOptions& options);
   ~LocalGang() override;
 
   absl::StatusOr<PhaseReply> Run(const PhaseRequest& request) override;
 
   int size() const { return static_cast<int>(ranks_.size()); }
-  // Rank r's models (Create only).
-  LocalWorkerGroup& models(int r) { return *ranks_[static_cast<size_t>(r)].models; }
 
  private:
   struct Rank {

@@ -1,5 +1,6 @@
 #include "services/runtime/local_worker_group.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <numeric>
@@ -569,6 +570,10 @@ policies::MemoryStats LocalWorkerGroup::PhaseMemory(const std::string& phase) {
   stats.peak_bytes["device"] = static_cast<int64_t>(monitor_->peak_bytes());
   stats.peak_bytes["host"] = static_cast<int64_t>(arena_->stats().peak_requested_bytes);
   stats.peak_bytes["nvme"] = nvme_ ? nvme_->allocated_bytes() : 0;
+  // Master weights and moments this rank holds (ZeRO-1 shards them).
+  int64_t optimizer = 0;
+  for (auto& [name, model] : Trainable()) optimizer += model->trainer()->optimizer_state_bytes();
+  stats.peak_bytes["optimizer_state"] = optimizer;
   return stats;
 }
 
@@ -580,14 +585,44 @@ std::vector<std::pair<std::string, policies::PlacedModel*>> LocalWorkerGroup::Tr
   return out;
 }
 
+namespace {
+
+// A gang's ranks each write the optimizer states they hold; a single rank
+// writes them all under the plain name.
+std::string OptimizerFile(int rank, int world) {
+  return world == 1 ? "optimizer.safetensors" : absl::StrCat("optimizer-rank", rank, "-of-", world, ".safetensors");
+}
+
+// Every optimizer file in a checkpoint's model directory, whatever the size
+// of the gang that wrote it.
+std::vector<std::string> OptimizerFiles(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name == "optimizer.safetensors" || (name.rfind("optimizer-rank", 0) == 0 && name.ends_with(".safetensors"))) {
+      out.push_back(entry.path().string());
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
 absl::Status LocalWorkerGroup::SaveCheckpoint(const std::string& dir) {
+  // Rank 0 writes the weights (the same on every rank); each rank writes
+  // the optimizer states it holds.
+  const int rank = gang_->rank(), world = gang_->world_size();
   for (auto& [name, model] : Trainable()) {
     const std::string sub = JoinPath(dir, name);
     std::error_code ec;
     std::filesystem::create_directories(sub, ec);
     if (ec) return absl::PermissionDeniedError(absl::StrCat("checkpoint: cannot create ", sub, ": ", ec.message()));
-    STRATA_RETURN_IF_ERROR(model->Save(sub));
-    STRATA_RETURN_IF_ERROR(model->trainer()->SaveState(JoinPath(sub, "optimizer.safetensors")));
+    if (rank == 0) {
+      STRATA_RETURN_IF_ERROR(model->Save(sub));
+    }
+    STRATA_RETURN_IF_ERROR(model->trainer()->SaveState(JoinPath(sub, OptimizerFile(rank, world))));
   }
   return absl::OkStatus();
 }
@@ -596,7 +631,9 @@ absl::Status LocalWorkerGroup::LoadCheckpoint(const std::string& dir) {
   for (auto& [name, model] : Trainable()) {
     const std::string sub = JoinPath(dir, name);
     STRATA_RETURN_IF_ERROR(model->LoadWeights(sub));
-    STRATA_RETURN_IF_ERROR(model->trainer()->LoadState(JoinPath(sub, "optimizer.safetensors")));
+    const std::vector<std::string> files = OptimizerFiles(sub);
+    if (files.empty()) return absl::DataLossError(absl::StrCat(sub, ": no optimizer state"));
+    STRATA_RETURN_IF_ERROR(model->trainer()->LoadState(files));
   }
   return absl::OkStatus();
 }

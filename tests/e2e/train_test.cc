@@ -10,6 +10,7 @@
 
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "policies/checkpoint/safetensors.h"
 #include "policies/checkpoint/tensor_io.h"
@@ -240,6 +241,56 @@ TEST_P(DataParallelTest, TwoRanksMatchOneRank) {
   }
   EXPECT_GT(compared, 10);
   std::printf("largest weight difference / update: %.3g\n", worst);
+
+  // ZeRO-1: each of two ranks holds the optimizer states of about half the
+  // parameters (a tensor is not split, so not exactly half).
+  auto optimizer_bytes = [&](const std::string& out) {
+    std::ifstream in(dir_.Join(out + "/metrics.jsonl"));
+    std::string first;
+    std::getline(in, first);
+    return json::parse(first)["memory/optimizer_state_peak_bytes"].get<double>();
+  };
+  const double one_rank = optimizer_bytes("one"), per_rank = optimizer_bytes("two");
+  EXPECT_GT(one_rank, 0.0);
+  EXPECT_LE(per_rank, 0.55 * one_rank) << per_rank << " of " << one_rank;
+  std::printf("optimizer-state bytes per rank: %.0f (2 ranks) vs %.0f (1 rank), %.3fx\n", per_rank, one_rank,
+              per_rank / one_rank);
+}
+
+// A checkpoint written by two ranks (each its half of the optimizer
+// states) resumes on one rank, and one rank's on two: the run re-shards and
+// continues as the uninterrupted run does.
+TEST_F(TrainTest, ResumeReshardsTheOptimizerAcrossGangSizes) {
+  const std::vector<std::string> ppo = {"--set", "algorithm=ppo"};
+  auto run = [&](const std::string& out, const std::string& workers, std::vector<std::string> extra) {
+    std::vector<std::string> args = {"train", spec_, "--out", dir_.Join(out), "--workers", workers};
+    args.insert(args.end(), ppo.begin(), ppo.end());
+    args.insert(args.end(), extra.begin(), extra.end());
+    return Strata(args);
+  };
+  auto whole = run("whole", "1", {});
+  ASSERT_EQ(whole.exit_code, 0) << whole.error;
+  for (auto [first, then] : {std::pair{"2", "1"}, std::pair{"1", "2"}}) {
+    const std::string out = absl::StrCat("split", first, then);
+    auto part = run(out, first, {"--set", "train.iterations=3"});
+    ASSERT_EQ(part.exit_code, 0) << part.error;
+    auto resumed = run(out, then, {"--resume"});
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.error;
+    EXPECT_NE(resumed.error.find("resuming from"), std::string::npos) << resumed.error;
+    const auto want = Metrics(dir_.Join("whole/metrics.jsonl"));
+    const auto got = Metrics(dir_.Join(out + "/metrics.jsonl"));
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      for (const auto& [key, value] : want[i].items()) {
+        ASSERT_TRUE(got[i].contains(key)) << key;
+        const double a = value.get<double>(), b = got[i][key].get<double>();
+        EXPECT_LE(std::abs(a - b), 1e-4 + 1e-4 * std::abs(a)) << out << " iteration " << i << " " << key;
+      }
+    }
+  }
+  // The two-rank checkpoint holds one optimizer file per rank.
+  EXPECT_TRUE(IsRegularFile(dir_.Join("split21/checkpoints/iter-000002/actor/optimizer-rank0-of-2.safetensors")));
+  EXPECT_TRUE(IsRegularFile(dir_.Join("split21/checkpoints/iter-000002/actor/optimizer-rank1-of-2.safetensors")));
 }
 
 INSTANTIATE_TEST_SUITE_P(Algorithms, DataParallelTest, ::testing::Values("sft", "reward_model", "remax", "ppo"));
