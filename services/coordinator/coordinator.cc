@@ -415,9 +415,14 @@ void CoordinatorService::SchedulerLoop() {
 }
 
 void CoordinatorService::RunOnGang(uint64_t run, JobRecord job, std::vector<WorkerRecord> workers) {
-  auto finish = [&] {
+  auto release = [&](const WorkerRecord& worker) {
     std::lock_guard<std::mutex> lock(mu_);
-    for (const WorkerRecord& w : workers) busy_workers_.erase(w.id);
+    busy_workers_.erase(worker.id);
+    cv_.notify_all();
+  };
+  auto finish = [&] {
+    for (const WorkerRecord& w : workers) release(w);
+    std::lock_guard<std::mutex> lock(mu_);
     finished_runs_.insert(run);
     cv_.notify_all();
   };
@@ -455,9 +460,7 @@ void CoordinatorService::RunOnGang(uint64_t run, JobRecord job, std::vector<Work
       auto current = store_->Get(job.id);
       return current.ok() && current->state == JobState::kCancelled;
     };
-    absl::Status ran = RunJob(*spec, *gang, run);
-    gang->Unload();
-    return ran;
+    return RunJob(*spec, *gang, run);
   };
   // The loop runs JSON code on what workers say; an exception there fails
   // this job (and unloads its workers), never the coordinator and its other jobs.
@@ -466,7 +469,6 @@ void CoordinatorService::RunOnGang(uint64_t run, JobRecord job, std::vector<Work
     status = run_job();
   } catch (const std::exception& e) {
     status = absl::InternalError(absl::StrCat("job ", job.id, " on workers ", names, ": ", e.what()));
-    if (gang != nullptr) gang->Unload();
   }
 
   if (status.ok()) {
@@ -493,6 +495,10 @@ void CoordinatorService::RunOnGang(uint64_t run, JobRecord job, std::vector<Work
           nlohmann::json{{"state", "FAILED"}, {"error_code", code}, {"error", std::string(status.message())}}.dump());
     }
   }
+  // The job's state is recorded first: a rank that hangs answers Unload only
+  // at its deadline, and the requeued job must not wait for it. Each worker
+  // becomes schedulable again as its unload returns.
+  if (gang != nullptr) gang->Unload([&](int r) { release(workers[static_cast<size_t>(r)]); });
   finish();
 }
 

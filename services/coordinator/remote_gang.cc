@@ -1,6 +1,8 @@
 #include "services/coordinator/remote_gang.h"
 
 #include <cmath>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -9,8 +11,6 @@
 
 namespace strata::services {
 namespace {
-
-bool Measured(const std::string& key) { return key.rfind("time/", 0) == 0 || key.rfind("memory/", 0) == 0; }
 
 // What the driver reads from each phase's reply.
 std::vector<std::string> Required(const std::string& phase) {
@@ -54,7 +54,7 @@ absl::Status CheckPhaseReplies(const PhaseRequest& request, const std::vector<Ph
                                               "' differs from rank 0's '", first.text, "'"));
     }
     for (const auto& [key, value] : first.metrics) {
-      if (Measured(key)) continue;
+      if (IsRankMeasurement(key)) continue;
       const auto it = replies[r].metrics.find(key);
       // The ranks derive global metrics from the same all-reduced sums.
       if (it == replies[r].metrics.end() || std::abs(it->second - value) > 1e-9 * (1 + std::abs(value))) {
@@ -70,10 +70,30 @@ absl::Status CheckPhaseReplies(const PhaseRequest& request, const std::vector<Ph
 
 template <typename T, typename Call>
 absl::StatusOr<std::vector<T>> RemoteGang::OnEveryRank(Call call) {
-  std::vector<absl::StatusOr<T>> results(workers_.size(), absl::UnknownError("not run"));
+  const size_t n = workers_.size();
+  std::vector<absl::StatusOr<T>> results(n, absl::UnknownError("not run"));
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t done = 0;
   std::vector<std::thread> threads;
-  for (size_t r = 1; r < workers_.size(); ++r) threads.emplace_back([&, r] { results[r] = call(r); });
-  results[0] = call(0);
+  for (size_t r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      absl::StatusOr<T> result = call(r);
+      std::lock_guard<std::mutex> lock(mu);
+      results[r] = std::move(result);
+      ++done;
+      cv.notify_all();
+    });
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done > 0; });
+    if (done < n && !cv.wait_for(lock, grace_, [&] { return done == n; })) {
+      // Still busy well after another rank ended the same phase: hung.
+      lock.unlock();
+      for (auto& worker : workers_) worker->CancelCalls();
+    }
+  }
   for (auto& t : threads) t.join();
   std::vector<absl::Status> statuses;
   std::vector<T> out;
@@ -89,7 +109,9 @@ absl::StatusOr<std::unique_ptr<RemoteGang>> RemoteGang::Start(std::vector<std::u
                                                               const std::string& spec_yaml,
                                                               std::chrono::milliseconds collective_timeout) {
   if (workers.empty()) return absl::InvalidArgumentError("a gang needs at least one worker");
-  std::unique_ptr<RemoteGang> gang(new RemoteGang(std::move(workers)));
+  // A live rank's collective with a failed one ends within the collective
+  // timeout; the margin covers the reply's way back.
+  std::unique_ptr<RemoteGang> gang(new RemoteGang(std::move(workers), collective_timeout + std::chrono::seconds(5)));
   const int world = static_cast<int>(gang->workers_.size());
   int port = 0;
   std::string host;
@@ -114,15 +136,19 @@ absl::StatusOr<PhaseReply> RemoteGang::Run(const PhaseRequest& request) {
   return MergeReplies(replies);
 }
 
-void RemoteGang::Unload() {
+void RemoteGang::Unload(const std::function<void(int)>& unloaded) {
   // At once: a rank still in a collective with a lost one answers only when
   // that collective times out, and the others should not wait behind it.
-  (void)OnEveryRank<bool>([&](size_t r) -> absl::StatusOr<bool> {
-    if (absl::Status s = workers_[r]->Unload(); !s.ok()) {
-      STRATA_LOG(Warning) << "unload on " << workers_[r]->options().address << ": " << s;
-    }
-    return true;
-  });
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < workers_.size(); ++r) {
+    threads.emplace_back([&, r] {
+      if (absl::Status s = workers_[r]->Unload(); !s.ok()) {
+        STRATA_LOG(Warning) << "unload on " << workers_[r]->options().address << ": " << s;
+      }
+      if (unloaded) unloaded(static_cast<int>(r));
+    });
+  }
+  for (auto& t : threads) t.join();
 }
 
 std::map<std::string, int64_t> RemoteGang::calls() const {

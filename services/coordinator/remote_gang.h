@@ -13,6 +13,7 @@
 #define STRATA_SERVICES_COORDINATOR_REMOTE_GANG_H_
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,25 +28,33 @@ class RemoteGang final : public Gang {
  public:
   // `workers[r]` becomes rank r. Returns once every rank has joined and
   // loaded the job; `collective_timeout` bounds forming the gang and every
-  // collective in it.
+  // collective in it. Once one rank has ended a phase (done or failed), the
+  // others get the collective timeout and a margin to end theirs: ranks
+  // drift apart by at most the collective timeout anyway, since every phase
+  // but rollout ends in a collective that waits no longer than that. A rank
+  // still busy after it hangs; its call is cancelled (UNAVAILABLE: the job
+  // is requeued), so a phase never waits on a hung rank for longer.
   static absl::StatusOr<std::unique_ptr<RemoteGang>> Start(std::vector<std::unique_ptr<RemoteWorkerGroup>> workers,
                                                            const std::string& spec_yaml,
                                                            std::chrono::milliseconds collective_timeout);
 
   absl::StatusOr<PhaseReply> Run(const PhaseRequest& request) override;
-  // Drops the job on every rank (best effort: each rank's error is logged).
-  void Unload();
+  // Drops the job on every rank at once (best effort: each rank's error is
+  // logged); `unloaded(r)` is called as rank r's call returns.
+  void Unload(const std::function<void(int)>& unloaded = nullptr);
 
   // Calls made so far over every rank, by method.
   std::map<std::string, int64_t> calls() const;
 
  private:
-  explicit RemoteGang(std::vector<std::unique_ptr<RemoteWorkerGroup>> workers) : workers_(std::move(workers)) {}
+  RemoteGang(std::vector<std::unique_ptr<RemoteWorkerGroup>> workers, std::chrono::milliseconds grace)
+      : workers_(std::move(workers)), grace_(grace) {}
   // Runs `call(rank)` on every rank at once; the first cause of failure.
   template <typename T, typename Call>
   absl::StatusOr<std::vector<T>> OnEveryRank(Call call);
 
   std::vector<std::unique_ptr<RemoteWorkerGroup>> workers_;
+  const std::chrono::milliseconds grace_;  // after a rank failed, for the others
 };
 
 // The host part of a "host:port" (or "[v6]:port") address.

@@ -54,8 +54,21 @@ absl::Status RemoteWorkerGroup::Call(const char* method,
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + timeout);
   AddBearer(&context, options_.token);
+  {
+    std::lock_guard<std::mutex> lock(calls_mu_);
+    active_.insert(&context);
+  }
   const grpc::Status status = (stub_.get()->*rpc)(&context, request, response);
+  {
+    std::lock_guard<std::mutex> lock(calls_mu_);
+    active_.erase(&context);
+  }
   if (status.ok()) return absl::OkStatus();
+  if (status.error_code() == grpc::StatusCode::CANCELLED && cancelled_.load()) {
+    // CancelCalls gave up on this worker: to the coordinator, it is lost.
+    return absl::UnavailableError(
+        absl::StrCat("worker ", options_.address, " unavailable: ", method, ": given up (", status.error_message(), ")"));
+  }
   // No reply in time is indistinguishable from a dead worker to the
   // coordinator, and both mean the same to it: the job moves elsewhere.
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
@@ -65,6 +78,12 @@ absl::Status RemoteWorkerGroup::Call(const char* method,
   }
   const absl::Status s = FromGrpcStatus(status);
   return absl::Status(s.code(), absl::StrCat("worker ", options_.address, ": ", method, ": ", s.message()));
+}
+
+void RemoteWorkerGroup::CancelCalls() {
+  std::lock_guard<std::mutex> lock(calls_mu_);
+  cancelled_.store(true);
+  for (grpc::ClientContext* context : active_) context->TryCancel();
 }
 
 namespace {

@@ -19,7 +19,9 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <atomic>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -97,6 +99,11 @@ class RemoteWorkerGroup final : public policies::WorkerGroup {
   absl::Status LoadCheckpoint(const std::string& dir) override;
   absl::Status SaveOutput(const std::string& dir) override;
 
+  // Cancels the calls in flight (from other threads); they, and any later
+  // call that is cancelled, return UNAVAILABLE: the worker counts as lost.
+  // For a gang whose rank hangs after another rank failed.
+  void CancelCalls();
+
   const RemoteWorkerOptions& options() const { return options_; }
   // Calls made so far, by method name ("Rollout", "BeginPhase", ...).
   std::map<std::string, int64_t> calls() const;
@@ -118,7 +125,9 @@ class RemoteWorkerGroup final : public policies::WorkerGroup {
   const RemoteWorkerOptions options_;
   std::unique_ptr<strata::v1::Worker::Stub> stub_;
   mutable std::mutex calls_mu_;
-  mutable std::map<std::string, int64_t> calls_;  // guarded by calls_mu_
+  mutable std::map<std::string, int64_t> calls_;       // guarded by calls_mu_
+  mutable std::set<grpc::ClientContext*> active_;     // calls in flight; guarded by calls_mu_
+  std::atomic<bool> cancelled_{false};
 };
 
 }  // namespace strata::services

@@ -16,8 +16,6 @@ using nlohmann::json;
 using policies::Algorithm;
 using policies::Metrics;
 
-bool Measured(const std::string& key) { return key.rfind("time/", 0) == 0 || key.rfind("memory/", 0) == 0; }
-
 void Progress(const JobRunOptions& o, int64_t it, int64_t total, const json& m) {
   if (o.progress == nullptr) return;
   auto get = [&](const char* key) { return m.contains(key) && m[key].is_number() ? m[key].get<double>() : NAN; };
@@ -67,12 +65,16 @@ Metrics LineMetrics(const json& line) {
 
 }  // namespace
 
+bool IsRankMeasurement(const std::string& metric) {
+  return metric.rfind("time/", 0) == 0 || metric.rfind("memory/", 0) == 0;
+}
+
 absl::StatusOr<PhaseReply> MergeReplies(const std::vector<PhaseReply>& replies) {
   if (replies.empty()) return absl::InternalError("a phase ended with no replies");
   PhaseReply merged = replies[0];
   for (size_t r = 1; r < replies.size(); ++r) {
     for (const auto& [key, value] : replies[r].metrics) {
-      if (!Measured(key)) continue;
+      if (!IsRankMeasurement(key)) continue;
       auto it = merged.metrics.find(key);
       if (it == merged.metrics.end() || value > it->second) merged.metrics[key] = value;
     }

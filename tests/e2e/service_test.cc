@@ -568,18 +568,29 @@ std::vector<json> MetricsOf(const std::string& path) {
   return lines;
 }
 
-// parallel.workers: 2 runs the job on both workers as one gang (Gloo over
-// loopback between the worker processes) and computes what one worker
-// does: the same metrics within float32 reduction-order noise (see
-// tests/e2e/train_test.cc, DataParallelTest, for the tolerance).
-TEST_F(ServiceTest, TwoWorkerGangMatchesOneWorker) {
+// parallel.workers: 2 runs the job on both worker processes as one gang
+// (Gloo over loopback between them) and computes what one worker does: the
+// same metrics within float32 reduction-order noise (see
+// tests/e2e/train_test.cc, DataParallelTest, for the tolerance), for each
+// kind of training job.
+class GangTest : public ServiceTest, public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(GangTest, TwoWorkerGangMatchesOneWorker) {
+  const std::string algorithm = GetParam();
+  std::vector<std::string> set = {"algorithm=" + algorithm};
+  if (algorithm == "sft") set.push_back("data.train=" + testing::SourcePath("examples/tiny/data/sft.jsonl"));
+  if (algorithm == "reward_model") {
+    set.push_back("models.reward={path: " + model_ + "}");
+    set.push_back("data.train=" + testing::SourcePath("examples/tiny/data/preferences.jsonl"));
+  }
+  if (algorithm == "ppo") set.push_back("models.critic={path: " + model_ + "}");
   v1::Job one, two;
-  ASSERT_TRUE(Submit(Spec(3, "gang1", 2), &one).ok());
+  ASSERT_TRUE(Submit(Spec(3, "gang1", 2), &one, "", set).ok());
   ASSERT_EQ(Watch(one.id(), Ended).back().state(), v1::SUCCEEDED) << Get(one.id()).error_message();
-  ASSERT_TRUE(Submit(Spec(3, "gang2", 2), &two, "", {"parallel.workers=2"}).ok());
+  set.push_back("parallel.workers=2");
+  ASSERT_TRUE(Submit(Spec(3, "gang2", 2), &two, "", set).ok());
   ASSERT_EQ(Watch(two.id(), Ended).back().state(), v1::SUCCEEDED) << Get(two.id()).error_message();
-  const v1::Job done = Get(two.id());
-  EXPECT_TRUE(done.worker() == "" || done.worker().find(',') != std::string::npos) << done.worker();
+  EXPECT_NE(Get(two.id()).worker().find(','), std::string::npos) << Get(two.id()).worker();
   const auto want = MetricsOf(dir_.Join("gang1/metrics.jsonl"));
   const auto got = MetricsOf(dir_.Join("gang2/metrics.jsonl"));
   ASSERT_EQ(want.size(), 3u);
@@ -592,7 +603,16 @@ TEST_F(ServiceTest, TwoWorkerGangMatchesOneWorker) {
     }
   }
   EXPECT_TRUE(IsRegularFile(dir_.Join("gang2/model.safetensors")));
-  // A gang larger than the registered workers is refused at submit, naming the key.
+  // Each rank checkpointed its half of the optimizer states.
+  const std::string model_dir = algorithm == "reward_model" ? "reward" : "actor";
+  EXPECT_TRUE(IsRegularFile(
+      dir_.Join("gang2/checkpoints/iter-000002/" + model_dir + "/optimizer-rank1-of-2.safetensors")));
+}
+
+INSTANTIATE_TEST_SUITE_P(Algorithms, GangTest, ::testing::Values("sft", "reward_model", "remax", "ppo"));
+
+// A gang larger than the registered workers is refused at submit, naming the key.
+TEST_F(ServiceTest, MoreWorkersThanRegisteredIsRefused) {
   v1::Job refused;
   const grpc::Status status = Submit(Spec(3, "gang3"), &refused, "", {"parallel.workers=3"});
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
@@ -623,6 +643,33 @@ TEST_F(ServiceTest, RankKilledMidJobRequeuesAndTheGangFinishes) {
     if (e.state() == v1::QUEUED && ran) requeued = true;
   }
   EXPECT_TRUE(requeued) << "the job never went back to the queue";
+  EXPECT_EQ(Get(job.id()).iteration(), 8);
+}
+
+// A rank that hangs (SIGSTOP) mid-job: the other rank's collective fails
+// within the collective timeout (5 s), the coordinator gives up on the hung
+// rank's call a margin (5 s) later, and the job goes back to the queue while
+// the worker is still stopped; without that the phase would wait for the
+// call's 10 min deadline, past this test's watch. Resumed (SIGCONT), the
+// worker rejoins and the job finishes.
+TEST_F(ServiceTest, RankThatHangsIsGivenUpAndTheJobRequeued) {
+  v1::Job job;
+  const grpc::Status submitted = Submit(Spec(8, "ganghang", 2), &job, "", {"parallel.workers=2"});
+  ASSERT_TRUE(submitted.ok()) << submitted.error_message();
+  Watch(job.id(), AtIteration(2));
+  ASSERT_EQ(Get(job.id()).state(), v1::RUNNING);
+  workers_[1]->Signal(SIGSTOP);
+  bool running = false;
+  const auto until_requeued = Watch(job.id(), [&](const v1::JobEvent& e) {
+    if (e.type() != "state") return false;
+    if (e.state() == v1::RUNNING) running = true;
+    return (running && e.state() == v1::QUEUED) || Ended(e);
+  });
+  workers_[1]->Signal(SIGCONT);
+  ASSERT_FALSE(until_requeued.empty());
+  EXPECT_EQ(until_requeued.back().state(), v1::QUEUED) << coordinator_->Log();
+  EXPECT_EQ(Watch(job.id(), Ended).back().state(), v1::SUCCEEDED) << Get(job.id()).error_message() << "\n"
+                                                                   << coordinator_->Log();
   EXPECT_EQ(Get(job.id()).iteration(), 8);
 }
 

@@ -258,8 +258,8 @@ TEST_P(DataParallelTest, TwoRanksMatchOneRank) {
 }
 
 // A checkpoint written by two ranks (each its half of the optimizer
-// states) resumes on one rank, and one rank's on two: the run re-shards and
-// continues as the uninterrupted run does.
+// states) resumes on one rank and on two, and one rank's on two: the run
+// re-shards where it must and continues as the uninterrupted run does.
 TEST_F(TrainTest, ResumeReshardsTheOptimizerAcrossGangSizes) {
   const std::vector<std::string> ppo = {"--set", "algorithm=ppo"};
   auto run = [&](const std::string& out, const std::string& workers, std::vector<std::string> extra) {
@@ -270,7 +270,7 @@ TEST_F(TrainTest, ResumeReshardsTheOptimizerAcrossGangSizes) {
   };
   auto whole = run("whole", "1", {});
   ASSERT_EQ(whole.exit_code, 0) << whole.error;
-  for (auto [first, then] : {std::pair{"2", "1"}, std::pair{"1", "2"}}) {
+  for (auto [first, then] : {std::pair{"2", "1"}, std::pair{"2", "2"}, std::pair{"1", "2"}}) {
     const std::string out = absl::StrCat("split", first, then);
     auto part = run(out, first, {"--set", "train.iterations=3"});
     ASSERT_EQ(part.exit_code, 0) << part.error;

@@ -53,6 +53,10 @@ class ChildProcess {
     pid_ = -1;
     return status_;
   }
+  // Sends `signal` without waiting (SIGSTOP, SIGCONT).
+  void Signal(int signal) const {
+    if (pid_ > 0) ::kill(pid_, signal);
+  }
   // True while the child has not exited (reaps it when it has).
   bool Alive() {
     if (pid_ <= 0) return false;
