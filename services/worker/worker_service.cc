@@ -84,6 +84,15 @@ void WorkerService::DropJob() {
   phase_.clear();
 }
 
+void WorkerService::DropStaleJob(const std::string& assigned) {
+  if ((group_ == nullptr && rendezvous_ == nullptr) || job_id_ == assigned) return;
+  // The coordinator schedules only workers it counts as idle: the job held
+  // here lost its gang, and the Unload that should have ended it never
+  // arrived (the connection broke, or this worker was stopped).
+  STRATA_LOG(Warning) << "worker " << options_.worker_id << " drops job " << job_id_ << ": assigned job " << assigned;
+  DropJob();
+}
+
 absl::StatusOr<policies::JobSpec> WorkerService::ParseSpec(const std::string& job_id, const std::string& yaml) {
   STRATA_ASSIGN_OR_RETURN(auto spec, policies::ParseJobSpec(yaml, {}, absl::StrCat("job ", job_id)));
   if (spec.memory.nvme_dir.empty()) spec.memory.nvme_dir = options_.nvme_dir;
@@ -195,10 +204,7 @@ grpc::ServerUnaryReactor* WorkerService::OpenRendezvous(grpc::CallbackServerCont
                                                         v1::OpenRendezvousResponse* response) {
   return Submit(context, [this, request, response]() -> absl::Status {
     if (request->job_id().empty()) return absl::InvalidArgumentError("job_id: empty");
-    if ((group_ != nullptr || rendezvous_ != nullptr) && job_id_ != request->job_id()) {
-      return absl::FailedPreconditionError(absl::StrCat("worker ", options_.worker_id, " holds job ", job_id_,
-                                                        "; unload it before starting job ", request->job_id()));
-    }
+    DropStaleJob(request->job_id());
     DropJob();
     STRATA_ASSIGN_OR_RETURN(rendezvous_,
                             policies::Rendezvous::Host("0.0.0.0", 0, request->world_size(),
@@ -214,10 +220,7 @@ grpc::ServerUnaryReactor* WorkerService::StartRank(grpc::CallbackServerContext* 
                                                    v1::LoadModelsResponse* response) {
   return Submit(context, [this, request, response]() -> absl::Status {
     if (request->job_id().empty()) return absl::InvalidArgumentError("job_id: empty");
-    if ((group_ != nullptr || rendezvous_ != nullptr) && job_id_ != request->job_id()) {
-      return absl::FailedPreconditionError(absl::StrCat("worker ", options_.worker_id, " holds job ", job_id_,
-                                                        "; unload it before starting job ", request->job_id()));
-    }
+    DropStaleJob(request->job_id());
     std::unique_ptr<policies::Rendezvous> rendezvous = std::move(rendezvous_);
     DropJob();
     STRATA_ASSIGN_OR_RETURN(auto spec, ParseSpec(request->job_id(), request->spec_yaml()));

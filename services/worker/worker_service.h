@@ -58,13 +58,15 @@ class WorkerService final : public strata::v1::Worker::CallbackService {
   void Shutdown();
 
   // Rank 0 of a gang: opens the rendezvous on a free port (held for the
-  // job's StartRank). FAILED_PRECONDITION while another job is loaded.
+  // job's StartRank). A gang call for a new job drops a job still held from
+  // a gang that was lost (its Unload never arrived): the coordinator assigns
+  // only workers it counts as idle.
   grpc::ServerUnaryReactor* OpenRendezvous(grpc::CallbackServerContext* context,
                                            const strata::v1::OpenRendezvousRequest* request,
                                            strata::v1::OpenRendezvousResponse* response) override;
   // Joins the gang, loads the models and the job's data (JobRank). Returns
   // once every rank has joined; DEADLINE_EXCEEDED when they do not within
-  // the request's timeout. FAILED_PRECONDITION while another job is loaded.
+  // the request's timeout. Drops a stale job as OpenRendezvous does.
   grpc::ServerUnaryReactor* StartRank(grpc::CallbackServerContext* context,
                                       const strata::v1::StartRankRequest* request,
                                       strata::v1::LoadModelsResponse* response) override;
@@ -134,6 +136,8 @@ class WorkerService final : public strata::v1::Worker::CallbackService {
   void PublishStats();
   // Drops the job: its rank, models and gang, in that order.
   void DropJob();
+  // Drops a job other than `assigned` left from a lost gang, with a warning.
+  void DropStaleJob(const std::string& assigned);
   // The spec of a job being loaded, with this worker's defaults filled in.
   absl::StatusOr<policies::JobSpec> ParseSpec(const std::string& job_id, const std::string& yaml);
 

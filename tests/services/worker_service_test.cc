@@ -526,6 +526,22 @@ TEST_F(WorkerServiceTest, WrongJobIdIsFailedPreconditionNamingBoth) {
   EXPECT_EQ(other->Unload().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// A gang call for a new job replaces a job left from a lost gang (its
+// Unload never arrived), and the new job's phases run; the old job's calls
+// are then refused.
+TEST_F(WorkerServiceTest, NewGangReplacesAStaleJob) {
+  auto stale = Remote("job-1");
+  ASSERT_TRUE(stale->StartRank(*yaml_, 0, 1, "", 0, std::chrono::seconds(5)).ok());
+  auto fresh = Remote("job-2");
+  auto started = fresh->StartRank(*yaml_, 0, 1, "", 0, std::chrono::seconds(5));
+  ASSERT_TRUE(started.ok()) << started.status();
+  auto found = fresh->RunPhase({"find_checkpoint", 0, {}, ""});
+  EXPECT_TRUE(found.ok()) << found.status();
+  auto old_phase = stale->RunPhase({"rollout", 0, {}, ""});
+  EXPECT_EQ(old_phase.status().code(), absl::StatusCode::kFailedPrecondition) << old_phase.status();
+  EXPECT_THAT(std::string(old_phase.status().message()), HasSubstr("job-2"));
+}
+
 TEST_F(WorkerServiceTest, BadSpecAndBadTensorsAreInvalidArgument) {
   auto remote = Remote("job-1");
   auto load = remote->LoadModels("algorithm: remax\nmodels: {actor: {pathh: x}}\n");
