@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <span>
@@ -105,9 +106,9 @@ class LayerwiseTrainerImpl final : public LayerwiseTrainer {
   // Copies new fp32 weights `master` into p's device tensor or layer home.
   absl::Status WriteBack(const ParamState& p, const at::Tensor& master);
   absl::Status HostStep();
-  // ZeRO-1: each owner's new weights to every other rank, which writes them
-  // back to its own copy of the model.
-  absl::Status BroadcastUpdatedWeights();
+  // ZeRO-1: each owner's new fp32 weights (`updated(p)` on the owner) to
+  // every other rank, which writes them back to its own copy of the model.
+  absl::Status BroadcastUpdatedWeights(const std::function<at::Tensor(const ParamState&)>& updated);
   absl::Status NvmeStep();
   absl::Status DeviceStep();
 
@@ -174,6 +175,7 @@ absl::Status LayerwiseTrainerImpl::AllocateState(ParamState& state, const at::Te
   }
   const at::Tensor master = value.detach().to(at::kCPU, at::kFloat).contiguous().reshape({-1});
   if (options_.optimizer == offload::Tier::kNvme) {
+    if (!state.held) return absl::OkStatus();
     return nvme_adam_->Register(state.name,
                                 std::span<const float>(master.data_ptr<float>(), static_cast<size_t>(state.numel)));
   }
@@ -199,7 +201,7 @@ absl::StatusOr<std::unique_ptr<LayerwiseTrainer>> LayerwiseTrainer::Create(const
   std::unique_ptr<LayerwiseTrainerImpl> trainer(
       new LayerwiseTrainerImpl(config, head, std::move(resident), source, arena, options));
   trainer->adam_ = std::move(adam);
-  if (trainer->data_parallel() && options.optimizer == offload::Tier::kHost) {
+  if (trainer->data_parallel() && options.optimizer != offload::Tier::kDevice) {
     trainer->sharded_ = true;
     trainer->dealt_.assign(static_cast<size_t>(options.data_parallel->world_size()), 0);
   }
@@ -573,19 +575,21 @@ absl::Status LayerwiseTrainerImpl::HostStep() {
   for (const ParamState* p : write_back) {
     STRATA_RETURN_IF_ERROR(WriteBack(*p, HostView(p->master, p->numel)));
   }
-  return sharded_ ? BroadcastUpdatedWeights() : absl::OkStatus();
+  if (!sharded_) return absl::OkStatus();
+  return BroadcastUpdatedWeights([](const ParamState& p) { return HostView(p.master, p.numel); });
 }
 
-absl::Status LayerwiseTrainerImpl::BroadcastUpdatedWeights() {
-  // The owner sends its fp32 master; the others receive into their gradient
-  // buffer, spent by now (it is zeroed after the step).
+absl::Status LayerwiseTrainerImpl::BroadcastUpdatedWeights(
+    const std::function<at::Tensor(const ParamState&)>& updated) {
+  // The owner sends its new fp32 weights; the others receive into their
+  // gradient buffer, spent by now (it is zeroed after the step).
   ProcessGroup& gang = *options_.data_parallel;
   for (int owner = 0; owner < gang.world_size(); ++owner) {
     std::vector<at::Tensor> tensors;
     std::vector<const ParamState*> received;
     for (const ParamState& p : params_) {
       if (p.owner != owner) continue;
-      tensors.push_back(HostView(p.held ? p.master : p.grad, p.numel));
+      tensors.push_back(p.held ? updated(p) : HostView(p.grad, p.numel));
       if (!p.held) received.push_back(&p);
     }
     if (tensors.empty()) continue;
@@ -608,19 +612,23 @@ int64_t LayerwiseTrainerImpl::optimizer_state_bytes() const {
 absl::Status LayerwiseTrainerImpl::NvmeStep() {
   std::vector<offload::NvmeAdamUpdate> updates;
   std::vector<std::pair<const ParamState*, offload::HostBuffer>> write_back;
+  std::map<const ParamState*, at::Tensor> updated;  // sharded: each held tensor's new fp32 weights
   write_back.reserve(params_.size());
   for (ParamState& p : params_) {
+    if (!p.held) continue;
     offload::NvmeAdamUpdate update;
     update.name = p.name;
     const size_t n = static_cast<size_t>(p.numel);
     update.grad = p.grad.floats().first(n);
     update.step = ++p.step;
     std::span<std::byte> home = WriteTarget(p);
-    if (home.empty() || (p.dtype != at::kFloat && p.dtype != at::kBFloat16)) {
-      // No reachable home: the new fp32 weights land in a pooled scratch
-      // buffer and are stored after the step.
+    if (sharded_ || home.empty() || (p.dtype != at::kFloat && p.dtype != at::kBFloat16)) {
+      // No reachable home (or the gang needs the fp32 weights to send): the
+      // new weights land in a pooled scratch buffer and are stored after
+      // the step.
       STRATA_ASSIGN_OR_RETURN(auto scratch, arena_->Allocate(n * sizeof(float)));
       update.out_fp32 = scratch.floats().first(n);
+      if (sharded_) updated[&p] = HostView(scratch, p.numel);
       write_back.emplace_back(&p, std::move(scratch));
     } else if (p.dtype == at::kFloat) {
       update.out_fp32 = {reinterpret_cast<float*>(home.data()), n};
@@ -633,7 +641,8 @@ absl::Status LayerwiseTrainerImpl::NvmeStep() {
   for (const auto& [p, scratch] : write_back) {
     STRATA_RETURN_IF_ERROR(WriteBack(*p, HostView(scratch, p->numel)));
   }
-  return absl::OkStatus();
+  if (!sharded_) return absl::OkStatus();
+  return BroadcastUpdatedWeights([&](const ParamState& p) { return updated.at(&p); });
 }
 
 absl::Status LayerwiseTrainerImpl::DeviceStep() {

@@ -190,10 +190,14 @@ absl::StatusOr<std::unique_ptr<LocalWorkerGroup>> LocalWorkerGroup::Create(const
   }
   group->arena_ = std::move(*arena);
   if (!spec.memory.nvme_dir.empty()) {
+    // Ranks of a gang on one machine must not share a store.
+    const std::string nvme_dir = gang->world_size() == 1
+                                     ? spec.memory.nvme_dir
+                                     : JoinPath(spec.memory.nvme_dir, absl::StrCat("rank-", gang->rank()));
     std::error_code ec;
-    std::filesystem::create_directories(spec.memory.nvme_dir, ec);
+    std::filesystem::create_directories(nvme_dir, ec);
     offload::NvmeStoreOptions nvme_options;
-    nvme_options.directory = spec.memory.nvme_dir;
+    nvme_options.directory = nvme_dir;
     auto store = offload::NvmeStore::Open(nvme_options);
     if (!store.ok()) {
       return absl::Status(store.status().code(), absl::StrCat("memory.nvme_dir: ", store.status().message()));

@@ -257,6 +257,43 @@ TEST_P(DataParallelTest, TwoRanksMatchOneRank) {
               per_rank / one_rank);
 }
 
+// ZeRO-1 with the actor's Adam states on the NVMe tier: each rank keeps its
+// half in its own store (<nvme_dir>/rank-R), and the gang still computes
+// what one rank does.
+TEST_F(TrainTest, DataParallelShardsAnNvmeOptimizerToo) {
+  auto run = [&](const std::string& out, const std::string& workers) {
+    return Strata({"train", spec_, "--out", dir_.Join(out), "--workers", workers, "--set", "train.iterations=2",
+                   "--set", "models.actor.placement.optimizer=nvme", "--set",
+                   "memory.nvme_dir=" + dir_.Join("nvme-" + out)});
+  };
+  auto one = run("one", "1");
+  ASSERT_EQ(one.exit_code, 0) << one.error;
+  auto two = run("two", "2");
+  ASSERT_EQ(two.exit_code, 0) << two.error;
+  const auto want = Metrics(dir_.Join("one/metrics.jsonl"));
+  const auto got = Metrics(dir_.Join("two/metrics.jsonl"));
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    for (const auto& [key, value] : want[i].items()) {
+      ASSERT_TRUE(got[i].contains(key)) << key;
+      const double a = value.get<double>(), b = got[i][key].get<double>();
+      EXPECT_LE(std::abs(a - b), 1e-4 + 1e-4 * std::abs(a)) << "iteration " << i << " " << key;
+    }
+  }
+  auto first_line = [&](const std::string& out) {
+    std::ifstream in(dir_.Join(out + "/metrics.jsonl"));
+    std::string line;
+    std::getline(in, line);
+    return json::parse(line);
+  };
+  const json a = first_line("one"), b = first_line("two");
+  EXPECT_LE(b["memory/optimizer_state_peak_bytes"].get<double>(),
+            0.55 * a["memory/optimizer_state_peak_bytes"].get<double>());
+  EXPECT_GT(b["memory/nvme_peak_bytes"].get<double>(), 0.0);
+  EXPECT_LT(b["memory/nvme_peak_bytes"].get<double>(), a["memory/nvme_peak_bytes"].get<double>());
+  EXPECT_TRUE(std::filesystem::is_directory(dir_.Join("nvme-two/rank-1")));
+}
+
 // A checkpoint written by two ranks (each its half of the optimizer
 // states) resumes on one rank and on two, and one rank's on two: the run
 // re-shards where it must and continues as the uninterrupted run does.
