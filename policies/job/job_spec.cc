@@ -2,6 +2,8 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cmath>
+#include <filesystem>
 #include <functional>
 #include <set>
 
@@ -16,6 +18,77 @@ namespace {
 
 absl::Status KeyError(const std::string& path, const std::string& why) {
   return absl::InvalidArgumentError(absl::StrCat("spec key '", path, "' ", why));
+}
+
+// Bad input quoted back in an error, cut short: a 10 MB value must not
+// become a 10 MB error that hides the message around it.
+std::string Shown(const std::string& text) {
+  constexpr size_t kMax = 64;
+  if (text.size() <= kMax) return text;
+  return absl::StrCat(text.substr(0, kMax), "... (", text.size(), " bytes)");
+}
+
+// yaml-cpp keeps every entry of a mapping that repeats a key, and lookups
+// see only the first: a repeated key would silently drop the later value.
+absl::Status CheckNoDuplicateKeys(const YAML::Node& node, const std::string& path) {
+  if (node.IsSequence()) {
+    for (size_t i = 0; i < node.size(); ++i) {
+      STRATA_RETURN_IF_ERROR(CheckNoDuplicateKeys(node[i], absl::StrCat(path, "[", i, "]")));
+    }
+  }
+  if (!node.IsMap()) return absl::OkStatus();
+  std::set<std::string> seen;
+  for (const auto& entry : node) {
+    const std::string key = entry.first.IsScalar() ? entry.first.Scalar() : "<complex key>";
+    const std::string child = path.empty() ? key : absl::StrCat(path, ".", key);
+    if (!seen.insert(key).second) return KeyError(Shown(child), "appears twice");
+    STRATA_RETURN_IF_ERROR(CheckNoDuplicateKeys(entry.second, child));
+  }
+  return absl::OkStatus();
+}
+
+// Offset of the first byte that does not belong to well-formed UTF-8, or npos.
+size_t FirstNonUtf8Byte(const std::string& text) {
+  size_t i = 0;
+  while (i < text.size()) {
+    const auto lead = static_cast<unsigned char>(text[i]);
+    size_t n = lead < 0x80 ? 1 : (lead >> 5) == 0x6 ? 2 : (lead >> 4) == 0xE ? 3 : (lead >> 3) == 0x1E ? 4 : 0;
+    if (n == 0 || i + n > text.size()) return i;
+    uint32_t cp = n == 1 ? lead : lead & (0x7F >> n);
+    for (size_t k = 1; k < n; ++k) {
+      const auto c = static_cast<unsigned char>(text[i + k]);
+      if ((c & 0xC0) != 0x80) return i;
+      cp = (cp << 6) | (c & 0x3F);
+    }
+    // Overlong forms, surrogates and code points past U+10FFFF.
+    static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[n] || (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) return i;
+    i += n;
+  }
+  return std::string::npos;
+}
+
+// Loads a spec document: at most kMaxJobSpecBytes, a mapping, no repeated keys.
+absl::StatusOr<YAML::Node> LoadDocument(const std::string& yaml_text, const std::string& source) {
+  if (yaml_text.size() > kMaxJobSpecBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": the spec is ", yaml_text.size(),
+                                                   " bytes; a spec may have at most ", kMaxJobSpecBytes));
+  }
+  if (const size_t bad = FirstNonUtf8Byte(yaml_text); bad != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": the spec is not UTF-8 text (byte ", bad, ")"));
+  }
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not valid YAML: ", e.what()));
+  }
+  if (!root || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  if (!root.IsMap()) return absl::InvalidArgumentError(absl::StrCat(source, ": the spec must be a YAML mapping"));
+  if (auto s = CheckNoDuplicateKeys(root, ""); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", s.message()));
+  }
+  return root;
 }
 
 // Reads one YAML mapping, remembering which keys were used so that anything
@@ -51,8 +124,17 @@ class MapReader {
     try {
       *out = value.as<T>();
     } catch (const YAML::Exception&) {
+      if constexpr (std::is_unsigned_v<T> && !std::is_same_v<T, bool>) {
+        if (!value.Scalar().empty() && value.Scalar()[0] == '-') {
+          return KeyError(Path(key), absl::StrCat("must be >= 0, got ", Shown(value.Scalar())));
+        }
+      }
       return KeyError(Path(key),
-                      absl::StrCat("has the wrong type ('", value.Scalar(), "' is not ", TypeName<T>(), ")"));
+                      absl::StrCat("has the wrong type ('", Shown(value.Scalar()), "' is not ", TypeName<T>(), ")"));
+    }
+    if constexpr (std::is_floating_point_v<T>) {
+      // YAML spells infinity and NaN .inf and .nan; no setting wants them.
+      if (!std::isfinite(*out)) return KeyError(Path(key), absl::StrCat("must be a finite number, got ", value.Scalar()));
     }
     return absl::OkStatus();
   }
@@ -60,8 +142,8 @@ class MapReader {
   absl::Status CheckNoUnknownKeys() const {
     if (!node_ || !node_.IsMap()) return absl::OkStatus();
     for (const auto& entry : node_) {
-      const std::string key = entry.first.as<std::string>();
-      if (!used_.count(key)) return KeyError(Path(key), "is unknown");
+      const std::string key = entry.first.IsScalar() ? entry.first.Scalar() : "<complex key>";
+      if (!used_.count(key)) return KeyError(Shown(Path(key)), "is unknown");
     }
     return absl::OkStatus();
   }
@@ -85,7 +167,7 @@ absl::Status ReadTier(MapReader& r, const std::string& key, offload::Tier* out) 
   STRATA_RETURN_IF_ERROR(r.Read(key, &name));
   if (name.empty()) return absl::OkStatus();
   auto tier = offload::ParseTier(name);
-  if (!tier.ok()) return KeyError(r.Path(key), absl::StrCat("must be device, host or nvme, got '", name, "'"));
+  if (!tier.ok()) return KeyError(r.Path(key), absl::StrCat("must be device, host or nvme, got '", Shown(name), "'"));
   *out = *tier;
   return absl::OkStatus();
 }
@@ -97,7 +179,7 @@ absl::Status ReadModel(MapReader& parent, const std::string& key, ModelSpec* mod
   STRATA_RETURN_IF_ERROR(r.Read("rule", &model->rule));
   STRATA_RETURN_IF_ERROR(r.Read("dtype", &model->dtype));
   if (model->dtype != "fp32" && model->dtype != "bf16") {
-    return KeyError(r.Path("dtype"), absl::StrCat("must be fp32 or bf16, got '", model->dtype, "'"));
+    return KeyError(r.Path("dtype"), absl::StrCat("must be fp32 or bf16, got '", Shown(model->dtype), "'"));
   }
   STRATA_ASSIGN_OR_RETURN(auto p, r.Child("placement"));
   STRATA_RETURN_IF_ERROR(ReadTier(p, "weights", &model->placement.weights));
@@ -113,24 +195,27 @@ absl::Status ReadModel(MapReader& parent, const std::string& key, ModelSpec* mod
 
 // Applies "a.b.c=value" to the document, creating mappings on the way.
 absl::Status ApplyOverride(YAML::Node& root, const std::string& assignment) {
+  if (FirstNonUtf8Byte(assignment) != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("--set '", Shown(assignment), "' is not UTF-8 text"));
+  }
   const size_t eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--set '", assignment, "' is not key.path=value"));
+    return absl::InvalidArgumentError(absl::StrCat("--set '", Shown(assignment), "' is not key.path=value"));
   }
-  const std::string path = assignment.substr(0, eq);
+  const std::string path = Shown(assignment.substr(0, eq));
   YAML::Node value;
   try {
     value = YAML::Load(assignment.substr(eq + 1));
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("--set ", path, ": value is not valid YAML: ", e.what()));
   }
-  std::vector<std::string> keys = absl::StrSplit(path, '.');
+  std::vector<std::string> keys = absl::StrSplit(assignment.substr(0, eq), '.');
   // yaml-cpp nodes are handles: walking with operator[] on copies mutates root.
   std::vector<YAML::Node> chain = {root};
   for (size_t i = 0; i + 1 < keys.size(); ++i) {
     YAML::Node next = chain.back()[keys[i]];
     if (next && !next.IsNull() && !next.IsMap()) {
-      return absl::InvalidArgumentError(absl::StrCat("--set ", path, ": '", keys[i], "' is not a mapping"));
+      return absl::InvalidArgumentError(absl::StrCat("--set ", path, ": '", Shown(keys[i]), "' is not a mapping"));
     }
     chain.push_back(next);
   }
@@ -201,18 +286,9 @@ absl::Status JobSpec::Validate() const {
                                   std::pair{"ppo.kl_estimator", ppo.kl_estimator},
                                   std::pair{"group.kl_estimator", group.kl_estimator}}) {
     if (name != "k1" && name != "k2" && name != "k3") {
-      return KeyError(key, absl::StrCat("must be k1, k2 or k3, got '", name, "'"));
+      return KeyError(key, absl::StrCat("must be k1, k2 or k3, got '", Shown(name), "'"));
     }
   }
-  const bool nvme_used = [&] {
-    for (const ModelSpec* m : {&actor, &reference, &reward, &critic}) {
-      if (m->placement.weights == offload::Tier::kNvme || m->placement.optimizer == offload::Tier::kNvme) return true;
-    }
-    return false;
-  }();
-  if (nvme_used && memory.nvme_dir.empty())
-    return KeyError("memory.nvme_dir", "is required when a placement uses nvme");
-
   switch (algorithm) {
     case Algorithm::kSft:
       if (actor.path.empty() && actor.init.empty())
@@ -244,16 +320,22 @@ absl::Status JobSpec::Validate() const {
   return absl::OkStatus();
 }
 
+bool JobSpec::UsesNvme() const {
+  for (const ModelSpec* m : {&actor, &reference, &reward, &critic}) {
+    if (m->placement.weights == offload::Tier::kNvme || m->placement.optimizer == offload::Tier::kNvme) return true;
+  }
+  return false;
+}
+
 absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::vector<std::string>& overrides,
                                      const std::string& source) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": not valid YAML: ", e.what()));
+  STRATA_ASSIGN_OR_RETURN(YAML::Node root, LoadDocument(yaml_text, source));
+  size_t override_bytes = 0;
+  for (const std::string& o : overrides) override_bytes += o.size();
+  if (override_bytes > kMaxJobSpecBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": the overrides are ", override_bytes,
+                                                   " bytes; at most ", kMaxJobSpecBytes));
   }
-  if (!root || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
-  if (!root.IsMap()) return absl::InvalidArgumentError(absl::StrCat(source, ": the spec must be a YAML mapping"));
   for (const std::string& o : overrides) STRATA_RETURN_IF_ERROR(ApplyOverride(root, o));
 
   auto with_source = [&](absl::Status s) {
@@ -270,7 +352,7 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::ve
   auto it = algorithms.find(algorithm);
   if (it == algorithms.end()) {
     return with_source(KeyError(
-        "algorithm", absl::StrCat("'", algorithm, "' is not one of sft, reward_model, remax, ppo, grpo, rloo")));
+        "algorithm", absl::StrCat("'", Shown(algorithm), "' is not one of sft, reward_model, remax, ppo, grpo, rloo")));
   }
   spec.algorithm = it->second;
 
@@ -389,16 +471,54 @@ JobSpec ResolvePaths(const JobSpec& spec, const std::string& base) {
   return out;
 }
 
+absl::Status CheckPathsWithin(const JobSpec& spec, const std::string& base, const std::vector<std::string>& roots) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> allowed;
+  for (const std::string& root : roots) {
+    std::error_code ec;
+    fs::path canonical = fs::weakly_canonical(fs::absolute(root, ec), ec);
+    if (!ec) allowed.push_back(canonical);
+  }
+  auto inside = [&](const std::string& path) {
+    std::error_code ec;
+    const fs::path p = path[0] == '/' ? fs::path(path) : fs::path(base) / path;
+    // Symlinks are followed as far as the path exists; ".." is folded after.
+    const fs::path resolved = fs::weakly_canonical(p, ec);
+    if (ec) return false;
+    for (const fs::path& root : allowed) {
+      const fs::path rel = resolved.lexically_relative(root);
+      if (!rel.empty() && *rel.begin() != "..") return true;
+    }
+    return false;
+  };
+  std::vector<std::pair<std::string, const std::string*>> keys = {
+      {"data.train", &spec.data.train},       {"data.eval", &spec.data.eval},
+      {"data.tokenizer", &spec.data.tokenizer}, {"output.dir", &spec.output_dir},
+      {"checkpoint.dir", &spec.checkpoint.dir}, {"memory.nvme_dir", &spec.memory.nvme_dir}};
+  for (const auto& [name, model] : {std::pair<const char*, const ModelSpec*>{"actor", &spec.actor},
+                                    {"reference", &spec.reference}, {"reward", &spec.reward},
+                                    {"critic", &spec.critic}}) {
+    keys.push_back({absl::StrCat("models.", name, ".path"), &model->path});
+    keys.push_back({absl::StrCat("models.", name, ".init"), &model->init});
+  }
+  for (const auto& [key, path] : keys) {
+    if (path->empty() || inside(*path)) continue;
+    return absl::PermissionDeniedError(absl::StrCat("spec key '", key, "': ", Shown(*path),
+                                                    " is outside the directories this worker serves (",
+                                                    absl::StrJoin(roots, ", "), ")"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> ApplyOverrides(const std::string& yaml_text, const std::vector<std::string>& overrides,
                                            const std::string& source) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": not valid YAML: ", e.what()));
+  STRATA_ASSIGN_OR_RETURN(YAML::Node root, LoadDocument(yaml_text, source));
+  size_t override_bytes = 0;
+  for (const std::string& o : overrides) override_bytes += o.size();
+  if (override_bytes > kMaxJobSpecBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": the overrides are ", override_bytes,
+                                                   " bytes; at most ", kMaxJobSpecBytes));
   }
-  if (!root || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
-  if (!root.IsMap()) return absl::InvalidArgumentError(absl::StrCat(source, ": the spec must be a YAML mapping"));
   for (const std::string& o : overrides) STRATA_RETURN_IF_ERROR(ApplyOverride(root, o));
   YAML::Emitter out;
   out << root;

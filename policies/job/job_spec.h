@@ -126,7 +126,21 @@ struct JobSpec {
 
   // Which models the algorithm uses, and cross-field checks.
   absl::Status Validate() const;
+  // Whether any model places weights or optimizer states on the NVMe tier;
+  // memory.nvme_dir (or the worker's --nvme-dir) must then be set.
+  bool UsesNvme() const;
 };
+
+// Confinement for a service: every path the spec names (models, data,
+// tokenizer, output, checkpoint and NVMe directories), taken relative to
+// `base` and resolved through symlinks as far as it exists, must lie inside
+// one of `roots`. PERMISSION_DENIED naming the key otherwise; the answer is
+// the same whether the path exists, so a spec cannot probe the file system.
+absl::Status CheckPathsWithin(const JobSpec& spec, const std::string& base, const std::vector<std::string>& roots);
+
+// Largest spec text accepted (and, separately, the overrides' total): a
+// spec is a page of settings, and every job record carries it.
+inline constexpr size_t kMaxJobSpecBytes = 1 << 20;
 
 // Parses YAML text. `overrides` are "key.path=value" strings applied before
 // parsing (the value is YAML: numbers, booleans, strings). `source` names

@@ -42,7 +42,11 @@ absl::StatusOr<Client> Connect(const ClientOptions& options) {
   TlsFiles tls;
   tls.ca = options.tls_ca;
   STRATA_ASSIGN_OR_RETURN(auto credentials, MakeChannelCredentials(tls));
-  return Client{v1::Coordinator::NewStub(grpc::CreateChannel(addr, credentials)), token, options.deadline_ms};
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxClientMessageBytes);
+  args.SetMaxSendMessageSize(kMaxClientMessageBytes);
+  return Client{v1::Coordinator::NewStub(grpc::CreateCustomChannel(addr, credentials, args)), token,
+                options.deadline_ms};
 }
 
 absl::Status Call(const grpc::Status& status) { return FromGrpcStatus(status); }

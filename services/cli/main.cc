@@ -171,8 +171,11 @@ struct ServerCommands {
     // strata coordinator / worker
     auto* coordinator = app.add_subcommand("coordinator", "Run the job coordinator (gRPC)");
     coordinator->add_option("--listen", coord.listen, "HOST:PORT to serve on");
-    coordinator->add_option("--redis", coord.redis, "redis://HOST:PORT of the job store");
+    coordinator->add_option("--redis", coord.redis, "redis://HOST:PORT[/DB] of the job store (no password here)");
+    coordinator->add_option("--redis-password-file", coord.redis_password_file,
+                            "file holding the Redis password (else $STRATA_REDIS_PASSWORD)");
     coordinator->add_option("--token-file", coord.token_file, "bearer token clients and workers must present");
+    coordinator->add_flag("--insecure", coord.insecure, "run without a token: anyone who reaches the port is admin");
     coordinator->add_option("--tls-cert", coord.tls.cert, "PEM certificate (enables TLS)");
     coordinator->add_option("--tls-key", coord.tls.key, "PEM private key");
     coordinator->add_option("--tls-ca", coord.tls.ca, "PEM CA: require client certificates (mTLS)");
@@ -186,7 +189,11 @@ struct ServerCommands {
     worker->add_option("--listen", wk.listen, "HOST:PORT to serve on");
     worker->add_option("--coordinator", wk.coordinator, "HOST:PORT of the coordinator");
     worker->add_option("--token-file", wk.token_file, "bearer token (served and presented)");
+    worker->add_flag("--insecure", wk.insecure, "run without a token");
     worker->add_option("--nvme-dir", wk.nvme_dir, "NVMe tier directory for jobs that name none");
+    worker->add_option("--data-root", wk.data_root,
+                       "job paths must resolve inside this directory (default: the working directory)");
+    worker->add_option("--allow-path", wk.allow_paths, "another directory job paths may use (repeatable)");
     worker->add_option("--device-budget-mib", wk.device_budget_mib, "device budget for jobs that name none");
     worker->add_option("--id", wk.worker_id, "worker id (default worker-<listen>)");
     worker->add_option("--tls-cert", wk.tls.cert, "PEM certificate (enables TLS)");

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <mutex>
 #include <chrono>
+#include <cstdlib>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +18,7 @@
 #include "base/status_macros.h"
 #include "services/coordinator/coordinator.h"
 #include "services/store/job_store.h"
+#include "services/store/redis_client.h"
 #include "services/rpc/wire.h"
 #include "services/worker/worker_service.h"
 
@@ -43,7 +45,7 @@ int WaitForShutdownSignal(const sigset_t& set) {
 }
 
 void ConfigureServer(grpc::ServerBuilder& builder, const std::string& listen,
-                     std::shared_ptr<grpc::ServerCredentials> credentials, int* port) {
+                     std::shared_ptr<grpc::ServerCredentials> credentials, int* port, int max_message_bytes) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   builder.AddListeningPort(listen, std::move(credentials), port);
@@ -52,8 +54,8 @@ void ConfigureServer(grpc::ServerBuilder& builder, const std::string& listen,
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
-  builder.SetMaxReceiveMessageSize(kMaxWorkerMessageBytes);
-  builder.SetMaxSendMessageSize(kMaxWorkerMessageBytes);
+  builder.SetMaxReceiveMessageSize(max_message_bytes);
+  builder.SetMaxSendMessageSize(max_message_bytes);
 }
 
 // The token a server checks and the credentials it listens with.
@@ -61,9 +63,13 @@ struct ServerSecurity {
   std::string token;
   std::shared_ptr<grpc::ServerCredentials> credentials;
 
-  static absl::StatusOr<ServerSecurity> Resolve(const std::string& token_file, const TlsFiles& tls) {
+  static absl::StatusOr<ServerSecurity> Resolve(const std::string& token_file, const TlsFiles& tls, bool insecure) {
     STRATA_ASSIGN_OR_RETURN(auto token, ResolveToken(token_file));
-    if (token.empty()) STRATA_LOG(Warning) << "no --token-file or STRATA_TOKEN: authentication is OFF";
+    if (token.empty() && !insecure) {
+      return absl::FailedPreconditionError(
+          "no --token-file or STRATA_TOKEN: give a token, or pass --insecure to serve without authentication");
+    }
+    if (token.empty()) STRATA_LOG(Warning) << "--insecure: authentication is OFF";
     STRATA_ASSIGN_OR_RETURN(auto credentials, MakeServerCredentials(tls));
     return ServerSecurity{token, credentials};
   }
@@ -73,9 +79,21 @@ struct ServerSecurity {
 
 absl::StatusOr<std::string> RunCoordinatorServer(const CoordinatorCommand& command) {
   const sigset_t signals = BlockShutdownSignals();
-  STRATA_ASSIGN_OR_RETURN(auto security, ServerSecurity::Resolve(command.token_file, command.tls));
+  STRATA_ASSIGN_OR_RETURN(auto security, ServerSecurity::Resolve(command.token_file, command.tls, command.insecure));
   JobStoreOptions store_options;
   store_options.redis_url = command.redis;
+  STRATA_ASSIGN_OR_RETURN(auto endpoint, ParseRedisUrl(command.redis));
+  if (!endpoint.password.empty()) {
+    return absl::InvalidArgumentError(
+        "--redis: the URL carries a password, which ps and logs would show; use --redis-password-file or "
+        "STRATA_REDIS_PASSWORD");
+  }
+  if (!command.redis_password_file.empty()) {
+    STRATA_ASSIGN_OR_RETURN(store_options.password,
+                            ReadSecretFile(command.redis_password_file, "--redis-password-file"));
+  } else if (const char* env = std::getenv("STRATA_REDIS_PASSWORD"); env != nullptr && *env) {
+    store_options.password = env;
+  }
   auto store = JobStore::Connect(store_options);
   if (!store.ok()) return absl::Status(store.status().code(), absl::StrCat("--redis: ", store.status().message()));
   CoordinatorOptions options;
@@ -86,15 +104,41 @@ absl::StatusOr<std::string> RunCoordinatorServer(const CoordinatorCommand& comma
   STRATA_RETURN_IF_ERROR(service->Start());
   grpc::ServerBuilder builder;
   int port = 0;
-  ConfigureServer(builder, command.listen, security.credentials, &port);
+  ConfigureServer(builder, command.listen, security.credentials, &port, kMaxClientMessageBytes);
   builder.RegisterService(service.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("--listen: cannot listen on ", command.listen));
   }
   STRATA_LOG(Info) << "coordinator listening on " << command.listen << " (redis " << command.redis << ")";
+  // Health follows Redis: without its job store the coordinator can neither
+  // take nor track jobs, and a load balancer should route elsewhere.
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  std::condition_variable cv;
+  std::thread redis_watch([&] {
+    grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+    bool serving = true;
+    while (!stop.load()) {
+      const absl::Status ping = (*store)->Ping();
+      if (ping.ok() != serving) {
+        serving = ping.ok();
+        if (health != nullptr) health->SetServingStatus(serving);
+        if (serving) {
+          STRATA_LOG(Info) << "redis answers again: health SERVING";
+        } else {
+          STRATA_LOG(Warning) << "redis unreachable (" << ping << "): health NOT_SERVING";
+        }
+      }
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait_for(lock, std::chrono::seconds(1), [&] { return stop.load(); });
+    }
+  });
   const int signal = WaitForShutdownSignal(signals);
   STRATA_LOG(Info) << "coordinator: signal " << signal << ", shutting down";
+  stop.store(true);
+  cv.notify_all();
+  redis_watch.join();
   service->Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   return std::string("coordinator stopped\n");
@@ -102,16 +146,24 @@ absl::StatusOr<std::string> RunCoordinatorServer(const CoordinatorCommand& comma
 
 absl::StatusOr<std::string> RunWorkerServer(const WorkerCommand& command) {
   const sigset_t signals = BlockShutdownSignals();
-  STRATA_ASSIGN_OR_RETURN(auto security, ServerSecurity::Resolve(command.token_file, command.tls));
+  STRATA_ASSIGN_OR_RETURN(auto security, ServerSecurity::Resolve(command.token_file, command.tls, command.insecure));
   WorkerServiceOptions options;
   options.worker_id = command.worker_id.empty() ? "worker-" + command.listen : command.worker_id;
   options.token = security.token;
   options.nvme_dir = command.nvme_dir;
   options.device_budget_mib = command.device_budget_mib;
+  options.data_roots.push_back(command.data_root.empty() ? std::filesystem::current_path().string()
+                                                         : command.data_root);
+  options.data_roots.insert(options.data_roots.end(), command.allow_paths.begin(), command.allow_paths.end());
+  for (const std::string& root : options.data_roots) {
+    if (!std::filesystem::is_directory(root)) {
+      return absl::InvalidArgumentError(absl::StrCat("--data-root / --allow-path: ", root, " is not a directory"));
+    }
+  }
   WorkerService service(options);
   grpc::ServerBuilder builder;
   int port = 0;
-  ConfigureServer(builder, command.listen, security.credentials, &port);
+  ConfigureServer(builder, command.listen, security.credentials, &port, kMaxWorkerMessageBytes);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
@@ -161,12 +213,15 @@ absl::StatusOr<std::string> RunWorkerServer(const WorkerCommand& command) {
           STRATA_LOG(Info) << options.worker_id << " registered with " << command.coordinator;
         }
       } else {
+        const auto [job_id, generation] = service.LoadedJob();
         v1::HeartbeatRequest request;
         request.set_worker_id(options.worker_id);
+        request.set_job_id(job_id);
         request.set_working_directory(std::filesystem::current_path().string());
         v1::HeartbeatResponse response;
         status = stub->Heartbeat(&context, request, &response);
         if (status.error_code() == grpc::StatusCode::NOT_FOUND) registered = false;  // expired: register again
+        if (status.ok() && response.cancel() && !job_id.empty()) service.DropOrphan(job_id, generation);
       }
       if (!status.ok() && status.error_code() != grpc::StatusCode::NOT_FOUND) {
         STRATA_LOG(Warning) << options.worker_id << ": coordinator " << command.coordinator << ": "

@@ -5,6 +5,7 @@
 #define STRATA_SERVICES_CLI_SERVER_COMMANDS_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "services/rpc/auth.h"
@@ -14,7 +15,11 @@ namespace strata::services {
 struct CoordinatorCommand {
   std::string listen = "127.0.0.1:50051";
   std::string redis = "redis://127.0.0.1:6379";
+  // Redis password: from this file, else $STRATA_REDIS_PASSWORD; never in
+  // the URL, which `ps` and the logs would show.
+  std::string redis_password_file;
   std::string token_file;
+  bool insecure = false;  // allow running without a token
   TlsFiles tls;
   // Bounds forming a gang and each collective in it: how long the ranks of
   // a job wait for one that died or hangs before the job is requeued.
@@ -25,7 +30,12 @@ struct WorkerCommand {
   std::string listen = "127.0.0.1:50061";
   std::string coordinator = "127.0.0.1:50051";
   std::string token_file;
+  bool insecure = false;  // allow running without a token
   std::string nvme_dir;
+  // Job paths must resolve inside data_root (default: the working
+  // directory) or one of allow_paths.
+  std::string data_root;
+  std::vector<std::string> allow_paths;
   int64_t device_budget_mib = 0;
   std::string worker_id;  // default: worker-<listen address>
   TlsFiles tls;

@@ -268,7 +268,12 @@ grpc::ServerUnaryReactor* CoordinatorService::ListJobs(grpc::CallbackServerConte
     }
     STRATA_ASSIGN_OR_RETURN(
         auto page, store_->List(request->page_size() == 0 ? 20 : request->page_size(), request->page_token(), state));
-    for (const JobRecord& r : page.first) ToProto(r, response->add_jobs());
+    for (const JobRecord& r : page.first) {
+      // Summaries: a page of full specs could outgrow any message limit.
+      v1::Job* job = response->add_jobs();
+      ToProto(r, job);
+      job->clear_spec_yaml();
+    }
     response->set_next_page_token(page.second);
     return absl::OkStatus();
   });
@@ -280,6 +285,10 @@ grpc::ServerUnaryReactor* CoordinatorService::CancelJob(grpc::CallbackServerCont
     STRATA_ASSIGN_OR_RETURN(
         auto job, store_->Transition(request->job_id(), {JobState::kQueued, JobState::kRunning}, JobState::kCancelled));
     Publish(job.id, "state", nlohmann::json{{"state", "CANCELLED"}}.dump());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      job_backoff_.erase(job.id);
+    }
     ToProto(job, response);
     return absl::OkStatus();
   });
@@ -340,8 +349,10 @@ grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerCont
     RememberWorkerDirectory(request->worker_id(), request->working_directory());
     STRATA_RETURN_IF_ERROR(store_->Heartbeat(request->worker_id(), request->job_id(), options_.worker_ttl_ms));
     if (!request->job_id().empty()) {
-      auto job = store_->Get(request->job_id());
-      response->set_cancel(job.ok() && job->state == JobState::kCancelled);
+      // Reconciliation: a worker holding a job that no loop here runs holds
+      // it for nobody (its gang was lost, maybe with a previous coordinator).
+      std::lock_guard<std::mutex> lock(mu_);
+      response->set_cancel(!jobs_in_flight_.count(request->job_id()));
     }
     return absl::OkStatus();
   });
@@ -382,8 +393,12 @@ void CoordinatorService::SchedulerLoop() {
         std::vector<WorkerRecord> gang;
         {
           std::lock_guard<std::mutex> guard(mu_);
+          const auto now = std::chrono::steady_clock::now();
+          if (auto b = job_backoff_.find(job.id); b != job_backoff_.end() && b->second.until > now) continue;
           for (const WorkerRecord& worker : *workers) {
             if (static_cast<int64_t>(gang.size()) == size) break;
+            auto b = worker_backoff_.find(worker.id);
+            if (b != worker_backoff_.end() && b->second.until > now) continue;
             if (!busy_workers_.count(worker.id)) gang.push_back(worker);
           }
           if (static_cast<int64_t>(gang.size()) < size) continue;  // stays QUEUED until enough are free
@@ -398,6 +413,7 @@ void CoordinatorService::SchedulerLoop() {
           continue;
         }
         const uint64_t run = next_run_++;
+        jobs_in_flight_.insert(job.id);
         job_threads_[run] = std::thread([this, run, r = *running, gang] {
           Publish(r.id, "state", nlohmann::json{{"state", "RUNNING"}, {"worker", r.worker}}.dump());
           RunOnGang(run, r, gang);
@@ -423,6 +439,7 @@ void CoordinatorService::RunOnGang(uint64_t run, JobRecord job, std::vector<Work
   auto finish = [&] {
     for (const WorkerRecord& w : workers) release(w);
     std::lock_guard<std::mutex> lock(mu_);
+    jobs_in_flight_.erase(job.id);
     finished_runs_.insert(run);
     cv_.notify_all();
   };
@@ -471,35 +488,119 @@ void CoordinatorService::RunOnGang(uint64_t run, JobRecord job, std::vector<Work
     status = absl::InternalError(absl::StrCat("job ", job.id, " on workers ", names, ": ", e.what()));
   }
 
+  using nlohmann::json;
   if (status.ok()) {
-    if (store_->Transition(job.id, {JobState::kRunning}, JobState::kSucceeded).ok()) {
-      Publish(job.id, "state", nlohmann::json{{"state", "SUCCEEDED"}}.dump());
-    }
+    // Progress reports may have been lost (Redis down); the end is not.
+    RecordOutcome(job.id, JobState::kSucceeded, {{"iteration", std::to_string(job.iterations)}},
+                  {{"state", json{{"state", "SUCCEEDED"}}.dump()}});
+    std::lock_guard<std::mutex> lock(mu_);
+    job_backoff_.erase(job.id);
+    for (const WorkerRecord& w : workers) worker_backoff_.erase(w.id);
   } else if (status.code() == absl::StatusCode::kCancelled) {
     // CancelJob already recorded the state and the event.
   } else if (status.code() == absl::StatusCode::kUnavailable || status.code() == absl::StatusCode::kDeadlineExceeded) {
     // A worker is gone (or a rank's collective timed out with it): back to
     // the queue; the next run resumes from the last checkpoint on a new gang.
-    if (store_->Transition(job.id, {JobState::kRunning}, JobState::kQueued, {{"worker", ""}}).ok()) {
-      Publish(job.id, "log", nlohmann::json{{"message", absl::StrCat("gang (", names, ") lost: ", status.message(),
-                                                                     "; job requeued")}}.dump());
-      Publish(job.id, "state", nlohmann::json{{"state", "QUEUED"}}.dump());
-    }
+    std::string lost;
+    std::chrono::milliseconds retry_in{0};
+    BackOffAfterLoss(job.id, workers, &lost, &retry_in);
+    const std::string message =
+        absl::StrCat("gang (", names, ") lost: ", status.message(), lost.empty() ? "" : "; not answering: ", lost,
+                     "; job requeued, retried in ", retry_in.count() / 1000.0, " s");
+    RecordOutcome(job.id, JobState::kQueued, {{"worker", ""}},
+                  {{"log", json{{"message", message}}.dump()}, {"state", json{{"state", "QUEUED"}}.dump()}});
   } else {
     const std::string code = absl::StatusCodeToString(status.code());
-    if (store_->Transition(job.id, {JobState::kRunning}, JobState::kFailed,
-                           {{"error_code", code}, {"error_message", std::string(status.message())}})
-            .ok()) {
-      Publish(
-          job.id, "state",
-          nlohmann::json{{"state", "FAILED"}, {"error_code", code}, {"error", std::string(status.message())}}.dump());
-    }
+    RecordOutcome(job.id, JobState::kFailed, {{"error_code", code}, {"error_message", std::string(status.message())}},
+                  {{"state", json{{"state", "FAILED"}, {"error_code", code}, {"error", std::string(status.message())}}
+                                 .dump()}});
+    std::lock_guard<std::mutex> lock(mu_);
+    job_backoff_.erase(job.id);
   }
   // The job's state is recorded first: a rank that hangs answers Unload only
   // at its deadline, and the requeued job must not wait for it. Each worker
   // becomes schedulable again as its unload returns.
   if (gang != nullptr) gang->Unload([&](int r) { release(workers[static_cast<size_t>(r)]); });
   finish();
+}
+
+namespace {
+
+// 0.5 s after the first failure, doubling up to 30 s.
+std::chrono::milliseconds BackoffDelay(int failures) {
+  const int shift = std::min(failures - 1, 6);
+  return std::min(std::chrono::milliseconds(500) * (1 << shift), std::chrono::milliseconds(30000));
+}
+
+}  // namespace
+
+void CoordinatorService::BackOffAfterLoss(const std::string& job_id, const std::vector<WorkerRecord>& workers,
+                                          std::string* lost, std::chrono::milliseconds* retry_in) {
+  // Probe every worker of the gang at once; a live one answers in
+  // milliseconds, a dead or stopped one is given a second.
+  std::vector<char> answers(workers.size(), 0);
+  auto credentials = MakeChannelCredentials(options_.worker_tls);
+  std::vector<std::thread> probes;
+  for (size_t i = 0; i < workers.size() && credentials.ok(); ++i) {
+    probes.emplace_back([&, i] {
+      RemoteWorkerOptions remote;
+      remote.address = workers[i].address;
+      remote.job_id = job_id;
+      auto worker = RemoteWorkerGroup::Create(remote, *credentials);
+      answers[i] = worker.ok() && (*worker)->Answers(std::chrono::seconds(1));
+    });
+  }
+  for (auto& t : probes) t.join();
+  const auto now = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < workers.size(); ++i) {
+    if (answers[i]) continue;
+    absl::StrAppend(lost, lost->empty() ? "" : ", ", workers[i].id);
+    // A live worker registers again on its next heartbeat; it still waits
+    // out its backoff before it joins a gang.
+    if (absl::Status s = store_->RemoveWorker(workers[i].id); !s.ok()) {
+      STRATA_LOG(Warning) << "deregistering " << workers[i].id << ": " << s;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    Backoff& b = worker_backoff_[workers[i].id];
+    b.until = now + BackoffDelay(++b.failures);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  Backoff& b = job_backoff_[job_id];
+  *retry_in = BackoffDelay(++b.failures);
+  b.until = now + *retry_in;
+}
+
+void CoordinatorService::RecordOutcome(const std::string& job_id, JobState to,
+                                       const std::map<std::string, std::string>& fields,
+                                       const std::vector<std::pair<std::string, std::string>>& events) {
+  std::chrono::milliseconds delay(100);
+  for (int attempt = 1;; ++attempt) {
+    auto moved = store_->Transition(job_id, {JobState::kRunning}, to, fields);
+    bool recorded = moved.ok();
+    if (!recorded && moved.status().code() == absl::StatusCode::kFailedPrecondition) {
+      // Cancelled meanwhile, or an earlier attempt landed but its reply was lost.
+      auto current = store_->Get(job_id);
+      if (!current.ok() || current->state != to || attempt == 1) return;
+      recorded = true;
+    }
+    if (recorded) {
+      for (const auto& [type, json] : events) Publish(job_id, type, json);
+      if (attempt > 1) STRATA_LOG(Info) << job_id << ": " << JobStateName(to) << " recorded on attempt " << attempt;
+      return;
+    }
+    if (moved.status().code() != absl::StatusCode::kUnavailable) {
+      STRATA_LOG(Error) << job_id << ": cannot record " << JobStateName(to) << ": " << moved.status();
+      return;
+    }
+    STRATA_LOG(Warning) << job_id << ": recording " << JobStateName(to) << " (attempt " << attempt
+                        << "): " << moved.status() << "; retrying";
+    std::unique_lock<std::mutex> lock(mu_);
+    if (cv_.wait_for(lock, delay, [this] { return stopping_; })) {
+      STRATA_LOG(Warning) << job_id << ": left RUNNING at shutdown; the next coordinator requeues it";
+      return;
+    }
+    delay = std::min(delay * 2, std::chrono::milliseconds(5000));
+  }
 }
 
 void CoordinatorService::RememberWorkerDirectory(const std::string& worker_id, const std::string& dir) {

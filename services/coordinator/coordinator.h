@@ -8,6 +8,7 @@
 #define STRATA_SERVICES_COORDINATOR_COORDINATOR_H_
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <map>
 #include <memory>
@@ -85,6 +86,18 @@ class CoordinatorService final : public strata::v1::Coordinator::CallbackService
   absl::Status Submit(const strata::v1::SubmitJobRequest& request, strata::v1::Job* response);
   void SchedulerLoop();
   void RunOnGang(uint64_t run, JobRecord job, std::vector<WorkerRecord> workers);
+  // A gang was lost: workers that no longer answer are deregistered and kept
+  // out of gangs for a while, and the job waits before it is scheduled again
+  // (both back off exponentially), so a dead worker cannot drive a requeue
+  // storm while its registration lives on.
+  void BackOffAfterLoss(const std::string& job_id, const std::vector<WorkerRecord>& workers, std::string* lost,
+                        std::chrono::milliseconds* retry_in);
+  // Moves a RUNNING job to `to` and publishes `events`. While Redis is
+  // unreachable it retries until the write lands (or the coordinator stops):
+  // an end that was not recorded would leave the job RUNNING and have the
+  // next coordinator run it again.
+  void RecordOutcome(const std::string& job_id, JobState to, const std::map<std::string, std::string>& fields,
+                     const std::vector<std::pair<std::string, std::string>>& events);
   // Where workers resolve relative spec paths (from registration and heartbeats).
   void RememberWorkerDirectory(const std::string& worker_id, const std::string& dir);
   std::string AnyWorkerDirectory();
@@ -106,6 +119,13 @@ class CoordinatorService final : public strata::v1::Coordinator::CallbackService
   std::condition_variable cv_;
   bool stopping_ = false;
   std::set<std::string> busy_workers_;
+  std::set<std::string> jobs_in_flight_;  // ids of the jobs a loop here runs
+  struct Backoff {
+    int failures = 0;
+    std::chrono::steady_clock::time_point until;
+  };
+  std::map<std::string, Backoff> job_backoff_;     // jobs requeued after a lost gang
+  std::map<std::string, Backoff> worker_backoff_;  // workers that stopped answering
   std::map<std::string, std::string> worker_directories_;
   std::map<std::string, std::map<std::string, int64_t>> worker_memory_;  // tier -> bytes, by worker
   // Job loops by run number, not job id: a requeued job can be scheduled

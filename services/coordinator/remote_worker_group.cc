@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/log.h"
 #include "base/status_macros.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "services/rpc/auth.h"
 #include "services/rpc/wire.h"
 
@@ -39,7 +40,17 @@ absl::StatusOr<std::unique_ptr<RemoteWorkerGroup>> RemoteWorkerGroup::Create(
 }
 
 RemoteWorkerGroup::RemoteWorkerGroup(std::shared_ptr<grpc::ChannelInterface> channel, RemoteWorkerOptions options)
-    : options_(std::move(options)), stub_(v1::Worker::NewStub(std::move(channel))) {}
+    : options_(std::move(options)), channel_(std::move(channel)), stub_(v1::Worker::NewStub(channel_)) {}
+
+bool RemoteWorkerGroup::Answers(std::chrono::milliseconds timeout) const {
+  auto health = grpc::health::v1::Health::NewStub(channel_);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + timeout);
+  grpc::health::v1::HealthCheckRequest request;
+  grpc::health::v1::HealthCheckResponse response;
+  // NOT_SERVING (not registered right now) still means the process is alive.
+  return health->Check(&context, request, &response).ok();
+}
 
 template <typename Request, typename Response>
 absl::Status RemoteWorkerGroup::Call(const char* method,

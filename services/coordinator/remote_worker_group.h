@@ -104,6 +104,12 @@ class RemoteWorkerGroup final : public policies::WorkerGroup {
   // For a gang whose rank hangs after another rank failed.
   void CancelCalls();
 
+  // Whether the worker process answers at all (its health service, which
+  // needs no token and does not queue behind model work) within `timeout`.
+  // After a gang fails, it tells the rank that died from those that only
+  // lost their peer.
+  bool Answers(std::chrono::milliseconds timeout) const;
+
   const RemoteWorkerOptions& options() const { return options_; }
   // Calls made so far, by method name ("Rollout", "BeginPhase", ...).
   std::map<std::string, int64_t> calls() const;
@@ -123,6 +129,7 @@ class RemoteWorkerGroup final : public policies::WorkerGroup {
       const std::vector<Batch>& batch);
 
   const RemoteWorkerOptions options_;
+  std::shared_ptr<grpc::ChannelInterface> channel_;
   std::unique_ptr<strata::v1::Worker::Stub> stub_;
   mutable std::mutex calls_mu_;
   mutable std::map<std::string, int64_t> calls_;       // guarded by calls_mu_

@@ -1,8 +1,12 @@
 #include "services/rpc/auth.h"
 
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "base/file.h"
 #include "base/status_macros.h"
 
@@ -23,13 +27,22 @@ absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
 
 }  // namespace
 
-absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path, const std::string& flag) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return ErrnoToStatus(errno, absl::StrCat(flag, ": ", path));
+  // Like ssh with its keys: a secret others can read is no longer one.
+  if ((st.st_mode & (S_IRWXG | S_IRWXO)) != 0) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "%s: %s is open to group or others (mode %04o); run chmod 600 %s", flag, path, st.st_mode & 07777, path));
+  }
   auto text = ReadFileToString(path);
-  if (!text.ok()) return absl::Status(text.status().code(), absl::StrCat("--token-file: ", text.status().message()));
-  std::string token = Trim(*text);
-  if (token.empty()) return absl::InvalidArgumentError(absl::StrCat("--token-file: ", path, " is empty"));
-  return token;
+  if (!text.ok()) return absl::Status(text.status().code(), absl::StrCat(flag, ": ", text.status().message()));
+  std::string secret = Trim(*text);
+  if (secret.empty()) return absl::InvalidArgumentError(absl::StrCat(flag, ": ", path, " is empty"));
+  return secret;
 }
+
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path) { return ReadSecretFile(path, "--token-file"); }
 
 absl::StatusOr<std::string> ResolveToken(const std::string& token_file) {
   if (!token_file.empty()) return ReadTokenFile(token_file);

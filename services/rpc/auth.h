@@ -14,8 +14,12 @@
 
 namespace strata::services {
 
-// Reads a token file (surrounding whitespace trimmed); INVALID_ARGUMENT if it
-// is empty, NOT_FOUND if missing.
+// Reads a secret (a token, a password) from a file, surrounding whitespace
+// trimmed. PERMISSION_DENIED naming the file when group or others have any
+// access to it, INVALID_ARGUMENT if it is empty, NOT_FOUND if missing; `flag`
+// ("--token-file") starts every message.
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path, const std::string& flag);
+// ReadSecretFile(path, "--token-file").
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
 
 // The token a command should use: the file if given, else $STRATA_TOKEN, else "".

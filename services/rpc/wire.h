@@ -29,6 +29,10 @@ namespace strata::services {
 // small for a big batch of long rollouts; the server builder and the client
 // channel both use this.
 inline constexpr int kMaxWorkerMessageBytes = 512 << 20;
+// Largest message between clients and the coordinator, the same on both
+// sides: a request carries at most a 1 MiB spec and 1 MiB of overrides
+// (more is refused by name), a list page carries summaries without specs.
+inline constexpr int kMaxClientMessageBytes = 4 << 20;
 
 // Status codes are numerically the same in Abseil and gRPC; the message is
 // kept, payloads are dropped. A code outside 0..16 becomes UNKNOWN.

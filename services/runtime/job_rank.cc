@@ -114,14 +114,21 @@ bool SameFile(const std::string& a, const std::string& b) {
 }
 
 // Keeps the first `lines` lines of the metrics file (a resumed run rewrites
-// what came after its checkpoint).
+// what came after its checkpoint). Each kept line must be whole JSON: a run
+// must not append after a line a crash or a full disk cut short.
 absl::Status TruncateLines(const std::string& path, int64_t lines) {
   auto text = ReadFileToString(path);
   if (!text.ok()) return text.status().code() == absl::StatusCode::kNotFound ? absl::OkStatus() : text.status();
   size_t pos = 0;
-  for (int64_t i = 0; i < lines && pos < text->size(); ++i) {
+  for (int64_t i = 0; i < lines; ++i) {
     const size_t nl = text->find('\n', pos);
-    pos = nl == std::string::npos ? text->size() : nl + 1;
+    if (nl == std::string::npos || json::parse(text->substr(pos, nl - pos), nullptr, false).is_discarded()) {
+      return absl::DataLossError(absl::StrCat("metrics file ", path, ": line ", i + 1,
+                                              nl == std::string::npos ? " is missing or cut short" : " is not JSON",
+                                              "; the checkpoint resumed from follows ", lines,
+                                              " lines (remove the output directory to start over)"));
+    }
+    pos = nl + 1;
   }
   return WriteFileAtomically(path, text->substr(0, pos));
 }
@@ -372,6 +379,17 @@ absl::StatusOr<PhaseReply> JobRank::FindCheckpoint(const PhaseRequest& request) 
   if (state.is_discarded() || !state.is_object() || !state.contains("metrics_lines") ||
       !state["metrics_lines"].is_number_integer()) {
     return absl::DataLossError(absl::StrCat(dir, "/state.json is corrupt"));
+  }
+  // One metrics line per completed iteration, and the directory's name says
+  // how many completed: anything else is a damaged or forged file.
+  if (const int64_t lines = state["metrics_lines"].get<int64_t>(); lines < 0 || lines > iteration) {
+    return absl::DataLossError(absl::StrCat(dir, "/state.json: metrics_lines ", lines, " does not fit iteration ",
+                                            iteration, " (expected 0..", iteration, ")"));
+  }
+  if (state.contains("iteration") && (!state["iteration"].is_number_integer() ||
+                                      state["iteration"].get<int64_t>() != iteration)) {
+    return absl::DataLossError(absl::StrCat(dir, "/state.json: iteration ", state["iteration"].dump(),
+                                            " differs from the directory's ", iteration));
   }
   if (state.contains("run_id") && !state["run_id"].is_string()) {
     return absl::DataLossError(absl::StrCat(dir, "/state.json: run_id is not a string"));

@@ -1,6 +1,9 @@
 #include "services/runtime/local_worker_group.h"
 
+#include <stdlib.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <filesystem>
 #include <map>
 #include <numeric>
@@ -147,6 +150,12 @@ LocalWorkerGroup::~LocalWorkerGroup() {
   reference_.reset();
   reward_.reset();
   critic_.reset();
+  nvme_.reset();
+  if (!nvme_job_dir_.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(nvme_job_dir_, ec);
+    if (ec) STRATA_LOG(Warning) << "removing NVMe slots " << nvme_job_dir_ << ": " << ec.message();
+  }
 }
 
 absl::StatusOr<std::unique_ptr<LocalWorkerGroup>> LocalWorkerGroup::Create(const policies::JobSpec& spec,
@@ -189,13 +198,21 @@ absl::StatusOr<std::unique_ptr<LocalWorkerGroup>> LocalWorkerGroup::Create(const
     return absl::Status(arena.status().code(), absl::StrCat(key, ": ", arena.status().message()));
   }
   group->arena_ = std::move(*arena);
+  if (spec.UsesNvme() && spec.memory.nvme_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "spec key 'memory.nvme_dir' is required when a placement uses nvme (this worker has no --nvme-dir)");
+  }
   if (!spec.memory.nvme_dir.empty()) {
-    // Ranks of a gang on one machine must not share a store.
-    const std::string nvme_dir = gang->world_size() == 1
-                                     ? spec.memory.nvme_dir
-                                     : JoinPath(spec.memory.nvme_dir, absl::StrCat("rank-", gang->rank()));
+    // A directory of its own: ranks of a gang on one machine, and jobs
+    // sharing a worker's --nvme-dir, never share a store.
     std::error_code ec;
-    std::filesystem::create_directories(nvme_dir, ec);
+    std::filesystem::create_directories(spec.memory.nvme_dir, ec);
+    std::string pattern = JoinPath(spec.memory.nvme_dir, absl::StrCat("strata-rank", gang->rank(), "-XXXXXX"));
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      return ErrnoToStatus(errno, absl::StrCat("memory.nvme_dir: cannot create a directory in ", spec.memory.nvme_dir));
+    }
+    group->nvme_job_dir_ = pattern;
+    const std::string nvme_dir = pattern;
     offload::NvmeStoreOptions nvme_options;
     nvme_options.directory = nvme_dir;
     auto store = offload::NvmeStore::Open(nvme_options);

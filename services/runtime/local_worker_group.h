@@ -77,6 +77,10 @@ class LocalWorkerGroup final : public policies::WorkerGroup {
   offload::DeviceMemoryMonitor* monitor_ = nullptr;     // of device_
   std::unique_ptr<offload::HostArena> arena_;
   std::unique_ptr<offload::NvmeStore> nvme_;
+  // The store's own directory under memory.nvme_dir, removed with the group:
+  // NVMe slots are scratch (checkpoints hold the states), and a full disk
+  // must not outlive the job that filled it.
+  std::string nvme_job_dir_;
   std::unique_ptr<policies::Tokenizer> tokenizer_;
   std::string tokenizer_path_;
   std::unique_ptr<policies::PlacedModel> actor_, reference_, reward_, critic_;

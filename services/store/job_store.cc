@@ -446,6 +446,7 @@ JobStore::~JobStore() = default;
 absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Connect(const JobStoreOptions& options) {
   STRATA_RETURN_IF_ERROR(options.Validate());
   STRATA_ASSIGN_OR_RETURN(auto endpoint, ParseRedisUrl(options.redis_url));
+  if (!options.password.empty()) endpoint.password = options.password;
   auto impl = std::make_unique<Impl>(options, std::move(endpoint));
   STRATA_RETURN_IF_ERROR(impl->LoadScripts());
   STRATA_LOG(Info) << "job store connected to redis at " << impl->address_ << " (key prefix \"" << options.key_prefix
@@ -763,6 +764,12 @@ absl::StatusOr<std::vector<WorkerRecord>> JobStore::ListWorkers() {
   std::sort(workers.begin(), workers.end(),
             [](const WorkerRecord& a, const WorkerRecord& b) { return a.id < b.id; });
   return workers;
+}
+
+absl::Status JobStore::RemoveWorker(const std::string& worker_id) {
+  STRATA_RETURN_IF_ERROR(ValidateWorkerId(worker_id));
+  STRATA_RETURN_IF_ERROR(impl_->Command({"DEL", impl_->WorkerKey(worker_id)}).status());
+  return impl_->Command({"SREM", impl_->Key("workers"), worker_id}).status();
 }
 
 absl::Status JobStore::Ping() {

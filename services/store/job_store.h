@@ -75,6 +75,9 @@ struct WorkerRecord {
 struct JobStoreOptions {
   // redis://[[user]:password@]host[:port][/db]; port defaults to 6379, db to 0.
   std::string redis_url = "redis://127.0.0.1:6379";
+  // Replaces the URL's password when set (read from a file or the
+  // environment, so that it appears in no command line).
+  std::string password;
   // TCP connect timeout, milliseconds.
   int connect_timeout_ms = 2000;
   // Socket read/write timeout per command, milliseconds. A blocking event read
@@ -163,6 +166,9 @@ class JobStore {
   absl::Status Heartbeat(const std::string& worker_id, const std::string& job_id, int ttl_ms);
   // Workers whose registration has not expired, sorted by id.
   absl::StatusOr<std::vector<WorkerRecord>> ListWorkers();
+  // Ends a registration now (a worker that stopped answering). A live
+  // worker registers again on its next heartbeat. Unknown ids are fine.
+  absl::Status RemoveWorker(const std::string& worker_id);
 
   // Round trip to Redis.
   absl::Status Ping();

@@ -75,6 +75,7 @@ void WorkerService::Shutdown() {
 }
 
 void WorkerService::DropJob() {
+  ++generation_;
   rank_.reset();
   group_.reset();
   gang_.reset();
@@ -82,6 +83,23 @@ void WorkerService::DropJob() {
   job_id_.clear();
   spec_yaml_.clear();
   phase_.clear();
+}
+
+std::pair<std::string, uint64_t> WorkerService::LoadedJob() {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  return {published_job_id_, published_generation_};
+}
+
+void WorkerService::DropOrphan(const std::string& job_id, uint64_t generation) {
+  std::lock_guard<std::mutex> lock(executor_mu_);
+  if (executor_ == nullptr) return;
+  executor_->Submit([this, job_id, generation] {
+    if (job_id_ != job_id || generation_ != generation) return;
+    STRATA_LOG(Warning) << "worker " << options_.worker_id << " drops job " << job_id
+                        << ": no job loop of the coordinator owns it";
+    DropJob();
+    PublishStats();
+  });
 }
 
 void WorkerService::DropStaleJob(const std::string& assigned) {
@@ -96,6 +114,13 @@ void WorkerService::DropStaleJob(const std::string& assigned) {
 absl::StatusOr<policies::JobSpec> WorkerService::ParseSpec(const std::string& job_id, const std::string& yaml) {
   STRATA_ASSIGN_OR_RETURN(auto spec, policies::ParseJobSpec(yaml, {}, absl::StrCat("job ", job_id)));
   if (spec.memory.nvme_dir.empty()) spec.memory.nvme_dir = options_.nvme_dir;
+  if (!options_.data_roots.empty()) {
+    std::vector<std::string> roots = options_.data_roots;
+    if (!options_.nvme_dir.empty()) roots.push_back(options_.nvme_dir);
+    if (absl::Status s = policies::CheckPathsWithin(spec, std::filesystem::current_path().string(), roots); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("job ", job_id, ": ", s.message()));
+    }
+  }
   if (spec.memory.device_mib == 0) spec.memory.device_mib = options_.device_budget_mib;
   // GetStats reports the new job's device from now on, during the load too.
   if (auto device = offload::ParseComputeDevice(spec.memory.device); device.ok()) {
@@ -169,6 +194,7 @@ void WorkerService::PublishStats() {
   if (group_ != nullptr) peaks = group_->PhaseMemory(phase_).peak_bytes;
   std::lock_guard<std::mutex> lock(stats_mu_);
   published_job_id_ = group_ != nullptr ? job_id_ : std::string();
+  published_generation_ = generation_;
   published_peaks_ = std::move(peaks);
   published_monitor_ = group_ != nullptr ? &group_->device_monitor() : &offload::DeviceMemoryMonitor::Install();
 }

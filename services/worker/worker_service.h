@@ -40,6 +40,10 @@ struct WorkerServiceOptions {
   // leaves memory.nvme_dir / memory.device_mib unset.
   std::string nvme_dir;
   int64_t device_budget_mib = 0;
+  // Confinement: every path a job's spec names must resolve inside one of
+  // these (PERMISSION_DENIED naming the key); nvme_dir is always allowed.
+  // Empty: no confinement (in-process use and tests of the service alone).
+  std::vector<std::string> data_roots;
 };
 
 class WorkerService final : public strata::v1::Worker::CallbackService {
@@ -56,6 +60,15 @@ class WorkerService final : public strata::v1::Worker::CallbackService {
   // finished, so call this before or while the server shuts down, and
   // destroy the service only after the server.
   void Shutdown();
+
+  // What heartbeats report: the loaded job ("" when idle) and a number that
+  // changes whenever a job is dropped or loaded.
+  std::pair<std::string, uint64_t> LoadedJob();
+  // Drops `job_id` if it is still what was loaded as of `generation`, once
+  // the running operation ends. The coordinator asks for this when no job
+  // loop of its own owns the job (a gang lost with a previous coordinator);
+  // the generation keeps a job loaded since the heartbeat safe.
+  void DropOrphan(const std::string& job_id, uint64_t generation);
 
   // Rank 0 of a gang: opens the rendezvous on a free port (held for the
   // job's StartRank). A gang call for a new job drops a job still held from
@@ -157,10 +170,12 @@ class WorkerService final : public strata::v1::Worker::CallbackService {
   std::string job_id_;
   std::string spec_yaml_;
   std::string phase_;
+  uint64_t generation_ = 0;  // incremented by DropJob, which every load calls first
 
   // What GetStats reports, copied from the work thread's state.
   std::mutex stats_mu_;
   std::string published_job_id_;
+  uint64_t published_generation_ = 0;
   std::map<std::string, int64_t> published_peaks_;
   // The loaded job's device (monitors live for the whole process).
   offload::DeviceMemoryMonitor* published_monitor_ = nullptr;

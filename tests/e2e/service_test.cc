@@ -12,6 +12,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "services/coordinator/service_bench.h"
@@ -43,6 +44,7 @@ class ServiceTest : public ::testing::Test {
     ASSERT_TRUE(redis.ok()) << redis.status();
     redis_ = std::move(*redis);
     testing::WriteTextFile(dir_.Join("token"), kToken);
+    ::chmod(dir_.Join("token").c_str(), 0600);  // servers refuse a token others can read
     // A small model and the tiny task's tokenizer.
     model_ = dir_.Join("model");
     testing::WriteTextFile(dir_.Join("config.json"), R"({"vocab_size": 259, "hidden_size": 64, "intermediate_size": 128,
@@ -99,7 +101,10 @@ class ServiceTest : public ::testing::Test {
     }
     auto p = ChildProcess::Spawn({testing::StrataBinary(), "worker", "--listen", worker_addr_[i], "--coordinator",
                                   coordinator_addr_, "--token-file", dir_.Join("token"), "--id",
-                                  absl::StrCat("w", i)},
+                                  absl::StrCat("w", i),
+                                  // Job paths: the fixture's directory (the working directory) and
+                                  // the repository's example data.
+                                  "--allow-path", testing::SourcePath("examples")},
                                  dir_.Join(absl::StrCat("worker", i, ".log")), dir_.path());
     ASSERT_TRUE(p.ok()) << p.status();
     workers_[i] = std::move(*p);
@@ -351,6 +356,29 @@ TEST_F(ServiceTest, CoordinatorKilledMidJobResumes) {
   ASSERT_FALSE(events.empty());
   EXPECT_EQ(events.back().state(), v1::SUCCEEDED) << coordinator_->Log();
   EXPECT_EQ(Get(job.id()).iteration(), 8);
+  // The worker that ran the job when the coordinator died was never told to
+  // unload it. The new coordinator reconciles: a heartbeat naming a job no
+  // loop of its own runs is answered "drop it", so both workers end idle.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  std::vector<std::string> held(worker_addr_.size(), "?");
+  while (std::chrono::steady_clock::now() < deadline) {
+    for (size_t i = 0; i < worker_addr_.size(); ++i) {
+      auto worker = v1::Worker::NewStub(grpc::CreateChannel(worker_addr_[i], grpc::InsecureChannelCredentials()));
+      v1::GetStatsRequest request;
+      v1::WorkerStats stats;
+      grpc::ClientContext context;
+      Auth(&context);
+      held[i] = worker->GetStats(&context, request, &stats).ok() ? stats.job_id() : "?";
+    }
+    if (std::all_of(held.begin(), held.end(), [](const std::string& j) { return j.empty(); })) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // heartbeats come once a second
+  }
+  for (size_t i = 0; i < held.size(); ++i) EXPECT_EQ(held[i], "") << "worker " << i << " still holds a job";
+  // A later job on both workers runs (it used to FAIL with "holds job ...",
+  // every time).
+  v1::Job after;
+  ASSERT_TRUE(Submit(Spec(2, "kc-after", 1), &after, "", {"parallel.workers=2"}).ok());
+  EXPECT_EQ(Watch(after.id(), Ended).back().state(), v1::SUCCEEDED) << Get(after.id()).error_message();
 }
 
 TEST_F(ServiceTest, RedisRestartKeepsJobsAndEvents) {
@@ -382,6 +410,61 @@ TEST_F(ServiceTest, RedisRestartKeepsJobsAndEvents) {
   EXPECT_EQ(replay.size(), before.size());
 }
 
+// Redis dies mid-job and the job ends while it is down: the coordinator
+// keeps trying to record the end until Redis is back. (The job used to stay
+// RUNNING forever, and the next coordinator ran it again from the start.)
+TEST_F(ServiceTest, JobThatEndsWhileRedisIsDownIsRecordedOnceRedisIsBack) {
+  constexpr int kIterations = 16;
+  v1::Job job;
+  ASSERT_TRUE(Submit(Spec(kIterations, "redis-down", 4), &job).ok());
+  Watch(job.id(), AtIteration(1));
+  ASSERT_TRUE(redis_->Stop().ok());
+  // The ranks need no Redis: wait for the job's last metrics line.
+  const std::string metrics = dir_.Join("redis-down/metrics.jsonl");
+  auto lines = [&] {
+    auto text = ReadFileToString(metrics);
+    return text.ok() ? static_cast<int>(std::count(text->begin(), text->end(), '\n')) : 0;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (lines() < kIterations && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // polls a file another process writes
+  }
+  ASSERT_EQ(lines(), kIterations) << workers_[0]->Log();
+  ASSERT_TRUE(redis_->Restart().ok());
+  const auto events = Watch(job.id(), Ended);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back().state(), v1::SUCCEEDED) << coordinator_->Log();
+  EXPECT_EQ(Get(job.id()).iteration(), kIterations);
+  EXPECT_EQ(lines(), kIterations) << "the job ran again";
+  // It ended while Redis was down: the first attempts to record it failed.
+  EXPECT_NE(coordinator_->Log().find("SUCCEEDED recorded on attempt"), std::string::npos) << coordinator_->Log();
+}
+
+// A worker registered at a port nobody listens on (as a killed worker is
+// while its registration lives on) was picked again and again until its TTL
+// ran out: thousands of requeues and events. It is now probed, deregistered
+// and kept out of gangs, and the job backs off and runs on a live worker.
+TEST_F(ServiceTest, WorkerThatDoesNotAnswerCausesOneRequeueNotAStorm) {
+  auto port = testing::RedisServer::FreePort();
+  ASSERT_TRUE(port.ok());
+  v1::RegisterWorkerRequest ghost;
+  ghost.set_worker_id("a-ghost");  // sorts first: the scheduler tries it first
+  ghost.set_address(absl::StrCat("127.0.0.1:", *port));
+  v1::RegisterWorkerResponse registered;
+  grpc::ClientContext context;
+  Auth(&context);
+  ASSERT_TRUE(stub_->RegisterWorker(&context, ghost, &registered).ok());
+  v1::Job job;
+  ASSERT_TRUE(Submit(Spec(2, "ghost"), &job).ok());
+  const auto events = Watch(job.id(), Ended);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back().state(), v1::SUCCEEDED) << Get(job.id()).error_message();
+  EXPECT_EQ(Count(events, "log"), 1) << events.size() << " events";
+  for (const auto& e : events) {
+    if (e.type() == "log") EXPECT_NE(e.json().find("not answering: a-ghost"), std::string::npos) << e.json();
+  }
+}
+
 TEST_F(ServiceTest, BadInputGetsTheRightCodeAndServersKeepServing) {
   struct Case {
     std::string spec;
@@ -405,6 +488,13 @@ TEST_F(ServiceTest, BadInputGetsTheRightCodeAndServersKeepServing) {
       {Spec(1, "x"), {"algorithm=dpo"}, grpc::StatusCode::INVALID_ARGUMENT, "algorithm"},
       {Spec(1, "x"), {"train.lr=-0.1"}, grpc::StatusCode::INVALID_ARGUMENT, "train.lr"},
       {Spec(1, "x"), {"train.batch_size=1000000"}, grpc::StatusCode::RESOURCE_EXHAUSTED, "train.batch_size"},
+      // Found by a probe: each used to pass, or to fail without saying why.
+      {Spec(1, "x"), {"train.lr=.inf"}, grpc::StatusCode::INVALID_ARGUMENT, "train.lr' must be a finite number"},
+      {Spec(1, "x"), {"train.seed=-1"}, grpc::StatusCode::INVALID_ARGUMENT, "train.seed' must be >= 0"},
+      {Spec(1, "x") + "train: {iterations: 3}\n", {}, grpc::StatusCode::INVALID_ARGUMENT, "'train' appears twice"},
+      {"algorithm: remax\n\xff\xfe\x80 random bytes", {}, grpc::StatusCode::INVALID_ARGUMENT, "not UTF-8 text"},
+      {Spec(1, "x") + "#" + std::string(2 << 20, 'x') + "\n", {}, grpc::StatusCode::INVALID_ARGUMENT,
+       "a spec may have at most 1048576"},
   };
   for (const auto& c : cases) {
     v1::Job job;
@@ -430,9 +520,28 @@ TEST_F(ServiceTest, BadInputGetsTheRightCodeAndServersKeepServing) {
     Auth(&context, token);
     EXPECT_EQ(stub_->ListJobs(&context, request, &response).error_code(), grpc::StatusCode::UNAUTHENTICATED);
   }
+  // A value of 1 MiB is echoed back as a short prefix, not whole.
+  {
+    v1::Job job;
+    const grpc::Status status = Submit(Spec(1, "x"), &job, "", {"algorithm=" + std::string(1 << 20, 'd')});
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_LT(status.error_message().size(), 400u);
+  }
   // Still serving, and jobs still run.
   v1::Job job;
   ASSERT_TRUE(Submit(Spec(1, "still"), &job).ok());
+  // A page of jobs carries summaries (a big spec in every job used to push
+  // the page past the client's limit); the job itself carries its spec.
+  {
+    v1::ListJobsRequest request;
+    v1::ListJobsResponse page;
+    grpc::ClientContext list_context;
+    Auth(&list_context);
+    ASSERT_TRUE(stub_->ListJobs(&list_context, request, &page).ok());
+    ASSERT_EQ(page.jobs_size(), 2);  // warm and still: the refused submissions created nothing
+    for (const auto& j : page.jobs()) EXPECT_TRUE(j.spec_yaml().empty()) << j.id();
+    EXPECT_FALSE(Get(job.id()).spec_yaml().empty());
+  }
   EXPECT_EQ(Watch(job.id(), Ended).back().state(), v1::SUCCEEDED);
   v1::GetJobRequest missing;
   missing.set_job_id("job-000000000000");
@@ -440,6 +549,31 @@ TEST_F(ServiceTest, BadInputGetsTheRightCodeAndServersKeepServing) {
   grpc::ClientContext context;
   Auth(&context);
   EXPECT_EQ(stub_->GetJob(&context, missing, &none).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+// Confinement: a job may name only paths inside the workers' data root (or
+// an allowed directory). Writing elsewhere, climbing out with "..", or
+// probing a file outside fails the job with PERMISSION_DENIED naming the
+// key, and nothing is created. (All three used to succeed.)
+TEST_F(ServiceTest, JobPathsOutsideTheDataRootAreRefused) {
+  testing::TempDir outside;
+  const std::string escape = outside.Join("written-here");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"output.dir=" + escape, "output.dir"},
+      {"output.dir=../../../../../../../.." + escape, "output.dir"},
+      {"data.train=/etc/shadow", "data.train"},
+  };
+  for (const auto& [override_, key] : cases) {
+    v1::Job job;
+    ASSERT_TRUE(Submit(Spec(1, "confined"), &job, "", {override_}).ok());
+    const auto events = Watch(job.id(), Ended);
+    ASSERT_FALSE(events.empty());
+    EXPECT_EQ(events.back().state(), v1::FAILED) << override_;
+    const v1::Job ended = Get(job.id());
+    EXPECT_EQ(ended.error_code(), "PERMISSION_DENIED") << ended.error_message();
+    EXPECT_NE(ended.error_message().find("spec key '" + key + "'"), std::string::npos) << ended.error_message();
+  }
+  EXPECT_FALSE(std::filesystem::exists(escape));
 }
 
 // Relative paths in a spec resolve in the workers' working directory, not
@@ -489,6 +623,66 @@ TEST_F(ServiceTest, HealthCheckIsServedWithoutAToken) {
     ASSERT_TRUE(status.ok()) << addr << ": " << status.error_message();
     EXPECT_EQ(response.status(), grpc::health::v1::HealthCheckResponse::SERVING) << addr;
   }
+}
+
+// Secrets stay secret: a token file others can read, a Redis password in
+// the URL (ps shows argv) and a server with no token at all are refused at
+// start, naming what to do; --insecure is the explicit way to run open.
+TEST_F(ServiceTest, ServersRefuseExposedSecretsAndMissingTokens) {
+  const std::string open_token = dir_.Join("open-token");
+  testing::WriteTextFile(open_token, kToken);
+  ::chmod(open_token.c_str(), 0644);
+  auto free_port = testing::RedisServer::FreePort();
+  ASSERT_TRUE(free_port.ok());
+  const std::string listen = absl::StrCat("127.0.0.1:", *free_port);
+  auto run = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), testing::StrataBinary());
+    auto r = testing::RunCommand(args);
+    EXPECT_TRUE(r.ok());
+    return r.ok() ? *r : testing::CommandResult{};
+  };
+  auto readable = run({"coordinator", "--listen", listen, "--redis", redis_->url(), "--token-file", open_token});
+  EXPECT_NE(readable.exit_code, 0);
+  EXPECT_NE(readable.error.find(open_token + " is open to group or others (mode 0644)"), std::string::npos)
+      << readable.error;
+  auto worker = run({"worker", "--listen", listen, "--token-file", open_token});
+  EXPECT_NE(worker.exit_code, 0);
+  EXPECT_NE(worker.error.find("chmod 600"), std::string::npos) << worker.error;
+  auto password = run({"coordinator", "--listen", listen, "--redis", "redis://:hunter2secret@127.0.0.1:1",
+                       "--token-file", dir_.Join("token")});
+  EXPECT_NE(password.exit_code, 0);
+  EXPECT_NE(password.error.find("--redis-password-file"), std::string::npos) << password.error;
+  EXPECT_EQ(password.error.find("hunter2secret"), std::string::npos) << password.error;
+  auto open = run({"coordinator", "--listen", listen, "--redis", redis_->url()});
+  EXPECT_NE(open.exit_code, 0);
+  EXPECT_NE(open.error.find("--insecure"), std::string::npos) << open.error;
+}
+
+// Health follows Redis: NOT_SERVING while the job store is unreachable (so
+// Kubernetes stops routing clients to a coordinator that cannot take jobs),
+// SERVING again once it is back. The health stream reports each change.
+TEST_F(ServiceTest, CoordinatorHealthIsNotServingWhileRedisIsDown) {
+  auto health =
+      grpc::health::v1::Health::NewStub(grpc::CreateChannel(coordinator_addr_, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  grpc::health::v1::HealthCheckRequest request;
+  auto reader = health->Watch(&context, request);
+  grpc::health::v1::HealthCheckResponse response;
+  using Health = grpc::health::v1::HealthCheckResponse;
+  auto wait_for = [&](Health::ServingStatus want) {
+    while (reader->Read(&response)) {
+      if (response.status() == want) return true;
+    }
+    return false;
+  };
+  ASSERT_TRUE(wait_for(Health::SERVING));
+  ASSERT_TRUE(redis_->Stop().ok());
+  EXPECT_TRUE(wait_for(Health::NOT_SERVING)) << coordinator_->Log();
+  ASSERT_TRUE(redis_->Restart().ok());
+  EXPECT_TRUE(wait_for(Health::SERVING)) << coordinator_->Log();
+  context.TryCancel();
+  reader->Finish();
 }
 
 // A coordinator serving TLS: a client that trusts its CA gets through, a
@@ -687,12 +881,14 @@ TEST_F(ServiceTest, CoordinatorWithoutAccessToJobFilesRunsTheJob) {
   };
   if (!can("-x", testing::StrataBinary())) GTEST_SKIP() << "the strata binary is not executable by others here";
   ASSERT_FALSE(can("-r", JoinPath(model_, "config.json"))) << "the fixture's directory is readable by others";
-  // The token, where the unprivileged coordinator can read it.
+  // The token, where the unprivileged coordinator can read it: its own
+  // file, private to it.
   testing::TempDir open_dir;
   ::chmod(open_dir.path().c_str(), 0755);
   const std::string token = open_dir.Join("token");
   testing::WriteTextFile(token, kToken);
-  ::chmod(token.c_str(), 0644);
+  ::chmod(token.c_str(), 0600);
+  ASSERT_EQ(::chown(token.c_str(), 65534, 65534), 0);
   coordinator_->Kill(SIGKILL);
   StartCoordinator(nobody, "/", token);
   ASSERT_TRUE(channel_->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(20)));

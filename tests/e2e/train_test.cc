@@ -114,6 +114,37 @@ TEST_P(ResumeTest, ResumedRunReproducesUninterruptedMetrics) {
   EXPECT_TRUE(IsRegularFile(dir_.Join("split/tokenizer.json")));
 }
 
+// --resume trusts nothing it reads back: a state.json whose metrics_lines
+// does not fit its iteration (it used to drop lines), and a metrics file
+// cut mid-line before the checkpoint's lines (it used to append to the
+// broken line), fail with DATA_LOSS naming the file, and write nothing.
+TEST_F(TrainTest, ResumeRefusesADamagedStateOrMetricsFile) {
+  const std::string out = dir_.Join("damaged");
+  auto first = Strata({"train", spec_, "--out", out, "--set", "train.iterations=3"});
+  ASSERT_EQ(first.exit_code, 0) << first.error;
+  const std::string state = out + "/checkpoints/iter-000002/state.json";
+  auto text = ReadFileToString(state);
+  ASSERT_TRUE(text.ok()) << text.status();
+  json forged = json::parse(*text);
+  forged["metrics_lines"] = -3;
+  testing::WriteTextFile(state, forged.dump());
+  auto resumed = Strata({"train", spec_, "--out", out, "--resume"});
+  EXPECT_NE(resumed.exit_code, 0);
+  EXPECT_NE(resumed.error.find("DATA_LOSS"), std::string::npos) << resumed.error;
+  EXPECT_NE(resumed.error.find("state.json: metrics_lines -3"), std::string::npos) << resumed.error;
+  testing::WriteTextFile(state, *text);
+
+  const std::string metrics = out + "/metrics.jsonl";
+  auto lines = ReadFileToString(metrics);
+  ASSERT_TRUE(lines.ok());
+  const std::string cut = lines->substr(0, lines->find('\n') + 1 + 10);  // line 2 cut after 10 bytes
+  testing::WriteTextFile(metrics, cut);
+  resumed = Strata({"train", spec_, "--out", out, "--resume"});
+  EXPECT_NE(resumed.exit_code, 0);
+  EXPECT_NE(resumed.error.find("line 2 is missing or cut short"), std::string::npos) << resumed.error;
+  EXPECT_EQ(*ReadFileToString(metrics), cut);
+}
+
 INSTANTIATE_TEST_SUITE_P(Algorithms, ResumeTest, ::testing::Values("remax", "ppo", "grpo", "rloo"));
 
 // Where the models live changes memory, not the math: streaming the actor
@@ -291,7 +322,11 @@ TEST_F(TrainTest, DataParallelShardsAnNvmeOptimizerToo) {
             0.55 * a["memory/optimizer_state_peak_bytes"].get<double>());
   EXPECT_GT(b["memory/nvme_peak_bytes"].get<double>(), 0.0);
   EXPECT_LT(b["memory/nvme_peak_bytes"].get<double>(), a["memory/nvme_peak_bytes"].get<double>());
-  EXPECT_TRUE(std::filesystem::is_directory(dir_.Join("nvme-two/rank-1")));
+  // The slots were scratch: both runs removed them when they ended (they
+  // used to stay, and the next job on a small disk hit ENOSPC).
+  for (const char* d : {"nvme-one", "nvme-two"}) {
+    EXPECT_TRUE(std::filesystem::is_empty(dir_.Join(d))) << d;
+  }
 }
 
 // A checkpoint written by two ranks (each its half of the optimizer
@@ -349,6 +384,9 @@ TEST_F(TrainTest, BadSpecsFailWithTheKeyNamed) {
     EXPECT_NE(gpu.error.find("memory.device"), std::string::npos) << gpu.error;
     EXPECT_NE(gpu.error.find("without CUDA"), std::string::npos) << gpu.error;
   }
+  auto no_nvme_dir = Strata({"train", spec_, "--out", dir_.Join("x"), "--set", "models.actor.placement.weights=nvme"});
+  EXPECT_NE(no_nvme_dir.exit_code, 0);
+  EXPECT_NE(no_nvme_dir.error.find("memory.nvme_dir"), std::string::npos) << no_nvme_dir.error;
   auto bad_data = Strata({"train", spec_, "--out", dir_.Join("x"), "--set", "data.train=" + spec_});
   EXPECT_NE(bad_data.exit_code, 0);
   EXPECT_NE(bad_data.error.find("job.yaml:"), std::string::npos) << bad_data.error;  // file:line

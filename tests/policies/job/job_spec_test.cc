@@ -1,6 +1,9 @@
 #include "policies/job/job_spec.h"
 
+#include <filesystem>
+
 #include "gtest/gtest.h"
+#include "tests/testutil/testutil.h"
 
 namespace strata::policies {
 namespace {
@@ -64,7 +67,6 @@ TEST(JobSpecTest, ErrorsNameTheKey) {
   EXPECT_NE(ErrorOf(kRemax, {"models.actor.placement.weights=gpu"}).find("models.actor.placement.weights"),
             std::string::npos);
   EXPECT_NE(ErrorOf(kRemax, {"models.actor.placement.optimizer=device"}).find("placement"), std::string::npos);
-  EXPECT_NE(ErrorOf(kRemax, {"models.actor.placement.weights=nvme"}).find("memory.nvme_dir"), std::string::npos);
   EXPECT_NE(ErrorOf(kRemax, {"models.actor.path="}).find("models.actor.path"), std::string::npos);
   EXPECT_NE(ErrorOf(kRemax, {"output.dir="}).find("output.dir"), std::string::npos);
   EXPECT_NE(ErrorOf(kRemax, {"bogus=1"}).find("bogus"), std::string::npos);
@@ -75,6 +77,82 @@ TEST(JobSpecTest, ErrorsNameTheKey) {
   EXPECT_NE(ErrorOf("- a\n- b\n").find("mapping"), std::string::npos);
   EXPECT_EQ(ErrorOf(kRemax), "");  // the unmodified spec is fine
   EXPECT_NE(ErrorOf(kRemax, {"train.batch_size=0"}).find("job.yaml"), std::string::npos);
+}
+
+// Found by a hostile probe: each of these used to pass or to confuse.
+TEST(JobSpecTest, RefusesWhatAProbeGotThrough) {
+  for (const char* bad : {"train.lr=.inf", "train.lr=.nan", "train.weight_decay=-.inf", "ppo.kl_coef=.inf"}) {
+    const std::string error = ErrorOf(kRemax, {bad});
+    const std::string key = std::string(bad).substr(0, std::string(bad).find('='));
+    EXPECT_NE(error.find(key), std::string::npos) << bad << ": " << error;
+    EXPECT_NE(error.find("finite"), std::string::npos) << bad << ": " << error;
+  }
+  // An unsigned setting given a negative number says so, not "not an integer".
+  EXPECT_NE(ErrorOf(kRemax, {"train.seed=-1"}).find("train.seed' must be >= 0, got -1"), std::string::npos)
+      << ErrorOf(kRemax, {"train.seed=-1"});
+  // A repeated key would silently drop one of its values.
+  const std::string twice = std::string(kRemax) + "train: {iterations: 9}\n";
+  EXPECT_NE(ErrorOf(twice).find("'train' appears twice"), std::string::npos) << ErrorOf(twice);
+  const std::string nested = "algorithm: remax\nmodels:\n  actor: {path: a, path: b}\n";
+  EXPECT_NE(ErrorOf(nested).find("'models.actor.path' appears twice"), std::string::npos) << ErrorOf(nested);
+  // Not UTF-8 (random bytes): named, with where.
+  EXPECT_NE(ErrorOf(std::string("algorithm: remax\n\xff\xfe\x01") + "x").find("not UTF-8 text (byte 17)"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(kRemax, {"name=\xc3("}).find("not UTF-8"), std::string::npos);
+}
+
+TEST(JobSpecTest, HugeInputIsRefusedAndNeverEchoedWhole) {
+  const std::string big(kMaxJobSpecBytes + 1, '#');  // a YAML comment, 1 MiB + 1
+  EXPECT_NE(ErrorOf(big).find("at most 1048576"), std::string::npos);
+  const std::string value(10 << 20, 'x');
+  for (const std::string& o : {"algorithm=" + value.substr(0, 1000), "noequals" + value.substr(0, 1000),
+                               "models.actor.placement.weights=" + value.substr(0, 1000), "k" + value + "=1"}) {
+    const std::string error = ErrorOf(kRemax, {o});
+    EXPECT_FALSE(error.empty());
+    EXPECT_LT(error.size(), 400u) << error.substr(0, 400);
+  }
+}
+
+TEST(JobSpecTest, NvmePlacementParsesWithoutADirectoryTheWorkerMayGiveOne) {
+  auto spec = ParseJobSpec(kRemax, {"models.actor.placement.weights=nvme"}, "job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->UsesNvme());
+  EXPECT_TRUE(spec->memory.nvme_dir.empty());
+  auto plain = ParseJobSpec(kRemax, {}, "job.yaml");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(plain->UsesNvme());
+}
+
+// A worker's confinement: paths resolve (symlinks followed) inside its data
+// roots or the job is refused naming the key, the same whether the target
+// exists or not.
+TEST(JobSpecTest, PathsMustStayInsideTheDataRoots) {
+  testing::TempDir root, other;
+  std::filesystem::create_directories(root.Join("out"));
+  std::filesystem::create_symlink(other.path(), root.Join("escape"));
+  auto check = [&](std::vector<std::string> overrides) -> std::string {
+    auto spec = ParseJobSpec(kRemax, overrides, "job.yaml");
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    const absl::Status s = CheckPathsWithin(*spec, root.path(), {root.path()});
+    if (!s.ok()) EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
+    return std::string(s.message());
+  };
+  EXPECT_EQ(check({}), "");  // relative paths under the root, existing or not
+  EXPECT_EQ(check({"output.dir=" + root.Join("out/remax")}), "");
+  EXPECT_NE(check({"output.dir=/tmp/x"}).find("spec key 'output.dir': /tmp/x is outside"), std::string::npos);
+  EXPECT_NE(check({"output.dir=../../../../tmp/x"}).find("output.dir"), std::string::npos);
+  EXPECT_NE(check({"output.dir=out/../../x"}).find("output.dir"), std::string::npos);
+  EXPECT_NE(check({"data.train=escape/prompts.jsonl"}).find("data.train"), std::string::npos);
+  EXPECT_NE(check({"memory.nvme_dir=/nvme"}).find("memory.nvme_dir"), std::string::npos);
+  EXPECT_NE(check({"models.reference.path=/models/ref"}).find("models.reference.path"), std::string::npos);
+  // No oracle: a file that exists and one that does not get the same answer.
+  const std::string exists = check({"data.train=/etc/passwd"}), missing = check({"data.train=/etc/no-such-file"});
+  EXPECT_NE(exists.find("data.train"), std::string::npos);
+  EXPECT_EQ(exists.substr(0, exists.find("/etc/")), missing.substr(0, missing.find("/etc/")));
+  // An allow-listed directory is fine.
+  auto spec = ParseJobSpec(kRemax, {"data.train=" + other.Join("p.jsonl")}, "job.yaml");
+  ASSERT_TRUE(spec.ok());
+  EXPECT_TRUE(CheckPathsWithin(*spec, root.path(), {root.path(), other.path()}).ok());
 }
 
 TEST(JobSpecTest, PpoNeedsACriticOrRewardModel) {
