@@ -471,6 +471,38 @@ JobSpec ResolvePaths(const JobSpec& spec, const std::string& base) {
   return out;
 }
 
+int64_t RowsPerIteration(const JobSpec& spec) {
+  switch (spec.algorithm) {
+    case Algorithm::kRemax: return spec.train.batch_size * 2;
+    case Algorithm::kGrpo:
+    case Algorithm::kRloo: return spec.train.batch_size * spec.group.samples_per_prompt;
+    case Algorithm::kRewardModel: return spec.train.batch_size * 2;
+    case Algorithm::kSft:
+    case Algorithm::kPpo: return spec.train.batch_size;
+  }
+  return spec.train.batch_size;
+}
+
+absl::Status CheckJobLimits(const JobSpec& spec, const JobLimits& limits, const std::string& who) {
+  const int64_t rows = RowsPerIteration(spec);
+  if (limits.max_rows > 0 && rows > limits.max_rows) {
+    const bool group = spec.algorithm == Algorithm::kGrpo || spec.algorithm == Algorithm::kRloo;
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "spec key '", group ? "group.samples_per_prompt" : "train.batch_size", "': an iteration would decode ", rows,
+        " rows (train.batch_size ", spec.train.batch_size, group ? " x group.samples_per_prompt " : "",
+        group ? absl::StrCat(spec.group.samples_per_prompt) : "", "); ", who, " at most ", limits.max_rows));
+  }
+  if (limits.max_host_mib > 0 && spec.memory.host_mib > limits.max_host_mib) {
+    return absl::ResourceExhaustedError(absl::StrCat("spec key 'memory.host_mib' (", spec.memory.host_mib,
+                                                     ") exceeds what ", who, " (", limits.max_host_mib, " MiB)"));
+  }
+  if (limits.max_device_mib > 0 && spec.memory.device_mib > limits.max_device_mib) {
+    return absl::ResourceExhaustedError(absl::StrCat("spec key 'memory.device_mib' (", spec.memory.device_mib,
+                                                     ") exceeds what ", who, " (", limits.max_device_mib, " MiB)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckPathsWithin(const JobSpec& spec, const std::string& base, const std::vector<std::string>& roots) {
   namespace fs = std::filesystem;
   std::vector<fs::path> allowed;

@@ -131,6 +131,21 @@ struct JobSpec {
   bool UsesNvme() const;
 };
 
+// Rows one iteration decodes or scores across the gang: prompts times the
+// responses each gets (ReMax: a sample and the greedy one; GRPO/RLOO:
+// group.samples_per_prompt; SFT and PPO: one; a preference pair: two).
+int64_t RowsPerIteration(const JobSpec& spec);
+
+// What a service accepts from a spec, whatever the spec says; 0 = no limit.
+struct JobLimits {
+  int64_t max_rows = 0;        // RowsPerIteration
+  int64_t max_host_mib = 0;    // memory.host_mib
+  int64_t max_device_mib = 0;  // memory.device_mib
+};
+// RESOURCE_EXHAUSTED naming the spec key that asks for more than `limits`
+// allow and the limit (`who` says whose: "workers accept", "--max-host-mib").
+absl::Status CheckJobLimits(const JobSpec& spec, const JobLimits& limits, const std::string& who);
+
 // Confinement for a service: every path the spec names (models, data,
 // tokenizer, output, checkpoint and NVMe directories), taken relative to
 // `base` and resolved through symlinks as far as it exists, must lie inside

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "base/interrupt.h"
 #include "base/status_macros.h"
 
 namespace strata::policies {
@@ -117,6 +118,7 @@ absl::StatusOr<GenerationOutput> Generate(const LlamaModel& model, const std::ve
   std::vector<bool> done(prompts.size(), false);
   at::Tensor step_ids = ids;  // tokens fed this step
   for (int64_t step = 0; step < options.max_new_tokens; ++step) {
+    STRATA_RETURN_IF_ERROR(CheckInterrupt("while generating"));
     at::Tensor hidden = cache ? model.Hidden(step_ids, mask, cache.get()) : model.Hidden(ids, mask);
     const at::Tensor logits = model.LogitsFromHidden(hidden.select(1, hidden.size(1) - 1)).to(at::kCPU);  // [B, V]
     const at::Tensor next = SampleNextTokens(logits, options, generators);                   // [B]

@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/interrupt.h"
 #include "base/status_macros.h"
 #include "offload/device/device_transfer.h"
 #include "offload/tiers/placement.h"
@@ -342,6 +343,10 @@ absl::StatusOr<double> LayerwiseTrainerImpl::ForwardBackward(const at::Tensor& i
     inputs[0] = at::embedding(resident_.embed_tokens, input_ids);
     STRATA_RETURN_IF_ERROR(source_->BeginPass(Range(layers, false)));
     for (int64_t l = 0; l < layers; ++l) {
+      if (absl::Status s = CheckInterrupt("in a forward pass"); !s.ok()) {
+        source_->EndPass();
+        return s;
+      }
       auto w = source_->Acquire(l);
       if (!w.ok()) {
         source_->EndPass();
@@ -394,6 +399,12 @@ absl::StatusOr<double> LayerwiseTrainerImpl::ForwardBackward(const at::Tensor& i
   // Backward, one recomputed layer at a time.
   STRATA_RETURN_IF_ERROR(source_->BeginPass(Range(layers, true)));
   for (int64_t l = layers - 1; l >= 0; --l) {
+    // Data parallel ranks stop only before the backward pass: its gradient
+    // sums are collectives the others would wait on.
+    if (absl::Status s = CheckInterrupt("in a backward pass"); !s.ok() && !data_parallel()) {
+      source_->EndPass();
+      return s;
+    }
     auto w = source_->Acquire(l);
     if (!w.ok()) {
       source_->EndPass();

@@ -175,6 +175,10 @@ struct ServerCommands {
     coordinator->add_option("--redis-password-file", coord.redis_password_file,
                             "file holding the Redis password (else $STRATA_REDIS_PASSWORD)");
     coordinator->add_option("--token-file", coord.token_file, "bearer token clients and workers must present");
+    coordinator->add_option("--tokens-file", coord.tokens_file,
+                            "tenants instead: lines 'TOKEN TENANT [admin]'; each tenant sees only its jobs");
+    coordinator->add_option("--worker-token-file", coord.worker_token_file,
+                            "with --tokens-file: the token workers present (their --token-file)");
     coordinator->add_flag("--insecure", coord.insecure, "run without a token: anyone who reaches the port is admin");
     coordinator->add_option("--tls-cert", coord.tls.cert, "PEM certificate (enables TLS)");
     coordinator->add_option("--tls-key", coord.tls.key, "PEM private key");
@@ -194,6 +198,10 @@ struct ServerCommands {
     worker->add_option("--data-root", wk.data_root,
                        "job paths must resolve inside this directory (default: the working directory)");
     worker->add_option("--allow-path", wk.allow_paths, "another directory job paths may use (repeatable)");
+    worker->add_option("--max-host-mib", wk.max_host_mib, "largest memory.host_mib accepted (default 90% of RAM)")
+        ->check(CLI::NonNegativeNumber);
+    worker->add_option("--max-rows", wk.max_rows, "most rows (prompts x responses) an iteration may decode")
+        ->check(CLI::PositiveNumber);
     worker->add_option("--device-budget-mib", wk.device_budget_mib, "device budget for jobs that name none");
     worker->add_option("--id", wk.worker_id, "worker id (default worker-<listen>)");
     worker->add_option("--tls-cert", wk.tls.cert, "PEM certificate (enables TLS)");

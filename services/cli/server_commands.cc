@@ -3,11 +3,13 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <condition_variable>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <chrono>
 #include <cstdlib>
@@ -79,7 +81,22 @@ struct ServerSecurity {
 
 absl::StatusOr<std::string> RunCoordinatorServer(const CoordinatorCommand& command) {
   const sigset_t signals = BlockShutdownSignals();
-  STRATA_ASSIGN_OR_RETURN(auto security, ServerSecurity::Resolve(command.token_file, command.tls, command.insecure));
+  // Tenant mode: tokens per tenant, and one token shared with the workers.
+  std::map<std::string, Caller> callers;
+  std::string worker_token;
+  if (!command.tokens_file.empty()) {
+    if (!command.token_file.empty()) return absl::InvalidArgumentError("--tokens-file and --token-file exclude each other");
+    if (command.worker_token_file.empty()) {
+      return absl::InvalidArgumentError("--tokens-file needs --worker-token-file: the token workers and the coordinator share");
+    }
+    STRATA_ASSIGN_OR_RETURN(callers, ReadTokensFile(command.tokens_file));
+    STRATA_ASSIGN_OR_RETURN(worker_token, ReadSecretFile(command.worker_token_file, "--worker-token-file"));
+    if (callers.count(worker_token)) {
+      return absl::InvalidArgumentError("--worker-token-file: the worker token is also a tenant's token");
+    }
+  }
+  STRATA_ASSIGN_OR_RETURN(auto security, ServerSecurity::Resolve(command.token_file, command.tls,
+                                                                 command.insecure || !callers.empty()));
   JobStoreOptions store_options;
   store_options.redis_url = command.redis;
   STRATA_ASSIGN_OR_RETURN(auto endpoint, ParseRedisUrl(command.redis));
@@ -98,6 +115,8 @@ absl::StatusOr<std::string> RunCoordinatorServer(const CoordinatorCommand& comma
   if (!store.ok()) return absl::Status(store.status().code(), absl::StrCat("--redis: ", store.status().message()));
   CoordinatorOptions options;
   options.token = security.token;
+  options.callers = std::move(callers);
+  options.worker_token = worker_token;
   options.worker_tls.ca = command.tls.ca;
   options.collective_timeout_ms = command.collective_timeout_ms;
   auto service = std::make_unique<CoordinatorService>(store->get(), options);
@@ -152,6 +171,11 @@ absl::StatusOr<std::string> RunWorkerServer(const WorkerCommand& command) {
   options.token = security.token;
   options.nvme_dir = command.nvme_dir;
   options.device_budget_mib = command.device_budget_mib;
+  const int64_t physical_mib =
+      (static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(::sysconf(_SC_PAGESIZE))) >> 20;
+  options.limits.max_host_mib = command.max_host_mib > 0 ? command.max_host_mib : physical_mib * 9 / 10;
+  options.limits.max_rows = command.max_rows;
+  options.limits.max_device_mib = command.device_budget_mib;
   options.data_roots.push_back(command.data_root.empty() ? std::filesystem::current_path().string()
                                                          : command.data_root);
   options.data_roots.insert(options.data_roots.end(), command.allow_paths.begin(), command.allow_paths.end());
@@ -203,6 +227,11 @@ absl::StatusOr<std::string> RunWorkerServer(const WorkerCommand& command) {
             static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
         if (command.device_budget_mib > 0) {
           (*request.mutable_memory_bytes())["device"] = command.device_budget_mib << 20;
+        }
+        // Free space where jobs that name no memory.nvme_dir keep NVMe state.
+        if (struct statvfs fs {}; !command.nvme_dir.empty() && ::statvfs(command.nvme_dir.c_str(), &fs) == 0) {
+          (*request.mutable_memory_bytes())["nvme"] =
+              static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
         }
         v1::RegisterWorkerResponse response;
         status = stub->RegisterWorker(&context, request, &response);

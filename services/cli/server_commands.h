@@ -19,6 +19,10 @@ struct CoordinatorCommand {
   // the URL, which `ps` and the logs would show.
   std::string redis_password_file;
   std::string token_file;
+  // Tenants instead of one token: "TOKEN TENANT [admin]" lines, and the
+  // token workers use (their --token-file).
+  std::string tokens_file;
+  std::string worker_token_file;
   bool insecure = false;  // allow running without a token
   TlsFiles tls;
   // Bounds forming a gang and each collective in it: how long the ranks of
@@ -37,6 +41,10 @@ struct WorkerCommand {
   std::string data_root;
   std::vector<std::string> allow_paths;
   int64_t device_budget_mib = 0;
+  // Limits the worker enforces itself: memory.host_mib (default 90% of
+  // physical memory) and rows per iteration.
+  int64_t max_host_mib = 0;
+  int64_t max_rows = 4096;
   std::string worker_id;  // default: worker-<listen address>
   TlsFiles tls;
 };

@@ -51,12 +51,16 @@ void ToProto(const JobRecord& r, v1::Job* job) {
 // Finish is called once.
 class WatchReactor final : public grpc::ServerWriteReactor<v1::JobEvent> {
  public:
-  WatchReactor(CoordinatorService* service, std::string job_id, std::string after)
-      : service_(service), job_id_(std::move(job_id)), last_(std::move(after)) {}
+  WatchReactor(CoordinatorService* service, std::string job_id, std::string after, Caller caller)
+      : service_(service), job_id_(std::move(job_id)), last_(std::move(after)), caller_(std::move(caller)) {}
 
   void Read() {
     service_->watch_executor_.Submit([this] {
       if (cancelled_.load()) return Finish(grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled"));
+      if (!allowed_) {
+        if (auto job = service_->GetVisible(caller_, job_id_); !job.ok()) return Finish(ToGrpcStatus(job.status()));
+        allowed_ = true;
+      }
       auto events = service_->store_->ReadEvents(job_id_, last_, 64, /*block_ms=*/0);
       if (!events.ok()) return Finish(ToGrpcStatus(events.status()));
       pending_ = std::move(*events);
@@ -120,15 +124,35 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::JobEvent> {
   std::vector<JobEventRecord> pending_;
   size_t next_ = 0;
   v1::JobEvent event_;
+  const Caller caller_;
+  bool allowed_ = false;  // the caller may see the job (checked on the first read)
   bool ended_ = false;
   bool stop_after_write_ = false;
   std::atomic<bool> cancelled_{false};
 };
 
+namespace {
+
+// Who may call: the tenants' tokens and the worker token, or in
+// single-token mode one token that is both admin and worker.
+std::map<std::string, Caller> AuthenticatedCallers(const CoordinatorOptions& options) {
+  std::map<std::string, Caller> callers = options.callers;
+  if (callers.empty()) {
+    if (!options.token.empty()) callers[options.token] = Caller{"", /*admin=*/true, /*worker=*/true};
+    return callers;
+  }
+  if (!options.worker_token.empty()) callers[options.worker_token] = Caller{"", /*admin=*/false, /*worker=*/true};
+  return callers;
+}
+
+bool MayUseJobs(const Caller& caller) { return caller.admin || !caller.tenant.empty(); }
+
+}  // namespace
+
 CoordinatorService::CoordinatorService(JobStore* store, CoordinatorOptions options)
     : store_(store),
       options_(std::move(options)),
-      auth_(options_.token),
+      auth_(AuthenticatedCallers(options_)),
       rpc_executor_(options_.rpc_threads),
       watch_executor_(options_.rpc_threads) {}
 
@@ -167,17 +191,28 @@ void CoordinatorService::Stop() {
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::Handle(grpc::CallbackServerContext* context,
-                                                     std::function<absl::Status()> work) {
+                                                     std::function<absl::Status(const Caller&)> work) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (grpc::Status auth = auth_.Check(context); !auth.ok()) {
-    reactor->Finish(auth);
+  auto caller = auth_.Identify(context);
+  if (!caller.ok()) {
+    reactor->Finish(ToGrpcStatus(caller.status()));
     return reactor;
   }
-  rpc_executor_.Submit([reactor, work = std::move(work)] { reactor->Finish(ToGrpcStatus(work())); });
+  rpc_executor_.Submit(
+      [reactor, caller = *caller, work = std::move(work)] { reactor->Finish(ToGrpcStatus(work(caller))); });
   return reactor;
 }
 
-absl::Status CoordinatorService::Submit(const v1::SubmitJobRequest& request, v1::Job* response) {
+absl::StatusOr<JobRecord> CoordinatorService::GetVisible(const Caller& caller, const std::string& id) {
+  if (!MayUseJobs(caller)) return absl::PermissionDeniedError("a worker credential cannot read jobs");
+  STRATA_ASSIGN_OR_RETURN(auto job, store_->Get(id));
+  if (!caller.admin && job.tenant != caller.tenant) return absl::NotFoundError(absl::StrCat("job ", id, " not found"));
+  return job;
+}
+
+absl::Status CoordinatorService::Submit(const Caller& caller, const v1::SubmitJobRequest& request,
+                                        v1::Job* response) {
+  if (!MayUseJobs(caller)) return absl::PermissionDeniedError("a worker credential cannot submit jobs");
   std::vector<std::string> overrides(request.overrides().begin(), request.overrides().end());
   STRATA_ASSIGN_OR_RETURN(auto yaml, policies::ApplyOverrides(request.spec_yaml(), overrides, "spec"));
   STRATA_ASSIGN_OR_RETURN(auto spec, policies::ParseJobSpec(yaml, {}, "spec"));
@@ -188,36 +223,39 @@ absl::Status CoordinatorService::Submit(const v1::SubmitJobRequest& request, v1:
                                                        " workers; ", registered.size(), " are registered"));
     }
   }
-  if (spec.train.batch_size > options_.max_batch_size) {
-    return absl::ResourceExhaustedError(absl::StrCat("spec key 'train.batch_size' (", spec.train.batch_size,
-                                                     ") exceeds what workers accept (", options_.max_batch_size, ")"));
+  // Admission against what the workers reported at registration: the
+  // largest worker's figures, since any of them may be picked.
+  std::map<std::string, int64_t> largest;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [id, memory] : worker_memory_) {
+      for (const auto& [tier, bytes] : memory) largest[tier] = std::max(largest[tier], bytes);
+    }
   }
+  policies::JobLimits limits;
+  limits.max_rows = options_.max_rollout_rows;
+  limits.max_host_mib = largest["host"] >> 20;
+  limits.max_device_mib = largest["device"] >> 20;
+  STRATA_RETURN_IF_ERROR(policies::CheckJobLimits(spec, limits, "workers accept"));
   // Paths resolve on the workers, which report a missing model or data file
   // when they start the job (naming the spec key); the coordinator opens no
-  // job file. Admission: the model states the memory planner expects must
-  // fit the largest registered worker's host RAM (and device budget). It
-  // needs the models' config.json and is skipped where the coordinator
+  // job file. The model states the memory planner expects must fit too.
+  // That needs the models' config.json and is skipped where the coordinator
   // cannot see them.
   const std::string worker_dir = AnyWorkerDirectory();
   const policies::JobSpec resolved = worker_dir.empty() ? spec : policies::ResolvePaths(spec, worker_dir);
   if (!worker_dir.empty()) {
     auto plan = policies::PlanModelStates(resolved);
     if (plan.ok()) {
-      std::map<std::string, int64_t> largest;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        for (const auto& [id, memory] : worker_memory_) {
-          for (const auto& [tier, bytes] : memory) largest[tier] = std::max(largest[tier], bytes);
-        }
-      }
-      const std::pair<const char*, int64_t> needs[] = {{"host", plan->total[1]}, {"device", plan->total[0]}};
+      const std::pair<const char*, int64_t> needs[] = {
+          {"host", plan->total[1]}, {"device", plan->total[0]}, {"nvme", plan->total[2]}};
       for (const auto& [tier, bytes] : needs) {
         auto offer = largest.find(tier);
         if (offer != largest.end() && offer->second > 0 && bytes > offer->second) {
           return absl::ResourceExhaustedError(absl::StrCat(
               "spec key 'models': the job's model states need ", bytes >> 20, " MiB of ", tier,
-              " memory (strata plan), but the largest worker offers ", offer->second >> 20,
-              " MiB; move state to another tier with models.*.placement"));
+              std::string(tier) == "nvme" ? " space" : " memory", " (strata plan), but the largest worker offers ",
+              offer->second >> 20, " MiB; move state to another tier with models.*.placement"));
         }
       }
     }
@@ -230,6 +268,7 @@ absl::Status CoordinatorService::Submit(const v1::SubmitJobRequest& request, v1:
   job.output_dir = spec.output_dir;
   job.iterations = spec.train.iterations;
   job.request_id = request.request_id();
+  job.tenant = caller.tenant;
   bool created = false;
   STRATA_ASSIGN_OR_RETURN(auto stored, store_->Create(job, &created));
   if (created) Publish(stored.id, "state", nlohmann::json{{"state", "QUEUED"}}.dump());
@@ -240,14 +279,14 @@ absl::Status CoordinatorService::Submit(const v1::SubmitJobRequest& request, v1:
 
 grpc::ServerUnaryReactor* CoordinatorService::SubmitJob(grpc::CallbackServerContext* context,
                                                         const v1::SubmitJobRequest* request, v1::Job* response) {
-  return Handle(context, [this, request, response] { return Submit(*request, response); });
+  return Handle(context, [this, request, response](const Caller& caller) { return Submit(caller, *request, response); });
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::GetJob(grpc::CallbackServerContext* context,
                                                      const v1::GetJobRequest* request, v1::Job* response) {
-  return Handle(context, [this, request, response]() -> absl::Status {
+  return Handle(context, [this, request, response](const Caller& caller) -> absl::Status {
     if (request->job_id().empty()) return absl::InvalidArgumentError("job_id is required");
-    STRATA_ASSIGN_OR_RETURN(auto job, store_->Get(request->job_id()));
+    STRATA_ASSIGN_OR_RETURN(auto job, GetVisible(caller, request->job_id()));
     ToProto(job, response);
     return absl::OkStatus();
   });
@@ -256,7 +295,8 @@ grpc::ServerUnaryReactor* CoordinatorService::GetJob(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* CoordinatorService::ListJobs(grpc::CallbackServerContext* context,
                                                        const v1::ListJobsRequest* request,
                                                        v1::ListJobsResponse* response) {
-  return Handle(context, [this, request, response]() -> absl::Status {
+  return Handle(context, [this, request, response](const Caller& caller) -> absl::Status {
+    if (!MayUseJobs(caller)) return absl::PermissionDeniedError("a worker credential cannot list jobs");
     if (request->page_size() < 0 || request->page_size() > 200) {
       return absl::InvalidArgumentError("page_size must be in [0, 200]");
     }
@@ -266,22 +306,30 @@ grpc::ServerUnaryReactor* CoordinatorService::ListJobs(grpc::CallbackServerConte
       if (!parsed.ok()) return absl::InvalidArgumentError("state is not a job state");
       state = *parsed;
     }
-    STRATA_ASSIGN_OR_RETURN(
-        auto page, store_->List(request->page_size() == 0 ? 20 : request->page_size(), request->page_token(), state));
-    for (const JobRecord& r : page.first) {
-      // Summaries: a page of full specs could outgrow any message limit.
-      v1::Job* job = response->add_jobs();
-      ToProto(r, job);
-      job->clear_spec_yaml();
-    }
-    response->set_next_page_token(page.second);
+    // A tenant's page is filled from as many store pages as it takes; each
+    // store page is consumed whole, so the store's token stays exact.
+    const int want = request->page_size() == 0 ? 20 : request->page_size();
+    std::string token = request->page_token();
+    do {
+      STRATA_ASSIGN_OR_RETURN(auto page, store_->List(want - response->jobs_size(), token, state));
+      for (const JobRecord& r : page.first) {
+        if (!caller.admin && r.tenant != caller.tenant) continue;
+        // Summaries: a page of full specs could outgrow any message limit.
+        v1::Job* job = response->add_jobs();
+        ToProto(r, job);
+        job->clear_spec_yaml();
+      }
+      token = page.second;
+    } while (!token.empty() && response->jobs_size() < want);
+    response->set_next_page_token(token);
     return absl::OkStatus();
   });
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::CancelJob(grpc::CallbackServerContext* context,
                                                         const v1::CancelJobRequest* request, v1::Job* response) {
-  return Handle(context, [this, request, response]() -> absl::Status {
+  return Handle(context, [this, request, response](const Caller& caller) -> absl::Status {
+    STRATA_RETURN_IF_ERROR(GetVisible(caller, request->job_id()).status());
     STRATA_ASSIGN_OR_RETURN(
         auto job, store_->Transition(request->job_id(), {JobState::kQueued, JobState::kRunning}, JobState::kCancelled));
     Publish(job.id, "state", nlohmann::json{{"state", "CANCELLED"}}.dump());
@@ -296,9 +344,11 @@ grpc::ServerUnaryReactor* CoordinatorService::CancelJob(grpc::CallbackServerCont
 
 grpc::ServerWriteReactor<v1::JobEvent>* CoordinatorService::WatchJob(grpc::CallbackServerContext* context,
                                                                      const v1::WatchJobRequest* request) {
-  auto* reactor = new WatchReactor(this, request->job_id(), request->after_event_id());
-  if (grpc::Status auth = auth_.Check(context); !auth.ok()) {
-    reactor->Finish(auth);
+  auto caller = auth_.Identify(context);
+  auto* reactor = new WatchReactor(this, request->job_id(), request->after_event_id(),
+                                   caller.ok() ? *caller : Caller());
+  if (!caller.ok()) {
+    reactor->Finish(ToGrpcStatus(caller.status()));
     return reactor;
   }
   reactor->Read();
@@ -308,8 +358,8 @@ grpc::ServerWriteReactor<v1::JobEvent>* CoordinatorService::WatchJob(grpc::Callb
 grpc::ServerUnaryReactor* CoordinatorService::ListCheckpoints(grpc::CallbackServerContext* context,
                                                               const v1::ListCheckpointsRequest* request,
                                                               v1::ListCheckpointsResponse* response) {
-  return Handle(context, [this, request, response]() -> absl::Status {
-    if (auto job = store_->Get(request->job_id()); !job.ok()) return job.status();
+  return Handle(context, [this, request, response](const Caller& caller) -> absl::Status {
+    if (auto job = GetVisible(caller, request->job_id()); !job.ok()) return job.status();
     STRATA_ASSIGN_OR_RETURN(auto list, store_->ListCheckpoints(request->job_id()));
     for (const auto& [iteration, dir] : list) {
       auto* c = response->add_checkpoints();
@@ -323,7 +373,8 @@ grpc::ServerUnaryReactor* CoordinatorService::ListCheckpoints(grpc::CallbackServ
 grpc::ServerUnaryReactor* CoordinatorService::RegisterWorker(grpc::CallbackServerContext* context,
                                                              const v1::RegisterWorkerRequest* request,
                                                              v1::RegisterWorkerResponse* response) {
-  return Handle(context, [this, request, response]() -> absl::Status {
+  return Handle(context, [this, request, response](const Caller& caller) -> absl::Status {
+    if (!caller.worker) return absl::PermissionDeniedError("only a worker credential may register workers");
     if (request->worker_id().empty() || request->address().empty()) {
       return absl::InvalidArgumentError("worker_id and address are required");
     }
@@ -345,14 +396,22 @@ grpc::ServerUnaryReactor* CoordinatorService::RegisterWorker(grpc::CallbackServe
 grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerContext* context,
                                                         const v1::HeartbeatRequest* request,
                                                         v1::HeartbeatResponse* response) {
-  return Handle(context, [this, request, response]() -> absl::Status {
+  return Handle(context, [this, request, response](const Caller& caller) -> absl::Status {
+    if (!caller.worker) return absl::PermissionDeniedError("only a worker credential may heartbeat");
     RememberWorkerDirectory(request->worker_id(), request->working_directory());
     STRATA_RETURN_IF_ERROR(store_->Heartbeat(request->worker_id(), request->job_id(), options_.worker_ttl_ms));
     if (!request->job_id().empty()) {
       // Reconciliation: a worker holding a job that no loop here runs holds
       // it for nobody (its gang was lost, maybe with a previous coordinator).
-      std::lock_guard<std::mutex> lock(mu_);
-      response->set_cancel(!jobs_in_flight_.count(request->job_id()));
+      bool in_flight;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        in_flight = jobs_in_flight_.count(request->job_id()) > 0;
+      }
+      // A cancelled job's loop is still in flight until the worker's current
+      // phase returns: the worker interrupts it at its next step or layer.
+      auto job = in_flight ? store_->Get(request->job_id()) : absl::StatusOr<JobRecord>();
+      response->set_cancel(!in_flight || (job.ok() && job->state == JobState::kCancelled));
     }
     return absl::OkStatus();
   });

@@ -25,9 +25,16 @@
 namespace strata::services {
 
 struct CoordinatorOptions {
-  // Bearer token clients and workers must present; "" turns auth off.
+  // Single-token mode: the bearer token clients and workers present; its
+  // holder is an admin and a worker. "" with no `callers` turns auth off.
   std::string token;
-  // Token the coordinator presents to workers ("" = `token`).
+  // Tenant mode (--tokens-file): token -> caller. Each tenant sees and
+  // cancels only its own jobs, an admin every job; only a worker token may
+  // register workers. Takes precedence over `token`.
+  std::map<std::string, Caller> callers;
+  // Token the coordinator presents to workers, and which workers present to
+  // it ("" = `token`). In tenant mode it is the one worker credential:
+  // tenants' tokens reach no worker.
   std::string worker_token;
   // TLS files for dialing workers (their CA), empty for insecure channels.
   TlsFiles worker_tls;
@@ -38,8 +45,8 @@ struct CoordinatorOptions {
   int heartbeat_interval_ms = 1000;
   // How often the scheduler looks for queued jobs and idle workers.
   int scheduler_interval_ms = 200;
-  // Largest train.batch_size accepted.
-  int64_t max_batch_size = 4096;
+  // Most rows (prompts x responses) an iteration may decode or score.
+  int64_t max_rollout_rows = 4096;
   // Bounds forming a job's gang and each of its collectives: a rank that
   // died or hangs fails the others' collectives within this (c10d timeout).
   int collective_timeout_ms = 60000;
@@ -82,8 +89,12 @@ class CoordinatorService final : public strata::v1::Coordinator::CallbackService
 
   // Runs `work` on the RPC executor unless the call is unauthenticated, then
   // finishes the reactor with its status.
-  grpc::ServerUnaryReactor* Handle(grpc::CallbackServerContext* context, std::function<absl::Status()> work);
-  absl::Status Submit(const strata::v1::SubmitJobRequest& request, strata::v1::Job* response);
+  grpc::ServerUnaryReactor* Handle(grpc::CallbackServerContext* context,
+                                   std::function<absl::Status(const Caller&)> work);
+  absl::Status Submit(const Caller& caller, const strata::v1::SubmitJobRequest& request, strata::v1::Job* response);
+  // The job if `caller` may see it; otherwise the NOT_FOUND a missing job
+  // gets (another tenant's job ids are not confirmed to exist).
+  absl::StatusOr<JobRecord> GetVisible(const Caller& caller, const std::string& id);
   void SchedulerLoop();
   void RunOnGang(uint64_t run, JobRecord job, std::vector<WorkerRecord> workers);
   // A gang was lost: workers that no longer answer are deregistered and kept
@@ -111,7 +122,7 @@ class CoordinatorService final : public strata::v1::Coordinator::CallbackService
 
   JobStore* const store_;
   const CoordinatorOptions options_;
-  const TokenAuthenticator auth_;
+  const CallerAuthenticator auth_;
   Executor rpc_executor_;
   Executor watch_executor_;
 

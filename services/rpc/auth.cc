@@ -2,11 +2,14 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "base/file.h"
 #include "base/status_macros.h"
 
@@ -77,6 +80,65 @@ grpc::Status TokenAuthenticator::Check(const grpc::CallbackServerContext* contex
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "invalid bearer token");
   }
   return grpc::Status::OK;
+}
+
+absl::StatusOr<std::map<std::string, Caller>> ReadTokensFile(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return ErrnoToStatus(errno, absl::StrCat("--tokens-file: ", path));
+  if ((st.st_mode & (S_IRWXG | S_IRWXO)) != 0) {
+    return absl::PermissionDeniedError(absl::StrFormat("--tokens-file: %s is open to group or others (mode %04o); "
+                                                       "run chmod 600 %s",
+                                                       path, st.st_mode & 07777, path));
+  }
+  STRATA_ASSIGN_OR_RETURN(auto text, ReadFileToString(path));
+  std::map<std::string, Caller> callers;
+  int line_number = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++line_number;
+    const size_t hash = line.find('#');
+    if (hash != absl::string_view::npos) line = line.substr(0, hash);
+    std::vector<std::string> words = absl::StrSplit(line, absl::ByAnyChar(" \t\r"), absl::SkipEmpty());
+    if (words.empty()) continue;
+    auto bad = [&](const std::string& why) {
+      return absl::InvalidArgumentError(absl::StrCat("--tokens-file: ", path, ":", line_number, ": ", why));
+    };
+    if (words.size() < 2 || words.size() > 3 || (words.size() == 3 && words[2] != "admin")) {
+      return bad("expected TOKEN TENANT [admin]");
+    }
+    const std::string& tenant = words[1];
+    const bool name_ok = !tenant.empty() && tenant.size() <= 64 &&
+                         std::all_of(tenant.begin(), tenant.end(), [](char c) {
+                           return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-';
+                         });
+    if (!name_ok) return bad("tenant names are 1-64 of A-Z a-z 0-9 _ . -");
+    Caller caller;
+    caller.tenant = tenant;
+    caller.admin = words.size() == 3;
+    if (!callers.emplace(words[0], caller).second) return bad("this token is given twice");
+  }
+  if (callers.empty()) return absl::InvalidArgumentError(absl::StrCat("--tokens-file: ", path, " holds no token"));
+  return callers;
+}
+
+absl::StatusOr<Caller> CallerAuthenticator::Identify(const grpc::CallbackServerContext* context) const {
+  if (callers_.empty()) return Caller{"", /*admin=*/true, /*worker=*/true};
+  const auto& metadata = context->client_metadata();
+  auto it = metadata.find("authorization");
+  if (it == metadata.end()) return absl::UnauthenticatedError("missing 'authorization: Bearer <token>' metadata");
+  const std::string value(it->second.data(), it->second.size());
+  const std::string prefix = "Bearer ";
+  if (value.size() < prefix.size() || value.compare(0, prefix.size(), prefix) != 0) {
+    return absl::UnauthenticatedError("invalid bearer token");
+  }
+  const std::string token = value.substr(prefix.size());
+  // Every token is compared, each in constant time, so the time taken says
+  // nothing about which one (or how much of one) matched.
+  const Caller* found = nullptr;
+  for (const auto& [known, caller] : callers_) {
+    if (ConstantTimeEquals(token, known)) found = &caller;
+  }
+  if (found == nullptr) return absl::UnauthenticatedError("invalid bearer token");
+  return *found;
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const TlsFiles& tls) {

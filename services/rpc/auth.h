@@ -7,6 +7,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <map>
 #include <memory>
 #include <string>
 
@@ -39,6 +40,32 @@ class TokenAuthenticator {
 
  private:
   const std::string token_;
+};
+
+// Who a call comes from, as its bearer token says.
+struct Caller {
+  std::string tenant;   // whose jobs it sees and owns; "" for a worker
+  bool admin = false;   // sees and cancels every tenant's jobs
+  bool worker = false;  // may register and heartbeat as a worker
+};
+
+// A tokens file: one "TOKEN TENANT" or "TOKEN TENANT admin" per line, blank
+// lines and "#" comments ignored; private like any secret (ReadSecretFile's
+// rules). Tenant names are [A-Za-z0-9_.-]{1,64}. INVALID_ARGUMENT naming the
+// file and line for anything else, and for a token given twice.
+absl::StatusOr<std::map<std::string, Caller>> ReadTokensFile(const std::string& path);
+
+// Identifies callers by bearer token. With no tokens, authentication is off
+// and every caller is an admin and a worker.
+class CallerAuthenticator {
+ public:
+  explicit CallerAuthenticator(std::map<std::string, Caller> callers) : callers_(std::move(callers)) {}
+  // UNAUTHENTICATED when the `authorization` metadata holds no known token.
+  absl::StatusOr<Caller> Identify(const grpc::CallbackServerContext* context) const;
+  bool enabled() const { return !callers_.empty(); }
+
+ private:
+  const std::map<std::string, Caller> callers_;
 };
 
 struct TlsFiles {

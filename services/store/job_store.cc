@@ -245,6 +245,7 @@ absl::StatusOr<JobRecord> JobFromReply(const redisReply* reply, const std::strin
   job.error_message = Field(hash, "error_message");
   job.worker = Field(hash, "worker");
   job.request_id = Field(hash, "request_id");
+  job.tenant = Field(hash, "tenant");
   job.checkpoint_dir = Field(hash, "checkpoint_dir");
   for (const auto& [field, out] : {std::pair<const char*, int64_t*>{"iteration", &job.iteration},
                                    {"iterations", &job.iterations},
@@ -469,9 +470,14 @@ absl::StatusOr<JobRecord> JobStore::Create(JobRecord job, bool* created) {
       {"iterations", std::to_string(job.iterations)},
       {"worker", job.worker},
       {"request_id", job.request_id},
+      {"tenant", job.tenant},
       {"checkpoint_dir", job.checkpoint_dir},
       {"checkpoint_iteration", std::to_string(job.checkpoint_iteration)},
   };
+  // Tenants' idempotency keys live apart: one tenant's request id never
+  // returns another's job.
+  const std::string request_key =
+      impl_->Key(job.tenant.empty() ? "request:" + job.request_id : "request:" + job.tenant + ":" + job.request_id);
   // A random id can collide with an existing one (48 bits); the script
   // refuses to overwrite, and a few fresh draws make a repeat vanishingly rare.
   for (int attempt = 0; attempt < 5; ++attempt) {
@@ -482,7 +488,7 @@ absl::StatusOr<JobRecord> JobStore::Create(JobRecord job, bool* created) {
       args.push_back(value);
     }
     auto reply = impl_->RunScript(kCreateScript,
-                                  {impl_->JobKey(id), impl_->Key("request:" + job.request_id), impl_->Key("jobs"),
+                                  {impl_->JobKey(id), request_key, impl_->Key("jobs"),
                                    impl_->StateKey(JobState::kQueued), impl_->Key("jobs:seq")},
                                   args);
     if (!reply.ok()) return reply.status();

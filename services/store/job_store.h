@@ -12,7 +12,8 @@
 //   jobs                  sorted set of ids scored by creation sequence
 //   jobs:state:<STATE>    sorted set per state, same scores
 //   jobs:seq              counter behind the creation sequence
-//   request:<request_id>  string -> job id (idempotent Create)
+//   request:<request_id>  string -> job id (idempotent Create);
+//                         request:<tenant>:<request_id> for a tenant's job
 //   worker:<id>           hash {id, address, job_id, last_heartbeat_unix_ms}, expires
 //   workers               set of registered worker ids (pruned lazily)
 #ifndef STRATA_SERVICES_STORE_JOB_STORE_H_
@@ -54,7 +55,8 @@ struct JobRecord {
   int64_t created_unix_ms = 0;  // Redis server clock
   int64_t updated_unix_ms = 0;
   std::string worker;      // worker running it, if any
-  std::string request_id;  // client's idempotency key, if any
+  std::string request_id;  // client's idempotency key, if any (unique per tenant)
+  std::string tenant;      // who owns it ("" in single-token deployments)
   std::string checkpoint_dir;  // latest recorded checkpoint (highest iteration)
   int64_t checkpoint_iteration = 0;
 };

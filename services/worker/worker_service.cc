@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/interrupt.h"
 #include "base/status_macros.h"
 #include "offload/device/device_memory.h"
 #include "offload/device/device_transfer.h"
@@ -75,7 +76,11 @@ void WorkerService::Shutdown() {
 }
 
 void WorkerService::DropJob() {
-  ++generation_;
+  {
+    std::lock_guard<std::mutex> lock(interrupt_mu_);
+    ++generation_;
+    ClearInterrupt();  // an interrupt was for the job being dropped
+  }
   rank_.reset();
   group_.reset();
   gang_.reset();
@@ -91,12 +96,20 @@ std::pair<std::string, uint64_t> WorkerService::LoadedJob() {
 }
 
 void WorkerService::DropOrphan(const std::string& job_id, uint64_t generation) {
+  {
+    std::lock_guard<std::mutex> lock(interrupt_mu_);
+    if (generation_ != generation) return;
+    RequestInterrupt();
+  }
   std::lock_guard<std::mutex> lock(executor_mu_);
   if (executor_ == nullptr) return;
   executor_->Submit([this, job_id, generation] {
-    if (job_id_ != job_id || generation_ != generation) return;
+    {
+      std::lock_guard<std::mutex> generation_lock(interrupt_mu_);
+      if (job_id_ != job_id || generation_ != generation) return;
+    }
     STRATA_LOG(Warning) << "worker " << options_.worker_id << " drops job " << job_id
-                        << ": no job loop of the coordinator owns it";
+                        << ": cancelled, or no job loop of the coordinator owns it";
     DropJob();
     PublishStats();
   });
@@ -114,6 +127,11 @@ void WorkerService::DropStaleJob(const std::string& assigned) {
 absl::StatusOr<policies::JobSpec> WorkerService::ParseSpec(const std::string& job_id, const std::string& yaml) {
   STRATA_ASSIGN_OR_RETURN(auto spec, policies::ParseJobSpec(yaml, {}, absl::StrCat("job ", job_id)));
   if (spec.memory.nvme_dir.empty()) spec.memory.nvme_dir = options_.nvme_dir;
+  if (absl::Status s = policies::CheckJobLimits(spec, options_.limits,
+                                                "this worker accepts (--max-rows, --max-host-mib)");
+      !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("job ", job_id, ": ", s.message()));
+  }
   if (!options_.data_roots.empty()) {
     std::vector<std::string> roots = options_.data_roots;
     if (!options_.nvme_dir.empty()) roots.push_back(options_.nvme_dir);
@@ -194,6 +212,7 @@ void WorkerService::PublishStats() {
   if (group_ != nullptr) peaks = group_->PhaseMemory(phase_).peak_bytes;
   std::lock_guard<std::mutex> lock(stats_mu_);
   published_job_id_ = group_ != nullptr ? job_id_ : std::string();
+  std::lock_guard<std::mutex> generation_lock(interrupt_mu_);
   published_generation_ = generation_;
   published_peaks_ = std::move(peaks);
   published_monitor_ = group_ != nullptr ? &group_->device_monitor() : &offload::DeviceMemoryMonitor::Install();

@@ -44,6 +44,9 @@ struct WorkerServiceOptions {
   // these (PERMISSION_DENIED naming the key); nvme_dir is always allowed.
   // Empty: no confinement (in-process use and tests of the service alone).
   std::vector<std::string> data_roots;
+  // What this worker accepts whatever the coordinator admitted
+  // (RESOURCE_EXHAUSTED naming the key); zeros: no limit.
+  policies::JobLimits limits;
 };
 
 class WorkerService final : public strata::v1::Worker::CallbackService {
@@ -64,10 +67,12 @@ class WorkerService final : public strata::v1::Worker::CallbackService {
   // What heartbeats report: the loaded job ("" when idle) and a number that
   // changes whenever a job is dropped or loaded.
   std::pair<std::string, uint64_t> LoadedJob();
-  // Drops `job_id` if it is still what was loaded as of `generation`, once
-  // the running operation ends. The coordinator asks for this when no job
-  // loop of its own owns the job (a gang lost with a previous coordinator);
-  // the generation keeps a job loaded since the heartbeat safe.
+  // Stops and drops `job_id` if it is still what was loaded as of
+  // `generation`: the running operation is interrupted at its next decoding
+  // step or layer (CANCELLED), then the job is dropped. The coordinator asks
+  // for this when the job was cancelled or no job loop of its own owns it
+  // (a gang lost with a previous coordinator); the generation keeps a job
+  // loaded since the heartbeat safe.
   void DropOrphan(const std::string& job_id, uint64_t generation);
 
   // Rank 0 of a gang: opens the rendezvous on a free port (held for the
@@ -170,12 +175,16 @@ class WorkerService final : public strata::v1::Worker::CallbackService {
   std::string job_id_;
   std::string spec_yaml_;
   std::string phase_;
-  uint64_t generation_ = 0;  // incremented by DropJob, which every load calls first
 
   // What GetStats reports, copied from the work thread's state.
   std::mutex stats_mu_;
   std::string published_job_id_;
   uint64_t published_generation_ = 0;
+  // Incremented by DropJob, which every load calls first; with the process's
+  // interrupt flag, guarded by interrupt_mu_ (a heartbeat thread and the
+  // work thread both touch them).
+  std::mutex interrupt_mu_;
+  uint64_t generation_ = 0;
   std::map<std::string, int64_t> published_peaks_;
   // The loaded job's device (monitors live for the whole process).
   offload::DeviceMemoryMonitor* published_monitor_ = nullptr;

@@ -70,6 +70,8 @@ class ServiceTest : public ::testing::Test {
 
   // Worker processes the fixture starts.
   virtual int RealWorkers() const { return 2; }
+  // How the coordinator authenticates; the workers use dir_/token (kToken).
+  virtual std::vector<std::string> CoordinatorAuth() { return {"--token-file", dir_.Join("token")}; }
 
   // The coordinator runs elsewhere than the workers: spec paths must
   // resolve where the workers run.
@@ -84,9 +86,14 @@ class ServiceTest : public ::testing::Test {
   void StartCoordinator(std::vector<std::string> prefix = {}, std::string cwd = "", std::string token_file = "") {
     std::vector<std::string> argv = std::move(prefix);
     argv.insert(argv.end(), {testing::StrataBinary(), "coordinator", "--listen", coordinator_addr_, "--redis",
-                             redis_->url(), "--token-file", token_file.empty() ? dir_.Join("token") : token_file,
+                             redis_->url(),
                              // A gang's ranks give up on a lost rank within 5 s.
                              "--collective-timeout-ms", "5000"});
+    if (token_file.empty()) {
+      for (const std::string& a : CoordinatorAuth()) argv.push_back(a);
+    } else {
+      argv.insert(argv.end(), {"--token-file", token_file});
+    }
     auto p = ChildProcess::Spawn(argv, dir_.Join("coordinator.log"), cwd.empty() ? CoordinatorDirectory() : cwd);
     ASSERT_TRUE(p.ok()) << p.status();
     coordinator_ = std::move(*p);
@@ -264,6 +271,64 @@ TEST_F(ServiceTest, CancelStopsTheJobAndFreesTheWorker) {
   ASSERT_TRUE(Submit(Spec(1, "after_b"), &b).ok());
   EXPECT_EQ(Watch(a.id(), Ended).back().state(), v1::SUCCEEDED);
   EXPECT_EQ(Watch(b.id(), Ended).back().state(), v1::SUCCEEDED);
+  EXPECT_EQ(Get(job.id()).state(), v1::CANCELLED);
+}
+
+// Cancel reaches into a running phase: a rollout of hundreds of decoding
+// steps is interrupted at its next step (the worker learns of the cancel
+// from its next heartbeat), not run to its end, and the worker is idle soon
+// after. (It used to finish the phase: minutes, for a big batch.)
+TEST_F(ServiceTest, CancelInterruptsARunningRollout) {
+  const std::string big = dir_.Join("long-model");
+  testing::WriteTextFile(dir_.Join("long.json"), R"({"vocab_size": 259, "hidden_size": 256,
+      "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4,
+      "max_position_embeddings": 1024, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0})");
+  auto init = testing::RunCommand({testing::StrataBinary(), "init-model", "--config", dir_.Join("long.json"), "--out",
+                                   big, "--seed", "3"});
+  ASSERT_TRUE(init.ok() && init->exit_code == 0);
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
+    std::filesystem::copy_file(JoinPath(model_, f), JoinPath(big, f));
+  }
+  // 64 prompts, each with a sample and a greedy response of up to 900
+  // tokens: the greedy ones rarely stop early, so the rollout is long.
+  v1::Job job;
+  ASSERT_TRUE(Submit(Spec(1, "interrupted"), &job, "",
+                     {"models.actor.path=" + big, "train.batch_size=64", "generation.max_new_tokens=900"})
+                  .ok());
+  // Cancel once a worker holds the job: its first long phase, the rollout,
+  // starts within milliseconds of the load.
+  auto held_job = [&](const std::string& addr) {
+    auto worker = v1::Worker::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
+    v1::WorkerStats stats;
+    grpc::ClientContext c;
+    Auth(&c);
+    return worker->GetStats(&c, v1::GetStatsRequest(), &stats).ok() ? stats.job_id() : std::string("?");
+  };
+  for (auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+       held_job(worker_addr_[0]) != job.id() && held_job(worker_addr_[1]) != job.id() &&
+       std::chrono::steady_clock::now() < until;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polls another process
+  }
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(job.id());
+  v1::Job cancelled;
+  grpc::ClientContext context;
+  Auth(&context);
+  ASSERT_TRUE(stub_->CancelJob(&context, cancel, &cancelled).ok());
+  const auto cancelled_at = std::chrono::steady_clock::now();
+  // Both workers end idle.
+  const auto deadline = cancelled_at + std::chrono::seconds(120);
+  bool idle = false;
+  while (!idle && std::chrono::steady_clock::now() < deadline) {
+    idle = true;
+    for (const std::string& addr : worker_addr_) idle = idle && held_job(addr).empty();
+    if (!idle) std::this_thread::sleep_for(std::chrono::milliseconds(100));  // polls another process
+  }
+  EXPECT_TRUE(idle);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - cancelled_at).count();
+  std::printf("workers idle %.2f s after the cancel\n", seconds);
+  const std::string logs = workers_[0]->Log() + workers_[1]->Log();
+  EXPECT_NE(logs.find("interrupted while generating"), std::string::npos) << logs;
   EXPECT_EQ(Get(job.id()).state(), v1::CANCELLED);
 }
 
@@ -488,6 +553,9 @@ TEST_F(ServiceTest, BadInputGetsTheRightCodeAndServersKeepServing) {
       {Spec(1, "x"), {"algorithm=dpo"}, grpc::StatusCode::INVALID_ARGUMENT, "algorithm"},
       {Spec(1, "x"), {"train.lr=-0.1"}, grpc::StatusCode::INVALID_ARGUMENT, "train.lr"},
       {Spec(1, "x"), {"train.batch_size=1000000"}, grpc::StatusCode::RESOURCE_EXHAUSTED, "train.batch_size"},
+      {Spec(1, "x"), {"algorithm=grpo", "group.samples_per_prompt=100000"}, grpc::StatusCode::RESOURCE_EXHAUSTED,
+       "spec key 'group.samples_per_prompt'"},
+      {Spec(1, "x"), {"memory.host_mib=100000000"}, grpc::StatusCode::RESOURCE_EXHAUSTED, "spec key 'memory.host_mib'"},
       // Found by a probe: each used to pass, or to fail without saying why.
       {Spec(1, "x"), {"train.lr=.inf"}, grpc::StatusCode::INVALID_ARGUMENT, "train.lr' must be a finite number"},
       {Spec(1, "x"), {"train.seed=-1"}, grpc::StatusCode::INVALID_ARGUMENT, "train.seed' must be >= 0"},
@@ -907,6 +975,132 @@ TEST_F(ServiceTest, CoordinatorWithoutAccessToJobFilesRunsTheJob) {
                                                                    << coordinator_->Log();
   EXPECT_TRUE(IsRegularFile(dir_.Join("nofiles/model.safetensors")));
   EXPECT_EQ(MetricsOf(dir_.Join("nofiles/metrics.jsonl")).size(), 2u);
+}
+
+// Tenants: a tokens file maps tokens to tenants (one an admin), and the
+// workers share one worker token with the coordinator.
+class TenantTest : public ServiceTest {
+ protected:
+  static constexpr char kAlice[] = "alice-token-0123456789";
+  static constexpr char kBob[] = "bob-token-0123456789";
+  static constexpr char kRoot[] = "root-token-0123456789";
+
+  std::vector<std::string> CoordinatorAuth() override {
+    const std::string tokens = dir_.Join("tokens");
+    testing::WriteTextFile(tokens, absl::StrCat("# token tenant [admin]\n", kAlice, " alice\n", kBob, " bob\n",
+                                                kRoot, " ops admin\n"));
+    ::chmod(tokens.c_str(), 0600);
+    return {"--tokens-file", tokens, "--worker-token-file", dir_.Join("token")};
+  }
+
+  grpc::Status SubmitAs(const std::string& token, const std::string& out, v1::Job* job,
+                        const std::string& request_id = "") {
+    v1::SubmitJobRequest request;
+    request.set_spec_yaml(Spec(1, out));
+    request.set_request_id(request_id);
+    grpc::ClientContext context;
+    Auth(&context, token);
+    return stub_->SubmitJob(&context, request, job);
+  }
+  grpc::Status GetAs(const std::string& token, const std::string& id, v1::Job* job) {
+    v1::GetJobRequest request;
+    request.set_job_id(id);
+    grpc::ClientContext context;
+    Auth(&context, token);
+    return stub_->GetJob(&context, request, job);
+  }
+  std::vector<std::string> ListAs(const std::string& token, int page_size = 0) {
+    std::vector<std::string> ids;
+    std::string page_token;
+    do {
+      v1::ListJobsRequest request;
+      request.set_page_size(page_size);
+      request.set_page_token(page_token);
+      v1::ListJobsResponse page;
+      grpc::ClientContext context;
+      Auth(&context, token);
+      const grpc::Status status = stub_->ListJobs(&context, request, &page);
+      EXPECT_TRUE(status.ok()) << status.error_message();
+      if (!status.ok()) break;
+      for (const auto& j : page.jobs()) ids.push_back(j.id());
+      page_token = page.next_page_token();
+    } while (!page_token.empty());
+    std::sort(ids.begin(), ids.end());
+    return ids;
+  }
+  // Polls the job (as `token`) until it ends; the service's own watch is
+  // covered by the tenant checks below.
+  v1::JobState WaitAs(const std::string& token, const std::string& id) {
+    v1::Job job;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (std::chrono::steady_clock::now() < deadline && GetAs(token, id, &job).ok() && job.state() < v1::SUCCEEDED) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return job.state();
+  }
+};
+
+TEST_F(TenantTest, EachTenantSeesOnlyItsJobsAndTenantsReachNoWorker) {
+  v1::Job a1, a2, b1;
+  ASSERT_TRUE(SubmitAs(kAlice, "alice-1", &a1, "same-request").ok());
+  ASSERT_TRUE(SubmitAs(kAlice, "alice-2", &a2).ok());
+  ASSERT_TRUE(SubmitAs(kBob, "bob-1", &b1, "same-request").ok());
+  EXPECT_NE(b1.id(), a1.id()) << "one tenant's request id returned another's job";
+  EXPECT_EQ(WaitAs(kAlice, a1.id()), v1::SUCCEEDED);
+  EXPECT_EQ(WaitAs(kAlice, a2.id()), v1::SUCCEEDED);
+  EXPECT_EQ(WaitAs(kBob, b1.id()), v1::SUCCEEDED);
+
+  std::vector<std::string> alice = {a1.id(), a2.id()}, all = {a1.id(), a2.id(), b1.id()};
+  std::sort(alice.begin(), alice.end());
+  std::sort(all.begin(), all.end());
+  EXPECT_EQ(ListAs(kAlice), alice);
+  EXPECT_EQ(ListAs(kAlice, 1), alice);  // pages of one, across bob's job
+  EXPECT_EQ(ListAs(kBob), std::vector<std::string>{b1.id()});
+  EXPECT_EQ(ListAs(kRoot), all);
+
+  // Bob cannot see, watch or cancel Alice's job; it looks like no job at all.
+  v1::Job seen;
+  EXPECT_EQ(GetAs(kBob, a1.id(), &seen).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_TRUE(GetAs(kRoot, a1.id(), &seen).ok());
+  {
+    v1::CancelJobRequest cancel;
+    cancel.set_job_id(a1.id());
+    grpc::ClientContext context;
+    Auth(&context, kBob);
+    EXPECT_EQ(stub_->CancelJob(&context, cancel, &seen).error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+  {
+    v1::WatchJobRequest request;
+    request.set_job_id(a1.id());
+    grpc::ClientContext context;
+    Auth(&context, kBob);
+    auto reader = stub_->WatchJob(&context, request);
+    v1::JobEvent e;
+    EXPECT_FALSE(reader->Read(&e));
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+  // A tenant cannot act as a worker, and the worker credential runs no jobs.
+  {
+    v1::RegisterWorkerRequest request;
+    request.set_worker_id("evil");
+    request.set_address("127.0.0.1:1");
+    v1::RegisterWorkerResponse response;
+    grpc::ClientContext context;
+    Auth(&context, kAlice);
+    EXPECT_EQ(stub_->RegisterWorker(&context, request, &response).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  }
+  EXPECT_EQ(SubmitAs(kToken, "worker-job", &seen).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  // Workers accept only the worker token: a tenant (even the admin) cannot
+  // unload or inspect one directly.
+  for (const char* token : {kAlice, kRoot}) {
+    auto worker = v1::Worker::NewStub(grpc::CreateChannel(worker_addr_[0], grpc::InsecureChannelCredentials()));
+    v1::UnloadRequest request;
+    request.set_job_id(a1.id());
+    v1::UnloadResponse response;
+    grpc::ClientContext context;
+    Auth(&context, token);
+    EXPECT_EQ(worker->Unload(&context, request, &response).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
 }
 
 class MisfitWorker final : public v1::Worker::Service {

@@ -349,10 +349,11 @@ output: {dir: )" + dir_->Join("out") +
   void SetUp() override { StartServer(""); }
   void TearDown() override { StopServer(); }
 
-  void StartServer(const std::string& token) {
+  void StartServer(const std::string& token, policies::JobLimits limits = {}) {
     WorkerServiceOptions options;
     options.worker_id = "worker-7";
     options.token = token;
+    options.limits = limits;
     service_ = std::make_unique<WorkerService>(options);
     grpc::ServerBuilder builder;
     int port = 0;
@@ -540,6 +541,30 @@ TEST_F(WorkerServiceTest, NewGangReplacesAStaleJob) {
   auto old_phase = stale->RunPhase({"rollout", 0, {}, ""});
   EXPECT_EQ(old_phase.status().code(), absl::StatusCode::kFailedPrecondition) << old_phase.status();
   EXPECT_THAT(std::string(old_phase.status().message()), HasSubstr("job-2"));
+}
+
+// The worker enforces its own limits, whatever the coordinator admitted
+// (a probe took a worker to 20 GB with group.samples_per_prompt=100000).
+TEST_F(WorkerServiceTest, SpecsBeyondTheWorkersLimitsAreRefusedNamingTheKey) {
+  StopServer();
+  policies::JobLimits limits;
+  limits.max_rows = 8;
+  limits.max_host_mib = 100;
+  StartServer("", limits);
+  auto remote = Remote("job-1");
+  auto spec = policies::ParseJobSpec(*yaml_, {}, "spec");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  for (const auto& [override_, key] : std::vector<std::pair<std::string, std::string>>{
+           {"memory.host_mib=101", "memory.host_mib"},
+           {"train.batch_size=5", "train.batch_size"},  // ReMax: 5 prompts x (sample + greedy) = 10 rows
+           {"algorithm=grpo", "group.samples_per_prompt"}}) {
+    auto yaml = policies::ApplyOverrides(*yaml_, {override_, "group.samples_per_prompt=5"}, "spec");
+    ASSERT_TRUE(yaml.ok()) << yaml.status();
+    auto started = remote->StartRank(*yaml, 0, 1, "", 0, std::chrono::seconds(5));
+    EXPECT_EQ(started.status().code(), absl::StatusCode::kResourceExhausted) << override_ << ": " << started.status();
+    EXPECT_THAT(std::string(started.status().message()), HasSubstr("spec key '" + key + "'"));
+  }
+  EXPECT_TRUE(remote->StartRank(*yaml_, 0, 1, "", 0, std::chrono::seconds(5)).ok());
 }
 
 TEST_F(WorkerServiceTest, BadSpecAndBadTensorsAreInvalidArgument) {

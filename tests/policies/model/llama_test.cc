@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gtest/gtest.h"
+#include "base/interrupt.h"
 #include "base/file.h"
 #include "policies/model/generation.h"
 #include "tests/testutil/testutil.h"
@@ -324,6 +325,20 @@ TEST(GenerationTest, SameSeedSameTokensOtherSeedOtherTokens) {
   ASSERT_TRUE(a.ok() && b.ok() && c.ok());
   EXPECT_EQ(a->tokens, b->tokens);
   EXPECT_NE(a->tokens, c->tokens);
+}
+
+// A cancelled job's worker requests an interrupt; generation gives up at
+// its next decoding step, and runs normally once the request is cleared.
+TEST(GenerationTest, InterruptStopsAtTheNextStep) {
+  auto model = LlamaModel::RandomInit(TinyConfig(), LlamaHead::kLanguageModel, at::kFloat, 5, 0.5);
+  SamplingOptions options;
+  options.max_new_tokens = 4;
+  RequestInterrupt();
+  auto stopped = Generate(*model, {{1, 2, 3}}, options, {2});
+  ClearInterrupt();
+  EXPECT_EQ(stopped.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_NE(stopped.status().message().find("while generating"), std::string::npos) << stopped.status();
+  EXPECT_TRUE(Generate(*model, {{1, 2, 3}}, options, {2}).ok());
 }
 
 TEST(GenerationTest, TopKOneAndTinyTopPAreGreedy) {

@@ -2,6 +2,7 @@
 #include "policies/train/streamed_layers.h"
 
 #include "gtest/gtest.h"
+#include "base/interrupt.h"
 #include "offload/device/device_memory.h"
 #include "offload/tiers/placement.h"
 #include "tests/testutil/testutil.h"
@@ -81,6 +82,23 @@ TEST(LayerwiseTrainerTest, GradientsMatchFullAutograd) {
       EXPECT_LT((*grad - t.grad()).abs().max().item<float>(), 1e-5) << name << (tied ? " tied" : " untied");
     }
   }
+}
+
+// An interrupt (a cancelled job) stops a training pass at the next layer.
+TEST(LayerwiseTrainerTest, InterruptStopsThePassAtALayer) {
+  auto model = LlamaModel::RandomInit(SmallConfig(false), LlamaHead::kLanguageModel, at::kFloat, 3, 0.2);
+  const Batch batch = MakeBatch();
+  auto loss_fn = [&](const at::Tensor& logits) { return NextTokenLoss(logits, batch.ids); };
+  auto arena = Arena();
+  ResidentLayerSource source(model->weights().layers);
+  auto trainer = LayerwiseTrainer::Create(model->config(), LlamaHead::kLanguageModel, model->weights(), &source,
+                                          arena.get(), TrainerOptions());
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  RequestInterrupt();
+  auto stopped = (*trainer)->ForwardBackward(batch.ids, batch.mask, loss_fn);
+  ClearInterrupt();
+  EXPECT_EQ(stopped.status().code(), absl::StatusCode::kCancelled) << stopped.status();
+  EXPECT_TRUE((*trainer)->ForwardBackward(batch.ids, batch.mask, loss_fn).ok());
 }
 
 // The GPU's gradient path (downloads into staging buffers, added to the
