@@ -18,6 +18,8 @@ packages=(
   libcli11-dev nlohmann-json3-dev libyaml-cpp-dev
   # tests: gtest/gmock, reference tokenizer tools, reference Llama forward
   googletest libgtest-dev libgmock-dev sentencepiece python3-torch python3-numpy openssl
+  # fuzzing (deploy/fuzz.sh): clang with libFuzzer and the sanitizer runtimes
+  clang libclang-rt-14-dev
 )
 
 missing=()

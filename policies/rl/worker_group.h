@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "policies/model/generation.h"
+#include "policies/model/sampling.h"
 
 namespace strata::policies {
 

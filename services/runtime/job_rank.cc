@@ -375,26 +375,8 @@ absl::StatusOr<PhaseReply> JobRank::FindCheckpoint(const PhaseRequest& request) 
   auto [dir, iteration] = LatestCheckpoint(spec_.checkpoint.dir);
   if (dir.empty()) return reply;
   STRATA_ASSIGN_OR_RETURN(auto state_text, ReadFileToString(JoinPath(dir, "state.json")));
-  json state = json::parse(state_text, nullptr, false);
-  if (state.is_discarded() || !state.is_object() || !state.contains("metrics_lines") ||
-      !state["metrics_lines"].is_number_integer()) {
-    return absl::DataLossError(absl::StrCat(dir, "/state.json is corrupt"));
-  }
-  // One metrics line per completed iteration, and the directory's name says
-  // how many completed: anything else is a damaged or forged file.
-  if (const int64_t lines = state["metrics_lines"].get<int64_t>(); lines < 0 || lines > iteration) {
-    return absl::DataLossError(absl::StrCat(dir, "/state.json: metrics_lines ", lines, " does not fit iteration ",
-                                            iteration, " (expected 0..", iteration, ")"));
-  }
-  if (state.contains("iteration") && (!state["iteration"].is_number_integer() ||
-                                      state["iteration"].get<int64_t>() != iteration)) {
-    return absl::DataLossError(absl::StrCat(dir, "/state.json: iteration ", state["iteration"].dump(),
-                                            " differs from the directory's ", iteration));
-  }
-  if (state.contains("run_id") && !state["run_id"].is_string()) {
-    return absl::DataLossError(absl::StrCat(dir, "/state.json: run_id is not a string"));
-  }
-  const std::string owner = state.value("run_id", std::string());
+  STRATA_ASSIGN_OR_RETURN(CheckpointState state, ParseCheckpointState(state_text, dir, iteration));
+  const std::string& owner = state.run_id;
   const bool known_own = owner.empty() && !request.text.empty() && SameFile(dir, request.text);
   if (!options_.run_id.empty() && owner != options_.run_id && !known_own) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -404,13 +386,8 @@ absl::StatusOr<PhaseReply> JobRank::FindCheckpoint(const PhaseRequest& request) 
   }
   reply.text = dir;
   reply.metrics["iteration"] = static_cast<double>(iteration);
-  reply.metrics["metrics_lines"] = static_cast<double>(state["metrics_lines"].get<int64_t>());
-  if (state.contains("algorithm") && state["algorithm"].is_object()) {
-    for (const auto& [key, value] : state["algorithm"].items()) {
-      if (!value.is_number()) return absl::DataLossError(absl::StrCat(dir, "/state.json: algorithm.", key));
-      reply.metrics["state/" + key] = value.get<double>();
-    }
-  }
+  reply.metrics["metrics_lines"] = static_cast<double>(state.metrics_lines);
+  for (const auto& [key, value] : state.algorithm) reply.metrics["state/" + key] = value;
   return reply;
 }
 

@@ -7,6 +7,7 @@
 #ifndef STRATA_SERVICES_RUNTIME_JOB_RANK_H_
 #define STRATA_SERVICES_RUNTIME_JOB_RANK_H_
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "policies/rl/rl_algorithms.h"
 #include "policies/rl/worker_group.h"
 #include "policies/tokenizer/tokenizer.h"
+#include "services/runtime/checkpoint_state.h"
 
 namespace strata::services {
 

@@ -15,6 +15,7 @@
 #include "offload/device/device_transfer.h"
 #include "base/file.h"
 #include "base/log.h"
+#include "policies/model/generation.h"
 #include "policies/rl/rl_algorithms.h"
 #include "policies/rl/rl_losses.h"
 #include "rewards/reward_model.h"

@@ -1,0 +1,43 @@
+// How generation picks tokens. Kept apart from generation.h and free of
+// torch, so the wire format and the RL interfaces can name it without
+// compiling ATen.
+#ifndef STRATA_POLICIES_MODEL_SAMPLING_H_
+#define STRATA_POLICIES_MODEL_SAMPLING_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace strata::policies {
+
+struct SamplingOptions {
+  // Argmax at every step; temperature, top_k and top_p are ignored.
+  bool greedy = false;
+  // Logits are divided by this before sampling; must be > 0.
+  double temperature = 1.0;
+  // Keep only the k most likely tokens; 0 keeps all.
+  int64_t top_k = 0;
+  // Keep the smallest set of tokens whose probability reaches top_p; in (0, 1].
+  double top_p = 1.0;
+  // Upper bound on new tokens per prompt; >= 0.
+  int64_t max_new_tokens = 64;
+  // Stop a prompt's continuation after it produces an EOS id (kept in the output).
+  bool stop_at_eos = true;
+  // Decode incrementally with a KV cache; false recomputes the whole
+  // sequence every step (slow, for checks and benchmarks).
+  bool use_kv_cache = true;
+  // Seed of the sampling generator; the same seed and inputs give the same tokens.
+  uint64_t seed = 0;
+  // One seed per prompt, when given: each row then draws from its own
+  // generator, so a prompt's continuation does not depend on which other
+  // prompts share its batch (a data-parallel rank's shard). `seed` is unused.
+  std::vector<uint64_t> row_seeds;
+
+  // INVALID_ARGUMENT naming the field.
+  absl::Status Validate() const;
+};
+
+}  // namespace strata::policies
+
+#endif  // STRATA_POLICIES_MODEL_SAMPLING_H_
