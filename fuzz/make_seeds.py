@@ -47,7 +47,6 @@ def safetensors(tensors, metadata=None):
 
 
 def main():
-    shutil.rmtree(CORPUS, ignore_errors=True)
     # Job specs, with and without overrides.
     for name in ("sft", "reward", "remax", "ppo"):
         put("job_spec", name, read("examples/tiny/%s.yaml" % name))

@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <functional>
@@ -68,6 +69,21 @@ size_t FirstNonUtf8Byte(const std::string& text) {
   return std::string::npos;
 }
 
+// Offset of the first control character YAML does not allow in a document
+// (C0 other than tab and line breaks, DEL, C1 other than NEL), or npos. The
+// emitter would write such a character back raw, and the stored spec would
+// no longer parse. `line` also refuses line breaks (an override is one line).
+size_t FirstControlChar(const std::string& text, bool line) {
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    const bool c0 = c < 0x20 && (line || (c != '\t' && c != '\n' && c != '\r'));
+    const bool c1 = c == 0xC2 && i + 1 < text.size() && static_cast<unsigned char>(text[i + 1]) >= 0x80 &&
+                    static_cast<unsigned char>(text[i + 1]) <= 0x9F && static_cast<unsigned char>(text[i + 1]) != 0x85;
+    if (c0 || c == 0x7F || c1) return i;
+  }
+  return std::string::npos;
+}
+
 // Loads a spec document: at most kMaxJobSpecBytes, a mapping, no repeated keys.
 absl::StatusOr<YAML::Node> LoadDocument(const std::string& yaml_text, const std::string& source) {
   if (yaml_text.size() > kMaxJobSpecBytes) {
@@ -76,6 +92,9 @@ absl::StatusOr<YAML::Node> LoadDocument(const std::string& yaml_text, const std:
   }
   if (const size_t bad = FirstNonUtf8Byte(yaml_text); bad != std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": the spec is not UTF-8 text (byte ", bad, ")"));
+  }
+  if (const size_t bad = FirstControlChar(yaml_text, /*line=*/false); bad != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": the spec holds a control character (byte ", bad, ")"));
   }
   YAML::Node root;
   try {
@@ -197,6 +216,10 @@ absl::Status ReadModel(MapReader& parent, const std::string& key, ModelSpec* mod
 absl::Status ApplyOverride(YAML::Node& root, const std::string& assignment) {
   if (FirstNonUtf8Byte(assignment) != std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat("--set '", Shown(assignment), "' is not UTF-8 text"));
+  }
+  if (const size_t bad = FirstControlChar(assignment, /*line=*/true); bad != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--set ", Shown(assignment.substr(0, bad)), "...: a control character or line break at byte ", bad));
   }
   const size_t eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0) {
@@ -491,6 +514,14 @@ absl::Status CheckJobLimits(const JobSpec& spec, const JobLimits& limits, const 
         "spec key '", group ? "group.samples_per_prompt" : "train.batch_size", "': an iteration would decode ", rows,
         " rows (train.batch_size ", spec.train.batch_size, group ? " x group.samples_per_prompt " : "",
         group ? absl::StrCat(spec.group.samples_per_prompt) : "", "); ", who, " at most ", limits.max_rows));
+  }
+  // Activations, logits and the KV cache grow with tokens, not rows.
+  const int64_t per_row = spec.data.max_prompt_tokens + std::max(spec.generation.max_new_tokens,
+                                                                  spec.data.max_response_tokens);
+  if (limits.max_tokens > 0 && rows > limits.max_tokens / std::max<int64_t>(per_row, 1)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "spec keys 'data.max_prompt_tokens' + 'generation.max_new_tokens' (", per_row, " tokens a row) x ", rows,
+        " rows an iteration exceed what ", who, " (", limits.max_tokens, " tokens)"));
   }
   if (limits.max_host_mib > 0 && spec.memory.host_mib > limits.max_host_mib) {
     return absl::ResourceExhaustedError(absl::StrCat("spec key 'memory.host_mib' (", spec.memory.host_mib,

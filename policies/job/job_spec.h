@@ -139,6 +139,7 @@ int64_t RowsPerIteration(const JobSpec& spec);
 // What a service accepts from a spec, whatever the spec says; 0 = no limit.
 struct JobLimits {
   int64_t max_rows = 0;        // RowsPerIteration
+  int64_t max_tokens = 0;      // RowsPerIteration x (data.max_prompt_tokens + generation.max_new_tokens)
   int64_t max_host_mib = 0;    // memory.host_mib
   int64_t max_device_mib = 0;  // memory.device_mib
 };

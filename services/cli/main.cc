@@ -202,6 +202,8 @@ struct ServerCommands {
         ->check(CLI::NonNegativeNumber);
     worker->add_option("--max-rows", wk.max_rows, "most rows (prompts x responses) an iteration may decode")
         ->check(CLI::PositiveNumber);
+    worker->add_option("--max-tokens", wk.max_tokens, "most tokens (rows x (prompt + new tokens)) an iteration may hold")
+        ->check(CLI::PositiveNumber);
     worker->add_option("--device-budget-mib", wk.device_budget_mib, "device budget for jobs that name none");
     worker->add_option("--id", wk.worker_id, "worker id (default worker-<listen>)");
     worker->add_option("--tls-cert", wk.tls.cert, "PEM certificate (enables TLS)");

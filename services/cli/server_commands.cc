@@ -175,6 +175,7 @@ absl::StatusOr<std::string> RunWorkerServer(const WorkerCommand& command) {
       (static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(::sysconf(_SC_PAGESIZE))) >> 20;
   options.limits.max_host_mib = command.max_host_mib > 0 ? command.max_host_mib : physical_mib * 9 / 10;
   options.limits.max_rows = command.max_rows;
+  options.limits.max_tokens = command.max_tokens;
   options.limits.max_device_mib = command.device_budget_mib;
   options.data_roots.push_back(command.data_root.empty() ? std::filesystem::current_path().string()
                                                          : command.data_root);

@@ -45,6 +45,7 @@ struct WorkerCommand {
   // physical memory) and rows per iteration.
   int64_t max_host_mib = 0;
   int64_t max_rows = 4096;
+  int64_t max_tokens = int64_t{4} << 20;
   std::string worker_id;  // default: worker-<listen address>
   TlsFiles tls;
 };

@@ -234,6 +234,7 @@ absl::Status CoordinatorService::Submit(const Caller& caller, const v1::SubmitJo
   }
   policies::JobLimits limits;
   limits.max_rows = options_.max_rollout_rows;
+  limits.max_tokens = options_.max_rollout_tokens;
   limits.max_host_mib = largest["host"] >> 20;
   limits.max_device_mib = largest["device"] >> 20;
   STRATA_RETURN_IF_ERROR(policies::CheckJobLimits(spec, limits, "workers accept"));

@@ -45,8 +45,10 @@ struct CoordinatorOptions {
   int heartbeat_interval_ms = 1000;
   // How often the scheduler looks for queued jobs and idle workers.
   int scheduler_interval_ms = 200;
-  // Most rows (prompts x responses) an iteration may decode or score.
+  // Most rows (prompts x responses) an iteration may decode or score, and
+  // most tokens across them (rows x (prompt + new tokens)).
   int64_t max_rollout_rows = 4096;
+  int64_t max_rollout_tokens = int64_t{4} << 20;
   // Bounds forming a job's gang and each of its collectives: a rank that
   // died or hangs fails the others' collectives within this (c10d timeout).
   int collective_timeout_ms = 60000;

@@ -128,7 +128,7 @@ absl::StatusOr<policies::JobSpec> WorkerService::ParseSpec(const std::string& jo
   STRATA_ASSIGN_OR_RETURN(auto spec, policies::ParseJobSpec(yaml, {}, absl::StrCat("job ", job_id)));
   if (spec.memory.nvme_dir.empty()) spec.memory.nvme_dir = options_.nvme_dir;
   if (absl::Status s = policies::CheckJobLimits(spec, options_.limits,
-                                                "this worker accepts (--max-rows, --max-host-mib)");
+                                                "this worker accepts (--max-rows, --max-tokens, --max-host-mib)");
       !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("job ", job_id, ": ", s.message()));
   }

@@ -556,6 +556,8 @@ TEST_F(ServiceTest, BadInputGetsTheRightCodeAndServersKeepServing) {
       {Spec(1, "x"), {"algorithm=grpo", "group.samples_per_prompt=100000"}, grpc::StatusCode::RESOURCE_EXHAUSTED,
        "spec key 'group.samples_per_prompt'"},
       {Spec(1, "x"), {"memory.host_mib=100000000"}, grpc::StatusCode::RESOURCE_EXHAUSTED, "spec key 'memory.host_mib'"},
+      {Spec(1, "x"), {"train.batch_size=2000", "generation.max_new_tokens=4000"}, grpc::StatusCode::RESOURCE_EXHAUSTED,
+       "'generation.max_new_tokens' (4016 tokens a row) x 4000 rows"},
       // Found by a probe: each used to pass, or to fail without saying why.
       {Spec(1, "x"), {"train.lr=.inf"}, grpc::StatusCode::INVALID_ARGUMENT, "train.lr' must be a finite number"},
       {Spec(1, "x"), {"train.seed=-1"}, grpc::StatusCode::INVALID_ARGUMENT, "train.seed' must be >= 0"},

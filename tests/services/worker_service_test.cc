@@ -349,11 +349,12 @@ output: {dir: )" + dir_->Join("out") +
   void SetUp() override { StartServer(""); }
   void TearDown() override { StopServer(); }
 
-  void StartServer(const std::string& token, policies::JobLimits limits = {}) {
+  void StartServer(const std::string& token, policies::JobLimits limits = {}, const std::string& nvme_dir = "") {
     WorkerServiceOptions options;
     options.worker_id = "worker-7";
     options.token = token;
     options.limits = limits;
+    options.nvme_dir = nvme_dir;
     service_ = std::make_unique<WorkerService>(options);
     grpc::ServerBuilder builder;
     int port = 0;
@@ -550,6 +551,7 @@ TEST_F(WorkerServiceTest, SpecsBeyondTheWorkersLimitsAreRefusedNamingTheKey) {
   policies::JobLimits limits;
   limits.max_rows = 8;
   limits.max_host_mib = 100;
+  limits.max_tokens = 400;  // the fixture's job: 4 rows x (16 prompt + 64 response) = 320
   StartServer("", limits);
   auto remote = Remote("job-1");
   auto spec = policies::ParseJobSpec(*yaml_, {}, "spec");
@@ -557,14 +559,34 @@ TEST_F(WorkerServiceTest, SpecsBeyondTheWorkersLimitsAreRefusedNamingTheKey) {
   for (const auto& [override_, key] : std::vector<std::pair<std::string, std::string>>{
            {"memory.host_mib=101", "memory.host_mib"},
            {"train.batch_size=5", "train.batch_size"},  // ReMax: 5 prompts x (sample + greedy) = 10 rows
-           {"algorithm=grpo", "group.samples_per_prompt"}}) {
+           {"algorithm=grpo", "group.samples_per_prompt"},
+           {"generation.max_new_tokens=90", "generation.max_new_tokens"}}) {  // 4 x (16 + 90) = 424
     auto yaml = policies::ApplyOverrides(*yaml_, {override_, "group.samples_per_prompt=5"}, "spec");
     ASSERT_TRUE(yaml.ok()) << yaml.status();
     auto started = remote->StartRank(*yaml, 0, 1, "", 0, std::chrono::seconds(5));
     EXPECT_EQ(started.status().code(), absl::StatusCode::kResourceExhausted) << override_ << ": " << started.status();
-    EXPECT_THAT(std::string(started.status().message()), HasSubstr("spec key '" + key + "'"));
+    EXPECT_THAT(std::string(started.status().message()), HasSubstr(key + "'"));
   }
   EXPECT_TRUE(remote->StartRank(*yaml_, 0, 1, "", 0, std::chrono::seconds(5)).ok());
+}
+
+// A job that places state on NVMe without naming memory.nvme_dir uses the
+// worker's --nvme-dir (submit used to refuse it, so the default never
+// applied); its slots live in a directory of their own there, removed with
+// the job.
+TEST_F(WorkerServiceTest, NvmePlacementUsesTheWorkersNvmeDirAndCleansUp) {
+  StopServer();
+  const std::string nvme = dir_->Join("worker-nvme");
+  std::filesystem::create_directories(nvme);
+  StartServer("", {}, nvme);
+  auto remote = Remote("job-1");
+  auto yaml = policies::ApplyOverrides(*yaml_, {"models.actor.placement.optimizer=nvme"}, "spec");
+  ASSERT_TRUE(yaml.ok()) << yaml.status();
+  auto started = remote->StartRank(*yaml, 0, 1, "", 0, std::chrono::seconds(5));
+  ASSERT_TRUE(started.ok()) << started.status();
+  EXPECT_FALSE(std::filesystem::is_empty(nvme));
+  ASSERT_TRUE(remote->Unload().ok());
+  EXPECT_TRUE(std::filesystem::is_empty(nvme));
 }
 
 TEST_F(WorkerServiceTest, BadSpecAndBadTensorsAreInvalidArgument) {

@@ -99,6 +99,12 @@ TEST(JobSpecTest, RefusesWhatAProbeGotThrough) {
   EXPECT_NE(ErrorOf(std::string("algorithm: remax\n\xff\xfe\x01") + "x").find("not UTF-8 text (byte 17)"),
             std::string::npos);
   EXPECT_NE(ErrorOf(kRemax, {"name=\xc3("}).find("not UTF-8"), std::string::npos);
+  // Control characters would be written back raw when the service stores
+  // the spec, which then no longer parses (found by the job_spec fuzzer).
+  EXPECT_NE(ErrorOf(std::string(kRemax) + "name: a\x01b\n").find("control character (byte"), std::string::npos);
+  EXPECT_NE(ErrorOf(kRemax, {std::string("memory.nvme_dir=/\0\rx", 20)}).find("control character"), std::string::npos);
+  EXPECT_NE(ErrorOf(kRemax, {"name=a\nalgorithm: ppo"}).find("line break"), std::string::npos);
+  EXPECT_EQ(ErrorOf(std::string(kRemax) + "name: \"tab\there\"\r\n"), "");  // tabs and CRLF are fine
 }
 
 TEST(JobSpecTest, HugeInputIsRefusedAndNeverEchoedWhole) {
