@@ -526,7 +526,9 @@ TEST_F(ServiceTest, WorkerThatDoesNotAnswerCausesOneRequeueNotAStorm) {
   EXPECT_EQ(events.back().state(), v1::SUCCEEDED) << Get(job.id()).error_message();
   EXPECT_EQ(Count(events, "log"), 1) << events.size() << " events";
   for (const auto& e : events) {
-    if (e.type() == "log") EXPECT_NE(e.json().find("not answering: a-ghost"), std::string::npos) << e.json();
+    if (e.type() == "log") {
+      EXPECT_NE(e.json().find("not answering: a-ghost"), std::string::npos) << e.json();
+    }
   }
 }
 

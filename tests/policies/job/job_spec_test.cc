@@ -140,7 +140,9 @@ TEST(JobSpecTest, PathsMustStayInsideTheDataRoots) {
     auto spec = ParseJobSpec(kRemax, overrides, "job.yaml");
     EXPECT_TRUE(spec.ok()) << spec.status();
     const absl::Status s = CheckPathsWithin(*spec, root.path(), {root.path()});
-    if (!s.ok()) EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
+    if (!s.ok()) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
+    }
     return std::string(s.message());
   };
   EXPECT_EQ(check({}), "");  // relative paths under the root, existing or not
