@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -13,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "base/file.h"
 #include "base/status_macros.h"
+#include "policies/tokenizer/unicode.h"
 
 namespace strata::policies {
 namespace {
@@ -48,40 +50,25 @@ absl::Status CheckNoDuplicateKeys(const YAML::Node& node, const std::string& pat
   return absl::OkStatus();
 }
 
-// Offset of the first byte that does not belong to well-formed UTF-8, or npos.
-size_t FirstNonUtf8Byte(const std::string& text) {
-  size_t i = 0;
-  while (i < text.size()) {
-    const auto lead = static_cast<unsigned char>(text[i]);
-    size_t n = lead < 0x80 ? 1 : (lead >> 5) == 0x6 ? 2 : (lead >> 4) == 0xE ? 3 : (lead >> 3) == 0x1E ? 4 : 0;
-    if (n == 0 || i + n > text.size()) return i;
-    uint32_t cp = n == 1 ? lead : lead & (0x7F >> n);
-    for (size_t k = 1; k < n; ++k) {
-      const auto c = static_cast<unsigned char>(text[i + k]);
-      if ((c & 0xC0) != 0x80) return i;
-      cp = (cp << 6) | (c & 0x3F);
-    }
-    // Overlong forms, surrogates and code points past U+10FFFF.
-    static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < kMin[n] || (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) return i;
-    i += n;
+// Where text a spec may not hold starts: a byte that is not well-formed
+// UTF-8, or a control character YAML does not allow in a document (C0 other
+// than tab and line breaks, DEL, C1 other than NEL; the emitter would write
+// it back raw, and the stored spec would no longer parse). `one_line` also
+// refuses line breaks (an override is one line).
+struct TextFault {
+  size_t offset = 0;
+  bool not_utf8 = false;  // else a control character
+};
+std::optional<TextFault> FirstTextFault(const std::string& text, bool one_line) {
+  for (size_t i = 0; i < text.size();) {
+    const Utf8Char c = DecodeUtf8Char(std::string_view(text).substr(i));
+    if (!c.valid) return TextFault{i, true};
+    const char32_t cp = c.code_point;
+    const bool c0 = cp < 0x20 && (one_line || (cp != '\t' && cp != '\n' && cp != '\r'));
+    if (c0 || cp == 0x7F || (cp >= 0x80 && cp <= 0x9F && cp != 0x85)) return TextFault{i, false};
+    i += c.length;
   }
-  return std::string::npos;
-}
-
-// Offset of the first control character YAML does not allow in a document
-// (C0 other than tab and line breaks, DEL, C1 other than NEL), or npos. The
-// emitter would write such a character back raw, and the stored spec would
-// no longer parse. `line` also refuses line breaks (an override is one line).
-size_t FirstControlChar(const std::string& text, bool line) {
-  for (size_t i = 0; i < text.size(); ++i) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    const bool c0 = c < 0x20 && (line || (c != '\t' && c != '\n' && c != '\r'));
-    const bool c1 = c == 0xC2 && i + 1 < text.size() && static_cast<unsigned char>(text[i + 1]) >= 0x80 &&
-                    static_cast<unsigned char>(text[i + 1]) <= 0x9F && static_cast<unsigned char>(text[i + 1]) != 0x85;
-    if (c0 || c == 0x7F || c1) return i;
-  }
-  return std::string::npos;
+  return std::nullopt;
 }
 
 // Loads a spec document: at most kMaxJobSpecBytes, a mapping, no repeated keys.
@@ -90,11 +77,10 @@ absl::StatusOr<YAML::Node> LoadDocument(const std::string& yaml_text, const std:
     return absl::InvalidArgumentError(absl::StrCat(source, ": the spec is ", yaml_text.size(),
                                                    " bytes; a spec may have at most ", kMaxJobSpecBytes));
   }
-  if (const size_t bad = FirstNonUtf8Byte(yaml_text); bad != std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": the spec is not UTF-8 text (byte ", bad, ")"));
-  }
-  if (const size_t bad = FirstControlChar(yaml_text, /*line=*/false); bad != std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": the spec holds a control character (byte ", bad, ")"));
+  if (const auto fault = FirstTextFault(yaml_text, /*one_line=*/false)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, fault->not_utf8 ? ": the spec is not UTF-8 text (byte " : ": the spec holds a control character (byte ",
+        fault->offset, ")"));
   }
   YAML::Node root;
   try {
@@ -214,12 +200,12 @@ absl::Status ReadModel(MapReader& parent, const std::string& key, ModelSpec* mod
 
 // Applies "a.b.c=value" to the document, creating mappings on the way.
 absl::Status ApplyOverride(YAML::Node& root, const std::string& assignment) {
-  if (FirstNonUtf8Byte(assignment) != std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat("--set '", Shown(assignment), "' is not UTF-8 text"));
-  }
-  if (const size_t bad = FirstControlChar(assignment, /*line=*/true); bad != std::string::npos) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--set ", Shown(assignment.substr(0, bad)), "...: a control character or line break at byte ", bad));
+  if (const auto fault = FirstTextFault(assignment, /*one_line=*/true)) {
+    if (fault->not_utf8) {
+      return absl::InvalidArgumentError(absl::StrCat("--set '", Shown(assignment), "' is not UTF-8 text"));
+    }
+    return absl::InvalidArgumentError(absl::StrCat("--set ", Shown(assignment.substr(0, fault->offset)),
+                                                   "...: a control character or line break at byte ", fault->offset));
   }
   const size_t eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0) {
@@ -244,6 +230,20 @@ absl::Status ApplyOverride(YAML::Node& root, const std::string& assignment) {
   }
   chain.back()[keys.back()] = value;
   return absl::OkStatus();
+}
+
+// LoadDocument, then `overrides` (at most kMaxJobSpecBytes together) applied.
+absl::StatusOr<YAML::Node> LoadWithOverrides(const std::string& yaml_text, const std::vector<std::string>& overrides,
+                                             const std::string& source) {
+  STRATA_ASSIGN_OR_RETURN(YAML::Node root, LoadDocument(yaml_text, source));
+  size_t override_bytes = 0;
+  for (const std::string& o : overrides) override_bytes += o.size();
+  if (override_bytes > kMaxJobSpecBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": the overrides are ", override_bytes,
+                                                   " bytes; at most ", kMaxJobSpecBytes));
+  }
+  for (const std::string& o : overrides) STRATA_RETURN_IF_ERROR(ApplyOverride(root, o));
+  return root;
 }
 
 }  // namespace
@@ -352,14 +352,7 @@ bool JobSpec::UsesNvme() const {
 
 absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::vector<std::string>& overrides,
                                      const std::string& source) {
-  STRATA_ASSIGN_OR_RETURN(YAML::Node root, LoadDocument(yaml_text, source));
-  size_t override_bytes = 0;
-  for (const std::string& o : overrides) override_bytes += o.size();
-  if (override_bytes > kMaxJobSpecBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": the overrides are ", override_bytes,
-                                                   " bytes; at most ", kMaxJobSpecBytes));
-  }
-  for (const std::string& o : overrides) STRATA_RETURN_IF_ERROR(ApplyOverride(root, o));
+  STRATA_ASSIGN_OR_RETURN(YAML::Node root, LoadWithOverrides(yaml_text, overrides, source));
 
   auto with_source = [&](absl::Status s) {
     return s.ok() ? s : absl::Status(s.code(), absl::StrCat(source, ": ", s.message()));
@@ -575,14 +568,7 @@ absl::Status CheckPathsWithin(const JobSpec& spec, const std::string& base, cons
 
 absl::StatusOr<std::string> ApplyOverrides(const std::string& yaml_text, const std::vector<std::string>& overrides,
                                            const std::string& source) {
-  STRATA_ASSIGN_OR_RETURN(YAML::Node root, LoadDocument(yaml_text, source));
-  size_t override_bytes = 0;
-  for (const std::string& o : overrides) override_bytes += o.size();
-  if (override_bytes > kMaxJobSpecBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": the overrides are ", override_bytes,
-                                                   " bytes; at most ", kMaxJobSpecBytes));
-  }
-  for (const std::string& o : overrides) STRATA_RETURN_IF_ERROR(ApplyOverride(root, o));
+  STRATA_ASSIGN_OR_RETURN(YAML::Node root, LoadWithOverrides(yaml_text, overrides, source));
   YAML::Emitter out;
   out << root;
   return std::string(out.c_str());

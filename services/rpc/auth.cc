@@ -12,6 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "base/file.h"
 #include "base/status_macros.h"
+#include "services/rpc/wire.h"
 
 namespace strata::services {
 namespace {
@@ -26,6 +27,18 @@ absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
   auto text = ReadFileToString(path);
   if (!text.ok()) return absl::Status(text.status().code(), absl::StrCat(what, ": ", text.status().message()));
   return *text;
+}
+
+// The token of an "authorization: Bearer <token>" header; UNAUTHENTICATED
+// when there is none.
+absl::StatusOr<std::string> BearerToken(const grpc::CallbackServerContext* context) {
+  const auto& metadata = context->client_metadata();
+  auto it = metadata.find("authorization");
+  if (it == metadata.end()) return absl::UnauthenticatedError("missing 'authorization: Bearer <token>' metadata");
+  const std::string value(it->second.data(), it->second.size());
+  const std::string prefix = "Bearer ";
+  if (value.compare(0, prefix.size(), prefix) != 0) return absl::UnauthenticatedError("invalid bearer token");
+  return value.substr(prefix.size());
 }
 
 }  // namespace
@@ -68,29 +81,14 @@ bool ConstantTimeEquals(const std::string& a, const std::string& b) {
 
 grpc::Status TokenAuthenticator::Check(const grpc::CallbackServerContext* context) const {
   if (token_.empty()) return grpc::Status::OK;
-  const auto& metadata = context->client_metadata();
-  auto it = metadata.find("authorization");
-  if (it == metadata.end()) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing 'authorization: Bearer <token>' metadata");
-  }
-  const std::string value(it->second.data(), it->second.size());
-  const std::string prefix = "Bearer ";
-  if (value.size() < prefix.size() || value.compare(0, prefix.size(), prefix) != 0 ||
-      !ConstantTimeEquals(value.substr(prefix.size()), token_)) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "invalid bearer token");
-  }
+  auto token = BearerToken(context);
+  if (!token.ok()) return ToGrpcStatus(token.status());
+  if (!ConstantTimeEquals(*token, token_)) return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "invalid bearer token");
   return grpc::Status::OK;
 }
 
 absl::StatusOr<std::map<std::string, Caller>> ReadTokensFile(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return ErrnoToStatus(errno, absl::StrCat("--tokens-file: ", path));
-  if ((st.st_mode & (S_IRWXG | S_IRWXO)) != 0) {
-    return absl::PermissionDeniedError(absl::StrFormat("--tokens-file: %s is open to group or others (mode %04o); "
-                                                       "run chmod 600 %s",
-                                                       path, st.st_mode & 07777, path));
-  }
-  STRATA_ASSIGN_OR_RETURN(auto text, ReadFileToString(path));
+  STRATA_ASSIGN_OR_RETURN(auto text, ReadSecretFile(path, "--tokens-file"));
   std::map<std::string, Caller> callers;
   int line_number = 0;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
@@ -122,15 +120,7 @@ absl::StatusOr<std::map<std::string, Caller>> ReadTokensFile(const std::string& 
 
 absl::StatusOr<Caller> CallerAuthenticator::Identify(const grpc::CallbackServerContext* context) const {
   if (callers_.empty()) return Caller{"", /*admin=*/true, /*worker=*/true};
-  const auto& metadata = context->client_metadata();
-  auto it = metadata.find("authorization");
-  if (it == metadata.end()) return absl::UnauthenticatedError("missing 'authorization: Bearer <token>' metadata");
-  const std::string value(it->second.data(), it->second.size());
-  const std::string prefix = "Bearer ";
-  if (value.size() < prefix.size() || value.compare(0, prefix.size(), prefix) != 0) {
-    return absl::UnauthenticatedError("invalid bearer token");
-  }
-  const std::string token = value.substr(prefix.size());
+  STRATA_ASSIGN_OR_RETURN(const std::string token, BearerToken(context));
   // Every token is compared, each in constant time, so the time taken says
   // nothing about which one (or how much of one) matched.
   const Caller* found = nullptr;

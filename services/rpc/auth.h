@@ -62,7 +62,6 @@ class CallerAuthenticator {
   explicit CallerAuthenticator(std::map<std::string, Caller> callers) : callers_(std::move(callers)) {}
   // UNAUTHENTICATED when the `authorization` metadata holds no known token.
   absl::StatusOr<Caller> Identify(const grpc::CallbackServerContext* context) const;
-  bool enabled() const { return !callers_.empty(); }
 
  private:
   const std::map<std::string, Caller> callers_;

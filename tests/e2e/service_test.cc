@@ -215,6 +215,36 @@ output: {dir: )", dir_.Join(out), "}\n");
     return events;
   }
 
+  // The job worker i holds ("" when idle, "?" when it does not answer).
+  std::string HeldJob(size_t i) {
+    auto worker = v1::Worker::NewStub(grpc::CreateChannel(worker_addr_[i], grpc::InsecureChannelCredentials()));
+    v1::WorkerStats stats;
+    grpc::ClientContext context;
+    Auth(&context);
+    return worker->GetStats(&context, v1::GetStatsRequest(), &stats).ok() ? stats.job_id() : std::string("?");
+  }
+
+  // Polls the worker processes until none holds a job (true) or `limit`
+  // passes (false).
+  bool WaitUntilWorkersIdle(std::chrono::seconds limit) {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (true) {
+      bool idle = true;
+      for (size_t i = 0; i < worker_addr_.size(); ++i) idle = idle && HeldJob(i).empty();
+      if (idle) return true;
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));  // polls other processes
+    }
+  }
+
+  // Registers a worker the fixture did not start (a ghost, an in-process fake).
+  grpc::Status RegisterWorker(const v1::RegisterWorkerRequest& request) {
+    v1::RegisterWorkerResponse response;
+    grpc::ClientContext context;
+    Auth(&context);
+    return stub_->RegisterWorker(&context, request, &response);
+  }
+
   static bool Ended(const v1::JobEvent& e) { return e.type() == "state" && e.state() >= v1::SUCCEEDED; }
   static std::function<bool(const v1::JobEvent&)> AtIteration(int64_t n) {
     return [n](const v1::JobEvent& e) { return (e.type() == "metrics" && e.iteration() >= n) || Ended(e); };
@@ -297,16 +327,8 @@ TEST_F(ServiceTest, CancelInterruptsARunningRollout) {
                   .ok());
   // Cancel once a worker holds the job: its first long phase, the rollout,
   // starts within milliseconds of the load.
-  auto held_job = [&](const std::string& addr) {
-    auto worker = v1::Worker::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
-    v1::WorkerStats stats;
-    grpc::ClientContext c;
-    Auth(&c);
-    return worker->GetStats(&c, v1::GetStatsRequest(), &stats).ok() ? stats.job_id() : std::string("?");
-  };
   for (auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-       held_job(worker_addr_[0]) != job.id() && held_job(worker_addr_[1]) != job.id() &&
-       std::chrono::steady_clock::now() < until;) {
+       HeldJob(0) != job.id() && HeldJob(1) != job.id() && std::chrono::steady_clock::now() < until;) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polls another process
   }
   v1::CancelJobRequest cancel;
@@ -317,14 +339,7 @@ TEST_F(ServiceTest, CancelInterruptsARunningRollout) {
   ASSERT_TRUE(stub_->CancelJob(&context, cancel, &cancelled).ok());
   const auto cancelled_at = std::chrono::steady_clock::now();
   // Both workers end idle.
-  const auto deadline = cancelled_at + std::chrono::seconds(120);
-  bool idle = false;
-  while (!idle && std::chrono::steady_clock::now() < deadline) {
-    idle = true;
-    for (const std::string& addr : worker_addr_) idle = idle && held_job(addr).empty();
-    if (!idle) std::this_thread::sleep_for(std::chrono::milliseconds(100));  // polls another process
-  }
-  EXPECT_TRUE(idle);
+  EXPECT_TRUE(WaitUntilWorkersIdle(std::chrono::seconds(120)));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - cancelled_at).count();
   std::printf("workers idle %.2f s after the cancel\n", seconds);
   const std::string logs = workers_[0]->Log() + workers_[1]->Log();
@@ -424,21 +439,7 @@ TEST_F(ServiceTest, CoordinatorKilledMidJobResumes) {
   // The worker that ran the job when the coordinator died was never told to
   // unload it. The new coordinator reconciles: a heartbeat naming a job no
   // loop of its own runs is answered "drop it", so both workers end idle.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  std::vector<std::string> held(worker_addr_.size(), "?");
-  while (std::chrono::steady_clock::now() < deadline) {
-    for (size_t i = 0; i < worker_addr_.size(); ++i) {
-      auto worker = v1::Worker::NewStub(grpc::CreateChannel(worker_addr_[i], grpc::InsecureChannelCredentials()));
-      v1::GetStatsRequest request;
-      v1::WorkerStats stats;
-      grpc::ClientContext context;
-      Auth(&context);
-      held[i] = worker->GetStats(&context, request, &stats).ok() ? stats.job_id() : "?";
-    }
-    if (std::all_of(held.begin(), held.end(), [](const std::string& j) { return j.empty(); })) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // heartbeats come once a second
-  }
-  for (size_t i = 0; i < held.size(); ++i) EXPECT_EQ(held[i], "") << "worker " << i << " still holds a job";
+  EXPECT_TRUE(WaitUntilWorkersIdle(std::chrono::seconds(20))) << "still held: " << HeldJob(0) << ", " << HeldJob(1);
   // A later job on both workers runs (it used to FAIL with "holds job ...",
   // every time).
   v1::Job after;
@@ -515,10 +516,7 @@ TEST_F(ServiceTest, WorkerThatDoesNotAnswerCausesOneRequeueNotAStorm) {
   v1::RegisterWorkerRequest ghost;
   ghost.set_worker_id("a-ghost");  // sorts first: the scheduler tries it first
   ghost.set_address(absl::StrCat("127.0.0.1:", *port));
-  v1::RegisterWorkerResponse registered;
-  grpc::ClientContext context;
-  Auth(&context);
-  ASSERT_TRUE(stub_->RegisterWorker(&context, ghost, &registered).ok());
+  ASSERT_TRUE(RegisterWorker(ghost).ok());
   v1::Job job;
   ASSERT_TRUE(Submit(Spec(2, "ghost"), &job).ok());
   const auto events = Watch(job.id(), Ended);
@@ -1155,10 +1153,7 @@ TEST_F(MisfitWorkerTest, RepliesThatDoNotFitTheBatchFailTheJobNotTheCoordinator)
     request.set_address(absl::StrCat("127.0.0.1:", port));
     request.set_working_directory(dir_.path());
     (*request.mutable_memory_bytes())["host"] = int64_t{8} << 30;
-    v1::RegisterWorkerResponse response;
-    grpc::ClientContext context;
-    Auth(&context);
-    ASSERT_TRUE(stub_->RegisterWorker(&context, request, &response).ok());
+    ASSERT_TRUE(RegisterWorker(request).ok());
   }
   v1::Job job;
   ASSERT_TRUE(Submit(Spec(2, "misfit"), &job).ok());
