@@ -3,8 +3,9 @@
 # AOF, the coordinator, two workers, all on loopback), run the tiny alignment
 # demo through the job service (SFT -> reward model on one worker each; ReMax
 # and PPO with parallel.workers: 2, each on both workers as one data-parallel
-# gang), stream each job's progress, print the ReMax vs
-# PPO table and a few sampled responses, then stop the stack.
+# gang), stream each job's progress and the stack's Prometheus metrics, print
+# the ReMax vs PPO table, draw it to out/tiny/remax_vs_ppo.png, show a few
+# sampled responses, then stop the stack.
 # Outputs land in ./out (OUT_ROOT: run somewhere else; it gets a copy of
 # examples/). `deploy/demo.sh --in-process` runs the same chain without the
 # service (strata train).
@@ -45,18 +46,26 @@ else
   # One after the other, so that their time per iteration is comparable on
   # this machine's two cores; each spans both workers (two ranks, Gloo over
   # loopback), half of every batch on each.
+  metrics_port="${STRATA_METRICS_PORT:-9400}"
   for stage in remax ppo; do
     id=$("$strata" submit "examples/tiny/$stage.yaml" --set parallel.workers=2)
     echo "== $stage: job $id (parallel.workers=2)"
     "$strata" watch "$id"
+    # What Prometheus would scrape: the coordinator's job figures and
+    # worker 0's engine counters, moving from one job to the next.
+    echo "-- metrics after $stage (curl http://127.0.0.1:$metrics_port/metrics and :$((metrics_port + 1))/metrics)"
+    curl -sf "http://127.0.0.1:$metrics_port/metrics" | grep -E '^strata_(iterations_total|jobs\{state="SUCCEEDED"|job_queue_wait_seconds_count)' || true
+    curl -sf "http://127.0.0.1:$((metrics_port + 1))/metrics" |
+      grep -E '^strata_(generated_tokens_total|cpu_adam_parameters_total|phase_seconds_count|memory_phase_peak_bytes)' || true
   done
   echo
   "$strata" jobs
 fi
 echo "== chain done in $(( $(date +%s) - start )) s"
 echo
-echo "== ReMax vs PPO (strata compare out/tiny/remax out/tiny/ppo)"
-"$strata" compare out/tiny/remax out/tiny/ppo
+echo "== ReMax vs PPO (strata compare out/tiny/remax out/tiny/ppo --plot out/tiny/remax_vs_ppo.png)"
+"$strata" compare out/tiny/remax out/tiny/ppo --plot out/tiny/remax_vs_ppo.png
+echo "(picture: out/tiny/remax_vs_ppo.png; curves for TensorBoard: tensorboard --logdir out/tiny)"
 echo
 echo "== sampled responses to 'sun tree =>' (the hidden rule rewards vowels)"
 for model in sft remax ppo; do

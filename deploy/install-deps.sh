@@ -1,26 +1,49 @@
 #!/usr/bin/env bash
-# Installs the Debian (bookworm) packages strata needs to build, test and run.
+# Installs the Debian (bookworm) packages strata needs to build, test and run,
+# then checks the tools the manifest test needs (kubectl, node, npm: they come
+# with the machine image) and installs the manifest validator's npm packages
+# (deploy/k8s/validate) when they are missing or older than its lock file.
+# STRATA_DEPS=build: only the packages compiling the strata binary needs
+# (the image build, deploy/Dockerfile); no test tools, no npm.
 # Idempotent: packages already present are skipped and apt is not touched when
 # nothing is missing. Needs root (or sudo) only when something must be installed.
 set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+deps="${STRATA_DEPS:-all}"
+case "$deps" in
+  all | build) ;;
+  *) echo "install-deps: STRATA_DEPS is '$deps'; use all (default) or build" >&2; exit 2 ;;
+esac
 
 packages=(
-  # toolchain
-  build-essential cmake ninja-build pkg-config ccache git
+  # toolchain (python3: CMake checks the room graph at configure)
+  build-essential cmake ninja-build pkg-config python3
   # tensors: libtorch (CPU) and a fast BLAS for it; Gloo's headers for c10d
   libtorch-dev libopenblas0-pthread libgloo-dev
-  # service: gRPC, protobuf, Abseil, Redis client and server
-  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
-  libhiredis-dev redis-server
+  # service: gRPC, protobuf, Abseil, Redis client
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev libhiredis-dev
+  # metrics: Prometheus client and its HTTP server
+  prometheus-cpp-dev libcivetweb-dev
   # offload engine
-  liburing-dev fio
-  # configuration, CLI, JSON
-  libcli11-dev nlohmann-json3-dev libyaml-cpp-dev
-  # tests: gtest/gmock, reference tokenizer tools, reference Llama forward
-  googletest libgtest-dev libgmock-dev sentencepiece python3-torch python3-numpy openssl
-  # fuzzing (deploy/fuzz.sh): clang with libFuzzer and the sanitizer runtimes
-  clang libclang-rt-14-dev
+  liburing-dev
+  # configuration, CLI, JSON; cairo draws `strata compare --plot`
+  libcli11-dev nlohmann-json3-dev libyaml-cpp-dev libcairo2-dev
 )
+if [ "$deps" = all ]; then
+  packages+=(
+    # development
+    ccache git
+    # the local stack and the NVMe benchmarks
+    redis-server fio
+    # tests: gtest/gmock, reference tokenizer tools, reference Llama forward
+    googletest libgtest-dev libgmock-dev sentencepiece python3-torch python3-numpy openssl
+    # fuzzing (deploy/fuzz.sh): clang with libFuzzer and the sanitizer runtimes
+    clang libclang-rt-14-dev
+    # metrics and curves tests: scrapes (curl), promtool (prometheus), the
+    # independent TensorBoard reader's CRC-32C
+    curl prometheus python3-crc32c
+  )
+fi
 
 missing=()
 for p in "${packages[@]}"; do
@@ -31,18 +54,41 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#packages[@]} packages present"
-  exit 0
+else
+  echo "install-deps: installing ${missing[*]}"
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { echo "install-deps: need root to install: ${missing[*]}" >&2; exit 1; }
+    sudo="sudo"
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  # redis-server's package starts a system instance; strata starts its own.
+  # So does prometheus's (on :9090); the tests only use its promtool.
+  if command -v systemctl >/dev/null 2>&1; then
+    $sudo systemctl disable --now redis-server prometheus prometheus-node-exporter >/dev/null 2>&1 || true
+  fi
+  echo "install-deps: packages done"
 fi
 
-echo "install-deps: installing ${missing[*]}"
-sudo=""
-if [ "$(id -u)" -ne 0 ]; then
-  command -v sudo >/dev/null || { echo "install-deps: need root to install: ${missing[*]}" >&2; exit 1; }
-  sudo="sudo"
+[ "$deps" = build ] && exit 0
+
+# The Kubernetes manifest test (tests/deploy/k8s_manifests_test.sh) renders
+# with kubectl and validates with node. They are not Debian packages of the
+# right vintage, so they are expected on the PATH, not installed here.
+absent=()
+for tool in kubectl node npm; do command -v "$tool" >/dev/null || absent+=("$tool"); done
+if [ ${#absent[@]} -gt 0 ]; then
+  echo "install-deps: not on PATH: ${absent[*]} (kubectl >= 1.27, node >= 18 with npm); install them" >&2
+  exit 1
 fi
-export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
-# redis-server's package starts a system instance; strata starts its own.
-if command -v systemctl >/dev/null 2>&1; then $sudo systemctl disable --now redis-server >/dev/null 2>&1 || true; fi
-echo "install-deps: done"
+validate="$root/deploy/k8s/validate"
+# npm writes node_modules/.package-lock.json on every install: newer than the
+# lock file means installed from this lock file.
+if [ ! "$validate/node_modules/.package-lock.json" -nt "$validate/package-lock.json" ]; then
+  echo "install-deps: npm ci in deploy/k8s/validate"
+  (cd "$validate" && npm ci --no-audit --no-fund --loglevel=error)
+else
+  echo "install-deps: deploy/k8s/validate/node_modules up to date"
+fi

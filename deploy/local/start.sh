@@ -6,6 +6,8 @@
 #   STRATA_LOCAL_DIR  state directory            (default ./out/local)
 #   STRATA_WORKERS    number of workers          (default 2)
 #   STRATA_REDIS_PORT / STRATA_COORD_PORT / STRATA_WORKER_PORT (first worker)
+#   STRATA_METRICS_PORT  Prometheus /metrics of the coordinator; worker i
+#                        serves on the next ports  (default 9400)
 #   STRATA_BIN        the strata binary          (default <repo>/build/strata)
 # Prints the environment a client needs (STRATA_ADDR, STRATA_TOKEN).
 set -euo pipefail
@@ -15,6 +17,7 @@ workers="${STRATA_WORKERS:-2}"
 redis_port="${STRATA_REDIS_PORT:-6390}"
 coord_port="${STRATA_COORD_PORT:-50051}"
 worker_port="${STRATA_WORKER_PORT:-50061}"
+metrics_port="${STRATA_METRICS_PORT:-9400}"
 strata="${STRATA_BIN:-$root/build/strata}"
 
 mkdir -p "$state/redis" "$state/logs" "$state/pids"
@@ -39,14 +42,16 @@ for _ in $(seq 100); do redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break
 redis-cli -p "$redis_port" ping >/dev/null || { echo "local: redis did not start; see $state/logs/redis.log" >&2; exit 1; }
 
 start coordinator "$strata" coordinator --listen "127.0.0.1:$coord_port" \
-  --redis "redis://127.0.0.1:$redis_port" --token-file "$state/token"
+  --redis "redis://127.0.0.1:$redis_port" --token-file "$state/token" --metrics-listen "127.0.0.1:$metrics_port"
 for i in $(seq 0 $((workers - 1))); do
   start "worker$i" "$strata" worker --listen "127.0.0.1:$((worker_port + i))" \
-    --coordinator "127.0.0.1:$coord_port" --token-file "$state/token" --nvme-dir "$state/nvme$i"
+    --coordinator "127.0.0.1:$coord_port" --token-file "$state/token" --nvme-dir "$state/nvme$i" \
+    --metrics-listen "127.0.0.1:$((metrics_port + 1 + i))"
 done
 
 export STRATA_ADDR="127.0.0.1:$coord_port" STRATA_TOKEN="$(cat "$state/token")"
 for _ in $(seq 100); do "$strata" jobs >/dev/null 2>&1 && break; sleep 0.1; done
 "$strata" jobs >/dev/null || { echo "local: coordinator did not answer; see $state/logs" >&2; exit 1; }
 echo "local: redis :$redis_port, coordinator :$coord_port, $workers workers; logs in $state/logs"
+echo "local: metrics at http://127.0.0.1:$metrics_port/metrics (coordinator), :$((metrics_port + 1))... (workers)"
 echo "export STRATA_ADDR=$STRATA_ADDR STRATA_TOKEN=$STRATA_TOKEN"

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/engine_counters.h"
 #include "base/log.h"
 #include "base/status_macros.h"
 #include "offload/adam/cpu_adam_kernels.h"
@@ -330,6 +331,7 @@ absl::Status CpuAdam::Step(std::span<const AdamTensorSpan> tensors) {
     total += a.n;
   }
   if (total == 0) return absl::OkStatus();
+  EngineCounters::Add(GlobalEngineCounters().adam_parameters, total);
 
   if (threads_ == 1 || total < config_.min_parallel_elements) {
     for (const auto& a : args) {

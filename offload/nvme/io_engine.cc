@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/engine_counters.h"
 #include "base/file.h"
 #include "base/log.h"
 #include "base/status_macros.h"
@@ -324,6 +325,8 @@ void IoEngineImpl::HandleResult(const IoBackendResult& result) {
                                              " bytes for a ", piece.length, "-byte request")));
   } else {
     stats_.bytes += res;
+    EngineCounters& counters = GlobalEngineCounters();
+    EngineCounters::Add(r.op == IoOp::kRead ? counters.nvme_read_bytes : counters.nvme_written_bytes, res);
     t.done += res;
     if (res < piece.length) {
       // Short transfer: the rest goes out again rather than being lost.

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "base/engine_counters.h"
 #include "base/interrupt.h"
 #include "base/status_macros.h"
 
@@ -111,14 +112,17 @@ absl::StatusOr<GenerationOutput> Generate(const LlamaModel& model, const std::ve
     const at::Tensor logp = at::log_softmax(logits, -1).gather(-1, next.unsqueeze(-1)).squeeze(-1);
     const at::Tensor is_eos = eos.numel() > 0 ? at::isin(next, eos) : at::zeros_like(next, at::kBool);
     bool all_done = true;
+    int64_t decoded = 0;
     for (int64_t b = 0; b < batch; ++b) {
       const auto i = static_cast<size_t>(b);
       if (done[i]) continue;
+      ++decoded;
       out.tokens[i].push_back(static_cast<int32_t>(next[b].item<int64_t>()));
       out.logprobs[i].push_back(logp[b].item<float>());
       if (options.stop_at_eos && is_eos[b].item<bool>()) done[i] = true;
       all_done = all_done && done[i];
     }
+    EngineCounters::Add(GlobalEngineCounters().generated_tokens, decoded);
     if (all_done) break;
     // Finished rows keep decoding padding; their outputs are already final.
     step_ids = next.unsqueeze(1).to(device);

@@ -39,8 +39,10 @@ absl::StatusOr<Client> Connect(const ClientOptions& options) {
     addr = env != nullptr && *env ? env : "127.0.0.1:50051";
   }
   STRATA_ASSIGN_OR_RETURN(auto token, ResolveToken(options.token_file));
-  TlsFiles tls;
-  tls.ca = options.tls_ca;
+  if (options.tls_cert.empty() != options.tls_key.empty()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
+  }
+  TlsFiles tls{options.tls_cert, options.tls_key, options.tls_ca};
   STRATA_ASSIGN_OR_RETURN(auto credentials, MakeChannelCredentials(tls));
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxClientMessageBytes);

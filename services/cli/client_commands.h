@@ -16,6 +16,8 @@ struct ClientOptions {
   std::string addr;        // --addr, else $STRATA_ADDR, else 127.0.0.1:50051
   std::string token_file;  // --token-file, else $STRATA_TOKEN
   std::string tls_ca;      // --tls-ca, else $STRATA_TLS_CA; empty: plaintext
+  std::string tls_cert;    // --tls-cert / --tls-key: this client's certificate, for a coordinator
+  std::string tls_key;     // that requires one (mTLS)
   int deadline_ms = 30000;
 };
 

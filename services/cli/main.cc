@@ -171,6 +171,8 @@ struct ServerCommands {
     // strata coordinator / worker
     auto* coordinator = app.add_subcommand("coordinator", "Run the job coordinator (gRPC)");
     coordinator->add_option("--listen", coord.listen, "HOST:PORT to serve on");
+    coordinator->add_option("--metrics-listen", coord.metrics_listen,
+                            "HOST:PORT to serve Prometheus metrics on (GET /metrics); none by default");
     coordinator->add_option("--redis", coord.redis, "redis://HOST:PORT[/DB] of the job store (no password here)");
     coordinator->add_option("--redis-password-file", coord.redis_password_file,
                             "file holding the Redis password (else $STRATA_REDIS_PASSWORD)");
@@ -191,6 +193,8 @@ struct ServerCommands {
         [&] { run = [&] { return Finish("coordinator", strata::services::RunCoordinatorServer(coord)); }; });
     auto* worker = app.add_subcommand("worker", "Run a worker that holds a job's models (gRPC)");
     worker->add_option("--listen", wk.listen, "HOST:PORT to serve on");
+    worker->add_option("--metrics-listen", wk.metrics_listen,
+                       "HOST:PORT to serve Prometheus metrics on (GET /metrics); none by default");
     worker->add_option("--coordinator", wk.coordinator, "HOST:PORT of the coordinator");
     worker->add_option("--token-file", wk.token_file, "bearer token (served and presented)");
     worker->add_flag("--insecure", wk.insecure, "run without a token");
@@ -208,7 +212,8 @@ struct ServerCommands {
     worker->add_option("--id", wk.worker_id, "worker id (default worker-<listen>)");
     worker->add_option("--tls-cert", wk.tls.cert, "PEM certificate (enables TLS)");
     worker->add_option("--tls-key", wk.tls.key, "PEM private key");
-    worker->add_option("--tls-ca", wk.tls.ca, "PEM CA for the coordinator's certificate");
+    worker->add_option("--tls-ca", wk.tls.ca,
+                       "PEM CA: verifies the coordinator, and the coordinator's client certificate (mTLS)");
     worker->callback([&] { run = [&] { return Finish("worker", strata::services::RunWorkerServer(wk)); }; });
   }
 };
@@ -234,6 +239,8 @@ struct ClientCommands {
       cmd->add_option("--token-file", client.token_file, "bearer token file (default $STRATA_TOKEN)");
       cmd->add_option("--tls-ca", client.tls_ca,
                       "PEM CA of the coordinator (default $STRATA_TLS_CA; plaintext without)");
+      cmd->add_option("--tls-cert", client.tls_cert, "PEM client certificate, for a coordinator that requires one");
+      cmd->add_option("--tls-key", client.tls_key, "PEM private key of --tls-cert");
     };
     auto* submit = app.add_subcommand("submit", "Submit a job; prints its id");
     submit->add_option("spec", submit_spec, "job spec (YAML)")->required();
@@ -278,6 +285,7 @@ struct ReportCommands {
   bool plan_json = false;
   std::vector<std::string> compare_dirs;
   bool compare_json = false;
+  std::string compare_plot;
 
   void Register(CLI::App& app, Runner& run) {
     // strata plan / compare
@@ -291,8 +299,11 @@ struct ReportCommands {
     auto* compare = app.add_subcommand("compare", "Side-by-side table of finished runs (their output directories)");
     compare->add_option("runs", compare_dirs, "run output directories")->required();
     compare->add_flag("--json", compare_json, "print JSON");
-    compare->callback(
-        [&] { run = [&] { return Finish("compare", strata::services::RunCompare(compare_dirs, compare_json)); }; });
+    compare->add_option("--plot", compare_plot,
+                        "also draw eval score, KL, time per phase and peak memory per tier to FILE (.png or .svg)");
+    compare->callback([&] {
+      run = [&] { return Finish("compare", strata::services::RunCompare(compare_dirs, compare_json, compare_plot)); };
+    });
   }
 };
 

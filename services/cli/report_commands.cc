@@ -9,6 +9,7 @@
 #include "base/file.h"
 #include "base/status_macros.h"
 #include "policies/job/memory_plan.h"
+#include "services/cli/comparison_plot.h"
 
 namespace strata::services {
 namespace {
@@ -51,9 +52,14 @@ absl::StatusOr<std::string> RunPlan(const std::vector<std::string>& spec_paths,
   return text;
 }
 
-absl::StatusOr<std::string> RunCompare(const std::vector<std::string>& run_dirs, bool as_json) {
+absl::StatusOr<std::string> RunCompare(const std::vector<std::string>& run_dirs, bool as_json,
+                                       const std::string& plot_path) {
   json all = json::array();
+  std::vector<RunCurves> curves;
   for (const auto& dir : run_dirs) {
+    RunCurves run;
+    run.name = std::filesystem::path(dir).lexically_normal().filename().string();
+    if (run.name.empty()) run.name = std::filesystem::path(dir).lexically_normal().parent_path().filename().string();
     const std::string path = JoinPath(dir, "metrics.jsonl");
     STRATA_ASSIGN_OR_RETURN(auto text, ReadFileToString(path));
     json summary{{"run", dir}, {"iterations", 0}};
@@ -66,6 +72,9 @@ absl::StatusOr<std::string> RunCompare(const std::vector<std::string>& run_dirs,
       json line = json::parse(text.substr(pos, nl - pos), nullptr, false);
       pos = nl + 1;
       if (line.is_discarded()) return absl::DataLossError(absl::StrCat(path, ": a line is not JSON"));
+      const double iteration = line.value("iteration", summary["iterations"].get<double>());
+      if (line.contains("eval/score")) run.eval_score.emplace_back(iteration, line["eval/score"].get<double>());
+      if (line.contains("objective/kl")) run.kl.emplace_back(iteration, line["objective/kl"].get<double>());
       summary["iterations"] = summary["iterations"].get<int64_t>() + 1;
       for (int i = 0; i < 4; ++i) sums[i] += line.value(times[i], 0.0);
       for (const char* tier : {"device", "host", "nvme"}) {
@@ -81,8 +90,15 @@ absl::StatusOr<std::string> RunCompare(const std::vector<std::string>& run_dirs,
     }
     const double n = std::max<double>(1, summary["iterations"].get<double>());
     for (int i = 0; i < 4; ++i) summary[std::string(times[i]) + "_mean"] = sums[i] / n;
+    const char* phases[3] = {"rollout", "score", "update"};  // times[1..3]
+    for (int i = 0; i < 3; ++i) run.phase_seconds[phases[i]] = sums[i + 1] / n;
+    for (const char* tier : {"device", "host", "nvme"}) {
+      run.peak_mib[tier] = summary.value(absl::StrCat("memory/", tier, "_peak_bytes"), 0.0) / (1 << 20);
+    }
     all.push_back(summary);
+    curves.push_back(std::move(run));
   }
+  if (!plot_path.empty()) STRATA_RETURN_IF_ERROR(WriteComparisonPlot(curves, plot_path));
   if (as_json) return all.dump() + "\n";
   std::string out = absl::StrFormat("%-26s", "");
   for (const auto& s : all)

@@ -1,5 +1,6 @@
 // `strata plan SPEC` (model-state memory by tier before anything loads) and
-// `strata compare RUN_DIR...` (side-by-side table of finished runs).
+// `strata compare RUN_DIR... [--plot FILE]` (side-by-side table and picture of
+// finished runs).
 #ifndef STRATA_SERVICES_CLI_REPORT_COMMANDS_H_
 #define STRATA_SERVICES_CLI_REPORT_COMMANDS_H_
 
@@ -13,8 +14,10 @@ namespace strata::services {
 absl::StatusOr<std::string> RunPlan(const std::vector<std::string>& spec_paths,
                                     const std::vector<std::string>& overrides, bool json);
 
-// Each directory holds a run's metrics.jsonl (its output.dir).
-absl::StatusOr<std::string> RunCompare(const std::vector<std::string>& run_dirs, bool json);
+// Each directory holds a run's metrics.jsonl (its output.dir). A non-empty
+// `plot_path` also draws the comparison there (comparison_plot.h).
+absl::StatusOr<std::string> RunCompare(const std::vector<std::string>& run_dirs, bool json,
+                                       const std::string& plot_path = "");
 
 }  // namespace strata::services
 

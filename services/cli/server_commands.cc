@@ -21,7 +21,9 @@
 #include "services/coordinator/coordinator.h"
 #include "services/store/job_store.h"
 #include "services/store/redis_client.h"
+#include "services/rpc/rpc_metrics.h"
 #include "services/rpc/wire.h"
+#include "services/telemetry/service_metrics.h"
 #include "services/worker/worker_service.h"
 
 namespace strata::services {
@@ -58,6 +60,18 @@ void ConfigureServer(grpc::ServerBuilder& builder, const std::string& listen,
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
   builder.SetMaxReceiveMessageSize(max_message_bytes);
   builder.SetMaxSendMessageSize(max_message_bytes);
+  AddRpcMetrics(builder);
+}
+
+// The Prometheus endpoint, started before the gRPC server so that a bad
+// address fails the command before anything is served.
+absl::Status ServeMetrics(const std::string& listen) {
+  if (listen.empty()) return absl::OkStatus();
+  ServiceMetrics& metrics = ServiceMetrics::Global();
+  STRATA_RETURN_IF_ERROR(metrics.Serve(listen));
+  STRATA_LOG(Info) << "metrics on http://" << listen.substr(0, listen.rfind(':')) << ":" << metrics.port()
+                   << "/metrics";
+  return absl::OkStatus();
 }
 
 // The token a server checks and the credentials it listens with.
@@ -117,8 +131,11 @@ absl::StatusOr<std::string> RunCoordinatorServer(const CoordinatorCommand& comma
   options.token = security.token;
   options.callers = std::move(callers);
   options.worker_token = worker_token;
-  options.worker_tls.ca = command.tls.ca;
+  // The coordinator dials workers with its own certificate, so workers that
+  // require client certificates (their --tls-ca) accept it: mTLS both ways.
+  options.worker_tls = command.tls;
   options.collective_timeout_ms = command.collective_timeout_ms;
+  STRATA_RETURN_IF_ERROR(ServeMetrics(command.metrics_listen));
   auto service = std::make_unique<CoordinatorService>(store->get(), options);
   STRATA_RETURN_IF_ERROR(service->Start());
   grpc::ServerBuilder builder;
@@ -185,6 +202,7 @@ absl::StatusOr<std::string> RunWorkerServer(const WorkerCommand& command) {
       return absl::InvalidArgumentError(absl::StrCat("--data-root / --allow-path: ", root, " is not a directory"));
     }
   }
+  STRATA_RETURN_IF_ERROR(ServeMetrics(command.metrics_listen));
   WorkerService service(options);
   grpc::ServerBuilder builder;
   int port = 0;

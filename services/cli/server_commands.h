@@ -14,6 +14,7 @@ namespace strata::services {
 
 struct CoordinatorCommand {
   std::string listen = "127.0.0.1:50051";
+  std::string metrics_listen;  // HOST:PORT of GET /metrics; "" serves none
   std::string redis = "redis://127.0.0.1:6379";
   // Redis password: from this file, else $STRATA_REDIS_PASSWORD; never in
   // the URL, which `ps` and the logs would show.
@@ -32,6 +33,7 @@ struct CoordinatorCommand {
 
 struct WorkerCommand {
   std::string listen = "127.0.0.1:50061";
+  std::string metrics_listen;
   std::string coordinator = "127.0.0.1:50051";
   std::string token_file;
   bool insecure = false;  // allow running without a token

@@ -13,6 +13,7 @@
 #include "services/coordinator/remote_gang.h"
 #include "services/coordinator/remote_worker_group.h"
 #include "services/rpc/wire.h"
+#include "services/telemetry/service_metrics.h"
 
 namespace strata::services {
 namespace v1 = strata::v1;
@@ -169,6 +170,12 @@ absl::Status CoordinatorService::Start() {
       STRATA_LOG(Info) << "requeued " << job.id << " after a coordinator restart";
     }
   }
+  ServiceMetrics& metrics = ServiceMetrics::Global();
+  metrics.SetJobStateSource([this]() -> std::map<std::string, int64_t> {
+    auto counts = store_->CountByState();
+    return counts.ok() ? *counts : std::map<std::string, int64_t>{};
+  });
+  metrics.SetWorkerStateSource([this] { return WorkerStateCounts(); });
   scheduler_ = std::thread([this] { SchedulerLoop(); });
   return absl::OkStatus();
 }
@@ -180,6 +187,8 @@ void CoordinatorService::Stop() {
     stopping_ = true;
   }
   cv_.notify_all();
+  ServiceMetrics::Global().SetJobStateSource(nullptr);
+  ServiceMetrics::Global().SetWorkerStateSource(nullptr);
   if (scheduler_.joinable()) scheduler_.join();
   std::map<uint64_t, std::thread> threads;
   {
@@ -467,6 +476,10 @@ void CoordinatorService::SchedulerLoop() {
         std::string ids;
         for (const WorkerRecord& w : gang) ids += (ids.empty() ? "" : ",") + w.id;
         auto running = store_->Transition(job.id, {JobState::kQueued}, JobState::kRunning, {{"worker", ids}});
+        if (running.ok() && running->iteration == 0 && running->checkpoint_dir.empty()) {
+          ServiceMetrics::Global().ObserveQueueWait(
+              static_cast<double>(running->updated_unix_ms - running->created_unix_ms) / 1000.0);
+        }
         std::lock_guard<std::mutex> guard(mu_);
         if (!running.ok()) {  // cancelled or taken meanwhile
           for (const WorkerRecord& w : gang) busy_workers_.erase(w.id);
@@ -528,6 +541,9 @@ void CoordinatorService::RunOnGang(uint64_t run, JobRecord job, std::vector<Work
     run.own_checkpoint = job.checkpoint_dir;
     run.on_metrics = [&](const nlohmann::json& line) {
       Publish(job.id, "metrics", line.dump());
+      if (auto seconds = line.find("time/iteration_s"); seconds != line.end() && seconds->is_number()) {
+        ServiceMetrics::Global().CountIteration(job.algorithm, seconds->get<double>());
+      }
       if (line.contains("iteration")) (void)store_->SetProgress(job.id, line["iteration"].get<int64_t>() + 1);
     };
     run.on_checkpoint = [&](int64_t iteration, const std::string& dir) {
@@ -582,6 +598,25 @@ void CoordinatorService::RunOnGang(uint64_t run, JobRecord job, std::vector<Work
   // becomes schedulable again as its unload returns.
   if (gang != nullptr) gang->Unload([&](int r) { release(workers[static_cast<size_t>(r)]); });
   finish();
+}
+
+std::map<std::string, int64_t> CoordinatorService::WorkerStateCounts() {
+  auto workers = store_->ListWorkers();
+  if (!workers.ok()) return {};
+  std::map<std::string, int64_t> counts = {{"idle", 0}, {"busy", 0}, {"backoff", 0}};
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto now = std::chrono::steady_clock::now();
+  for (const WorkerRecord& worker : *workers) {
+    auto b = worker_backoff_.find(worker.id);
+    if (busy_workers_.count(worker.id)) {
+      ++counts["busy"];
+    } else if (b != worker_backoff_.end() && b->second.until > now) {
+      ++counts["backoff"];
+    } else {
+      ++counts["idle"];
+    }
+  }
+  return counts;
 }
 
 namespace {

@@ -36,7 +36,8 @@ struct CoordinatorOptions {
   // it ("" = `token`). In tenant mode it is the one worker credential:
   // tenants' tokens reach no worker.
   std::string worker_token;
-  // TLS files for dialing workers (their CA), empty for insecure channels.
+  // TLS files for dialing workers: their CA, and the certificate presented
+  // to workers that require one; empty for insecure channels.
   TlsFiles worker_tls;
   // Threads for blocking Redis calls made on behalf of RPCs.
   int rpc_threads = 8;
@@ -127,6 +128,10 @@ class CoordinatorService final : public strata::v1::Coordinator::CallbackService
   const CallerAuthenticator auth_;
   Executor rpc_executor_;
   Executor watch_executor_;
+
+  // Registered workers as idle, busy (in a gang here) or backing off, for
+  // strata_workers{state}.
+  std::map<std::string, int64_t> WorkerStateCounts();
 
   std::mutex mu_;
   std::condition_variable cv_;

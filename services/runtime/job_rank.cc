@@ -107,6 +107,24 @@ absl::Status AppendLine(const std::string& path, const std::string& line) {
   return absl::OkStatus();
 }
 
+// A metrics line's numbers as one TensorBoard event at its iteration.
+absl::Status WriteCurves(TensorBoardWriter& writer, const std::string& line) {
+  const json metrics = json::parse(line, nullptr, false);
+  if (!metrics.is_object()) return absl::OkStatus();  // not a metrics line: nothing to plot
+  std::map<std::string, double> scalars;
+  int64_t step = 0;
+  for (const auto& [key, value] : metrics.items()) {
+    if (!value.is_number()) continue;
+    if (key == "iteration") {
+      step = value.get<int64_t>();
+    } else {
+      scalars[key] = value.get<double>();
+    }
+  }
+  const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  return writer.WriteScalars(step, scalars, now);
+}
+
 // True when both paths name the same existing file or directory.
 bool SameFile(const std::string& a, const std::string& b) {
   std::error_code ec;
@@ -402,6 +420,8 @@ absl::Status JobRank::Start(const PhaseRequest& request) {
       STRATA_RETURN_IF_ERROR(
           TruncateLines(metrics_path_, static_cast<int64_t>(Param(request.params, "metrics_lines"))));
     }
+    STRATA_ASSIGN_OR_RETURN(tensorboard_, TensorBoardWriter::Open(JoinPath(spec_.output_dir, "tensorboard"),
+                                                                  /*fresh=*/request.text.empty()));
   }
   return gang_.Barrier();
 }
@@ -410,6 +430,7 @@ absl::StatusOr<PhaseReply> JobRank::Commit(const PhaseRequest& request) {
   PhaseReply reply;
   if (gang_.rank() == 0) {
     STRATA_RETURN_IF_ERROR(AppendLine(metrics_path_, request.text));
+    if (tensorboard_ != nullptr) STRATA_RETURN_IF_ERROR(WriteCurves(*tensorboard_, request.text));
   }
   if (Param(request.params, "checkpoint") == 0) return reply;
   // Written under a temporary name and renamed, state.json last: a crash

@@ -19,6 +19,7 @@
 #include "policies/rl/worker_group.h"
 #include "policies/tokenizer/tokenizer.h"
 #include "services/runtime/checkpoint_state.h"
+#include "services/telemetry/tensorboard_writer.h"
 
 namespace strata::services {
 
@@ -98,6 +99,8 @@ class JobRank {
   policies::ProcessGroup& gang_;
   const JobRankOptions options_;
   std::string metrics_path_;
+  // Rank 0's curves in <output.dir>/tensorboard, one event per metrics line.
+  std::unique_ptr<TensorBoardWriter> tensorboard_;
   std::unique_ptr<Data> data_;
   std::unique_ptr<policies::RlAlgorithm> algorithm_;
 };

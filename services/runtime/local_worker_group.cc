@@ -583,6 +583,12 @@ policies::MemoryStats LocalWorkerGroup::BeginPhase(const std::string& phase) {
   return ended;
 }
 
+std::map<std::string, int64_t> LocalWorkerGroup::MemoryInUse() const {
+  return {{"device", static_cast<int64_t>(monitor_->current_bytes())},
+          {"host", static_cast<int64_t>(arena_->stats().requested_bytes)},
+          {"nvme", nvme_ ? nvme_->allocated_bytes() : 0}};
+}
+
 policies::MemoryStats LocalWorkerGroup::PhaseMemory(const std::string& phase) {
   if (phase != phase_) {
     auto it = phase_memory_.find(phase);

@@ -46,6 +46,9 @@ class LocalWorkerGroup final : public policies::WorkerGroup {
       const std::vector<policies::PreferencePair>& pairs) override;
   policies::MemoryStats BeginPhase(const std::string& phase) override;
   policies::MemoryStats PhaseMemory(const std::string& phase) override;
+  // Bytes held now per tier ("device", "host", "nvme"), for the metrics
+  // endpoint. Safe to call between operations of the job's work thread.
+  std::map<std::string, int64_t> MemoryInUse() const;
   absl::Status SaveCheckpoint(const std::string& dir) override;
   absl::Status LoadCheckpoint(const std::string& dir) override;
   absl::Status SaveOutput(const std::string& dir) override;

@@ -720,6 +720,20 @@ absl::StatusOr<std::vector<JobRecord>> JobStore::ListByState(JobState state) {
   return jobs;
 }
 
+absl::StatusOr<std::map<std::string, int64_t>> JobStore::CountByState() {
+  const JobState states[] = {JobState::kQueued, JobState::kRunning, JobState::kSucceeded, JobState::kFailed,
+                             JobState::kCancelled};
+  std::vector<std::vector<std::string>> commands;
+  for (JobState state : states) commands.push_back({"ZCARD", impl_->StateKey(state)});
+  STRATA_ASSIGN_OR_RETURN(auto replies, impl_->Pipeline(commands));
+  std::map<std::string, int64_t> counts;
+  for (size_t i = 0; i < replies.size(); ++i) {
+    if (replies[i]->type != REDIS_REPLY_INTEGER) return impl_->Unexpected("ZCARD");
+    counts[JobStateName(states[i])] = replies[i]->integer;
+  }
+  return counts;
+}
+
 absl::Status JobStore::RegisterWorker(const WorkerRecord& worker, int ttl_ms) {
   STRATA_RETURN_IF_ERROR(ValidateWorkerId(worker.id));
   STRATA_RETURN_IF_ERROR(ValidateTtl(ttl_ms));

@@ -159,6 +159,8 @@ class JobStore {
 
   // Every job in `state`, oldest first (coordinator restart recovery).
   absl::StatusOr<std::vector<JobRecord>> ListByState(JobState state);
+  // How many jobs are in each state ("QUEUED" -> 3, ...), every state named.
+  absl::StatusOr<std::map<std::string, int64_t>> CountByState();
 
   // Registers (or re-registers) a worker that is considered alive for
   // `ttl_ms` unless it heartbeats. last_heartbeat_unix_ms is set by the store.

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/log.h"
 #include "base/status_macros.h"
+#include "services/telemetry/service_metrics.h"
 
 namespace strata::services {
 namespace {
@@ -107,6 +108,7 @@ absl::StatusOr<RedisEndpoint> ParseRedisUrl(const std::string& url) {
 // Error replies that mean "try again later" map to UNAVAILABLE; the rest say
 // something a retry will not fix.
 absl::Status ErrorReplyToStatus(const std::string& address, const std::string& command, const std::string& error) {
+  ServiceMetrics::Global().CountRedisError();
   const std::string kind = error.substr(0, error.find(' '));
   const std::string message = absl::StrCat("redis at ", address, ": ", command, ": ", error);
   if (kind == "LOADING" || kind == "BUSY" || kind == "MASTERDOWN" || kind == "TRYAGAIN" || kind == "CLUSTERDOWN" ||
@@ -132,6 +134,7 @@ absl::StatusOr<std::unique_ptr<RedisConnection>> RedisConnection::Open(const Red
   ContextPtr context(redisConnectWithTimeout(endpoint.host.c_str(), endpoint.port, ToTimeval(connect_timeout_ms)));
   if (context == nullptr) return absl::UnavailableError(absl::StrCat("redis at ", address, ": out of memory"));
   if (context->err != 0) {
+    ServiceMetrics::Global().CountRedisError();
     return absl::UnavailableError(absl::StrCat("redis at ", address, ": connect: ", context->errstr));
   }
   if (redisSetTimeout(context.get(), ToTimeval(command_timeout_ms)) != REDIS_OK ||
@@ -217,6 +220,7 @@ absl::Status RedisConnection::TransportError(const std::string& command) {
   std::string why = context_->err != 0 ? context_->errstr : "no reply";
   // hiredis reports a socket timeout as EAGAIN's text; say what happened.
   if (context_->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK)) why = "timed out";
+  ServiceMetrics::Global().CountRedisError();
   return absl::UnavailableError(absl::StrCat("redis at ", address_, ": ", command, ": ", why));
 }
 

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/engine_counters.h"
 #include "base/interrupt.h"
 #include "base/status_macros.h"
 #include "offload/device/device_memory.h"
@@ -17,6 +18,7 @@
 #include "base/log.h"
 #include "policies/job/job_spec.h"
 #include "services/rpc/wire.h"
+#include "services/telemetry/service_metrics.h"
 
 namespace strata::services {
 namespace {
@@ -300,14 +302,36 @@ grpc::ServerUnaryReactor* WorkerService::StartRank(grpc::CallbackServerContext* 
   });
 }
 
+namespace {
+
+// A timed phase's figures (its reply carries "time/<phase>_s" and the
+// tiers' peaks) into this worker's Prometheus metrics.
+void RecordPhaseMetrics(const policies::Metrics& metrics, const LocalWorkerGroup& group, int64_t generated_tokens) {
+  ServiceMetrics& out = ServiceMetrics::Global();
+  for (const auto& [key, value] : metrics) {
+    if (key.rfind("time/", 0) == 0 && key.size() > 7 && key.substr(key.size() - 2) == "_s") {
+      out.ObservePhase(key.substr(5, key.size() - 7), value, generated_tokens);
+    }
+  }
+  for (const auto& [tier, bytes] : group.MemoryInUse()) {
+    auto peak = metrics.find("memory/" + tier + "_peak_bytes");
+    if (peak != metrics.end()) out.SetMemory(tier, bytes, static_cast<int64_t>(peak->second));
+  }
+}
+
+}  // namespace
+
 grpc::ServerUnaryReactor* WorkerService::RunPhase(grpc::CallbackServerContext* context,
                                                   const v1::PhaseRequest* request, v1::PhaseReply* response) {
-  return SubmitForJob(context, request->job_id(), [this, request, response](LocalWorkerGroup&) -> absl::Status {
+  return SubmitForJob(context, request->job_id(), [this, request, response](LocalWorkerGroup& group) -> absl::Status {
     if (rank_ == nullptr) return absl::FailedPreconditionError("RunPhase before StartRank");
     PhaseRequest phase{request->phase(), request->iteration(), {request->params().begin(), request->params().end()},
                        request->text()};
     phase_ = phase.phase == "train" ? "update" : phase.phase;
+    const int64_t tokens_before = EngineCounters::Read(GlobalEngineCounters().generated_tokens);
     STRATA_ASSIGN_OR_RETURN(auto reply, rank_->Run(phase));
+    RecordPhaseMetrics(reply.metrics, group,
+                       EngineCounters::Read(GlobalEngineCounters().generated_tokens) - tokens_before);
     response->mutable_metrics()->insert(reply.metrics.begin(), reply.metrics.end());
     response->set_text(reply.text);
     return absl::OkStatus();

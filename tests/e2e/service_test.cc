@@ -12,11 +12,13 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 #include <nlohmann/json.hpp>
 
 #include "services/coordinator/service_bench.h"
 #include "gtest/gtest.h"
+#include "absl/strings/strip.h"
 #include "base/file.h"
 #include "services/rpc/auth.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -70,6 +72,20 @@ class ServiceTest : public ::testing::Test {
 
   // Worker processes the fixture starts.
   virtual int RealWorkers() const { return 2; }
+  // Whether the coordinator and workers serve Prometheus metrics (on free
+  // ports: metrics_addr_[0] the coordinator's, [1 + i] worker i's).
+  virtual bool ServeMetrics() const { return false; }
+
+  // --metrics-listen on a free port, or nothing.
+  std::vector<std::string> MetricsFlag(size_t slot) {
+    if (!ServeMetrics()) return {};
+    while (metrics_addr_.size() <= slot) {
+      auto port = testing::RedisServer::FreePort();
+      EXPECT_TRUE(port.ok());
+      metrics_addr_.push_back(absl::StrCat("127.0.0.1:", port.ok() ? *port : 0));
+    }
+    return {"--metrics-listen", metrics_addr_[slot]};
+  }
   // How the coordinator authenticates; the workers use dir_/token (kToken).
   virtual std::vector<std::string> CoordinatorAuth() { return {"--token-file", dir_.Join("token")}; }
 
@@ -89,6 +105,7 @@ class ServiceTest : public ::testing::Test {
                              redis_->url(),
                              // A gang's ranks give up on a lost rank within 5 s.
                              "--collective-timeout-ms", "5000"});
+    for (const std::string& a : MetricsFlag(0)) argv.push_back(a);
     if (token_file.empty()) {
       for (const std::string& a : CoordinatorAuth()) argv.push_back(a);
     } else {
@@ -106,13 +123,14 @@ class ServiceTest : public ::testing::Test {
       worker_addr_.push_back(absl::StrCat("127.0.0.1:", *port));
       workers_.emplace_back();
     }
-    auto p = ChildProcess::Spawn({testing::StrataBinary(), "worker", "--listen", worker_addr_[i], "--coordinator",
-                                  coordinator_addr_, "--token-file", dir_.Join("token"), "--id",
-                                  absl::StrCat("w", i),
-                                  // Job paths: the fixture's directory (the working directory) and
-                                  // the repository's example data.
-                                  "--allow-path", testing::SourcePath("examples")},
-                                 dir_.Join(absl::StrCat("worker", i, ".log")), dir_.path());
+    std::vector<std::string> argv = {testing::StrataBinary(), "worker", "--listen", worker_addr_[i], "--coordinator",
+                                     coordinator_addr_, "--token-file", dir_.Join("token"), "--id",
+                                     absl::StrCat("w", i),
+                                     // Job paths: the fixture's directory (the working directory) and
+                                     // the repository's example data.
+                                     "--allow-path", testing::SourcePath("examples")};
+    for (const std::string& a : MetricsFlag(1 + static_cast<size_t>(i))) argv.push_back(a);
+    auto p = ChildProcess::Spawn(argv, dir_.Join(absl::StrCat("worker", i, ".log")), dir_.path());
     ASSERT_TRUE(p.ok()) << p.status();
     workers_[i] = std::move(*p);
   }
@@ -168,6 +186,14 @@ output: {dir: )", dir_.Join(out), "}\n");
     grpc::ClientContext context;
     Auth(&context);
     return stub_->SubmitJob(&context, request, job);
+  }
+
+  grpc::Status Cancel(const std::string& id, v1::Job* job, const std::string& token = kToken) {
+    v1::CancelJobRequest request;
+    request.set_job_id(id);
+    grpc::ClientContext context;
+    Auth(&context, token);
+    return stub_->CancelJob(&context, request, job);
   }
 
   v1::Job Get(const std::string& id) {
@@ -256,7 +282,7 @@ output: {dir: )", dir_.Join(out), "}\n");
   testing::TempDir dir_;
   std::unique_ptr<testing::RedisServer> redis_;
   std::string model_, coordinator_addr_;
-  std::vector<std::string> worker_addr_;
+  std::vector<std::string> worker_addr_, metrics_addr_;
   std::unique_ptr<ChildProcess> coordinator_;
   std::vector<std::unique_ptr<ChildProcess>> workers_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -281,69 +307,16 @@ TEST_F(ServiceTest, CancelStopsTheJobAndFreesTheWorker) {
   v1::Job job;
   ASSERT_TRUE(Submit(Spec(500, "long"), &job).ok());
   Watch(job.id(), AtIteration(1));
-  v1::CancelJobRequest cancel;
-  cancel.set_job_id(job.id());
   v1::Job cancelled;
-  {
-    grpc::ClientContext context;
-    Auth(&context);
-    ASSERT_TRUE(stub_->CancelJob(&context, cancel, &cancelled).ok());
-  }
+  ASSERT_TRUE(Cancel(job.id(), &cancelled).ok());
   EXPECT_EQ(cancelled.state(), v1::CANCELLED);
-  {
-    grpc::ClientContext context;
-    Auth(&context);
-    EXPECT_EQ(stub_->CancelJob(&context, cancel, &cancelled).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-  }
+  EXPECT_EQ(Cancel(job.id(), &cancelled).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   // Both workers take new work again: two short jobs succeed.
   v1::Job a, b;
   ASSERT_TRUE(Submit(Spec(1, "after_a"), &a).ok());
   ASSERT_TRUE(Submit(Spec(1, "after_b"), &b).ok());
   EXPECT_EQ(Watch(a.id(), Ended).back().state(), v1::SUCCEEDED);
   EXPECT_EQ(Watch(b.id(), Ended).back().state(), v1::SUCCEEDED);
-  EXPECT_EQ(Get(job.id()).state(), v1::CANCELLED);
-}
-
-// Cancel reaches into a running phase: a rollout of hundreds of decoding
-// steps is interrupted at its next step (the worker learns of the cancel
-// from its next heartbeat), not run to its end, and the worker is idle soon
-// after. (It used to finish the phase: minutes, for a big batch.)
-TEST_F(ServiceTest, CancelInterruptsARunningRollout) {
-  const std::string big = dir_.Join("long-model");
-  testing::WriteTextFile(dir_.Join("long.json"), R"({"vocab_size": 259, "hidden_size": 256,
-      "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4,
-      "max_position_embeddings": 1024, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0})");
-  auto init = testing::RunCommand({testing::StrataBinary(), "init-model", "--config", dir_.Join("long.json"), "--out",
-                                   big, "--seed", "3"});
-  ASSERT_TRUE(init.ok() && init->exit_code == 0);
-  for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
-    std::filesystem::copy_file(JoinPath(model_, f), JoinPath(big, f));
-  }
-  // 64 prompts, each with a sample and a greedy response of up to 900
-  // tokens: the greedy ones rarely stop early, so the rollout is long.
-  v1::Job job;
-  ASSERT_TRUE(Submit(Spec(1, "interrupted"), &job, "",
-                     {"models.actor.path=" + big, "train.batch_size=64", "generation.max_new_tokens=900"})
-                  .ok());
-  // Cancel once a worker holds the job: its first long phase, the rollout,
-  // starts within milliseconds of the load.
-  for (auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-       HeldJob(0) != job.id() && HeldJob(1) != job.id() && std::chrono::steady_clock::now() < until;) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polls another process
-  }
-  v1::CancelJobRequest cancel;
-  cancel.set_job_id(job.id());
-  v1::Job cancelled;
-  grpc::ClientContext context;
-  Auth(&context);
-  ASSERT_TRUE(stub_->CancelJob(&context, cancel, &cancelled).ok());
-  const auto cancelled_at = std::chrono::steady_clock::now();
-  // Both workers end idle.
-  EXPECT_TRUE(WaitUntilWorkersIdle(std::chrono::seconds(120)));
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - cancelled_at).count();
-  std::printf("workers idle %.2f s after the cancel\n", seconds);
-  const std::string logs = workers_[0]->Log() + workers_[1]->Log();
-  EXPECT_NE(logs.find("interrupted while generating"), std::string::npos) << logs;
   EXPECT_EQ(Get(job.id()).state(), v1::CANCELLED);
 }
 
@@ -797,6 +770,96 @@ TEST_F(ServiceTest, TlsCoordinatorServesClientsThatTrustItsCa) {
 // 50 concurrent clients submitting, listing, reading and watching for a
 // bounded time: every call succeeds. (Latency figures: strata bench service,
 // docs/BENCHMARKS.md.)
+// mTLS between every part: the coordinator and a worker each present a
+// certificate and require one (--tls-ca), the coordinator dials the worker
+// with its own, and a client without a certificate is turned away.
+TEST_F(ServiceTest, MutualTlsJobRunsAndClientsWithoutACertificateAreRefused) {
+  if (!testing::HaveProgram("openssl")) GTEST_SKIP() << "needs the openssl command to make certificates";
+  auto run = [&](std::vector<std::string> argv) {
+    auto r = testing::RunCommand(argv);
+    ASSERT_TRUE(r.ok() && r->exit_code == 0) << argv[1] << ": " << (r.ok() ? r->error : r.status().ToString());
+  };
+  const auto d = [&](const std::string& f) { return dir_.Join(f); };
+  run({"openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", d("ca.key"), "-out", d("ca.pem"),
+       "-days", "1", "-subj", "/CN=strata-test-ca"});
+  testing::WriteTextFile(d("ext.cnf"),
+                         "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n");
+  for (const std::string name : {"node", "client"}) {
+    run({"openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", d(name + ".key"), "-out", d(name + ".csr"),
+         "-subj", "/CN=" + name});
+    run({"openssl", "x509", "-req", "-in", d(name + ".csr"), "-CA", d("ca.pem"), "-CAkey", d("ca.key"),
+         "-CAcreateserial", "-out", d(name + ".pem"), "-days", "1", "-extfile", d("ext.cnf")});
+  }
+  const std::vector<std::string> node_tls = {"--tls-cert", d("node.pem"), "--tls-key", d("node.key"), "--tls-ca",
+                                             d("ca.pem")};
+  // A stack of its own (Redis included), so the fixture's plaintext
+  // coordinator never sees this worker.
+  auto redis = testing::RedisServer::Start();
+  ASSERT_TRUE(redis.ok()) << redis.status();
+  auto coordinator_port = testing::RedisServer::FreePort();
+  auto worker_port = testing::RedisServer::FreePort();
+  ASSERT_TRUE(coordinator_port.ok() && worker_port.ok());
+  const std::string coordinator = absl::StrCat("localhost:", *coordinator_port);
+  std::vector<std::string> argv = {testing::StrataBinary(), "coordinator", "--listen", coordinator, "--redis",
+                                   (*redis)->url(), "--token-file", d("token")};
+  argv.insert(argv.end(), node_tls.begin(), node_tls.end());
+  auto coordinator_process = ChildProcess::Spawn(argv, d("mtls-coordinator.log"), CoordinatorDirectory());
+  ASSERT_TRUE(coordinator_process.ok());
+  argv = {testing::StrataBinary(), "worker", "--listen", absl::StrCat("localhost:", *worker_port), "--coordinator",
+          coordinator, "--token-file", d("token"), "--id", "mtls-worker", "--allow-path",
+          testing::SourcePath("examples")};
+  argv.insert(argv.end(), node_tls.begin(), node_tls.end());
+  auto worker_process = ChildProcess::Spawn(argv, d("mtls-worker.log"), dir_.path());
+  ASSERT_TRUE(worker_process.ok());
+
+  const std::vector<std::string> client = {"--addr", coordinator, "--token-file", d("token"), "--tls-ca", d("ca.pem"),
+                                           "--tls-cert", d("client.pem"), "--tls-key", d("client.key")};
+  testing::WriteTextFile(d("mtls.yaml"), Spec(2, "mtls-run"));
+  std::vector<std::string> submit = {testing::StrataBinary(), "submit", d("mtls.yaml")};
+  submit.insert(submit.end(), client.begin(), client.end());
+  // The worker's health turns SERVING once it has registered (over mTLS).
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = *ReadFileToString(d("ca.pem"));
+  ssl.pem_cert_chain = *ReadFileToString(d("client.pem"));
+  ssl.pem_private_key = *ReadFileToString(d("client.key"));
+  {
+    auto health = grpc::health::v1::Health::NewStub(
+        grpc::CreateChannel(absl::StrCat("localhost:", *worker_port), grpc::SslCredentials(ssl)));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    context.set_wait_for_ready(true);
+    auto reader = health->Watch(&context, grpc::health::v1::HealthCheckRequest());
+    grpc::health::v1::HealthCheckResponse response;
+    while (reader->Read(&response) && response.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
+    }
+    ASSERT_EQ(response.status(), grpc::health::v1::HealthCheckResponse::SERVING)
+        << (*coordinator_process)->Log() << (*worker_process)->Log();
+    context.TryCancel();
+    reader->Finish();
+  }
+  auto submitted = testing::RunCommand(submit);
+  ASSERT_TRUE(submitted.ok());
+  ASSERT_EQ(submitted->exit_code, 0) << submitted->error;
+  const std::string id(absl::StripAsciiWhitespace(submitted->output));
+  ASSERT_FALSE(id.empty()) << (*coordinator_process)->Log() << (*worker_process)->Log();
+  std::vector<std::string> watch = {testing::StrataBinary(), "watch", id};
+  watch.insert(watch.end(), client.begin(), client.end());
+  auto watched = testing::RunCommand(watch);
+  ASSERT_TRUE(watched.ok());
+  EXPECT_EQ(watched->exit_code, 0) << watched->output << watched->error << (*worker_process)->Log();
+
+  // Trusting the CA is not enough: the coordinator wants a certificate.
+  auto anonymous = testing::RunCommand({testing::StrataBinary(), "jobs", "--addr", coordinator, "--token-file",
+                                        d("token"), "--tls-ca", d("ca.pem")});
+  ASSERT_TRUE(anonymous.ok());
+  EXPECT_NE(anonymous->exit_code, 0);
+  EXPECT_NE(anonymous->error.find("UNAVAILABLE"), std::string::npos) << anonymous->error;
+  auto half = testing::RunCommand({testing::StrataBinary(), "jobs", "--addr", coordinator, "--tls-ca", d("ca.pem"),
+                                   "--tls-cert", d("client.pem")});
+  ASSERT_TRUE(half.ok());
+  EXPECT_NE(half->error.find("--tls-cert and --tls-key go together"), std::string::npos) << half->error;
+}
+
 TEST_F(ServiceTest, FiftyConcurrentClientsSeeNoErrors) {
   services::ServiceBenchRequest request;
   request.addr = coordinator_addr_;
@@ -1064,13 +1127,7 @@ TEST_F(TenantTest, EachTenantSeesOnlyItsJobsAndTenantsReachNoWorker) {
   v1::Job seen;
   EXPECT_EQ(GetAs(kBob, a1.id(), &seen).error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_TRUE(GetAs(kRoot, a1.id(), &seen).ok());
-  {
-    v1::CancelJobRequest cancel;
-    cancel.set_job_id(a1.id());
-    grpc::ClientContext context;
-    Auth(&context, kBob);
-    EXPECT_EQ(stub_->CancelJob(&context, cancel, &seen).error_code(), grpc::StatusCode::NOT_FOUND);
-  }
+  EXPECT_EQ(Cancel(a1.id(), &seen, kBob).error_code(), grpc::StatusCode::NOT_FOUND);
   {
     v1::WatchJobRequest request;
     request.set_job_id(a1.id());
@@ -1174,6 +1231,149 @@ TEST_F(MisfitWorkerTest, RepliesThatDoNotFitTheBatchFailTheJobNotTheCoordinator)
   Auth(&context);
   EXPECT_TRUE(stub_->ListJobs(&context, list, &listed).ok());
   server->Shutdown();
+}
+
+// The coordinator and the workers serve Prometheus metrics: a scrape passes
+// promtool's checks before and after a job, and the job's figures move.
+class MetricsTest : public ServiceTest {
+ protected:
+  bool ServeMetrics() const override { return true; }
+
+  // GET /metrics of metrics_addr_[slot], checked by promtool.
+  std::string Scrape(size_t slot) {
+    const std::string file = dir_.Join(absl::StrCat("scrape", slot, "-", scrapes_++, ".txt"));
+    auto got = testing::RunCommand({"curl", "-sSf", "-o", file, absl::StrCat("http://", metrics_addr_[slot], "/metrics")});
+    EXPECT_TRUE(got.ok() && got->exit_code == 0) << (got.ok() ? got->error : got.status().ToString());
+    auto check = testing::RunCommand({"sh", "-c", "promtool check metrics < " + file});
+    EXPECT_TRUE(check.ok() && check->exit_code == 0)
+        << "promtool check metrics: " << (check.ok() ? check->output + check->error : check.status().ToString());
+    auto text = ReadFileToString(file);
+    return text.ok() ? *text : "";
+  }
+
+  // The value of one sample ("name{labels}" exactly as exposed), or -1.
+  static double Sample(const std::string& text, const std::string& series) {
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind(series + " ", 0) == 0) return std::stod(line.substr(series.size() + 1));
+    }
+    return -1;
+  }
+
+  int scrapes_ = 0;
+};
+
+TEST_F(MetricsTest, ScrapesShowTheJobMoveOnTheCoordinatorAndTheWorkers) {
+  if (!testing::HaveProgram("curl") || !testing::HaveProgram("promtool")) {
+    FAIL() << "needs curl and promtool (Debian packages curl, prometheus): run deploy/install-deps.sh";
+  }
+  const std::string coordinator_before = Scrape(0);
+  const std::string worker_before = Scrape(1);
+  EXPECT_EQ(Sample(coordinator_before, R"(strata_iterations_total{algorithm="remax"})"), -1);
+  EXPECT_EQ(Sample(coordinator_before, R"(strata_workers{state="idle"})"), 2);
+  const double adam_before = Sample(worker_before, "strata_cpu_adam_parameters_total");
+  const double tokens_before = Sample(worker_before, "strata_generated_tokens_total");
+  EXPECT_EQ(tokens_before, 0);
+
+  v1::Job job;
+  ASSERT_TRUE(Submit(Spec(3, "metrics-run"), &job, "", {"parallel.workers=2"}).ok());
+  Watch(job.id(), Ended);
+  ASSERT_EQ(Get(job.id()).state(), v1::SUCCEEDED) << Get(job.id()).error_message();
+
+  const std::string coordinator = Scrape(0);
+  EXPECT_EQ(Sample(coordinator, R"(strata_iterations_total{algorithm="remax"})"), 3) << coordinator;
+  EXPECT_EQ(Sample(coordinator, R"(strata_iteration_seconds_count{algorithm="remax"})"), 3);
+  EXPECT_GT(Sample(coordinator, R"(strata_iteration_seconds_sum{algorithm="remax"})"), 0);
+  EXPECT_EQ(Sample(coordinator, R"(strata_jobs{state="SUCCEEDED"})"), 1);
+  EXPECT_EQ(Sample(coordinator, R"(strata_jobs{state="QUEUED"})"), 0);
+  EXPECT_EQ(Sample(coordinator, "strata_job_queue_wait_seconds_count"), 1);
+  EXPECT_EQ(Sample(coordinator, R"(strata_rpc_server_seconds_count{code="OK",method="Coordinator/SubmitJob"})"), 1);
+  EXPECT_GE(Sample(coordinator, R"(strata_rpc_server_seconds_count{code="OK",method="Coordinator/RegisterWorker"})"),
+            2);
+  EXPECT_EQ(Sample(coordinator, "strata_redis_errors_total"), 0);
+  EXPECT_GT(Sample(coordinator, "strata_process_resident_memory_bytes"), 0);
+
+  // Both ranks ran every phase of the 3 iterations on their half of the batch.
+  for (size_t slot : {1u, 2u}) {
+    const std::string worker = Scrape(slot);
+    for (const char* phase : {"rollout", "score", "update"}) {
+      EXPECT_EQ(Sample(worker, absl::StrCat("strata_phase_seconds_count{phase=\"", phase, "\"}")), 3)
+          << "worker " << slot << " phase " << phase << "\n" << worker;
+    }
+    EXPECT_GT(Sample(worker, R"(strata_rpc_server_seconds_count{code="OK",method="Worker/RunPhase"})"), 0);
+    // 2 prompts of this rank x (1 sample + 1 greedy) x at most 8 tokens, 3 times.
+    const double tokens = Sample(worker, "strata_generated_tokens_total");
+    EXPECT_GT(tokens, 0);
+    EXPECT_LE(tokens, 3 * 2 * 2 * 8);
+    EXPECT_GT(Sample(worker, "strata_generation_tokens_per_second"), 0);
+    EXPECT_GT(Sample(worker, "strata_cpu_adam_parameters_total"), slot == 1 ? adam_before : 0);
+    EXPECT_GT(Sample(worker, R"(strata_memory_phase_peak_bytes{tier="host"})"), 0);
+    EXPECT_GT(Sample(worker, R"(strata_memory_phase_peak_bytes{tier="device"})"), 0);
+    EXPECT_GE(Sample(worker, R"(strata_memory_bytes{tier="host"})"), 0);
+    EXPECT_GT(Sample(worker, "strata_process_resident_memory_peak_bytes"), 0);
+  }
+}
+
+TEST_F(MetricsTest, ABadMetricsAddressFailsTheCommandNamingTheFlag) {
+  // `timeout`: were the address taken after all, the worker would serve on.
+  auto result = testing::RunCommand({"timeout", "30", testing::StrataBinary(), "worker", "--insecure", "--listen",
+                                     "127.0.0.1:0", "--metrics-listen", "no-port-here"});
+  ASSERT_TRUE(result.ok());
+  EXPECT_NE(result->exit_code, 0);
+  EXPECT_NE(result->error.find("--metrics-listen"), std::string::npos) << result->error;
+  // The port the coordinator already serves metrics on is taken.
+  result = testing::RunCommand({"timeout", "30", testing::StrataBinary(), "worker", "--insecure", "--listen",
+                                "127.0.0.1:0", "--metrics-listen", metrics_addr_[0]});
+  ASSERT_TRUE(result.ok());
+  EXPECT_NE(result->exit_code, 0);
+  EXPECT_NE(result->error.find("cannot serve on " + metrics_addr_[0]), std::string::npos) << result->error;
+}
+
+// Cancel reaches into a running phase: a rollout of hundreds of decoding
+// steps is interrupted at its next step (the worker learns of the cancel
+// from its next heartbeat), not run to its end, and the worker is idle soon
+// after. (It used to finish the phase: minutes, for a big batch.)
+TEST_F(MetricsTest, CancelInterruptsARunningRollout) {
+  const std::string big = dir_.Join("long-model");
+  testing::WriteTextFile(dir_.Join("long.json"), R"({"vocab_size": 259, "hidden_size": 256,
+      "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4,
+      "max_position_embeddings": 1024, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0})");
+  auto init = testing::RunCommand({testing::StrataBinary(), "init-model", "--config", dir_.Join("long.json"), "--out",
+                                   big, "--seed", "3"});
+  ASSERT_TRUE(init.ok() && init->exit_code == 0);
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
+    std::filesystem::copy_file(JoinPath(model_, f), JoinPath(big, f));
+  }
+  // 64 prompts, each with a sample and a greedy response of up to 900
+  // tokens: the greedy ones rarely stop early, so the rollout is long.
+  v1::Job job;
+  ASSERT_TRUE(Submit(Spec(1, "interrupted"), &job, "",
+                     {"models.actor.path=" + big, "train.batch_size=64", "generation.max_new_tokens=900"})
+                  .ok());
+  // Cancel once a worker is decoding: its generated-token counter moved.
+  // (Holding the job is not enough: a cancel that lands between the load
+  // and the rollout unloads the job before anything runs.)
+  auto decoding = [&] {
+    for (size_t slot : {1u, 2u}) {
+      auto got = testing::RunCommand({"curl", "-sf", absl::StrCat("http://", metrics_addr_[slot], "/metrics")});
+      if (got.ok() && Sample(got->output, "strata_generated_tokens_total") > 0) return true;
+    }
+    return false;
+  };
+  for (auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+       !decoding() && std::chrono::steady_clock::now() < until;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polls other processes
+  }
+  v1::Job cancelled;
+  ASSERT_TRUE(Cancel(job.id(), &cancelled).ok());
+  const auto cancelled_at = std::chrono::steady_clock::now();
+  // Both workers end idle.
+  EXPECT_TRUE(WaitUntilWorkersIdle(std::chrono::seconds(120)));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - cancelled_at).count();
+  std::printf("workers idle %.2f s after the cancel\n", seconds);
+  const std::string logs = workers_[0]->Log() + workers_[1]->Log();
+  EXPECT_NE(logs.find("interrupted while generating"), std::string::npos) << logs;
+  EXPECT_EQ(Get(job.id()).state(), v1::CANCELLED);
 }
 
 }  // namespace

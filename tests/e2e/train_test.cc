@@ -2,6 +2,7 @@
 // checkpoints and --resume.
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -390,6 +391,55 @@ TEST_F(TrainTest, BadSpecsFailWithTheKeyNamed) {
   auto bad_data = Strata({"train", spec_, "--out", dir_.Join("x"), "--set", "data.train=" + spec_});
   EXPECT_NE(bad_data.exit_code, 0);
   EXPECT_NE(bad_data.error.find("job.yaml:"), std::string::npos) << bad_data.error;  // file:line
+}
+
+// The curves in <output.dir>/tensorboard, read back by an independent reader
+// (tests/e2e/read_tfevents.py: its own CRC-32C and protobuf decoding), are
+// the metrics file's numbers at its iterations, in float32.
+TEST_F(TrainTest, TensorBoardCurvesMatchTheMetricsFile) {
+  auto run = Strata({"train", spec_, "--out", dir_.Join("tb")});
+  ASSERT_EQ(run.exit_code, 0) << run.error;
+  auto read = testing::RunCommand(
+      {"/usr/bin/python3", testing::SourcePath("tests/e2e/read_tfevents.py"), dir_.Join("tb/tensorboard")});
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_EQ(read->exit_code, 0) << read->error << " (needs Debian's python3-crc32c: deploy/install-deps.sh)";
+  const json events = json::parse(read->output);
+  EXPECT_EQ(events["file_version"], "brain.Event:2");
+  std::ifstream in(dir_.Join("tb/metrics.jsonl"));
+  int lines = 0, checked = 0;
+  for (std::string line; std::getline(in, line); ++lines) {
+    const json metrics = json::parse(line);
+    const int64_t step = metrics["iteration"].get<int64_t>();
+    for (const auto& [key, value] : metrics.items()) {
+      if (key == "iteration" || !value.is_number()) continue;
+      ASSERT_TRUE(events["scalars"].contains(key)) << key;
+      const json& curve = events["scalars"][key];
+      auto point = std::find_if(curve.begin(), curve.end(), [&](const json& p) { return p[0] == step; });
+      ASSERT_NE(point, curve.end()) << key << " at step " << step;
+      EXPECT_EQ((*point)[1].get<double>(), static_cast<double>(static_cast<float>(value.get<double>()))) << key;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(lines, 4);
+  EXPECT_GT(checked, 4 * 5);
+  EXPECT_EQ(events["scalars"]["objective/kl"].size(), 4u);  // one point per iteration, none twice
+
+  // A run that starts over replaces the curves; a truncated file is refused
+  // by the reader, naming the offset.
+  auto again = Strata({"train", spec_, "--out", dir_.Join("tb"), "--set", "train.iterations=2"});
+  ASSERT_EQ(again.exit_code, 0) << again.error;
+  read = testing::RunCommand(
+      {"/usr/bin/python3", testing::SourcePath("tests/e2e/read_tfevents.py"), dir_.Join("tb/tensorboard")});
+  ASSERT_TRUE(read.ok() && read->exit_code == 0);
+  EXPECT_EQ(json::parse(read->output)["scalars"]["objective/kl"].size(), 2u);
+  for (const auto& entry : std::filesystem::directory_iterator(dir_.Join("tb/tensorboard"))) {
+    std::filesystem::resize_file(entry.path(), std::filesystem::file_size(entry.path()) - 3);
+  }
+  read = testing::RunCommand(
+      {"/usr/bin/python3", testing::SourcePath("tests/e2e/read_tfevents.py"), dir_.Join("tb/tensorboard")});
+  ASSERT_TRUE(read.ok());
+  EXPECT_NE(read->exit_code, 0);
+  EXPECT_NE(read->error.find("truncated record at offset"), std::string::npos) << read->error;
 }
 
 }  // namespace
