@@ -9,10 +9,7 @@ namespace {
 
 int T(offload::Tier t) { return static_cast<int>(t); }
 
-int64_t LayerParams(const LlamaConfig& c) {
-  const int64_t h = c.hidden_size;
-  return h * c.head_dim * (2 * c.num_attention_heads + 2 * c.num_key_value_heads) + 3 * h * c.intermediate_size + 2 * h;
-}
+int64_t LayerParams(const LlamaConfig& c) { return c.LayerParameters(); }
 
 absl::StatusOr<LlamaConfig> ConfigOf(const ModelSpec& model, const std::string& role) {
   const std::string path = !model.path.empty() ? JoinPath(model.path, "config.json") : model.init;

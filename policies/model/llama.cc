@@ -13,25 +13,65 @@
 
 namespace strata::policies {
 
+LlamaLayerWeights LlamaLayerWeights::Layout(const LlamaConfig& config) {
+  LlamaLayerWeights w;
+  w.has_qkv_bias = config.qkv_bias;
+  w.has_qk_norm = config.qk_norm;
+  return w;
+}
+
 std::vector<std::pair<std::string, at::Tensor*>> LlamaLayerWeights::Named() {
-  return {{"input_layernorm.weight", &input_layernorm},
-          {"self_attn.q_proj.weight", &q_proj},
-          {"self_attn.k_proj.weight", &k_proj},
-          {"self_attn.v_proj.weight", &v_proj},
-          {"self_attn.o_proj.weight", &o_proj},
-          {"post_attention_layernorm.weight", &post_attention_layernorm},
-          {"mlp.gate_proj.weight", &gate_proj},
-          {"mlp.up_proj.weight", &up_proj},
-          {"mlp.down_proj.weight", &down_proj}};
+  std::vector<std::pair<std::string, at::Tensor*>> out = {{"input_layernorm.weight", &input_layernorm},
+                                                          {"self_attn.q_proj.weight", &q_proj},
+                                                          {"self_attn.k_proj.weight", &k_proj},
+                                                          {"self_attn.v_proj.weight", &v_proj}};
+  if (has_qkv_bias) {
+    out.insert(out.end(), {{"self_attn.q_proj.bias", &q_bias},
+                           {"self_attn.k_proj.bias", &k_bias},
+                           {"self_attn.v_proj.bias", &v_bias}});
+  }
+  if (has_qk_norm) out.insert(out.end(), {{"self_attn.q_norm.weight", &q_norm}, {"self_attn.k_norm.weight", &k_norm}});
+  out.insert(out.end(), {{"self_attn.o_proj.weight", &o_proj},
+                         {"post_attention_layernorm.weight", &post_attention_layernorm},
+                         {"mlp.gate_proj.weight", &gate_proj},
+                         {"mlp.up_proj.weight", &up_proj},
+                         {"mlp.down_proj.weight", &down_proj}});
+  return out;
+}
+
+absl::StatusOr<LlamaLayerWeights> LlamaLayerWeights::FromNamed(const std::vector<std::string>& names,
+                                                               std::vector<at::Tensor> tensors) {
+  LlamaLayerWeights w;
+  for (const std::string& name : names) {
+    w.has_qkv_bias = w.has_qkv_bias || name == "self_attn.q_proj.bias";
+    w.has_qk_norm = w.has_qk_norm || name == "self_attn.q_norm.weight";
+  }
+  auto slots = w.Named();
+  if (names.size() != slots.size() || tensors.size() != names.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("a layer of ", names.size(), " named tensors (", tensors.size(),
+                                                   " given) is not a whole layer of ", slots.size()));
+  }
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (slots[i].first != names[i]) {
+      return absl::InvalidArgumentError(absl::StrCat("layer tensor ", i, " is '", names[i], "', expected '",
+                                                     slots[i].first, "'"));
+    }
+    *slots[i].second = std::move(tensors[i]);
+  }
+  return w;
 }
 
 namespace {
 
 // Expected shape of each layer tensor, in the order of Named().
 std::vector<std::vector<int64_t>> LayerShapes(const LlamaConfig& c) {
-  const int64_t h = c.hidden_size, i = c.intermediate_size;
-  const int64_t q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
-  return {{h}, {q, h}, {kv, h}, {kv, h}, {h, q}, {h}, {i, h}, {i, h}, {h, i}};
+  const int64_t h = c.hidden_size, i = c.intermediate_size, d = c.head_dim;
+  const int64_t q = c.num_attention_heads * d, kv = c.num_key_value_heads * d;
+  std::vector<std::vector<int64_t>> shapes = {{h}, {q, h}, {kv, h}, {kv, h}};
+  if (c.qkv_bias) shapes.insert(shapes.end(), {{q}, {kv}, {kv}});
+  if (c.qk_norm) shapes.insert(shapes.end(), {{d}, {d}});
+  shapes.insert(shapes.end(), {{h, q}, {h}, {i, h}, {i, h}, {h, i}});
+  return shapes;
 }
 
 std::string LayerPrefix(size_t index) { return absl::StrCat("model.layers.", index, "."); }
@@ -108,13 +148,15 @@ LayerContext MakeLayerContext(const LlamaConfig& config, const at::Tensor& atten
   ctx.cos = emb.cos().to(dtype);
   ctx.sin = emb.sin().to(dtype);
 
-  // Query i (absolute position s - t + i) sees key j when j <= s - t + i and
+  // Query i (absolute position s - t + i) sees key j when j <= s - t + i,
+  // within the sliding window if there is one (j > s - t + i - window), and
   // key j is a real token. A large finite negative (not -inf) keeps rows that
   // see nothing, such as pad queries, from turning into NaN.
   const at::TensorOptions on_device = at::TensorOptions().dtype(at::kLong).device(attention_mask.device());
   const at::Tensor query_pos = at::arange(s - t, s, on_device).unsqueeze(1);  // [T, 1]
   const at::Tensor key_pos = at::arange(0, s, on_device).unsqueeze(0);        // [1, S]
-  const at::Tensor causal = key_pos.le(query_pos);                             // [T, S]
+  at::Tensor causal = key_pos.le(query_pos);                                   // [T, S]
+  if (config.sliding_window > 0) causal = causal.logical_and(key_pos.gt(query_pos - config.sliding_window));
   const at::Tensor real = attention_mask.to(at::kBool).unsqueeze(1);           // [B, 1, S]
   const at::Tensor allowed = causal.unsqueeze(0).logical_and(real);            // [B, T, S]
   const double lowest = dtype == at::kBFloat16 ? -3.3895313892515355e38
@@ -151,9 +193,15 @@ at::Tensor DecoderLayerForward(const LlamaConfig& config, const LlamaLayerWeight
 
   const at::Tensor x = RmsNorm(hidden, w.input_layernorm, config.rms_norm_eps);
   const at::Tensor cos = ctx.cos.unsqueeze(1), sin = ctx.sin.unsqueeze(1);
-  const at::Tensor q = ApplyRope(at::linear(x, w.q_proj).view({b, t, n_h, d}).transpose(1, 2), cos, sin);
-  at::Tensor k = ApplyRope(at::linear(x, w.k_proj).view({b, t, n_kv, d}).transpose(1, 2), cos, sin);
-  at::Tensor v = at::linear(x, w.v_proj).view({b, t, n_kv, d}).transpose(1, 2);
+  // Undefined biases and norms (families without them) are skipped.
+  auto heads = [&](const at::Tensor& proj, const at::Tensor& bias, const at::Tensor& norm, int64_t n) {
+    at::Tensor y = at::linear(x, proj, bias).view({b, t, n, d});
+    if (norm.defined()) y = RmsNorm(y, norm, config.rms_norm_eps);
+    return y.transpose(1, 2);
+  };
+  const at::Tensor q = ApplyRope(heads(w.q_proj, w.q_bias, w.q_norm, n_h), cos, sin);
+  at::Tensor k = ApplyRope(heads(w.k_proj, w.k_bias, w.k_norm, n_kv), cos, sin);
+  at::Tensor v = heads(w.v_proj, w.v_bias, at::Tensor(), n_kv);
   if (cache != nullptr) std::tie(k, v) = cache->Append(layer_index, k, v);
   const int64_t s = k.size(2);
 
@@ -195,7 +243,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
   STRATA_ASSIGN_OR_RETURN(auto embed, load("model.embed_tokens.weight", {c.vocab_size, c.hidden_size}));
   w.embed_tokens = embed;
   const auto shapes = LayerShapes(c);
-  w.layers.resize(static_cast<size_t>(c.num_hidden_layers));
+  w.layers.assign(static_cast<size_t>(c.num_hidden_layers), LlamaLayerWeights::Layout(c));
   for (size_t l = 0; l < w.layers.size(); ++l) {
     auto named = w.layers[l].Named();
     for (size_t p = 0; p < named.size(); ++p) {
@@ -231,11 +279,14 @@ std::unique_ptr<LlamaModel> LlamaModel::RandomInit(const LlamaConfig& config, Ll
   LlamaWeights w;
   w.embed_tokens = normal({config.vocab_size, config.hidden_size});
   const auto shapes = LayerShapes(config);
-  w.layers.resize(static_cast<size_t>(config.num_hidden_layers));
+  w.layers.assign(static_cast<size_t>(config.num_hidden_layers), LlamaLayerWeights::Layout(config));
   for (auto& layer : w.layers) {
     auto named = layer.Named();
     for (size_t p = 0; p < named.size(); ++p) {
-      *named[p].second = shapes[p].size() == 1 ? ones(shapes[p][0]) : normal(shapes[p]);
+      // Norm weights start at 1; biases, unlike HF's zeros, are random too,
+      // so that tests of a fresh model exercise them.
+      const bool norm = shapes[p].size() == 1 && named[p].first.find(".bias") == std::string::npos;
+      *named[p].second = norm ? ones(shapes[p][0]) : normal(shapes[p]);
     }
   }
   w.norm = ones(config.hidden_size);
@@ -268,10 +319,8 @@ absl::Status LlamaModel::Save(const std::string& dir, size_t max_shard_bytes) co
   STRATA_RETURN_IF_ERROR(WriteCheckpoint(dir, batch.entries(), max_shard_bytes));
   LlamaConfig config = config_;
   config.torch_dtype = dtype() == at::kBFloat16 ? "bfloat16" : dtype() == at::kHalf ? "float16" : "float32";
-  const std::string arch =
-      head_ == LlamaHead::kScalar ? "LlamaForSequenceClassification" : "LlamaForCausalLM";
   // config.json last: a directory with a config always has its weights.
-  return WriteFileAtomically(JoinPath(dir, "config.json"), config.ToJson(arch));
+  return WriteFileAtomically(JoinPath(dir, "config.json"), config.ToJson(head_ == LlamaHead::kScalar));
 }
 
 const at::Tensor& LlamaModel::OutputHead() const {

@@ -23,13 +23,28 @@ namespace strata::policies {
 struct LlamaLayerWeights {
   at::Tensor input_layernorm;           // [H]
   at::Tensor q_proj, k_proj, v_proj;    // [n_h*d, H], [n_kv*d, H], [n_kv*d, H]
+  at::Tensor q_bias, k_bias, v_bias;    // [n_h*d], [n_kv*d], [n_kv*d]; qwen2 only
+  at::Tensor q_norm, k_norm;            // [d]; qwen3 only
   at::Tensor o_proj;                    // [H, n_h*d]
   at::Tensor post_attention_layernorm;  // [H]
   at::Tensor gate_proj, up_proj;        // [I, H]
   at::Tensor down_proj;                 // [H, I]
 
-  // Every tensor, with its HF name relative to "model.layers.<i>.".
+  // Which of the optional tensors this layer has (its family's layout).
+  bool has_qkv_bias = false;
+  bool has_qk_norm = false;
+  // An empty layer with `config`'s layout.
+  static LlamaLayerWeights Layout(const LlamaConfig& config);
+
+  // Every tensor of the layout, with its HF name relative to
+  // "model.layers.<i>.", in a fixed order (streaming and the optimizer index
+  // tensors by it).
   std::vector<std::pair<std::string, at::Tensor*>> Named();
+  // The inverse: the layer whose Named() is `names` with `tensors` in place.
+  // INVALID_ARGUMENT naming the tensor for a name no layout has, or a set
+  // that is not a whole layout.
+  static absl::StatusOr<LlamaLayerWeights> FromNamed(const std::vector<std::string>& names,
+                                                     std::vector<at::Tensor> tensors);
 };
 
 // Which output the model produces on top of the decoder.

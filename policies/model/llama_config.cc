@@ -72,7 +72,107 @@ absl::Status ReadRopeScaling(const json& j, const std::string& source, RopeScali
   return absl::OkStatus();
 }
 
+struct FamilyNames {
+  ModelFamily family;
+  const char* model_type;
+  const char* class_prefix;  // of the HF classes: "<prefix>ForCausalLM"
+};
+
+constexpr FamilyNames kFamilies[] = {{ModelFamily::kLlama, "llama", "Llama"},
+                                     {ModelFamily::kMistral, "mistral", "Mistral"},
+                                     {ModelFamily::kQwen2, "qwen2", "Qwen2"},
+                                     {ModelFamily::kQwen3, "qwen3", "Qwen3"}};
+
+const FamilyNames& NamesOf(ModelFamily family) {
+  for (const FamilyNames& f : kFamilies) {
+    if (f.family == family) return f;
+  }
+  return kFamilies[0];
+}
+
+absl::Status ReadBool(const json& j, const std::string& key, const std::string& source, bool* out) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_boolean()) return FieldError(source, key, "must be true or false");
+  *out = it->get<bool>();
+  return absl::OkStatus();
+}
+
+// The family from model_type, or else from the first of `architectures`
+// (older checkpoints); a config with neither is a Llama.
+absl::Status ReadFamily(const json& j, const std::string& source, ModelFamily* out) {
+  std::string supported;
+  for (const FamilyNames& f : kFamilies) supported += absl::StrCat(supported.empty() ? "" : ", ", f.model_type);
+  if (auto mt = j.find("model_type"); mt != j.end() && !mt->is_null()) {
+    if (!mt->is_string()) return FieldError(source, "model_type", "must be a string");
+    for (const FamilyNames& f : kFamilies) {
+      if (mt->get<std::string>() == f.model_type) {
+        *out = f.family;
+        return absl::OkStatus();
+      }
+    }
+    return FieldError(source, "model_type",
+                      absl::StrCat("is '", mt->get<std::string>(), "'; supported: ", supported));
+  }
+  if (auto arch = j.find("architectures"); arch != j.end() && arch->is_array() && !arch->empty()) {
+    const std::string name = (*arch)[0].is_string() ? (*arch)[0].get<std::string>() : "";
+    for (const FamilyNames& f : kFamilies) {
+      if (name.rfind(absl::StrCat(f.class_prefix, "For"), 0) == 0) {
+        *out = f.family;
+        return absl::OkStatus();
+      }
+    }
+    return FieldError(source, "architectures", absl::StrCat("names '", name, "'; supported families: ", supported));
+  }
+  return absl::OkStatus();
+}
+
+// What each family's config may say about its attention and MLP, beyond
+// what strata implements, is refused by name rather than ignored.
+absl::Status ReadFamilyFields(const json& j, const std::string& source, LlamaConfig* c) {
+  if (auto act = j.find("hidden_act"); act != j.end() && !act->is_null()) {
+    if (!act->is_string() || act->get<std::string>() != "silu") {
+      return FieldError(source, "hidden_act", absl::StrCat("is ", act->dump(), "; only \"silu\" is supported"));
+    }
+  }
+  bool mlp_bias = false, attention_bias = false, use_sliding_window = false;
+  STRATA_RETURN_IF_ERROR(ReadBool(j, "mlp_bias", source, &mlp_bias));
+  if (mlp_bias) return FieldError(source, "mlp_bias", "is true; biases in the MLP are not supported");
+  STRATA_RETURN_IF_ERROR(ReadBool(j, "attention_bias", source, &attention_bias));
+  if (attention_bias) {
+    return FieldError(source, "attention_bias",
+                      "is true; a bias on every attention projection (o_proj included) is not supported");
+  }
+  switch (c->family) {
+    case ModelFamily::kLlama:
+      break;
+    case ModelFamily::kMistral: {
+      auto window = j.find("sliding_window");
+      if (window != j.end() && !window->is_null()) {
+        if (!window->is_number_integer() || window->get<int64_t>() < 0) {
+          return FieldError(source, "sliding_window", "must be a non-negative integer or null");
+        }
+        c->sliding_window = window->get<int64_t>();
+      }
+      break;
+    }
+    case ModelFamily::kQwen2:
+    case ModelFamily::kQwen3:
+      c->qkv_bias = c->family == ModelFamily::kQwen2;
+      c->qk_norm = c->family == ModelFamily::kQwen3;
+      // Qwen's window applies only to layers from max_window_layers on.
+      STRATA_RETURN_IF_ERROR(ReadBool(j, "use_sliding_window", source, &use_sliding_window));
+      if (use_sliding_window) {
+        return FieldError(source, "use_sliding_window", "is true; Qwen's per-layer sliding window is not supported");
+      }
+      break;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+const char* ModelTypeName(ModelFamily family) { return NamesOf(family).model_type; }
 
 absl::Status LlamaConfig::Validate() const {
   auto positive = [](const char* key, int64_t v) -> absl::Status {
@@ -97,6 +197,7 @@ absl::Status LlamaConfig::Validate() const {
   if (head_dim % 2 != 0) {
     return absl::InvalidArgumentError(absl::StrCat("config field 'head_dim' must be even for RoPE, got ", head_dim));
   }
+  if (sliding_window < 0) return absl::InvalidArgumentError("config field 'sliding_window' must not be negative");
   if (!(rope_theta > 0)) return absl::InvalidArgumentError("config field 'rope_theta' must be positive");
   if (!(rms_norm_eps > 0)) return absl::InvalidArgumentError("config field 'rms_norm_eps' must be positive");
   if (rope_scaling.type != RopeScaling::Type::kNone && !(rope_scaling.factor > 0)) {
@@ -118,12 +219,9 @@ absl::StatusOr<LlamaConfig> LlamaConfig::FromJson(const std::string& text, const
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(source, ": not valid JSON"));
   if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(source, ": expected a JSON object"));
-  auto mt = j.find("model_type");
-  if (mt != j.end() && mt->is_string() && mt->get<std::string>() != "llama") {
-    return FieldError(source, "model_type",
-                      absl::StrCat("is '", mt->get<std::string>(), "'; only 'llama' is supported"));
-  }
   LlamaConfig c;
+  STRATA_RETURN_IF_ERROR(ReadFamily(j, source, &c.family));
+  STRATA_RETURN_IF_ERROR(ReadFamilyFields(j, source, &c));
   c.num_key_value_heads = -1;
   c.head_dim = -1;
   for (auto [key, field] : {std::pair{"vocab_size", &c.vocab_size}, std::pair{"hidden_size", &c.hidden_size},
@@ -176,10 +274,14 @@ absl::StatusOr<LlamaConfig> LlamaConfig::Load(const std::string& model_dir) {
   return FromJson(text, path);
 }
 
-std::string LlamaConfig::ToJson(const std::string& architecture) const {
+std::string LlamaConfig::ArchitectureName(bool scalar_head) const {
+  return absl::StrCat(NamesOf(family).class_prefix, scalar_head ? "ForSequenceClassification" : "ForCausalLM");
+}
+
+std::string LlamaConfig::ToJson(bool scalar_head) const {
   json j;
-  j["architectures"] = {architecture};
-  j["model_type"] = "llama";
+  j["architectures"] = {ArchitectureName(scalar_head)};
+  j["model_type"] = ModelTypeName(family);
   j["vocab_size"] = vocab_size;
   j["hidden_size"] = hidden_size;
   j["intermediate_size"] = intermediate_size;
@@ -192,13 +294,27 @@ std::string LlamaConfig::ToJson(const std::string& architecture) const {
   j["rms_norm_eps"] = rms_norm_eps;
   j["tie_word_embeddings"] = tie_word_embeddings;
   j["hidden_act"] = "silu";
-  j["attention_bias"] = false;
-  j["mlp_bias"] = false;
+  switch (family) {
+    case ModelFamily::kLlama:
+      j["attention_bias"] = false;
+      j["mlp_bias"] = false;
+      break;
+    case ModelFamily::kMistral:
+      j["sliding_window"] = sliding_window > 0 ? json(sliding_window) : json(nullptr);
+      break;
+    case ModelFamily::kQwen2:  // q/k/v biases are implied by the family
+      j["use_sliding_window"] = false;
+      break;
+    case ModelFamily::kQwen3:
+      j["attention_bias"] = false;
+      j["use_sliding_window"] = false;
+      break;
+  }
   j["bos_token_id"] = bos_token_id >= 0 ? json(bos_token_id) : json(nullptr);
   j["eos_token_id"] = eos_token_ids.size() == 1 ? json(eos_token_ids[0]) : json(eos_token_ids);
   j["pad_token_id"] = pad_token_id >= 0 ? json(pad_token_id) : json(nullptr);
   j["torch_dtype"] = torch_dtype;
-  if (architecture == "LlamaForSequenceClassification") j["num_labels"] = num_labels;
+  if (scalar_head) j["num_labels"] = num_labels;
   switch (rope_scaling.type) {
     case RopeScaling::Type::kNone:
       j["rope_scaling"] = nullptr;
@@ -217,13 +333,17 @@ std::string LlamaConfig::ToJson(const std::string& architecture) const {
   return j.dump(2) + "\n";
 }
 
-int64_t LlamaConfig::NumParameters() const {
+int64_t LlamaConfig::LayerParameters() const {
   const int64_t h = hidden_size;
-  const int64_t attn = h * num_attention_heads * head_dim * 2 + h * num_key_value_heads * head_dim * 2;
+  const int64_t q = num_attention_heads * head_dim, kv = num_key_value_heads * head_dim;
+  const int64_t attn = h * q * 2 + h * kv * 2 + (qkv_bias ? q + 2 * kv : 0) + (qk_norm ? 2 * head_dim : 0);
   const int64_t mlp = 3 * h * intermediate_size;
-  const int64_t per_layer = attn + mlp + 2 * h;
-  const int64_t embed = vocab_size * h;
-  return embed * (tie_word_embeddings ? 1 : 2) + num_hidden_layers * per_layer + h;
+  return attn + mlp + 2 * h;
+}
+
+int64_t LlamaConfig::NumParameters() const {
+  const int64_t embed = vocab_size * hidden_size;
+  return embed * (tie_word_embeddings ? 1 : 2) + num_hidden_layers * LayerParameters() + hidden_size;
 }
 
 }  // namespace strata::policies

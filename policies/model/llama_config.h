@@ -23,7 +23,19 @@ struct RopeScaling {
   int64_t original_max_position_embeddings = 8192;  // llama3
 };
 
+// The decoder families strata runs, by `model_type` in config.json. They
+// share the Llama block and differ in a few places:
+//   mistral  a sliding attention window (`sliding_window`)
+//   qwen2    biases on the q, k and v projections (Qwen2, Qwen2.5)
+//   qwen3    RMSNorm over each head of q and k before RoPE (`q_norm`,
+//            `k_norm`), and a `head_dim` independent of hidden / heads
+enum class ModelFamily { kLlama, kMistral, kQwen2, kQwen3 };
+
+// "llama", "mistral", "qwen2", "qwen3".
+const char* ModelTypeName(ModelFamily family);
+
 struct LlamaConfig {
+  ModelFamily family = ModelFamily::kLlama;
   int64_t vocab_size = 32000;
   int64_t hidden_size = 4096;
   int64_t intermediate_size = 11008;
@@ -34,6 +46,13 @@ struct LlamaConfig {
   int64_t num_key_value_heads = 32;
   // Per-head width; config.json may set it, otherwise hidden / heads.
   int64_t head_dim = 128;
+  // Biases on the q, k and v projections (qwen2).
+  bool qkv_bias = false;
+  // RMSNorm over each query and key head, before RoPE (qwen3).
+  bool qk_norm = false;
+  // Each query attends to at most this many keys, itself included (mistral);
+  // 0: every earlier key.
+  int64_t sliding_window = 0;
   int64_t max_position_embeddings = 4096;
   double rope_theta = 10000.0;
   double rms_norm_eps = 1e-5;
@@ -55,10 +74,14 @@ struct LlamaConfig {
   // Reads DIR/config.json.
   static absl::StatusOr<LlamaConfig> Load(const std::string& model_dir);
 
-  // HF config.json text; `architecture` is "LlamaForCausalLM" or
-  // "LlamaForSequenceClassification".
-  std::string ToJson(const std::string& architecture) const;
+  // The family's HF class: "Qwen2ForCausalLM", "MistralForSequenceClassification", ...
+  std::string ArchitectureName(bool scalar_head) const;
+  // HF config.json text in the family's own layout, so that `transformers`
+  // loads it as that family.
+  std::string ToJson(bool scalar_head) const;
 
+  // Parameters of one decoder layer (projections, their biases, norms).
+  int64_t LayerParameters() const;
   // Parameter count of the decoder stack with embeddings and, unless tied,
   // the LM head.
   int64_t NumParameters() const;

@@ -24,7 +24,6 @@
 namespace strata::policies {
 namespace {
 
-constexpr size_t kTensorsPerLayer = 9;  // LlamaLayerWeights::Named()
 
 std::vector<int64_t> Range(int64_t n, bool reverse) {
   std::vector<int64_t> order(static_cast<size_t>(n));
@@ -223,7 +222,9 @@ absl::StatusOr<std::unique_ptr<LayerwiseTrainer>> LayerwiseTrainer::Create(const
   if (r.score.defined()) resident_params.emplace_back("score.weight", &r.score);
   // Reserve first: ParamState holds pointers into resident_ only, but the
   // vector must not reallocate while layer_params_ indexes it.
-  trainer->params_.reserve(resident_params.size() + static_cast<size_t>(config.num_hidden_layers) * kTensorsPerLayer);
+  LlamaLayerWeights names_only = LlamaLayerWeights::Layout(config);
+  const auto named = names_only.Named();
+  trainer->params_.reserve(resident_params.size() + static_cast<size_t>(config.num_hidden_layers) * named.size());
   for (auto& [name, tensor] : resident_params) {
     LayerwiseTrainerImpl::ParamState state;
     state.name = name;
@@ -231,8 +232,6 @@ absl::StatusOr<std::unique_ptr<LayerwiseTrainer>> LayerwiseTrainer::Create(const
     STRATA_RETURN_IF_ERROR(trainer->AllocateState(state, *tensor));
     trainer->params_.push_back(std::move(state));
   }
-  LlamaLayerWeights names_only;
-  const auto named = names_only.Named();
   trainer->layer_params_.resize(static_cast<size_t>(config.num_hidden_layers));
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
     for (size_t i = 0; i < named.size(); ++i) {

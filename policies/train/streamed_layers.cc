@@ -7,13 +7,9 @@ namespace strata::policies {
 
 absl::StatusOr<LlamaLayerWeights> StreamedLayerSource::Acquire(int64_t layer) {
   STRATA_ASSIGN_OR_RETURN(auto tensors, streamer_->Acquire(layer));
-  LlamaLayerWeights w;
-  auto slots = LayerTensors(w);
-  if (tensors.size() != slots.size()) {
-    return absl::InternalError(absl::StrCat("streamed layer ", layer, " has ", tensors.size(), " tensors, expected ",
-                                            slots.size()));
-  }
-  for (size_t i = 0; i < slots.size(); ++i) *slots[i] = std::move(tensors[i]);
+  // The streamer keeps each layer's tensor names: they say its layout.
+  auto w = LlamaLayerWeights::FromNamed(streamer_->tensor_names(layer), std::move(tensors));
+  if (!w.ok()) return absl::InternalError(absl::StrCat("streamed layer ", layer, ": ", w.status().message()));
   return w;
 }
 

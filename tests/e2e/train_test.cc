@@ -442,5 +442,49 @@ TEST_F(TrainTest, TensorBoardCurvesMatchTheMetricsFile) {
   EXPECT_NE(read->error.find("truncated record at offset"), std::string::npos) << read->error;
 }
 
+// Mistral, Qwen2 and Qwen3 models train like Llama: streamed from the host
+// with Adam in NVMe tiles they write the metrics of a resident run (the
+// family's extra tensors go through the streamer and the optimizer like the
+// rest), and the trained model is written back in the family's HF layout.
+TEST_F(TrainTest, EachFamilyTrainsStreamedAsItDoesResident) {
+  for (const auto& [family, extra] : std::vector<std::pair<std::string, std::string>>{
+           {"mistral", R"("sliding_window": 6)"},
+           {"qwen2", R"("use_sliding_window": false)"},
+           {"qwen3", R"("head_dim": 48, "attention_bias": false)"}}) {
+    SCOPED_TRACE(family);
+    const std::string dir = dir_.Join(family);
+    std::filesystem::create_directories(dir);
+    json config = json::parse(*ReadFileToString(testing::SourcePath("examples/tiny/model.json")));
+    config.erase("architectures");
+    config["model_type"] = family;
+    config.update(json::parse("{" + extra + "}"));
+    testing::WriteTextFile(JoinPath(dir, "config.json"), config.dump());
+    const std::string model = JoinPath(dir, "model");
+    auto init = Strata({"init-model", "--config", JoinPath(dir, "config.json"), "--out", model, "--seed", "5"});
+    ASSERT_EQ(init.exit_code, 0) << init.error;
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
+      std::filesystem::copy_file(testing::SourcePath(std::string("examples/tiny/data/") + f), JoinPath(model, f));
+    }
+    const std::vector<std::string> common = {"train", spec_, "--set", "train.iterations=2", "--set",
+                                             "models.actor.path=" + model, "--set", "models.critic.path=" + model};
+    auto with = [&](std::vector<std::string> extra_args) {
+      std::vector<std::string> args = common;
+      args.insert(args.end(), extra_args.begin(), extra_args.end());
+      return Strata(args);
+    };
+    auto resident = with({"--out", JoinPath(dir, "resident")});
+    ASSERT_EQ(resident.exit_code, 0) << resident.error;
+    auto streamed = with({"--out", JoinPath(dir, "streamed"), "--set", "models.actor.placement.weights=host", "--set",
+                          "models.actor.placement.optimizer=nvme", "--set", "models.reference.placement.weights=nvme",
+                          "--set", "memory.nvme_dir=" + JoinPath(dir, "nvme")});
+    ASSERT_EQ(streamed.exit_code, 0) << streamed.error;
+    EXPECT_EQ(Metrics(JoinPath(dir, "streamed/metrics.jsonl")), Metrics(JoinPath(dir, "resident/metrics.jsonl")));
+    const json written = json::parse(*ReadFileToString(JoinPath(dir, "streamed/config.json")));
+    EXPECT_EQ(written["model_type"], family);
+    EXPECT_EQ(written["architectures"][0].get<std::string>().rfind(family == "mistral" ? "Mistral" : "Qwen", 0), 0u)
+        << written.dump();
+  }
+}
+
 }  // namespace
 }  // namespace strata

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Independent reference for the C++ Llama: writes a random-weight HF-layout
-model directory with its own safetensors writer, runs the Hugging Face
-LlamaForCausalLM / LlamaForSequenceClassification forward as HF's eager
-implementation computes it (pure torch), and writes the expected outputs.
+"""Independent reference for the C++ Llama-family decoder: writes a
+random-weight HF-layout model directory with its own safetensors writer, runs
+the Hugging Face *ForCausalLM / *ForSequenceClassification forward as HF's
+eager implementations compute it (pure torch) for Llama, Mistral (sliding
+window), Qwen2 (q/k/v biases) and Qwen3 (per-head q/k RMSNorm, explicit
+head_dim), and writes the expected outputs.
 
 Usage: llama_reference.py OUT_DIR VARIANT
-  VARIANT: gqa_untied | mha_tied | gqa_sharded | scalar
+  VARIANT: gqa_untied | mha_tied | gqa_sharded | scalar | mistral | qwen2 | qwen3 | qwen3_scalar
 Writes OUT_DIR/model/ (config.json, safetensors) and OUT_DIR/expected.json.
 """
 import json
@@ -25,7 +27,22 @@ VARIANTS = {
                         num_key_value_heads=1, tie_word_embeddings=False, shards=3, rope_theta=500000.0),
     "scalar": dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=8,
                    num_key_value_heads=4, tie_word_embeddings=False, shards=1, scalar=True),
+    # A window of 4 keys: the 7- and 11-token prompts attend past it.
+    "mistral": dict(model_type="mistral", hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                    num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=False, shards=1,
+                    sliding_window=4, rope_theta=1000000.0),
+    "qwen2": dict(model_type="qwen2", hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, shards=1,
+                  rope_theta=1000000.0, use_sliding_window=False),
+    # head_dim 32 with 4 heads: the attention is 128 wide in a 64-wide model.
+    "qwen3": dict(model_type="qwen3", hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=False,
+                  shards=2, rope_theta=1000000.0, attention_bias=False, use_sliding_window=False),
+    "qwen3_scalar": dict(model_type="qwen3", hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=False,
+                         shards=1, scalar=True),
 }
+CLASS_PREFIX = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}
 VOCAB = 97
 PROMPTS = [[1, 5, 9, 23, 44, 7, 81], [1, 60], [1, 3, 3, 3, 90, 12, 2, 77, 30, 11, 4]]
 GREEDY_NEW_TOKENS = 8
@@ -51,11 +68,15 @@ def write_safetensors(path, tensors):
             f.write(b)
 
 
+def head_dim(cfg):
+    return cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+
+
 def make_weights(cfg, scalar):
     g = torch.Generator().manual_seed(1234)
     h, i = cfg["hidden_size"], cfg["intermediate_size"]
     nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    d = h // nh
+    d = head_dim(cfg)
     w = {"model.embed_tokens.weight": torch.randn(VOCAB, h, generator=g) * 0.5}
     for l in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{l}."
@@ -63,6 +84,12 @@ def make_weights(cfg, scalar):
         w[p + "self_attn.q_proj.weight"] = torch.randn(nh * d, h, generator=g) / math.sqrt(h)
         w[p + "self_attn.k_proj.weight"] = torch.randn(nkv * d, h, generator=g) / math.sqrt(h)
         w[p + "self_attn.v_proj.weight"] = torch.randn(nkv * d, h, generator=g) / math.sqrt(h)
+        if cfg["model_type"] == "qwen2":
+            for name, n in (("q", nh), ("k", nkv), ("v", nkv)):
+                w[p + f"self_attn.{name}_proj.bias"] = 0.3 * torch.randn(n * d, generator=g)
+        if cfg["model_type"] == "qwen3":
+            for name in ("q", "k"):
+                w[p + f"self_attn.{name}_norm.weight"] = 1 + 0.2 * torch.randn(d, generator=g)
         w[p + "self_attn.o_proj.weight"] = torch.randn(h, nh * d, generator=g) / math.sqrt(nh * d)
         w[p + "post_attention_layernorm.weight"] = 1 + 0.1 * torch.randn(h, generator=g)
         w[p + "mlp.gate_proj.weight"] = torch.randn(i, h, generator=g) / math.sqrt(h)
@@ -93,7 +120,7 @@ def rotate_half(x):
 def forward(cfg, w, input_ids, attention_mask):
     """Returns final hidden states [B, T, H] for full sequences (no cache)."""
     h, nh, nkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    d = h // nh
+    d = head_dim(cfg)
     eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
     bsz, seq = input_ids.shape
     # position ids as HF generate() builds them from the attention mask
@@ -106,6 +133,11 @@ def forward(cfg, w, input_ids, attention_mask):
     # 4-d causal mask with padding, min-value filled
     min_value = torch.finfo(torch.float32).min
     causal = torch.full((seq, seq), min_value).triu(1)
+    window = cfg.get("sliding_window") if cfg["model_type"] == "mistral" else None
+    if window:
+        # HF's sliding-window mask: query i sees keys j with i - window < j <= i.
+        i_pos, j_pos = torch.arange(seq)[:, None], torch.arange(seq)[None, :]
+        causal = causal.masked_fill(j_pos <= i_pos - window, min_value)
     mask = causal[None, None].expand(bsz, 1, seq, seq).clone()
     pad = attention_mask[:, None, None, :] == 0
     mask = mask.masked_fill(pad, min_value)
@@ -114,9 +146,15 @@ def forward(cfg, w, input_ids, attention_mask):
         p = f"model.layers.{l}."
         residual = x
         y = rms_norm(x, w[p + "input_layernorm.weight"], eps)
-        q = (y @ w[p + "self_attn.q_proj.weight"].T).view(bsz, seq, nh, d).transpose(1, 2)
-        k = (y @ w[p + "self_attn.k_proj.weight"].T).view(bsz, seq, nkv, d).transpose(1, 2)
-        v = (y @ w[p + "self_attn.v_proj.weight"].T).view(bsz, seq, nkv, d).transpose(1, 2)
+        def project(name, n):
+            out = y @ w[p + f"self_attn.{name}_proj.weight"].T
+            if p + f"self_attn.{name}_proj.bias" in w:
+                out = out + w[p + f"self_attn.{name}_proj.bias"]
+            out = out.view(bsz, seq, n, d)
+            if p + f"self_attn.{name}_norm.weight" in w:  # Qwen3: per head, before RoPE
+                out = rms_norm(out, w[p + f"self_attn.{name}_norm.weight"], eps)
+            return out.transpose(1, 2)
+        q, k, v = project("q", nh), project("k", nkv), project("v", nkv)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         rep = nh // nkv
@@ -151,10 +189,11 @@ def main():
     out_dir, variant = sys.argv[1], sys.argv[2]
     spec = dict(VARIANTS[variant])
     shards, scalar = spec.pop("shards"), spec.pop("scalar", False)
+    spec.setdefault("model_type", "llama")
+    cls = CLASS_PREFIX[spec["model_type"]] + ("ForSequenceClassification" if scalar else "ForCausalLM")
     cfg = dict(spec, vocab_size=VOCAB, max_position_embeddings=128, rms_norm_eps=1e-6,
                rope_theta=spec.get("rope_theta", 10000.0), bos_token_id=1, eos_token_id=2,
-               model_type="llama", hidden_act="silu", torch_dtype="float32",
-               architectures=["LlamaForSequenceClassification" if scalar else "LlamaForCausalLM"])
+               hidden_act="silu", torch_dtype="float32", architectures=[cls])
     if scalar:
         cfg["pad_token_id"] = 0
         cfg["num_labels"] = 1

@@ -5,6 +5,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "base/interrupt.h"
 #include "base/file.h"
@@ -164,11 +167,17 @@ TEST_P(LlamaReferenceTest, KvCacheDecodingEqualsFullRecomputation) {
   EXPECT_LT((at::cat(pieces, 0) - full).abs().max().item<float>(), 1e-4);
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, LlamaReferenceTest, ::testing::Values("gqa_untied", "mha_tied", "gqa_sharded"));
+// The families share these checks: Mistral's sliding window (4 keys, shorter
+// than two of the prompts), Qwen2's q/k/v biases with tied embeddings,
+// Qwen3's per-head q/k norms with a head_dim apart from hidden / heads.
+INSTANTIATE_TEST_SUITE_P(Variants, LlamaReferenceTest,
+                         ::testing::Values("gqa_untied", "mha_tied", "gqa_sharded", "mistral", "qwen2", "qwen3"));
 
-TEST(LlamaScalarHeadTest, ScoresMatchHfSequenceClassification) {
+class LlamaScalarHeadTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LlamaScalarHeadTest, ScoresMatchHfSequenceClassification) {
   std::string reason;
-  const Reference* ref = GetReference("scalar", &reason);
+  const Reference* ref = GetReference(GetParam(), &reason);
   if (ref == nullptr) {
     if (!reason.empty()) GTEST_SKIP() << reason;
     FAIL();
@@ -190,6 +199,8 @@ TEST(LlamaScalarHeadTest, ScoresMatchHfSequenceClassification) {
     EXPECT_NEAR(score.item<float>(), want[i], 1e-4) << "prompt " << i;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Families, LlamaScalarHeadTest, ::testing::Values("scalar", "qwen3_scalar"));
 
 LlamaConfig TinyConfig() {
   LlamaConfig c;
@@ -241,7 +252,7 @@ TEST(LlamaCheckpointTest, WrongShapeIsNamedWithBothShapes) {
   auto model = LlamaModel::RandomInit(c, LlamaHead::kLanguageModel, at::kFloat, 1);
   ASSERT_TRUE(model->Save(dir.path()).ok());
   c.intermediate_size = 48;  // config now disagrees with the weights
-  ASSERT_TRUE(WriteFileAtomically(dir.Join("config.json"), c.ToJson("LlamaForCausalLM")).ok());
+  ASSERT_TRUE(WriteFileAtomically(dir.Join("config.json"), c.ToJson(false)).ok());
   auto loaded = LlamaModel::Load(dir.path(), LlamaHead::kLanguageModel, at::kFloat);
   ASSERT_FALSE(loaded.ok());
   const std::string msg(loaded.status().message());
@@ -264,6 +275,92 @@ TEST(LlamaConfigTest, BadFieldsAreNamed) {
   EXPECT_NE(other.status().message().find("model_type"), std::string::npos);
 }
 
+// Each family is read from model_type (or, without one, the class name in
+// `architectures`) and written back in its own HF layout; what a family's
+// config asks for beyond what strata implements is refused by name.
+TEST(LlamaConfigTest, FamiliesRoundTripAndUnsupportedFieldsAreNamed) {
+  const std::string shape = R"("hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "vocab_size": 10, "intermediate_size": 8, "num_hidden_layers": 1)";
+  struct Case {
+    std::string json;
+    ModelFamily family;
+    bool qkv_bias, qk_norm;
+    int64_t window;
+    std::string causal_lm;
+  };
+  for (const Case& c : std::vector<Case>{
+           {R"({"model_type": "mistral", "sliding_window": 4096, )" + shape + "}", ModelFamily::kMistral, false, false,
+            4096, "MistralForCausalLM"},
+           {R"({"model_type": "mistral", "sliding_window": null, )" + shape + "}", ModelFamily::kMistral, false, false,
+            0, "MistralForCausalLM"},
+           {R"({"model_type": "qwen2", "use_sliding_window": false, )" + shape + "}", ModelFamily::kQwen2, true,
+            false, 0, "Qwen2ForCausalLM"},
+           {R"({"model_type": "qwen3", "head_dim": 128, )" + shape + "}", ModelFamily::kQwen3, false, true, 0,
+            "Qwen3ForCausalLM"},
+           {R"({"architectures": ["Qwen2ForSequenceClassification"], )" + shape + "}", ModelFamily::kQwen2, true,
+            false, 0, "Qwen2ForCausalLM"},
+           {"{" + shape + "}", ModelFamily::kLlama, false, false, 0, "LlamaForCausalLM"}}) {
+    auto parsed = LlamaConfig::FromJson(c.json, "config.json");
+    ASSERT_TRUE(parsed.ok()) << c.json << ": " << parsed.status();
+    EXPECT_EQ(parsed->family, c.family) << c.json;
+    EXPECT_EQ(parsed->qkv_bias, c.qkv_bias) << c.json;
+    EXPECT_EQ(parsed->qk_norm, c.qk_norm) << c.json;
+    EXPECT_EQ(parsed->sliding_window, c.window) << c.json;
+    EXPECT_EQ(parsed->ArchitectureName(false), c.causal_lm);
+    const std::string written = parsed->ToJson(true);
+    EXPECT_NE(written.find(absl::StrCat("\"model_type\": \"", ModelTypeName(c.family), "\"")), std::string::npos)
+        << written;
+    auto again = LlamaConfig::FromJson(written, "round-trip");
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->family, c.family);
+    EXPECT_EQ(again->sliding_window, c.window);
+    EXPECT_EQ(again->head_dim, parsed->head_dim);
+    EXPECT_EQ(again->NumParameters(), parsed->NumParameters());
+  }
+  for (const auto& [json, field] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"model_type": "gemma3", )" + shape + "}", "model_type"},
+           {R"({"architectures": ["GPT2LMHeadModel"], )" + shape + "}", "architectures"},
+           {R"({"model_type": "llama", "attention_bias": true, )" + shape + "}", "attention_bias"},
+           {R"({"model_type": "llama", "mlp_bias": true, )" + shape + "}", "mlp_bias"},
+           {R"({"model_type": "qwen2", "use_sliding_window": true, )" + shape + "}", "use_sliding_window"},
+           {R"({"model_type": "mistral", "sliding_window": -1, )" + shape + "}", "sliding_window"},
+           {R"({"model_type": "llama", "hidden_act": "gelu", )" + shape + "}", "hidden_act"}}) {
+    auto parsed = LlamaConfig::FromJson(json, "config.json");
+    ASSERT_FALSE(parsed.ok()) << json;
+    EXPECT_NE(parsed.status().message().find("'" + field + "'"), std::string::npos) << parsed.status();
+  }
+}
+
+// A Qwen3 model's extra tensors (q_norm, k_norm) and a Qwen2 model's biases
+// are saved under HF's names and load back bit-exact.
+TEST(LlamaCheckpointTest, FamilyTensorsSaveAndLoadUnderHfNames) {
+  for (ModelFamily family : {ModelFamily::kQwen2, ModelFamily::kQwen3}) {
+    LlamaConfig c = TinyConfig();
+    c.family = family;
+    c.qkv_bias = family == ModelFamily::kQwen2;
+    c.qk_norm = family == ModelFamily::kQwen3;
+    testing::TempDir dir;
+    auto model = LlamaModel::RandomInit(c, LlamaHead::kLanguageModel, at::kFloat, 3);
+    ASSERT_TRUE(model->Save(dir.path()).ok());
+    auto loaded = LlamaModel::Load(dir.path(), LlamaHead::kLanguageModel, at::kFloat);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    EXPECT_EQ((*loaded)->config().family, family);
+    auto names = [](const LlamaModel& m) {
+      std::vector<std::string> out;
+      for (const auto& [name, tensor] : m.NamedParameters()) out.push_back(name);
+      return out;
+    };
+    const auto got = names(**loaded);
+    const std::string extra =
+        family == ModelFamily::kQwen2 ? "model.layers.1.self_attn.v_proj.bias" : "model.layers.1.self_attn.k_norm.weight";
+    EXPECT_NE(std::find(got.begin(), got.end(), extra), got.end()) << extra;
+    EXPECT_EQ(got, names(*model));
+    int64_t count = 0;
+    for (const auto& [name, tensor] : (*loaded)->NamedParameters()) count += tensor.numel();
+    EXPECT_EQ(count, c.NumParameters());
+  }
+}
+
 TEST(LlamaConfigTest, JsonRoundTripsAndGqaDefaults) {
   auto parsed = LlamaConfig::FromJson(
       R"({"hidden_size": 64, "num_attention_heads": 8, "vocab_size": 10, "intermediate_size": 8,
@@ -273,7 +370,7 @@ TEST(LlamaConfigTest, JsonRoundTripsAndGqaDefaults) {
   EXPECT_EQ(parsed->num_key_value_heads, 8);
   EXPECT_EQ(parsed->head_dim, 8);
   EXPECT_EQ(parsed->eos_token_ids, (std::vector<int64_t>{2, 5}));
-  auto again = LlamaConfig::FromJson(parsed->ToJson("LlamaForCausalLM"), "round-trip");
+  auto again = LlamaConfig::FromJson(parsed->ToJson(false), "round-trip");
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->eos_token_ids, parsed->eos_token_ids);
   EXPECT_EQ(again->rope_scaling.type, RopeScaling::Type::kLinear);
