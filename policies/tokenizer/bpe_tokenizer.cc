@@ -129,8 +129,9 @@ const ByteLevelAlphabet& Alphabet() {
 // Components.
 
 struct NormalizerStep {
-  enum class Kind { kPrepend, kReplace, kStrip };
+  enum class Kind { kPrepend, kReplace, kStrip, kUnicode };
   Kind kind = Kind::kReplace;
+  UnicodeForm form = UnicodeForm::kNfc;  // kUnicode
   std::string from;    // kReplace
   std::string to;      // kReplace; kPrepend: the prefix
   bool left = false;   // kStrip
@@ -239,6 +240,13 @@ void ParseNormalizer(const Json& n, const std::string& where, std::vector<Normal
     step.kind = NormalizerStep::Kind::kStrip;
     step.left = OptionalBool(n, "strip_left", true, where);
     step.right = OptionalBool(n, "strip_right", true, where);
+  } else if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD" || type == "Lowercase") {
+    step.kind = NormalizerStep::Kind::kUnicode;
+    step.form = type == "NFC"    ? UnicodeForm::kNfc
+                : type == "NFD"  ? UnicodeForm::kNfd
+                : type == "NFKC" ? UnicodeForm::kNfkc
+                : type == "NFKD" ? UnicodeForm::kNfkd
+                                 : UnicodeForm::kLowercase;
   } else {
     Unsupported("normalizer", type);
   }
@@ -946,6 +954,9 @@ void HfBpeTokenizer::Impl::EncodeText(std::string_view text, bool at_start,
         break;
       case NormalizerStep::Kind::kReplace:
         ReplaceAll(&normalized, step.from, step.to);
+        break;
+      case NormalizerStep::Kind::kUnicode:
+        normalized = NormalizeUnicode(normalized, step.form);
         break;
       case NormalizerStep::Kind::kStrip: {
         std::string_view view = normalized;

@@ -8,7 +8,8 @@
 //    and the ByteLevel decoder.
 //
 // Components implemented (anything else is INVALID_ARGUMENT naming the type):
-//  normalizer:    Sequence, Prepend, Replace (string pattern), Strip
+//  normalizer:    Sequence, Prepend, Replace (string pattern), Strip, NFC, NFD, NFKC,
+//                 NFKD, Lowercase (ICU)
 //  pre_tokenizer: Sequence, ByteLevel (add_prefix_space, use_regex),
 //                 Split (string pattern, or one of the regexes listed in
 //                 policies/tokenizer/unicode.h: GPT-2, Llama-3 / cl100k, Qwen2),

@@ -1,5 +1,9 @@
 #include "policies/tokenizer/unicode.h"
 
+#include <unicode/locid.h>
+#include <unicode/normalizer2.h>
+#include <unicode/unistr.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <iterator>
@@ -517,6 +521,52 @@ std::vector<std::pair<size_t, size_t>> FindPretokenizerMatches(std::string_view 
     i = end;
   }
   return matches;
+}
+
+namespace {
+
+std::string TransformValidUtf8(std::string_view run, UnicodeForm form) {
+  icu::UnicodeString text = icu::UnicodeString::fromUTF8(icu::StringPiece(run.data(), static_cast<int32_t>(run.size())));
+  if (form == UnicodeForm::kLowercase) {
+    text.toLower(icu::Locale::getRoot());
+  } else {
+    UErrorCode error = U_ZERO_ERROR;
+    const icu::Normalizer2* normalizer =
+        form == UnicodeForm::kNfc    ? icu::Normalizer2::getNFCInstance(error)
+        : form == UnicodeForm::kNfd  ? icu::Normalizer2::getNFDInstance(error)
+        : form == UnicodeForm::kNfkc ? icu::Normalizer2::getNFKCInstance(error)
+                                     : icu::Normalizer2::getNFKDInstance(error);
+    if (U_FAILURE(error)) return std::string(run);  // ICU's data is missing: leave the text as it is
+    text = normalizer->normalize(text, error);
+    if (U_FAILURE(error)) return std::string(run);
+  }
+  std::string out;
+  text.toUTF8String(out);
+  return out;
+}
+
+}  // namespace
+
+std::string NormalizeUnicode(std::string_view text, UnicodeForm form) {
+  std::string out;
+  out.reserve(text.size());
+  size_t run_start = 0, pos = 0;
+  auto flush = [&](size_t end) {
+    if (end > run_start) out += TransformValidUtf8(text.substr(run_start, end - run_start), form);
+  };
+  while (pos < text.size()) {
+    const Utf8Char c = DecodeUtf8Char(text.substr(pos));
+    if (c.valid) {
+      pos += c.length;
+      continue;
+    }
+    flush(pos);
+    out.push_back(text[pos]);  // an invalid byte, kept as it is
+    ++pos;
+    run_start = pos;
+  }
+  flush(pos);
+  return out;
 }
 
 }  // namespace strata::policies

@@ -43,6 +43,13 @@ std::string ToValidUtf8Lossy(std::string_view bytes);
 
 // Unicode general category L* (letters), N* (numbers: Nd, Nl, No), and the
 // White_Space property (what `\s` means in the tokenizer regexes).
+// Unicode normalization forms and lowercasing as tokenizer.json normalizers
+// (NFC, NFD, NFKC, NFKD, Lowercase) apply them, through ICU. Each maximal run
+// of valid UTF-8 is transformed; invalid bytes pass through unchanged, so
+// byte-level models still see them.
+enum class UnicodeForm { kNfc, kNfd, kNfkc, kNfkd, kLowercase };
+std::string NormalizeUnicode(std::string_view text, UnicodeForm form);
+
 bool IsUnicodeLetter(char32_t code_point);
 bool IsUnicodeNumber(char32_t code_point);
 bool IsUnicodeWhitespace(char32_t code_point);

@@ -16,6 +16,7 @@
 #include "bench/io_bench.h"
 #include "bench/allreduce_bench.h"
 #include "bench/stream_bench.h"
+#include "bench/tokenizer_bench.h"
 #include "bench/transfer_bench.h"
 #include "services/cli/model_commands.h"
 #include "services/cli/report_commands.h"
@@ -320,6 +321,7 @@ struct BenchCommands {
   strata::bench::StreamBenchRequest sb;
   strata::bench::TransferBenchRequest tb;
   strata::bench::AllReduceBenchRequest arb;
+  strata::bench::TokenizerBenchRequest tkb;
 
   void Register(CLI::App& app, Runner& run) {
     // strata bench ...
@@ -340,6 +342,17 @@ struct BenchCommands {
     bench_generate->add_flag("--json", gb.json, "print one JSON object");
     bench_generate->callback(
         [&] { run = [&] { return Finish("bench generate", strata::bench::RunGenerateBench(gb)); }; });
+
+    auto* bench_tokenizer =
+        bench->add_subcommand("tokenizer", "tokenizer.json load time and encode tokens/s vs Hugging Face tokenizers");
+    bench_tokenizer->add_option("--tokenizer", tkb.tokenizer, "a tokenizer.json")->required();
+    bench_tokenizer->add_option("--corpus", tkb.corpus, "a JSON array of strings")->required();
+    bench_tokenizer->add_option("--reference", tkb.reference, "directory of the peer's encode.mjs (npm-installed)");
+    bench_tokenizer->add_option("--repeat", tkb.repeat, "encode the corpus this many times over");
+    bench_tokenizer->add_option("--loads", tkb.loads, "best of N loads");
+    bench_tokenizer->add_flag("--json", tkb.json, "print one JSON object");
+    bench_tokenizer->callback(
+        [&] { run = [&] { return Finish("bench tokenizer", strata::bench::RunTokenizerBench(tkb)); }; });
 
     auto* bench_io = bench->add_subcommand("io", "NVMe store (io_uring, O_DIRECT) vs fio, same size, block and depth");
     bench_io->add_option("--dir", io.dir, "existing directory on the device to measure")->required();
