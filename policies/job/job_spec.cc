@@ -271,6 +271,15 @@ absl::Status JobSpec::Validate() const {
   if (train.batch_size < 1) return KeyError("train.batch_size", absl::StrCat("must be >= 1, got ", train.batch_size));
   if (!(train.lr >= 0)) return KeyError("train.lr", absl::StrCat("must be >= 0, got ", train.lr));
   if (!(train.weight_decay >= 0)) return KeyError("train.weight_decay", "must be >= 0");
+  if (!(train.max_grad_norm >= 0)) return KeyError("train.max_grad_norm", "must be >= 0 (0: no clipping)");
+  if (train.lr_schedule != "constant" && train.lr_schedule != "linear" && train.lr_schedule != "cosine") {
+    return KeyError("train.lr_schedule",
+                    absl::StrCat("must be constant, linear or cosine, got '", Shown(train.lr_schedule), "'"));
+  }
+  if (train.warmup_iterations < 0 || train.warmup_iterations > train.iterations) {
+    return KeyError("train.warmup_iterations", absl::StrCat("must be in [0, train.iterations (", train.iterations,
+                                                            ")], got ", train.warmup_iterations));
+  }
   if (train.log_every < 1) return KeyError("train.log_every", "must be >= 1");
   if (data.max_prompt_tokens < 1) return KeyError("data.max_prompt_tokens", "must be >= 1");
   if (data.max_response_tokens < 1) return KeyError("data.max_response_tokens", "must be >= 1");
@@ -394,6 +403,9 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::ve
     STRATA_RETURN_IF_ERROR(train.Read("batch_size", &spec.train.batch_size));
     STRATA_RETURN_IF_ERROR(train.Read("lr", &spec.train.lr));
     STRATA_RETURN_IF_ERROR(train.Read("weight_decay", &spec.train.weight_decay));
+    STRATA_RETURN_IF_ERROR(train.Read("max_grad_norm", &spec.train.max_grad_norm));
+    STRATA_RETURN_IF_ERROR(train.Read("lr_schedule", &spec.train.lr_schedule));
+    STRATA_RETURN_IF_ERROR(train.Read("warmup_iterations", &spec.train.warmup_iterations));
     STRATA_RETURN_IF_ERROR(train.Read("seed", &spec.train.seed));
     STRATA_RETURN_IF_ERROR(train.Read("log_every", &spec.train.log_every));
     STRATA_RETURN_IF_ERROR(train.CheckNoUnknownKeys());
@@ -577,6 +589,16 @@ absl::StatusOr<std::string> ApplyOverrides(const std::string& yaml_text, const s
 absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path, const std::vector<std::string>& overrides) {
   STRATA_ASSIGN_OR_RETURN(auto text, ReadFileToString(path));
   return ParseJobSpec(text, overrides, path);
+}
+
+double LearningRateScale(const TrainSpec& train, int64_t iteration) {
+  const int64_t warmup = train.warmup_iterations;
+  if (iteration < warmup) return static_cast<double>(iteration + 1) / static_cast<double>(warmup);
+  if (train.lr_schedule == "constant") return 1.0;
+  const double span = static_cast<double>(std::max<int64_t>(1, train.iterations - warmup));
+  const double progress = std::clamp(static_cast<double>(iteration - warmup) / span, 0.0, 1.0);
+  if (train.lr_schedule == "linear") return 1.0 - progress;
+  return 0.5 * (1.0 + std::cos(M_PI * progress));  // cosine
 }
 
 }  // namespace strata::policies

@@ -40,6 +40,12 @@ struct TrainSpec {
   int64_t batch_size = 16;
   double lr = 1e-5;
   double weight_decay = 0.0;
+  // Global gradient-norm clipping before each optimizer step; 0 turns it off.
+  double max_grad_norm = 0.0;
+  // "constant", "linear" (to 0 at the last iteration) or "cosine" (to 0),
+  // after `warmup_iterations` of linear warmup.
+  std::string lr_schedule = "constant";
+  int64_t warmup_iterations = 0;
   uint64_t seed = 1;
   int64_t log_every = 1;
 };
@@ -135,6 +141,13 @@ struct JobSpec {
 // responses each gets (ReMax: a sample and the greedy one; GRPO/RLOO:
 // group.samples_per_prompt; SFT and PPO: one; a preference pair: two).
 int64_t RowsPerIteration(const JobSpec& spec);
+
+// The learning-rate multiplier of `iteration` (0-based) under train's
+// schedule: warmup ramps to 1 (iteration i of W uses (i + 1) / W), then
+// constant stays at 1, linear falls to 0 at `iterations`, cosine follows
+// half a cosine to 0. A function of the iteration alone, so a resumed run
+// continues the schedule exactly.
+double LearningRateScale(const TrainSpec& train, int64_t iteration);
 
 // What a service accepts from a spec, whatever the spec says; 0 = no limit.
 struct JobLimits {

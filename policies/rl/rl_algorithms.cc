@@ -57,15 +57,24 @@ std::vector<size_t> Lengths(const std::vector<policies::Rollout>& rollouts) {
 double Sum(const at::Tensor& t) { return t.numel() == 0 ? 0.0 : t.sum().item<double>(); }
 
 // The objective metrics every algorithm reports, as sums over this rank's
-// sequences (means over the gang's).
-void AddObjective(const at::Tensor& score, const at::Tensor& kl, const at::Tensor& mask, double kl_coef,
-                  GlobalMeans& means) {
+// sequences (means over the gang's). The entropy is TRL's estimate: the
+// sampled tokens' negative log-probabilities under the sampling policy,
+// summed per response (and per token, for a length-free view).
+void AddObjective(const at::Tensor& score, const at::Tensor& kl, const Tokens& tokens,
+                  const std::vector<policies::Rollout>& rollouts, double kl_coef, GlobalMeans& means) {
   const double n = static_cast<double>(score.numel());
+  const at::Tensor& mask = tokens.mask;
   const at::Tensor kl_sum = (kl * mask).sum(-1);
+  const double negative_logprobs = Sum(-tokens.logprobs * mask);
+  double truncated = 0;
+  for (const policies::Rollout& r : rollouts) truncated += r.truncated ? 1 : 0;
   means.Add("objective/scores", Sum(score), n);
   means.Add("objective/kl", Sum(kl_sum), n);
   means.Add("objective/rlhf_reward", Sum(score - kl_coef * kl_sum), n);
   means.Add("objective/response_tokens", Sum(mask), n);
+  means.Add("objective/entropy", negative_logprobs, n);
+  means.Add("policy/entropy_per_token", negative_logprobs, Sum(mask));
+  means.Add("response/clipped_fraction", truncated, n);
 }
 
 void AddUpdateStats(const UpdateStats& u, bool ppo, Metrics& m) {
@@ -147,7 +156,7 @@ class Remax final : public PhasedAlgorithm {
     scored_ = true;
 
     GlobalMeans means;
-    AddObjective(score, kl, tokens.mask, spec_.remax.kl_coef, means);
+    AddObjective(score, kl, tokens, update_.rollouts, spec_.remax.kl_coef, means);
     means.Add("objective/greedy_scores", Sum(baseline), static_cast<double>(baseline.numel()));
     Metrics m;
     STRATA_RETURN_IF_ERROR(means.Reduce(gang, m));
@@ -216,7 +225,7 @@ class Ppo final : public PhasedAlgorithm {
     scored_ = true;
 
     GlobalMeans means;
-    AddObjective(score, kl, tokens.mask, kl_coef, means);
+    AddObjective(score, kl, tokens, update_.rollouts, kl_coef, means);
     means.Add("val/mean", Sum(values * tokens.mask), Sum(tokens.mask));
     Metrics m;
     STRATA_RETURN_IF_ERROR(means.Reduce(gang, m));
@@ -288,7 +297,7 @@ class GroupBaseline final : public PhasedAlgorithm {
     update_.advantages = UnpadRows(advantages, lengths);
     scored_ = true;
     GlobalMeans means;
-    AddObjective(score, kl, tokens.mask, spec_.group.kl_coef, means);
+    AddObjective(score, kl, tokens, update_.rollouts, spec_.group.kl_coef, means);
     Metrics m;
     STRATA_RETURN_IF_ERROR(means.Reduce(gang, m));
     return m;

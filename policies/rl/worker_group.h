@@ -24,6 +24,7 @@ struct Rollout {
   std::vector<int32_t> response;  // generated ids, ending with EOS when one was produced
   std::vector<float> logprobs;    // the actor's log-probs of `response` when sampled
   bool greedy = false;            // ReMax's baseline response
+  bool truncated = false;         // stopped at max_new_tokens without an EOS
 };
 
 struct RolloutRequest {
@@ -113,6 +114,14 @@ class WorkerGroup {
   // One Bradley-Terry step of the reward model; Evaluate* only measures.
   virtual absl::StatusOr<TrainStats> TrainRewardModel(const std::vector<PreferencePair>& batch) = 0;
   virtual absl::StatusOr<TrainStats> EvaluateRewardModel(const std::vector<PreferencePair>& pairs) = 0;
+
+  // The iteration whose update comes next: learning-rate schedules follow
+  // it. Groups without a trainer keep the default.
+  virtual absl::Status BeginIteration(int64_t /*iteration*/) { return absl::OkStatus(); }
+  // Optimizer figures of the last update, the same on every rank:
+  // "optimizer/lr" and "optimizer/grad_norm" (the last step's global norm,
+  // before clipping), and "optimizer/critic_grad_norm" for PPO.
+  virtual std::map<std::string, double> OptimizerMetrics() { return {}; }
 
   // Starts a phase ("rollout", "score", "update") for the memory figures
   // and returns the peaks of the phase it ends (empty for the first), so a

@@ -46,6 +46,8 @@ class LayerwiseTrainerImpl final : public LayerwiseTrainer {
   absl::StatusOr<double> ForwardBackward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
                                          const LossFn& loss_fn) override;
   absl::Status OptimizerStep() override;
+  double last_grad_norm() const override { return last_grad_norm_; }
+  absl::Status SetLearningRate(double lr) override;
   absl::Status SaveState(const std::string& path) override;
   absl::Status LoadState(const std::vector<std::string>& paths) override;
   int64_t optimizer_state_bytes() const override;
@@ -110,6 +112,8 @@ class LayerwiseTrainerImpl final : public LayerwiseTrainer {
   // every other rank, which writes them back to its own copy of the model.
   absl::Status BroadcastUpdatedWeights(const std::function<at::Tensor(const ParamState&)>& updated);
   absl::Status NvmeStep();
+  // Measures the global gradient norm and clips to options_.max_grad_norm.
+  absl::Status ClipGradients();
   absl::Status DeviceStep();
 
   const LlamaConfig config_;
@@ -117,7 +121,7 @@ class LayerwiseTrainerImpl final : public LayerwiseTrainer {
   LlamaWeights resident_;
   LayerSource* const source_;
   offload::HostArena* const arena_;
-  const LayerwiseTrainerOptions options_;
+  LayerwiseTrainerOptions options_;  // the learning rate changes with schedules
   std::unique_ptr<offload::CpuAdam> adam_;
   std::unique_ptr<offload::NvmeAdamState> nvme_adam_;
   std::unique_ptr<offload::DeviceTransfer> grad_transfer_;  // GPU with host gradients only
@@ -125,6 +129,7 @@ class LayerwiseTrainerImpl final : public LayerwiseTrainer {
   std::deque<PendingBatch> pending_grads_;
   std::vector<ParamState*> final_grads_;  // data parallel: not yet handed to the sum
   bool summed_since_step_ = false;        // data parallel: gradients already summed
+  double last_grad_norm_ = 0.0;
   std::vector<ParamState> params_;
   std::vector<std::vector<size_t>> layer_params_;  // params_ index per layer tensor
   // ZeRO-1: the optimizer is sharded over the gang; parameters dealt so far
@@ -536,8 +541,39 @@ absl::Status LayerwiseTrainerImpl::WriteBack(const ParamState& p, const at::Tens
   return source_->Store(p.layer, p.index, master.view(p.shape).to(p.dtype));
 }
 
+absl::Status LayerwiseTrainerImpl::SetLearningRate(double lr) {
+  STRATA_RETURN_IF_ERROR(adam_->SetLearningRate(lr));  // the NVMe optimizer steps through it too
+  options_.adam.adam.lr = lr;                          // the device optimizer reads this
+  return absl::OkStatus();
+}
+
+absl::Status LayerwiseTrainerImpl::ClipGradients() {
+  // Every rank holds every summed gradient (only optimizer states are
+  // sharded), so this norm is the global one on each rank.
+  at::NoGradGuard no_grad;
+  auto gradient = [&](const ParamState& p) {
+    return p.device_grad.defined() ? p.device_grad : HostView(p.grad, p.numel);
+  };
+  double squares = 0;
+  for (const ParamState& p : params_) {
+    const at::Tensor g = gradient(p);
+    squares += at::dot(g.reshape(-1), g.reshape(-1)).item<double>();
+  }
+  last_grad_norm_ = std::sqrt(squares);
+  if (!std::isfinite(last_grad_norm_)) {
+    return absl::InternalError(absl::StrCat("the gradient norm is ", last_grad_norm_,
+                                            ": the loss diverged (lower train.lr or set train.max_grad_norm)"));
+  }
+  const double max_norm = options_.max_grad_norm;
+  const double coefficient = max_norm / (last_grad_norm_ + 1e-6);  // torch's clip_grad_norm_
+  if (max_norm <= 0 || coefficient >= 1.0) return absl::OkStatus();
+  for (const ParamState& p : params_) gradient(p).mul_(coefficient);
+  return absl::OkStatus();
+}
+
 absl::Status LayerwiseTrainerImpl::OptimizerStep() {
   summed_since_step_ = false;
+  STRATA_RETURN_IF_ERROR(ClipGradients());
   absl::Status status;
   switch (options_.optimizer) {
     case offload::Tier::kHost: status = HostStep(); break;

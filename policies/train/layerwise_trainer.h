@@ -59,6 +59,10 @@ struct LayerwiseTrainerOptions {
   // global batch's gradient. One ForwardBackward per OptimizerStep then
   // (accumulating twice would sum the first part twice).
   ProcessGroup* data_parallel = nullptr;
+  // > 0: before each step, scale all gradients so that their global L2 norm
+  // (over every parameter; summed over the gang, so the same on each rank)
+  // is at most this, as torch.nn.utils.clip_grad_norm_ does. 0: no clipping.
+  double max_grad_norm = 0.0;
 };
 
 class LayerwiseTrainer {
@@ -87,6 +91,11 @@ class LayerwiseTrainer {
   // weights back (device tensors for resident parts, the source for layers)
   // and zeroes the gradients.
   virtual absl::Status OptimizerStep() = 0;
+  // The global gradient norm the last OptimizerStep saw, before clipping.
+  virtual double last_grad_norm() const = 0;
+  // The learning rate of the following steps (schedules); INVALID_ARGUMENT
+  // when negative.
+  virtual absl::Status SetLearningRate(double lr) = 0;
 
   // Optimizer state (fp32 master weights, both moments and step count of
   // every parameter this rank holds: all of them unless sharded) as one

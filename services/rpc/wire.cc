@@ -151,6 +151,7 @@ void ToProto(const policies::Rollout& rollout, v1::Rollout* out) {
   SetIds(rollout.response, out->mutable_response());
   ToProto(rollout.logprobs, out->mutable_logprobs());
   out->set_greedy(rollout.greedy);
+  out->set_truncated(rollout.truncated);
 }
 
 absl::StatusOr<policies::Rollout> FromProto(const v1::Rollout& rollout, const std::string& field) {
@@ -162,6 +163,7 @@ absl::StatusOr<policies::Rollout> FromProto(const v1::Rollout& rollout, const st
   if (!logprobs.ok()) return logprobs.status();
   out.logprobs = std::move(*logprobs);
   out.greedy = rollout.greedy();
+  out.truncated = rollout.truncated();
   return out;
 }
 

@@ -303,10 +303,15 @@ absl::StatusOr<PhaseReply> JobRank::Run(const PhaseRequest& request) {
     STRATA_RETURN_IF_ERROR(algorithm_->Rollout(models_, prompts, spec_.train.batch_size, request.iteration));
   } else if (phase == "score") {
     STRATA_ASSIGN_OR_RETURN(reply.metrics, algorithm_->Score(models_, gang_, request.params));
-  } else if (phase == "update") {
-    STRATA_ASSIGN_OR_RETURN(reply.metrics, algorithm_->Update(models_, gang_, request.iteration));
   } else {
-    STRATA_ASSIGN_OR_RETURN(reply.metrics, Train(request.iteration));
+    // The schedule's learning rate for this iteration's steps.
+    STRATA_RETURN_IF_ERROR(models_.BeginIteration(request.iteration));
+    if (phase == "update") {
+      STRATA_ASSIGN_OR_RETURN(reply.metrics, algorithm_->Update(models_, gang_, request.iteration));
+    } else {
+      STRATA_ASSIGN_OR_RETURN(reply.metrics, Train(request.iteration));
+    }
+    for (const auto& [key, value] : models_.OptimizerMetrics()) reply.metrics[key] = value;
   }
   reply.metrics["time/" + measured + "_s"] =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();

@@ -243,6 +243,7 @@ absl::StatusOr<std::unique_ptr<policies::PlacedModel>> LocalWorkerGroup::Place(c
   options.trainable = trainable;
   options.trainer.adam.adam.lr = lr;
   options.trainer.adam.adam.weight_decay = spec_.train.weight_decay;
+  options.trainer.max_grad_norm = spec_.train.max_grad_norm;
   options.trainer.data_parallel = gang_;
   options.batch = spec_.train.batch_size;
   options.seq =
@@ -258,6 +259,7 @@ absl::StatusOr<std::unique_ptr<policies::PlacedModel>> LocalWorkerGroup::Place(c
 absl::Status LocalWorkerGroup::LoadModels() {
   using policies::Algorithm;
   const double lr = spec_.train.lr;
+  lr_ = lr;
   auto assign = [](absl::StatusOr<std::unique_ptr<policies::PlacedModel>> placed,
                    std::unique_ptr<policies::PlacedModel>* out) -> absl::Status {
     if (!placed.ok()) return placed.status();
@@ -342,10 +344,14 @@ absl::StatusOr<std::vector<policies::Rollout>> LocalWorkerGroup::Generate(const 
       sampling.row_seeds.push_back(policies::IterationSeed(prompt_seed, static_cast<int64_t>(i % static_cast<size_t>(request.samples_per_prompt))));
     }
   }
+  auto truncated = [&](const std::vector<int32_t>& response) {
+    return response.empty() || std::find(eos.begin(), eos.end(), response.back()) == eos.end();
+  };
   std::vector<policies::Rollout> out;
   STRATA_ASSIGN_OR_RETURN(auto sampled, policies::Generate(actor, prompts, sampling, eos, pad));
   for (size_t i = 0; i < prompts.size(); ++i) {
-    out.push_back({prompt_index[i], prompts[i], sampled.tokens[i], sampled.logprobs[i], false});
+    out.push_back({prompt_index[i], prompts[i], sampled.tokens[i], sampled.logprobs[i], false,
+                   truncated(sampled.tokens[i])});
   }
   if (request.with_greedy) {
     policies::SamplingOptions greedy = request.sampling;
@@ -353,7 +359,8 @@ absl::StatusOr<std::vector<policies::Rollout>> LocalWorkerGroup::Generate(const 
     greedy.row_seeds.clear();
     STRATA_ASSIGN_OR_RETURN(auto best, policies::Generate(actor, request.prompts, greedy, eos, pad));
     for (size_t p = 0; p < request.prompts.size(); ++p) {
-      out.push_back({static_cast<int64_t>(p), request.prompts[p], best.tokens[p], best.logprobs[p], true});
+      out.push_back({static_cast<int64_t>(p), request.prompts[p], best.tokens[p], best.logprobs[p], true,
+                     truncated(best.tokens[p])});
     }
   }
   return out;
@@ -581,6 +588,24 @@ policies::MemoryStats LocalWorkerGroup::BeginPhase(const std::string& phase) {
   phase_ = phase;
   monitor_->ResetPeak();
   return ended;
+}
+
+absl::Status LocalWorkerGroup::BeginIteration(int64_t iteration) {
+  const double scale = policies::LearningRateScale(spec_.train, iteration);
+  for (auto& [name, model] : Trainable()) {
+    const double base = name == "critic" ? spec_.ppo.critic_lr : spec_.train.lr;
+    STRATA_RETURN_IF_ERROR(model->trainer()->SetLearningRate(base * scale));
+  }
+  lr_ = spec_.train.lr * scale;
+  return absl::OkStatus();
+}
+
+std::map<std::string, double> LocalWorkerGroup::OptimizerMetrics() {
+  std::map<std::string, double> out = {{"optimizer/lr", lr_}};
+  for (auto& [name, model] : Trainable()) {
+    out[name == "critic" ? "optimizer/critic_grad_norm" : "optimizer/grad_norm"] = model->trainer()->last_grad_norm();
+  }
+  return out;
 }
 
 std::map<std::string, int64_t> LocalWorkerGroup::MemoryInUse() const {

@@ -46,6 +46,8 @@ class LocalWorkerGroup final : public policies::WorkerGroup {
       const std::vector<policies::PreferencePair>& pairs) override;
   policies::MemoryStats BeginPhase(const std::string& phase) override;
   policies::MemoryStats PhaseMemory(const std::string& phase) override;
+  absl::Status BeginIteration(int64_t iteration) override;
+  std::map<std::string, double> OptimizerMetrics() override;
   // Bytes held now per tier ("device", "host", "nvme"), for the metrics
   // endpoint. Safe to call between operations of the job's work thread.
   std::map<std::string, int64_t> MemoryInUse() const;
@@ -89,6 +91,7 @@ class LocalWorkerGroup final : public policies::WorkerGroup {
   std::unique_ptr<policies::PlacedModel> actor_, reference_, reward_, critic_;
   rewards::RuleFn rule_;
   std::string phase_;
+  double lr_ = 0.0;  // the actor's (or reward model's) learning rate this iteration
   std::map<std::string, policies::MemoryStats> phase_memory_;
 };
 

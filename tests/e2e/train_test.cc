@@ -88,12 +88,23 @@ class ResumeTest : public TrainTest, public ::testing::WithParamInterface<std::s
 // writes exactly the metrics of a run that was never stopped.
 TEST_P(ResumeTest, ResumedRunReproducesUninterruptedMetrics) {
   const std::string algorithm = "algorithm=" + GetParam();
-  auto whole = Strata({"train", spec_, "--out", dir_.Join("whole"), "--set", algorithm});
+  // With gradient clipping and a warmup of 2 iterations, which a resumed
+  // run must continue exactly. (A decaying schedule spans train.iterations,
+  // which the stopped run here shortens; LearningRateScale is a function
+  // of the spec and the iteration alone, see JobSpecTest.)
+  const std::vector<std::string> controls = {"--set", "train.max_grad_norm=0.5", "--set",
+                                             "train.warmup_iterations=2"};
+  auto train = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), "train");
+    args.insert(args.end(), controls.begin(), controls.end());
+    return Strata(args);
+  };
+  auto whole = train({spec_, "--out", dir_.Join("whole"), "--set", algorithm});
   ASSERT_EQ(whole.exit_code, 0) << whole.error;
-  auto first = Strata({"train", spec_, "--out", dir_.Join("split"), "--set", algorithm, "--set", "train.iterations=3"});
+  auto first = train({spec_, "--out", dir_.Join("split"), "--set", algorithm, "--set", "train.iterations=3"});
   ASSERT_EQ(first.exit_code, 0) << first.error;
   ASSERT_EQ(Metrics(dir_.Join("split/metrics.jsonl")).size(), 3u);
-  auto resumed = Strata({"train", spec_, "--out", dir_.Join("split"), "--set", algorithm, "--resume"});
+  auto resumed = train({spec_, "--out", dir_.Join("split"), "--set", algorithm, "--resume"});
   ASSERT_EQ(resumed.exit_code, 0) << resumed.error;
   EXPECT_NE(resumed.error.find("resuming from"), std::string::npos) << resumed.error;
 
@@ -103,9 +114,15 @@ TEST_P(ResumeTest, ResumedRunReproducesUninterruptedMetrics) {
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "iteration " << i;
   // The contract's metric names are there.
-  for (const char* key : {"iteration", "objective/scores", "objective/kl", "objective/rlhf_reward", "loss/policy_avg"}) {
+  for (const char* key : {"iteration", "objective/scores", "objective/kl", "objective/rlhf_reward", "loss/policy_avg",
+                          "objective/entropy", "policy/entropy_per_token", "response/clipped_fraction",
+                          "optimizer/lr", "optimizer/grad_norm"}) {
     EXPECT_TRUE(want[1].contains(key)) << key;
   }
+  // The warmup: half the learning rate, then all of it.
+  EXPECT_DOUBLE_EQ(want[0]["optimizer/lr"].get<double>(), 0.5e-3);
+  EXPECT_DOUBLE_EQ(want[1]["optimizer/lr"].get<double>(), 1.0e-3);
+  EXPECT_GT(want[1]["optimizer/grad_norm"].get<double>(), 0.0);
   EXPECT_TRUE(want[0].contains("eval/score"));  // the starting policy's score
   if (GetParam() == "ppo") {
     EXPECT_TRUE(want[1].contains("loss/value_avg"));

@@ -1,5 +1,6 @@
 #include "policies/job/job_spec.h"
 
+#include <cmath>
 #include <filesystem>
 
 #include "gtest/gtest.h"
@@ -77,6 +78,38 @@ TEST(JobSpecTest, ErrorsNameTheKey) {
   EXPECT_NE(ErrorOf("- a\n- b\n").find("mapping"), std::string::npos);
   EXPECT_EQ(ErrorOf(kRemax), "");  // the unmodified spec is fine
   EXPECT_NE(ErrorOf(kRemax, {"train.batch_size=0"}).find("job.yaml"), std::string::npos);
+}
+
+// Learning-rate schedules: warmup ramps to 1, then constant, linear to 0 or
+// half a cosine to 0 over the remaining iterations; bad keys are named.
+TEST(JobSpecTest, LearningRateSchedules) {
+  TrainSpec t;
+  t.iterations = 10;
+  t.warmup_iterations = 2;
+  t.lr_schedule = "constant";
+  EXPECT_DOUBLE_EQ(LearningRateScale(t, 0), 0.5);
+  EXPECT_DOUBLE_EQ(LearningRateScale(t, 1), 1.0);
+  EXPECT_DOUBLE_EQ(LearningRateScale(t, 9), 1.0);
+  t.lr_schedule = "linear";
+  EXPECT_DOUBLE_EQ(LearningRateScale(t, 2), 1.0);
+  EXPECT_DOUBLE_EQ(LearningRateScale(t, 6), 0.5);
+  EXPECT_DOUBLE_EQ(LearningRateScale(t, 9), 0.125);
+  t.lr_schedule = "cosine";
+  EXPECT_DOUBLE_EQ(LearningRateScale(t, 2), 1.0);
+  EXPECT_NEAR(LearningRateScale(t, 6), 0.5, 1e-12);
+  EXPECT_NEAR(LearningRateScale(t, 4), 0.5 * (1 + std::cos(M_PI * 0.25)), 1e-12);
+  t.warmup_iterations = 0;
+  EXPECT_DOUBLE_EQ(LearningRateScale(t, 0), 1.0);
+
+  auto spec = ParseJobSpec(kRemax, {"train.lr_schedule=cosine", "train.warmup_iterations=2", "train.max_grad_norm=1"},
+                           "job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->train.lr_schedule, "cosine");
+  EXPECT_EQ(spec->train.warmup_iterations, 2);
+  EXPECT_DOUBLE_EQ(spec->train.max_grad_norm, 1.0);
+  EXPECT_NE(ErrorOf(kRemax, {"train.lr_schedule=step"}).find("train.lr_schedule"), std::string::npos);
+  EXPECT_NE(ErrorOf(kRemax, {"train.warmup_iterations=6"}).find("train.warmup_iterations"), std::string::npos);
+  EXPECT_NE(ErrorOf(kRemax, {"train.max_grad_norm=-1"}).find("train.max_grad_norm"), std::string::npos);
 }
 
 // Found by a hostile probe: each of these used to pass or to confuse.

@@ -5,6 +5,8 @@
 #include "base/interrupt.h"
 #include "offload/device/device_memory.h"
 #include "offload/tiers/placement.h"
+#include "policies/checkpoint/safetensors.h"
+#include "policies/checkpoint/tensor_io.h"
 #include "tests/testutil/testutil.h"
 
 namespace strata::policies {
@@ -298,6 +300,77 @@ TEST(LayerwiseTrainerTest, ScalarHeadTrains) {
     ASSERT_TRUE((*trainer)->OptimizerStep().ok());
   }
   EXPECT_LT(last, first * 0.5);
+}
+
+// train.max_grad_norm: the global norm over every parameter, measured as
+// torch measures it, and the gradients scaled by torch's clip_grad_norm_
+// coefficient before Adam. Checked exactly through the first moments
+// (exp_avg = (1 - beta1) * gradient after one step), since Adam's first
+// update barely depends on the gradient's scale.
+TEST(LayerwiseTrainerTest, GradientClippingUsesTheGlobalNormAsTorchDoes) {
+  auto model = LlamaModel::RandomInit(SmallConfig(false), LlamaHead::kLanguageModel, at::kFloat, 3, 0.2);
+  const Batch batch = MakeBatch();
+  auto loss_fn = [&](const at::Tensor& logits) { return NextTokenLoss(logits, batch.ids); };
+  for (auto& [name, t] : model->NamedParameters()) t.requires_grad_(true);
+  loss_fn(model->Logits(batch.ids, batch.mask)).backward();
+  double squares = 0;
+  for (auto& [name, t] : model->NamedParameters()) squares += t.grad().pow(2).sum().item<double>();
+  const double norm = std::sqrt(squares);
+
+  for (double max_norm : {0.0, norm / 4, norm * 4}) {
+    auto copy = LlamaModel::RandomInit(SmallConfig(false), LlamaHead::kLanguageModel, at::kFloat, 3, 0.2);
+    auto arena = Arena();
+    ResidentLayerSource source(copy->weights().layers);
+    LayerwiseTrainerOptions options = TrainerOptions();
+    options.max_grad_norm = max_norm;
+    auto trainer = LayerwiseTrainer::Create(copy->config(), LlamaHead::kLanguageModel, copy->weights(), &source,
+                                            arena.get(), options);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    ASSERT_TRUE((*trainer)->ForwardBackward(batch.ids, batch.mask, loss_fn).ok());
+    ASSERT_TRUE((*trainer)->OptimizerStep().ok());
+    EXPECT_NEAR((*trainer)->last_grad_norm(), norm, norm * 1e-5) << max_norm;
+    testing::TempDir dir;
+    ASSERT_TRUE((*trainer)->SaveState(dir.Join("state.safetensors")).ok());
+    auto state = SafetensorsFile::Open(dir.Join("state.safetensors"));
+    ASSERT_TRUE(state.ok()) << state.status();
+    const double coefficient = max_norm > 0 ? std::min(1.0, max_norm / (norm + 1e-6)) : 1.0;
+    const double beta1 = options.adam.adam.beta1;
+    for (auto& [name, t] : model->NamedParameters()) {
+      const TensorView* m = (*state)->Find(name + ".exp_avg");
+      ASSERT_NE(m, nullptr) << name;
+      const at::Tensor exp_avg = *ToTensor(*m, at::kFloat);
+      const at::Tensor want = t.grad().reshape(-1) * ((1 - beta1) * coefficient);
+      EXPECT_LT((exp_avg.reshape(-1) - want).abs().max().item<float>(), 1e-6) << name << " max_norm " << max_norm;
+    }
+  }
+}
+
+// The learning rate changes between steps (schedules), for the host and
+// the device optimizer alike; a negative one is refused.
+TEST(LayerwiseTrainerTest, SetLearningRateChangesTheNextStep) {
+  for (offload::Tier optimizer : {offload::Tier::kHost, offload::Tier::kDevice}) {
+    auto model = LlamaModel::RandomInit(SmallConfig(false), LlamaHead::kLanguageModel, at::kFloat, 3, 0.2);
+    const at::Tensor before = model->weights().norm.clone();
+    const Batch batch = MakeBatch();
+    auto loss_fn = [&](const at::Tensor& logits) { return NextTokenLoss(logits, batch.ids); };
+    auto arena = Arena();
+    ResidentLayerSource source(model->weights().layers);
+    LayerwiseTrainerOptions options = TrainerOptions();
+    options.optimizer = optimizer;
+    options.gradients = optimizer == offload::Tier::kDevice ? offload::Tier::kDevice : offload::Tier::kHost;
+    auto trainer = LayerwiseTrainer::Create(model->config(), LlamaHead::kLanguageModel, model->weights(), &source,
+                                            arena.get(), options);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    EXPECT_EQ((*trainer)->SetLearningRate(-1).code(), absl::StatusCode::kInvalidArgument);
+    ASSERT_TRUE((*trainer)->SetLearningRate(0.0).ok());
+    ASSERT_TRUE((*trainer)->ForwardBackward(batch.ids, batch.mask, loss_fn).ok());
+    ASSERT_TRUE((*trainer)->OptimizerStep().ok());
+    EXPECT_TRUE(at::equal(model->weights().norm, before)) << "lr 0 moved the weights";
+    ASSERT_TRUE((*trainer)->SetLearningRate(1e-2).ok());
+    ASSERT_TRUE((*trainer)->ForwardBackward(batch.ids, batch.mask, loss_fn).ok());
+    ASSERT_TRUE((*trainer)->OptimizerStep().ok());
+    EXPECT_FALSE(at::equal(model->weights().norm, before));
+  }
 }
 
 }  // namespace
