@@ -46,6 +46,10 @@ struct TrainSpec {
   // after `warmup_iterations` of linear warmup.
   std::string lr_schedule = "constant";
   int64_t warmup_iterations = 0;
+  // RL scores before the KL penalty and the clip: "none", "batch" (whiten by
+  // the iteration's global mean and std) or "running" (by the mean and std
+  // of every score so far, this iteration's included).
+  std::string reward_normalization = "none";
   uint64_t seed = 1;
   int64_t log_every = 1;
 };

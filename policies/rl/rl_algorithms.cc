@@ -43,10 +43,7 @@ Tokens TokensOf(const std::vector<policies::Rollout>& rollouts) {
   return t;
 }
 
-at::Tensor Clip(const std::vector<float>& scores, double clip) {
-  at::Tensor s = at::tensor(scores, at::kFloat);
-  return clip > 0 ? s.clamp(-clip, clip) : s;
-}
+at::Tensor Clip(const at::Tensor& s, double clip) { return clip > 0 ? s.clamp(-clip, clip) : s; }
 
 std::vector<size_t> Lengths(const std::vector<policies::Rollout>& rollouts) {
   std::vector<size_t> out;
@@ -92,6 +89,45 @@ double Param(const Metrics& params, const std::string& key, double fallback) {
   return it == params.end() ? fallback : it->second;
 }
 
+// train.reward_normalization: the affine map (x - mean) / std that whitens
+// this iteration's sampled scores, from their global statistics (batch) or
+// from those combined with every earlier iteration's (running: the driver
+// passes reward_count / reward_mean / reward_m2 in the score params). Adds
+// the raw scores' mean and this batch's moments, which the driver folds into
+// its running statistics.
+struct RewardScale {
+  double mean = 0, std = 1;
+  at::Tensor Apply(const std::vector<float>& scores) const {
+    return (at::tensor(scores, at::kFloat) - mean) / std;
+  }
+};
+
+absl::StatusOr<RewardScale> NormalizeRewards(const JobSpec& spec, const std::vector<float>& raw,
+                                             const Metrics& params, ProcessGroup& gang, Metrics& m) {
+  const std::string& mode = spec.train.reward_normalization;
+  if (mode == "none") return RewardScale{};
+  double sum = 0, squares = 0;
+  for (float x : raw) sum += x, squares += static_cast<double>(x) * x;
+  std::vector<at::Tensor> totals = {at::tensor({sum, squares, static_cast<double>(raw.size())}, at::kDouble)};
+  STRATA_RETURN_IF_ERROR(gang.AllReduceSum(totals));
+  const double* t = totals[0].data_ptr<double>();
+  const double n = std::max(t[2], 1.0), mean = t[0] / n, var = std::max(t[1] / n - mean * mean, 0.0);
+  m["reward/raw_mean"] = mean;
+  m["reward/batch_var"] = var;
+  m["reward/batch_count"] = t[2];
+  double use_mean = mean, use_var = var;
+  if (mode == "running") {
+    // Chan et al.'s parallel update of (count, mean, M2).
+    const double prior_n = Param(params, "reward_count", 0), prior_mean = Param(params, "reward_mean", 0);
+    const double prior_m2 = Param(params, "reward_m2", 0);
+    const double total = prior_n + t[2];
+    const double delta = mean - prior_mean;
+    use_mean = prior_mean + delta * t[2] / std::max(total, 1.0);
+    use_var = (prior_m2 + var * t[2] + delta * delta * prior_n * t[2] / std::max(total, 1.0)) / std::max(total, 1.0);
+  }
+  return RewardScale{use_mean, std::sqrt(use_var) + 1e-8};
+}
+
 // What every algorithm keeps between phases.
 class PhasedAlgorithm : public RlAlgorithm {
  protected:
@@ -133,7 +169,7 @@ class Remax final : public PhasedAlgorithm {
     return CheckRollouts(rollouts_, prompts.size(), 1, true);
   }
 
-  absl::StatusOr<Metrics> Score(WorkerGroup& workers, ProcessGroup& gang, const Metrics&) override {
+  absl::StatusOr<Metrics> Score(WorkerGroup& workers, ProcessGroup& gang, const Metrics& params) override {
     std::vector<policies::Rollout> sampled, greedy;
     for (auto& r : rollouts_) (r.greedy ? greedy : sampled).push_back(std::move(r));
     rollouts_.clear();
@@ -144,8 +180,11 @@ class Remax final : public PhasedAlgorithm {
     const Tokens tokens = TokensOf(sampled);
     const at::Tensor ref = PadRows(s.reference_logprobs, tokens.width);
     const at::Tensor kl = KlPenalty(tokens.logprobs, ref, estimator_) * tokens.mask;
-    const at::Tensor score = Clip(s.rewards, spec_.remax.reward_clip);
-    const at::Tensor baseline = Clip(g.rewards, spec_.remax.reward_clip);
+    Metrics m;
+    STRATA_ASSIGN_OR_RETURN(const RewardScale scale, NormalizeRewards(spec_, s.rewards, params, gang, m));
+    const at::Tensor score = Clip(scale.Apply(s.rewards), spec_.remax.reward_clip);
+    // The greedy baseline goes through the same map as the samples.
+    const at::Tensor baseline = Clip(scale.Apply(g.rewards), spec_.remax.reward_clip);
     const at::Tensor advantages =
         RemaxAdvantages(score, baseline, kl, tokens.mask, spec_.remax.kl_coef, spec_.remax.discount);
 
@@ -158,7 +197,6 @@ class Remax final : public PhasedAlgorithm {
     GlobalMeans means;
     AddObjective(score, kl, tokens, update_.rollouts, spec_.remax.kl_coef, means);
     means.Add("objective/greedy_scores", Sum(baseline), static_cast<double>(baseline.numel()));
-    Metrics m;
     STRATA_RETURN_IF_ERROR(means.Reduce(gang, m));
     return m;
   }
@@ -197,7 +235,9 @@ class Ppo final : public PhasedAlgorithm {
     const at::Tensor ref = PadRows(s.reference_logprobs, tokens.width);
     const at::Tensor values = PadRows(s.values, tokens.width);
     const at::Tensor kl = KlPenalty(tokens.logprobs, ref, estimator_) * tokens.mask;
-    const at::Tensor score = Clip(s.rewards, spec_.ppo.reward_clip);
+    Metrics m;
+    STRATA_ASSIGN_OR_RETURN(const RewardScale scale, NormalizeRewards(spec_, s.rewards, params, gang, m));
+    const at::Tensor score = Clip(scale.Apply(s.rewards), spec_.ppo.reward_clip);
     const double kl_coef = Param(params, "kl_coef", spec_.ppo.kl_coef);
     const at::Tensor rewards = TokenRewards(score, kl, tokens.mask, kl_coef);
     auto [advantages, returns] = Gae(rewards, values, tokens.mask, spec_.ppo.gamma, spec_.ppo.lambda);
@@ -227,7 +267,6 @@ class Ppo final : public PhasedAlgorithm {
     GlobalMeans means;
     AddObjective(score, kl, tokens, update_.rollouts, kl_coef, means);
     means.Add("val/mean", Sum(values * tokens.mask), Sum(tokens.mask));
-    Metrics m;
     STRATA_RETURN_IF_ERROR(means.Reduce(gang, m));
     m["objective/kl_coef"] = kl_coef;
     return m;
@@ -279,13 +318,15 @@ class GroupBaseline final : public PhasedAlgorithm {
     return CheckRollouts(rollouts_, prompts.size(), group, false);
   }
 
-  absl::StatusOr<Metrics> Score(WorkerGroup& workers, ProcessGroup& gang, const Metrics&) override {
+  absl::StatusOr<Metrics> Score(WorkerGroup& workers, ProcessGroup& gang, const Metrics& params) override {
     const int64_t group = spec_.group.samples_per_prompt;
     STRATA_ASSIGN_OR_RETURN(auto s, workers.Score(rollouts_, ScoreRequest{true, true, false, false}));
     const Tokens tokens = TokensOf(rollouts_);
     const at::Tensor kl = KlPenalty(tokens.logprobs, PadRows(s.reference_logprobs, tokens.width), estimator_) *
                           tokens.mask;
-    const at::Tensor score = Clip(s.rewards, spec_.group.reward_clip);
+    Metrics m;
+    STRATA_ASSIGN_OR_RETURN(const RewardScale scale, NormalizeRewards(spec_, s.rewards, params, gang, m));
+    const at::Tensor score = Clip(scale.Apply(s.rewards), spec_.group.reward_clip);
     // Generate returns the samples of a prompt next to each other.
     const at::Tensor grouped = score.view({static_cast<int64_t>(prompts_.size()), group});
     const at::Tensor seq_adv = (grpo_ ? GrpoAdvantages(grouped) : RlooAdvantages(grouped)).reshape({-1, 1});
@@ -298,7 +339,6 @@ class GroupBaseline final : public PhasedAlgorithm {
     scored_ = true;
     GlobalMeans means;
     AddObjective(score, kl, tokens, update_.rollouts, spec_.group.kl_coef, means);
-    Metrics m;
     STRATA_RETURN_IF_ERROR(means.Reduce(gang, m));
     return m;
   }
@@ -338,25 +378,49 @@ RlController::RlController(const JobSpec& spec)
     : spec_(spec), kl_(spec.ppo.kl_coef, spec.ppo.kl_target, spec.ppo.kl_horizon) {}
 
 Metrics RlController::ScoreParams() const {
-  if (spec_.algorithm != Algorithm::kPpo) return {};
-  return {{"kl_coef", kl_.value()}};
+  Metrics params;
+  if (spec_.train.reward_normalization == "running") {
+    params = {{"reward_count", reward_count_}, {"reward_mean", reward_mean_}, {"reward_m2", reward_m2_}};
+  }
+  if (spec_.algorithm == Algorithm::kPpo) params["kl_coef"] = kl_.value();
+  return params;
 }
 
 void RlController::Observe(const Metrics& iteration) {
+  if (spec_.train.reward_normalization == "running") {
+    auto n = iteration.find("reward/batch_count"), mean = iteration.find("reward/raw_mean"),
+         var = iteration.find("reward/batch_var");
+    if (n != iteration.end() && mean != iteration.end() && var != iteration.end() && n->second > 0) {
+      // Chan et al.'s parallel update, as the score phase applied it.
+      const double total = reward_count_ + n->second, delta = mean->second - reward_mean_;
+      reward_m2_ += var->second * n->second + delta * delta * reward_count_ * n->second / total;
+      reward_mean_ += delta * n->second / total;
+      reward_count_ = total;
+    }
+  }
   if (spec_.algorithm != Algorithm::kPpo) return;
   auto kl = iteration.find("objective/kl");
   if (kl != iteration.end()) kl_.Update(kl->second, spec_.train.batch_size);
 }
-
 Metrics RlController::State() const {
-  if (spec_.algorithm != Algorithm::kPpo) return {};
-  return {{"kl_coef", kl_.value()}};
+  Metrics state;
+  if (spec_.train.reward_normalization == "running") {
+    state = {{"reward_count", reward_count_}, {"reward_mean", reward_mean_}, {"reward_m2", reward_m2_}};
+  }
+  if (spec_.algorithm == Algorithm::kPpo) state["kl_coef"] = kl_.value();
+  return state;
 }
-
 void RlController::Restore(const Metrics& state) {
   if (auto it = state.find("kl_coef"); it != state.end() && spec_.algorithm == Algorithm::kPpo) {
     kl_.set_value(it->second);
   }
+  auto get = [&](const char* key) {
+    auto it = state.find(key);
+    return it == state.end() ? 0.0 : it->second;
+  };
+  reward_count_ = get("reward_count");
+  reward_mean_ = get("reward_mean");
+  reward_m2_ = get("reward_m2");
 }
 
 uint64_t IterationSeed(uint64_t job_seed, int64_t iteration) {

@@ -65,6 +65,8 @@ class RlController {
  private:
   const JobSpec spec_;
   KlController kl_;
+  // train.reward_normalization: running: every score seen so far.
+  double reward_count_ = 0, reward_mean_ = 0, reward_m2_ = 0;
 };
 
 // Global means over the gang: each rank adds its sums and counts, Reduce

@@ -88,12 +88,13 @@ class ResumeTest : public TrainTest, public ::testing::WithParamInterface<std::s
 // writes exactly the metrics of a run that was never stopped.
 TEST_P(ResumeTest, ResumedRunReproducesUninterruptedMetrics) {
   const std::string algorithm = "algorithm=" + GetParam();
-  // With gradient clipping and a warmup of 2 iterations, which a resumed
-  // run must continue exactly. (A decaying schedule spans train.iterations,
+  // With gradient clipping, a warmup of 2 iterations and running reward
+  // normalisation, which a resumed run must continue exactly. (A decaying schedule spans train.iterations,
   // which the stopped run here shortens; LearningRateScale is a function
   // of the spec and the iteration alone, see JobSpecTest.)
   const std::vector<std::string> controls = {"--set", "train.max_grad_norm=0.5", "--set",
-                                             "train.warmup_iterations=2"};
+                                             "train.warmup_iterations=2", "--set",
+                                             "train.reward_normalization=running"};
   auto train = [&](std::vector<std::string> args) {
     args.insert(args.begin(), "train");
     args.insert(args.end(), controls.begin(), controls.end());

@@ -2,6 +2,8 @@
 // scalar state.
 #include "policies/rl/rl_algorithms.h"
 
+#include <cmath>
+
 #include "gtest/gtest.h"
 
 namespace strata::policies {
@@ -20,7 +22,10 @@ class ScriptedWorkers final : public WorkerGroup {
   }
   absl::StatusOr<Scores> Score(const std::vector<Rollout>& rollouts, const ScoreRequest& request) override {
     Scores s;
-    s.rewards.assign(rollouts.size(), 1.0f);
+    for (size_t i = 0; i < rollouts.size(); ++i) {
+      s.rewards.push_back(rollouts[i].greedy || sampled_rewards.empty() ? greedy_reward
+                                                                        : sampled_rewards[i % sampled_rewards.size()]);
+    }
     if (request.reference_logprobs) {
       for (const auto& r : rollouts) s.reference_logprobs.emplace_back(r.response.size(), -1.0f);
     }
@@ -37,6 +42,9 @@ class ScriptedWorkers final : public WorkerGroup {
   absl::Status SaveCheckpoint(const std::string&) override { return absl::OkStatus(); }
   absl::Status LoadCheckpoint(const std::string&) override { return absl::OkStatus(); }
   absl::Status SaveOutput(const std::string&) override { return absl::OkStatus(); }
+
+  std::vector<float> sampled_rewards;  // by rollout, cycled; empty: all greedy_reward
+  float greedy_reward = 1.0f;
 };
 
 std::vector<BatchPrompt> Batch() { return {{0, {1, 2}}, {1, {3}}}; }
@@ -61,6 +69,55 @@ TEST(RlAlgorithmsTest, RemaxPhasesReportTheBatchObjective) {
   EXPECT_TRUE(updated->contains("loss/policy_avg"));
   // What was scored is used once.
   EXPECT_EQ((*remax)->Update(workers, *gang, 0).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// train.reward_normalization: batch whitens the sampled scores by the
+// iteration's mean and std, and the greedy baseline by the same map;
+// running folds every iteration into the driver's statistics (Chan et al.'s
+// parallel update), which survive State / Restore.
+TEST(RlAlgorithmsTest, RewardNormalizationBatchAndRunning) {
+  JobSpec spec;
+  spec.algorithm = Algorithm::kRemax;
+  spec.remax.reward_clip = 0;
+  ScriptedWorkers workers;
+  workers.sampled_rewards = {1.0f, 3.0f};
+  workers.greedy_reward = 2.0f;
+  auto gang = ProcessGroup::Solo();
+  auto score = [&](const JobSpec& s, const Metrics& params) {
+    auto remax = RlAlgorithm::Create(s);
+    EXPECT_TRUE(remax.ok());
+    EXPECT_TRUE((*remax)->Rollout(workers, Batch(), 2, 0).ok());
+    auto scored = (*remax)->Score(workers, *gang, params);
+    EXPECT_TRUE(scored.ok()) << scored.status();
+    return scored.ok() ? *scored : Metrics{};
+  };
+  Metrics raw = score(spec, {});
+  EXPECT_DOUBLE_EQ(raw.at("objective/scores"), 2.0);
+  EXPECT_FALSE(raw.contains("reward/raw_mean"));
+
+  spec.train.reward_normalization = "batch";
+  Metrics batch = score(spec, {});
+  EXPECT_NEAR(batch.at("objective/scores"), 0.0, 1e-6);         // (1 - 2) / 1 and (3 - 2) / 1
+  EXPECT_NEAR(batch.at("objective/greedy_scores"), 0.0, 1e-6);  // (2 - 2) / 1
+  EXPECT_DOUBLE_EQ(batch.at("reward/raw_mean"), 2.0);
+  EXPECT_DOUBLE_EQ(batch.at("reward/batch_var"), 1.0);
+
+  spec.train.reward_normalization = "running";
+  RlController controller(spec);
+  Metrics first = score(spec, controller.ScoreParams());
+  EXPECT_NEAR(first.at("objective/scores"), 0.0, 1e-6);  // nothing before: this batch alone
+  controller.Observe(first);
+  workers.sampled_rewards = {5.0f, 7.0f};
+  Metrics second = score(spec, controller.ScoreParams());
+  // All four scores {1, 3, 5, 7}: mean 4, variance 5.
+  EXPECT_NEAR(second.at("objective/scores"), (6.0 - 4.0) / std::sqrt(5.0), 1e-5);
+  controller.Observe(second);
+  RlController resumed(spec);
+  resumed.Restore(controller.State());
+  EXPECT_EQ(resumed.ScoreParams(), controller.ScoreParams());
+  EXPECT_DOUBLE_EQ(controller.ScoreParams().at("reward_count"), 4.0);
+  EXPECT_DOUBLE_EQ(controller.ScoreParams().at("reward_mean"), 4.0);
+  EXPECT_DOUBLE_EQ(controller.ScoreParams().at("reward_m2"), 20.0);
 }
 
 // Rollouts that do not fit the prompts asked for are an error, not a crash.
