@@ -276,6 +276,7 @@ absl::Status JobSpec::Validate() const {
     return KeyError("train.lr_schedule",
                     absl::StrCat("must be constant, linear or cosine, got '", Shown(train.lr_schedule), "'"));
   }
+  if (train.micro_batch_size < 0) return KeyError("train.micro_batch_size", "must be >= 0 (0: the whole batch)");
   if (train.reward_normalization != "none" && train.reward_normalization != "batch" &&
       train.reward_normalization != "running") {
     return KeyError("train.reward_normalization", absl::StrCat("must be none, batch or running, got '",
@@ -412,6 +413,7 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::ve
     STRATA_RETURN_IF_ERROR(train.Read("lr_schedule", &spec.train.lr_schedule));
     STRATA_RETURN_IF_ERROR(train.Read("warmup_iterations", &spec.train.warmup_iterations));
     STRATA_RETURN_IF_ERROR(train.Read("reward_normalization", &spec.train.reward_normalization));
+    STRATA_RETURN_IF_ERROR(train.Read("micro_batch_size", &spec.train.micro_batch_size));
     STRATA_RETURN_IF_ERROR(train.Read("seed", &spec.train.seed));
     STRATA_RETURN_IF_ERROR(train.Read("log_every", &spec.train.log_every));
     STRATA_RETURN_IF_ERROR(train.CheckNoUnknownKeys());

@@ -46,6 +46,9 @@ struct TrainSpec {
   // after `warmup_iterations` of linear warmup.
   std::string lr_schedule = "constant";
   int64_t warmup_iterations = 0;
+  // Rows per forward pass of rollout, scoring and the update; gradients
+  // accumulate over a step's micro-batches. 0: the whole batch at once.
+  int64_t micro_batch_size = 0;
   // RL scores before the KL penalty and the clip: "none", "batch" (whiten by
   // the iteration's global mean and std) or "running" (by the mean and std
   // of every score so far, this iteration's included).

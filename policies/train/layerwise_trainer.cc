@@ -44,7 +44,7 @@ class LayerwiseTrainerImpl final : public LayerwiseTrainer {
                    offload::HostArena* arena, const LayerwiseTrainerOptions& options);
   ~LayerwiseTrainerImpl() override;
   absl::StatusOr<double> ForwardBackward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
-                                         const LossFn& loss_fn) override;
+                                         const LossFn& loss_fn, bool sum_over_gang) override;
   absl::Status OptimizerStep() override;
   double last_grad_norm() const override { return last_grad_norm_; }
   absl::Status SetLearningRate(double lr) override;
@@ -129,6 +129,7 @@ class LayerwiseTrainerImpl final : public LayerwiseTrainer {
   std::deque<PendingBatch> pending_grads_;
   std::vector<ParamState*> final_grads_;  // data parallel: not yet handed to the sum
   bool summed_since_step_ = false;        // data parallel: gradients already summed
+  bool sum_this_pass_ = true;             // this ForwardBackward sums over the gang
   double last_grad_norm_ = 0.0;
   std::vector<ParamState> params_;
   std::vector<std::vector<size_t>> layer_params_;  // params_ index per layer tensor
@@ -298,7 +299,7 @@ absl::Status LayerwiseTrainerImpl::FlushGrads(size_t keep_in_flight) {
 }
 
 absl::Status LayerwiseTrainerImpl::StartGradientSums() {
-  if (!data_parallel()) {
+  if (!data_parallel() || !sum_this_pass_) {
     final_grads_.clear();
     return absl::OkStatus();
   }
@@ -329,13 +330,15 @@ void LayerwiseTrainerImpl::AbandonGrads() {
 LayerwiseTrainerImpl::~LayerwiseTrainerImpl() { AbandonGrads(); }
 
 absl::StatusOr<double> LayerwiseTrainerImpl::ForwardBackward(const at::Tensor& input_ids,
-                                                             const at::Tensor& attention_mask, const LossFn& loss_fn) {
+                                                             const at::Tensor& attention_mask, const LossFn& loss_fn,
+                                                             bool sum_over_gang) {
   // However this returns early (an error, or an exception from libtorch),
   // no download may still be writing into a staging buffer afterwards.
   if (data_parallel() && summed_since_step_) {
     return absl::FailedPreconditionError(
-        "data parallel training sums gradients in ForwardBackward: one per OptimizerStep");
+        "data parallel training summed this step's gradients already: the summing pass is the step's last");
   }
+  sum_this_pass_ = sum_over_gang;
   absl::Cleanup abandon_grads = [this] { AbandonGrads(); };
   const int64_t layers = config_.num_hidden_layers;
   const LayerContext ctx = MakeLayerContext(config_, attention_mask, input_ids.size(1),
@@ -441,7 +444,7 @@ absl::StatusOr<double> LayerwiseTrainerImpl::ForwardBackward(const at::Tensor& i
   if (status.ok()) status.Update(StartGradientSums());
   if (status.ok()) status.Update(FinishGradientSums());
   if (!status.ok()) return status;
-  summed_since_step_ = data_parallel();
+  summed_since_step_ = data_parallel() && sum_over_gang;
   std::move(abandon_grads).Cancel();
   return loss_value;
 }

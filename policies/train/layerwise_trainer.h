@@ -56,8 +56,10 @@ struct LayerwiseTrainerOptions {
   // while the next layer's backward computes; ForwardBackward returns once
   // they are all done. Null (or a gang of one) sums nothing. Each rank
   // scales its loss by its share of the global batch, so the sum is the
-  // global batch's gradient. One ForwardBackward per OptimizerStep then
-  // (accumulating twice would sum the first part twice).
+  // global batch's gradient. Micro-batches accumulate with
+  // `sum_over_gang` false on all passes of a step but the last, whose sum
+  // covers them all; a pass after a summed one, before OptimizerStep, is
+  // refused (it would sum the first part twice).
   ProcessGroup* data_parallel = nullptr;
   // > 0: before each step, scale all gradients so that their global L2 norm
   // (over every parameter; summed over the gang, so the same on each rank)
@@ -83,9 +85,11 @@ class LayerwiseTrainer {
 
   // Forward and backward of loss_fn(head(...)); gradients are added to the
   // host gradient buffers. Returns the loss. After an error the gradients
-  // accumulated since the last OptimizerStep are unspecified.
+  // accumulated since the last OptimizerStep are unspecified. In a gang,
+  // `sum_over_gang` false skips the gradient sum: a micro-batch before the
+  // step's last one.
   virtual absl::StatusOr<double> ForwardBackward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
-                                                 const LossFn& loss_fn) = 0;
+                                                 const LossFn& loss_fn, bool sum_over_gang = true) = 0;
 
   // One AdamW step from the accumulated gradients, then writes the new
   // weights back (device tensors for resident parts, the source for layers)

@@ -87,17 +87,25 @@ at::Tensor ResponseValues(const at::Tensor& values, const Packed& p) {
   return values.squeeze(-1).gather(1, p.positions) * p.response_mask;
 }
 
-// One optimizer step of a trainable model on `packed`: forward, backward,
-// AdamW. Returns the loss.
-// One gradient step; `scale` is this rank's share of the global batch (its
-// loss is a mean over its own rows), so the gang's summed gradients are
-// the global batch's. Returns the scaled loss.
-absl::StatusOr<double> TrainStep(policies::PlacedModel& model, const Packed& packed, const policies::LossFn& loss_fn,
-                                 double scale = 1.0) {
+// Row ranges [begin, end) of `rows` rows in micro-batches of at most
+// `micro` rows (train.micro_batch_size; 0: all at once). No rows still
+// gives one (empty) range, so that a rank without rows joins the step.
+std::vector<std::pair<size_t, size_t>> MicroBatches(size_t rows, int64_t micro) {
+  const size_t size = micro > 0 ? static_cast<size_t>(micro) : std::max<size_t>(rows, 1);
+  std::vector<std::pair<size_t, size_t>> out;
+  for (size_t begin = 0; begin < rows; begin += size) out.emplace_back(begin, std::min(rows, begin + size));
+  if (out.empty()) out.emplace_back(0, 0);
+  return out;
+}
+
+// One micro-batch's forward and backward; `scale` is its share of the
+// global batch (its loss is a mean over its own rows), so that the gang's
+// summed, accumulated gradients are the global batch's. The last
+// micro-batch of a step sums over the gang. Returns the scaled loss.
+absl::StatusOr<double> AccumulateStep(policies::PlacedModel& model, const Packed& packed,
+                                      const policies::LossFn& loss_fn, double scale, bool last) {
   auto scaled = [&](const at::Tensor& output) { return loss_fn(output) * scale; };
-  STRATA_ASSIGN_OR_RETURN(auto loss, model.trainer()->ForwardBackward(packed.ids, packed.mask, scaled));
-  STRATA_RETURN_IF_ERROR(model.trainer()->OptimizerStep());
-  return loss;
+  return model.trainer()->ForwardBackward(packed.ids, packed.mask, scaled, /*sum_over_gang=*/last);
 }
 
 // This rank's share of a global count (0 when there is nothing at all).
@@ -344,11 +352,29 @@ absl::StatusOr<std::vector<policies::Rollout>> LocalWorkerGroup::Generate(const 
       sampling.row_seeds.push_back(policies::IterationSeed(prompt_seed, static_cast<int64_t>(i % static_cast<size_t>(request.samples_per_prompt))));
     }
   }
+  // Decoding in micro-batches of rows (train.micro_batch_size): the KV cache
+  // and logits scale with a micro-batch, not the batch. Each row samples
+  // from its own seed, so the split changes nothing but the padding.
+  auto generate = [&](const std::vector<std::vector<int32_t>>& rows,
+                      const policies::SamplingOptions& options) -> absl::StatusOr<policies::GenerationOutput> {
+    policies::GenerationOutput all;
+    for (const auto& [begin, end] : MicroBatches(rows.size(), spec_.train.micro_batch_size)) {
+      const std::vector<std::vector<int32_t>> part(rows.begin() + begin, rows.begin() + end);
+      policies::SamplingOptions part_options = options;
+      if (!options.row_seeds.empty()) {
+        part_options.row_seeds.assign(options.row_seeds.begin() + begin, options.row_seeds.begin() + end);
+      }
+      STRATA_ASSIGN_OR_RETURN(auto out, policies::Generate(actor, part, part_options, eos, pad));
+      all.tokens.insert(all.tokens.end(), out.tokens.begin(), out.tokens.end());
+      all.logprobs.insert(all.logprobs.end(), out.logprobs.begin(), out.logprobs.end());
+    }
+    return all;
+  };
   auto truncated = [&](const std::vector<int32_t>& response) {
     return response.empty() || std::find(eos.begin(), eos.end(), response.back()) == eos.end();
   };
   std::vector<policies::Rollout> out;
-  STRATA_ASSIGN_OR_RETURN(auto sampled, policies::Generate(actor, prompts, sampling, eos, pad));
+  STRATA_ASSIGN_OR_RETURN(auto sampled, generate(prompts, sampling));
   for (size_t i = 0; i < prompts.size(); ++i) {
     out.push_back({prompt_index[i], prompts[i], sampled.tokens[i], sampled.logprobs[i], false,
                    truncated(sampled.tokens[i])});
@@ -357,7 +383,7 @@ absl::StatusOr<std::vector<policies::Rollout>> LocalWorkerGroup::Generate(const 
     policies::SamplingOptions greedy = request.sampling;
     greedy.greedy = true;
     greedy.row_seeds.clear();
-    STRATA_ASSIGN_OR_RETURN(auto best, policies::Generate(actor, request.prompts, greedy, eos, pad));
+    STRATA_ASSIGN_OR_RETURN(auto best, generate(request.prompts, greedy));
     for (size_t p = 0; p < request.prompts.size(); ++p) {
       out.push_back({static_cast<int64_t>(p), request.prompts[p], best.tokens[p], best.logprobs[p], true,
                      truncated(best.tokens[p])});
@@ -368,6 +394,23 @@ absl::StatusOr<std::vector<policies::Rollout>> LocalWorkerGroup::Generate(const 
 
 absl::StatusOr<policies::Scores> LocalWorkerGroup::Score(const std::vector<policies::Rollout>& rollouts,
                                                          const policies::ScoreRequest& request) {
+  // Forward passes in micro-batches (train.micro_batch_size), results in
+  // the rollouts' order.
+  policies::Scores all;
+  for (const auto& [begin, end] : MicroBatches(rollouts.size(), spec_.train.micro_batch_size)) {
+    const std::vector<policies::Rollout> part(rollouts.begin() + begin, rollouts.begin() + end);
+    STRATA_ASSIGN_OR_RETURN(auto s, ScoreRows(part, request));
+    all.rewards.insert(all.rewards.end(), s.rewards.begin(), s.rewards.end());
+    for (auto [to, from] : {std::pair{&all.reference_logprobs, &s.reference_logprobs},
+                            std::pair{&all.actor_logprobs, &s.actor_logprobs}, std::pair{&all.values, &s.values}}) {
+      to->insert(to->end(), from->begin(), from->end());
+    }
+  }
+  return all;
+}
+
+absl::StatusOr<policies::Scores> LocalWorkerGroup::ScoreRows(const std::vector<policies::Rollout>& rollouts,
+                                                             const policies::ScoreRequest& request) {
   policies::Scores scores;
   if (rollouts.empty()) return scores;
   at::NoGradGuard no_grad;
@@ -449,56 +492,77 @@ absl::StatusOr<policies::UpdateStats> LocalWorkerGroup::Update(const policies::P
   // placeholder row whose loss weighs nothing.
   const std::vector<int32_t> placeholder = {0};
   const std::vector<float> zero = {0.0f};
+  // One micro-batch's inputs; each weighs its tokens' share of the step's.
+  struct Micro {
+    Packed packed;
+    at::Tensor advantages, old_logprobs, returns, old_values;
+    double scale = 0;
+  };
   policies::UpdateStats stats;
   for (size_t k = 0; k < steps.size(); ++k) {
-    const std::vector<size_t>& idx = steps[k];
-    const double scale = Share(tokens[2 * k], global_tokens[2 * k]);
-    std::vector<const std::vector<int32_t>*> prompts, responses;
-    std::vector<std::vector<float>> adv, old_lp, ret, old_v;
-    for (size_t i : idx) {
-      prompts.push_back(&update.rollouts[i].prompt);
-      responses.push_back(&update.rollouts[i].response);
-      adv.push_back(update.advantages[i]);
-      if (ppo) {
-        old_lp.push_back(update.old_logprobs[i]);
-        ret.push_back(update.returns[i]);
-        old_v.push_back(update.old_values[i]);
+    std::vector<Micro> micros;
+    for (const auto& [begin, end] : MicroBatches(steps[k].size(), spec_.train.micro_batch_size)) {
+      std::vector<const std::vector<int32_t>*> prompts, responses;
+      std::vector<std::vector<float>> adv, old_lp, ret, old_v;
+      double micro_tokens = 0;
+      for (size_t j = begin; j < end; ++j) {
+        const size_t i = steps[k][j];
+        prompts.push_back(&update.rollouts[i].prompt);
+        responses.push_back(&update.rollouts[i].response);
+        micro_tokens += static_cast<double>(update.rollouts[i].response.size());
+        adv.push_back(update.advantages[i]);
+        if (ppo) {
+          old_lp.push_back(update.old_logprobs[i]);
+          ret.push_back(update.returns[i]);
+          old_v.push_back(update.old_values[i]);
+        }
       }
+      if (begin == end) {
+        prompts.push_back(&placeholder), responses.push_back(&placeholder);
+        adv.push_back(zero), old_lp.push_back(zero), ret.push_back(zero), old_v.push_back(zero);
+      }
+      Micro m;
+      m.packed = Pack(prompts, responses, device_);
+      const int64_t width = m.packed.targets.size(1);
+      auto rows = [&](const std::vector<std::vector<float>>& r) { return policies::PadRows(r, width).to(device_); };
+      m.advantages = rows(adv);
+      if (ppo) m.old_logprobs = rows(old_lp), m.returns = rows(ret), m.old_values = rows(old_v);
+      m.scale = Share(micro_tokens, global_tokens[2 * k]);
+      micros.push_back(std::move(m));
     }
-    if (idx.empty()) {
-      prompts.push_back(&placeholder), responses.push_back(&placeholder);
-      adv.push_back(zero), old_lp.push_back(zero), ret.push_back(zero), old_v.push_back(zero);
+    for (size_t j = 0; j < micros.size(); ++j) {
+      const Micro& m = micros[j];
+      double clipfrac = 0, approx_kl = 0;
+      auto policy_loss = [&](const at::Tensor& logits) {
+        const at::Tensor logp = ResponseLogProbs(logits, m.packed);
+        if (!ppo) return policies::ReinforceLoss(logp, m.advantages, m.packed.response_mask);
+        const auto out = policies::PpoClippedLoss(logp, m.old_logprobs, m.advantages, m.packed.response_mask,
+                                                  update.clip_range);
+        clipfrac = out.clipfrac.item<double>();
+        approx_kl = out.approx_kl.item<double>();
+        return out.loss;
+      };
+      STRATA_ASSIGN_OR_RETURN(auto loss, AccumulateStep(*actor_, m.packed, policy_loss, m.scale, j + 1 == micros.size()));
+      stats.policy_loss += loss;
+      stats.clipfrac += m.scale * clipfrac;
+      stats.approx_kl += m.scale * approx_kl;
     }
-    const Packed packed = Pack(prompts, responses, device_);
-    const int64_t width = packed.targets.size(1);
-    auto rows = [&](const std::vector<std::vector<float>>& r) { return policies::PadRows(r, width).to(device_); };
-    const at::Tensor advantages = rows(adv);
-    double clipfrac = 0, approx_kl = 0;
-    auto policy_loss = [&](const at::Tensor& logits) {
-      const at::Tensor logp = ResponseLogProbs(logits, packed);
-      if (!ppo) return policies::ReinforceLoss(logp, advantages, packed.response_mask);
-      const auto out =
-          policies::PpoClippedLoss(logp, rows(old_lp), advantages, packed.response_mask, update.clip_range);
-      clipfrac = out.clipfrac.item<double>();
-      approx_kl = out.approx_kl.item<double>();
-      return out.loss;
-    };
-    STRATA_ASSIGN_OR_RETURN(auto loss, TrainStep(*actor_, packed, policy_loss, scale));
-    stats.policy_loss += loss;
-    stats.clipfrac += scale * clipfrac;
-    stats.approx_kl += scale * approx_kl;
-    if (ppo) {
+    STRATA_RETURN_IF_ERROR(actor_->trainer()->OptimizerStep());
+    if (!ppo) continue;
+    for (size_t j = 0; j < micros.size(); ++j) {
+      const Micro& m = micros[j];
       double value_clipfrac = 0;
       auto value_loss = [&](const at::Tensor& values) {
-        const auto out = policies::PpoValueLossClipped(ResponseValues(values, packed), rows(old_v), rows(ret),
-                                                       packed.response_mask, update.value_clip);
+        const auto out = policies::PpoValueLossClipped(ResponseValues(values, m.packed), m.old_values, m.returns,
+                                                       m.packed.response_mask, update.value_clip);
         value_clipfrac = out.clipfrac.item<double>();
         return out.loss;
       };
-      STRATA_ASSIGN_OR_RETURN(auto vloss, TrainStep(*critic_, packed, value_loss, scale));
+      STRATA_ASSIGN_OR_RETURN(auto vloss, AccumulateStep(*critic_, m.packed, value_loss, m.scale, j + 1 == micros.size()));
       stats.value_loss += vloss;
-      stats.value_clipfrac += scale * value_clipfrac;
+      stats.value_clipfrac += m.scale * value_clipfrac;
     }
+    STRATA_RETURN_IF_ERROR(critic_->trainer()->OptimizerStep());
   }
   std::vector<double> sums = {stats.policy_loss, stats.value_loss, stats.clipfrac, stats.value_clipfrac,
                               stats.approx_kl};
@@ -523,12 +587,21 @@ absl::StatusOr<policies::TrainStats> LocalWorkerGroup::TrainSft(const std::vecto
   if (batch.empty()) return absl::InvalidArgumentError("SFT step: empty batch");
   std::vector<const std::vector<int32_t>*> prompts, responses;
   for (const auto& pair : batch) prompts.push_back(&pair.prompt), responses.push_back(&pair.response);
-  const Packed packed = Pack(prompts, responses, device_);
   std::vector<double> tokens = {static_cast<double>(Tokens(responses))};
   STRATA_RETURN_IF_ERROR(SumOverGang(tokens));
-  STRATA_ASSIGN_OR_RETURN(auto loss, TrainStep(*actor_, packed, [&](const at::Tensor& logits) {
-                            return policies::CrossEntropyLoss(ResponseLogProbs(logits, packed), packed.response_mask);
-                          }, Share(static_cast<double>(Tokens(responses)), tokens[0])));
+  const auto micros = MicroBatches(batch.size(), spec_.train.micro_batch_size);
+  double loss = 0;
+  for (size_t j = 0; j < micros.size(); ++j) {
+    const auto [begin, end] = micros[j];
+    const std::vector<const std::vector<int32_t>*> p(prompts.begin() + begin, prompts.begin() + end),
+        r(responses.begin() + begin, responses.begin() + end);
+    const Packed packed = Pack(p, r, device_);
+    STRATA_ASSIGN_OR_RETURN(auto part, AccumulateStep(*actor_, packed, [&](const at::Tensor& logits) {
+                              return policies::CrossEntropyLoss(ResponseLogProbs(logits, packed), packed.response_mask);
+                            }, Share(static_cast<double>(Tokens(r)), tokens[0]), j + 1 == micros.size()));
+    loss += part;
+  }
+  STRATA_RETURN_IF_ERROR(actor_->trainer()->OptimizerStep());
   std::vector<double> sums = {loss};
   STRATA_RETURN_IF_ERROR(SumOverGang(sums));
   return policies::TrainStats{sums[0], 0};
@@ -551,19 +624,28 @@ absl::StatusOr<policies::TrainStats> LocalWorkerGroup::TrainRewardModel(
   if (reward_ == nullptr || reward_->trainer() == nullptr)
     return absl::FailedPreconditionError("no trainable reward model");
   if (batch.empty()) return absl::InvalidArgumentError("reward model step: empty batch");
-  const Packed packed = PackPairs(batch, device_);
-  const int64_t n = static_cast<int64_t>(batch.size());
-  std::vector<double> pairs = {static_cast<double>(n)};
+  std::vector<double> pairs = {static_cast<double>(batch.size())};
   STRATA_RETURN_IF_ERROR(SumOverGang(pairs));
-  const double scale = Share(static_cast<double>(n), pairs[0]);
-  double accuracy = 0;
-  STRATA_ASSIGN_OR_RETURN(auto loss, TrainStep(*reward_, packed, [&](const at::Tensor& values) {
-                            rewards::PreferenceObjective objective =
-                                rewards::PreferenceFromTokenScores(values, packed.mask, n);
-                            accuracy = objective.accuracy;
-                            return objective.loss;
-                          }, scale));
-  std::vector<double> sums = {loss, scale * accuracy};
+  const auto micros = MicroBatches(batch.size(), spec_.train.micro_batch_size);
+  double loss = 0, weighted_accuracy = 0;
+  for (size_t j = 0; j < micros.size(); ++j) {
+    const auto [begin, end] = micros[j];
+    const std::vector<policies::PreferencePair> part(batch.begin() + begin, batch.begin() + end);
+    const Packed packed = PackPairs(part, device_);
+    const int64_t n = static_cast<int64_t>(part.size());
+    const double scale = Share(static_cast<double>(n), pairs[0]);
+    double accuracy = 0;
+    STRATA_ASSIGN_OR_RETURN(auto part_loss, AccumulateStep(*reward_, packed, [&](const at::Tensor& values) {
+                              rewards::PreferenceObjective objective =
+                                  rewards::PreferenceFromTokenScores(values, packed.mask, n);
+                              accuracy = objective.accuracy;
+                              return objective.loss;
+                            }, scale, j + 1 == micros.size()));
+    loss += part_loss;
+    weighted_accuracy += scale * accuracy;
+  }
+  STRATA_RETURN_IF_ERROR(reward_->trainer()->OptimizerStep());
+  std::vector<double> sums = {loss, weighted_accuracy};
   STRATA_RETURN_IF_ERROR(SumOverGang(sums));
   return policies::TrainStats{sums[0], sums[1]};
 }

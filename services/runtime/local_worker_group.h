@@ -72,6 +72,9 @@ class LocalWorkerGroup final : public policies::WorkerGroup {
   // The trained models by checkpoint name.
   std::vector<std::pair<std::string, policies::PlacedModel*>> Trainable();
   absl::Status CopyTokenizer(const std::string& dir) const;
+  // Score of one micro-batch of rollouts.
+  absl::StatusOr<policies::Scores> ScoreRows(const std::vector<policies::Rollout>& rollouts,
+                                             const policies::ScoreRequest& request);
   // Sums `values` over the gang (in place).
   absl::Status SumOverGang(std::vector<double>& values);
 

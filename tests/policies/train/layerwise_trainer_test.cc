@@ -1,6 +1,8 @@
 #include "policies/train/layerwise_trainer.h"
 #include "policies/train/streamed_layers.h"
 
+#include <map>
+
 #include "gtest/gtest.h"
 #include "base/interrupt.h"
 #include "offload/device/device_memory.h"
@@ -370,6 +372,37 @@ TEST(LayerwiseTrainerTest, SetLearningRateChangesTheNextStep) {
     ASSERT_TRUE((*trainer)->ForwardBackward(batch.ids, batch.mask, loss_fn).ok());
     ASSERT_TRUE((*trainer)->OptimizerStep().ok());
     EXPECT_FALSE(at::equal(model->weights().norm, before));
+  }
+}
+
+// Micro-batches: two halves of a batch, each loss scaled by its share,
+// accumulate the whole batch's gradients.
+TEST(LayerwiseTrainerTest, MicroBatchesAccumulateTheWholeBatchGradients) {
+  auto model = LlamaModel::RandomInit(SmallConfig(false), LlamaHead::kLanguageModel, at::kFloat, 3, 0.2);
+  const Batch batch = MakeBatch();
+  auto arena = Arena();
+  ResidentLayerSource source(model->weights().layers);
+  auto trainer = LayerwiseTrainer::Create(model->config(), LlamaHead::kLanguageModel, model->weights(), &source,
+                                          arena.get(), TrainerOptions());
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  auto loss_of = [](const at::Tensor& ids) {
+    return [ids](const at::Tensor& logits) { return NextTokenLoss(logits, ids); };
+  };
+  ASSERT_TRUE((*trainer)->ForwardBackward(batch.ids, batch.mask, loss_of(batch.ids)).ok());
+  std::map<std::string, at::Tensor> whole;
+  for (auto& [name, t] : model->NamedParameters()) whole[name] = (*trainer)->Gradient(name)->clone();
+  ASSERT_TRUE((*trainer)->SetLearningRate(0).ok());
+  ASSERT_TRUE((*trainer)->OptimizerStep().ok());  // zeroes the gradients, moves nothing
+
+  // NextTokenLoss is a mean over each row's tokens, and both rows have 6.
+  for (int64_t row = 0; row < 2; ++row) {
+    const at::Tensor ids = batch.ids.narrow(0, row, 1), mask = batch.mask.narrow(0, row, 1);
+    auto half = [&](const at::Tensor& logits) { return NextTokenLoss(logits, ids) * 0.5; };
+    ASSERT_TRUE((*trainer)->ForwardBackward(ids, mask, half, /*sum_over_gang=*/row == 1).ok());
+  }
+  for (auto& [name, t] : model->NamedParameters()) {
+    const at::Tensor accumulated = *(*trainer)->Gradient(name);
+    EXPECT_LT((accumulated - whole[name]).abs().max().item<float>(), 1e-6) << name;
   }
 }
 
