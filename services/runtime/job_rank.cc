@@ -13,6 +13,7 @@
 #include "base/file.h"
 #include "base/status_macros.h"
 #include "rewards/rule_rewards.h"
+#include "services/telemetry/service_metrics.h"
 
 namespace strata::services {
 namespace {
@@ -318,6 +319,9 @@ absl::StatusOr<PhaseReply> JobRank::Run(const PhaseRequest& request) {
   for (const auto& [tier, bytes] : models_.PhaseMemory(measured).peak_bytes) {
     reply.metrics["memory/" + tier + "_peak_bytes"] = static_cast<double>(bytes);
   }
+  // Beside the engine's ledgers, what the kernel counts for this process
+  // (peak since it started; with in-process ranks, theirs together).
+  reply.metrics["memory/process_rss_peak_bytes"] = static_cast<double>(ProcessResidentBytes().second);
   return reply;
 }
 

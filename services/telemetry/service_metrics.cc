@@ -51,23 +51,6 @@ void AddValue(MetricFamily& family, double value, std::vector<ClientMetric::Labe
   family.metric.push_back(std::move(metric));
 }
 
-// Resident and peak resident bytes as the kernel counts them: what the OOM
-// killer sees, which the engine's own ledgers do not (mapped files, libtorch).
-std::pair<double, double> ResidentBytes() {
-  double resident = 0, peak = 0;
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    std::istringstream fields(line);
-    std::string key;
-    double kib = 0;
-    fields >> key >> kib;
-    if (key == "VmRSS:") resident = kib * 1024;
-    if (key == "VmHWM:") peak = kib * 1024;
-  }
-  return {resident, peak};
-}
-
 // Figures that live elsewhere, read at each scrape: the engine's counters,
 // the process's memory, and the coordinator's view of jobs and workers.
 class ScrapeTimeFigures final : public prometheus::Collectable {
@@ -94,13 +77,13 @@ class ScrapeTimeFigures final : public prometheus::Collectable {
             c.adam_parameters);
     counter("strata_generated_tokens_total", "Tokens decoded by generation (rate() = tokens/s).",
             c.generated_tokens);
-    const auto [resident, peak] = ResidentBytes();
+    const auto [resident, peak] = ProcessResidentBytes();
     out.push_back(Family("strata_process_resident_memory_bytes", "Resident memory of this process.",
                          MetricType::Gauge));
-    AddValue(out.back(), resident);
+    AddValue(out.back(), static_cast<double>(resident));
     out.push_back(Family("strata_process_resident_memory_peak_bytes",
                          "Peak resident memory of this process since it started (VmHWM).", MetricType::Gauge));
-    AddValue(out.back(), peak);
+    AddValue(out.back(), static_cast<double>(peak));
 
     ServiceMetrics::CountSource jobs, workers;
     {
@@ -133,6 +116,21 @@ const prometheus::Histogram::BucketBoundaries kRpcBuckets = {0.0005, 0.001, 0.00
 const prometheus::Histogram::BucketBoundaries kQueueBuckets = {0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, 14400};
 
 }  // namespace
+
+std::pair<int64_t, int64_t> ProcessResidentBytes() {
+  int64_t resident = 0, peak = 0;
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    std::istringstream fields(line);
+    std::string key;
+    int64_t kib = 0;
+    fields >> key >> kib;
+    if (key == "VmRSS:") resident = kib * 1024;
+    if (key == "VmHWM:") peak = kib * 1024;
+  }
+  return {resident, peak};
+}
 
 class ServiceMetrics::Impl {
  public:

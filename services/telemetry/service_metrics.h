@@ -12,10 +12,16 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 
 namespace strata::services {
+
+// This process's resident memory now and at its peak (VmRSS, VmHWM), as the
+// kernel counts it: what the OOM killer sees, mapped files and libtorch's
+// own buffers included. {0, 0} where /proc is not readable.
+std::pair<int64_t, int64_t> ProcessResidentBytes();
 
 class ServiceMetrics {
  public:

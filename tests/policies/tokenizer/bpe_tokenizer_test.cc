@@ -352,7 +352,7 @@ TEST(HfBpeTokenizerTest, UnsupportedComponentsAreInvalidArgument) {
     const char* type;
   };
   const std::vector<Case> cases = {
-      {"normalizer", {{"type", "NFKC"}}, "NFKC"},
+      {"normalizer", {{"type", "BertNormalizer"}}, "BertNormalizer"},
       {"pre_tokenizer", {{"type", "BertPreTokenizer"}}, "BertPreTokenizer"},
       {"decoder", {{"type", "WordPiece"}}, "WordPiece"},
       {"post_processor", {{"type", "Mystery"}}, "Mystery"},
