@@ -550,6 +550,30 @@ absl::Status LayerwiseTrainerImpl::SetLearningRate(double lr) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// Sum of squares of a host gradient at memory speed: eight float lanes the
+// compiler vectorises, summed into a double every block so that the total
+// keeps its precision. (at::dot per tensor cost ~5 ms a step on the tiny
+// model, 6% of a PPO iteration.)
+double SquaredNorm(const float* x, int64_t n) {
+  constexpr int64_t kBlock = 1 << 14;
+  double total = 0;
+  for (int64_t begin = 0; begin < n; begin += kBlock) {
+    const int64_t end = std::min(n, begin + kBlock);
+    float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = begin;
+    for (; i + 8 <= end; i += 8) {
+      for (int k = 0; k < 8; ++k) lanes[k] += x[i + k] * x[i + k];
+    }
+    for (; i < end; ++i) lanes[0] += x[i] * x[i];
+    for (float lane : lanes) total += lane;
+  }
+  return total;
+}
+
+}  // namespace
+
 absl::Status LayerwiseTrainerImpl::ClipGradients() {
   // Every rank holds every summed gradient (only optimizer states are
   // sharded), so this norm is the global one on each rank.
@@ -559,8 +583,12 @@ absl::Status LayerwiseTrainerImpl::ClipGradients() {
   };
   double squares = 0;
   for (const ParamState& p : params_) {
-    const at::Tensor g = gradient(p);
-    squares += at::dot(g.reshape(-1), g.reshape(-1)).item<double>();
+    if (p.device_grad.defined()) {
+      const at::Tensor g = p.device_grad.reshape(-1);
+      squares += at::dot(g, g).item<double>();
+    } else {
+      squares += SquaredNorm(p.grad.floats().data(), p.numel);
+    }
   }
   last_grad_norm_ = std::sqrt(squares);
   if (!std::isfinite(last_grad_norm_)) {
