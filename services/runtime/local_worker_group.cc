@@ -357,8 +357,10 @@ absl::StatusOr<std::vector<policies::Rollout>> LocalWorkerGroup::Generate(const 
   // from its own seed, so the split changes nothing but the padding.
   auto generate = [&](const std::vector<std::vector<int32_t>>& rows,
                       const policies::SamplingOptions& options) -> absl::StatusOr<policies::GenerationOutput> {
+    const auto micros = MicroBatches(rows.size(), spec_.train.micro_batch_size);
+    if (micros.size() == 1) return policies::Generate(actor, rows, options, eos, pad);  // no copy of the batch
     policies::GenerationOutput all;
-    for (const auto& [begin, end] : MicroBatches(rows.size(), spec_.train.micro_batch_size)) {
+    for (const auto& [begin, end] : micros) {
       const std::vector<std::vector<int32_t>> part(rows.begin() + begin, rows.begin() + end);
       policies::SamplingOptions part_options = options;
       if (!options.row_seeds.empty()) {
@@ -396,8 +398,10 @@ absl::StatusOr<policies::Scores> LocalWorkerGroup::Score(const std::vector<polic
                                                          const policies::ScoreRequest& request) {
   // Forward passes in micro-batches (train.micro_batch_size), results in
   // the rollouts' order.
+  const auto micros = MicroBatches(rollouts.size(), spec_.train.micro_batch_size);
+  if (micros.size() == 1) return ScoreRows(rollouts, request);  // no copy of the batch
   policies::Scores all;
-  for (const auto& [begin, end] : MicroBatches(rollouts.size(), spec_.train.micro_batch_size)) {
+  for (const auto& [begin, end] : micros) {
     const std::vector<policies::Rollout> part(rollouts.begin() + begin, rollouts.begin() + end);
     STRATA_ASSIGN_OR_RETURN(auto s, ScoreRows(part, request));
     all.rewards.insert(all.rewards.end(), s.rewards.begin(), s.rewards.end());
