@@ -1,5 +1,7 @@
 #include "offload/nvme/nvme_store.h"
 
+#include <mutex>
+
 // On-disk layout of `NvmeStoreOptions::directory`:
 //
 //   LOCK          flock'ed while an NvmeStore has the directory open
@@ -1485,6 +1487,82 @@ std::vector<std::string> NvmeStoreImpl::Ids() const {
 
 absl::Status NvmeStoreImpl::RegisterBuffers(std::span<const std::span<std::byte>> regions) {
   return engine_->RegisterBuffers(regions);
+}
+
+namespace {
+
+class SynchronizedStore final : public NvmeStore {
+ public:
+  explicit SynchronizedStore(std::unique_ptr<NvmeStore> store) : store_(std::move(store)) {}
+  absl::Status Reserve(const std::string& id, int64_t bytes) override {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    return store_->Reserve(id, bytes);
+  }
+  absl::Status Put(const std::string& id, std::span<const std::byte> data) override {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    return store_->Put(id, data);
+  }
+  absl::Status Get(const std::string& id, std::span<std::byte> out) override {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    return store_->Get(id, out);
+  }
+  absl::StatusOr<Ticket> StartWrite(std::span<const NvmeWrite> writes) override {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    return store_->StartWrite(writes);
+  }
+  absl::StatusOr<Ticket> StartRead(std::span<const NvmeRead> reads) override {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    return store_->StartRead(reads);
+  }
+  absl::StatusOr<Ticket> StartWrite(const std::string& id, std::span<const std::byte> data) override {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    return store_->StartWrite(id, data);
+  }
+  absl::StatusOr<Ticket> StartRead(const std::string& id, std::span<std::byte> out) override {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    return store_->StartRead(id, out);
+  }
+  absl::Status Wait(Ticket ticket) override {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    return store_->Wait(ticket);
+  }
+  absl::Status Remove(const std::string& id) override {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    return store_->Remove(id);
+  }
+  absl::StatusOr<int64_t> Size(const std::string& id) const override {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    return store_->Size(id);
+  }
+  bool Contains(const std::string& id) const override {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    return store_->Contains(id);
+  }
+  std::vector<std::string> Ids() const override {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    return store_->Ids();
+  }
+  int64_t allocated_bytes() const override {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    return store_->allocated_bytes();
+  }
+  absl::Status RegisterBuffers(std::span<const std::span<std::byte>> regions) override {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    return store_->RegisterBuffers(regions);
+  }
+  const std::string& directory() const override { return store_->directory(); }
+  bool o_direct() const override { return store_->o_direct(); }
+  const IoEngine& engine() const override { return store_->engine(); }
+
+ private:
+  mutable std::recursive_mutex mu_;
+  const std::unique_ptr<NvmeStore> store_;
+};
+
+}  // namespace
+
+std::unique_ptr<NvmeStore> SynchronizedNvmeStore(std::unique_ptr<NvmeStore> store) {
+  return std::make_unique<SynchronizedStore>(std::move(store));
 }
 
 }  // namespace strata::offload

@@ -9,7 +9,8 @@
 //
 // Thread-compatibility: one thread drives an NvmeStore (the streaming
 // layer's I/O thread). I/O proceeds in the kernel (or the posix backend's
-// threads) between StartRead/StartWrite and Wait.
+// threads) between StartRead/StartWrite and Wait. SynchronizedNvmeStore
+// makes one safe for several threads.
 #ifndef STRATA_OFFLOAD_NVME_NVME_STORE_H_
 #define STRATA_OFFLOAD_NVME_NVME_STORE_H_
 
@@ -146,6 +147,12 @@ class NvmeStore {
  protected:
   NvmeStore() = default;
 };
+
+// `store` with every call made under one lock: for a store that more than
+// one thread drives (a layer streamer's I/O thread prefetching layers while
+// an optimizer steps each layer inside the backward pass). A Wait holds the
+// lock until its batch is done, so the threads' I/O takes turns.
+std::unique_ptr<NvmeStore> SynchronizedNvmeStore(std::unique_ptr<NvmeStore> store);
 
 }  // namespace strata::offload
 

@@ -20,6 +20,10 @@ absl::Status ModelPlacement::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat("placement.optimizer=device needs placement.weights=device (got ",
                                                    TierName(weights), "): streamed weights have no device master"));
   }
+  if (step_in_backward && optimizer == Tier::kDevice) {
+    return absl::InvalidArgumentError(
+        "placement.step_in_backward needs a host or NVMe optimizer (the device optimizer keeps device gradients)");
+  }
   if (prefetch_depth < 0) {
     return absl::InvalidArgumentError(absl::StrCat("placement.prefetch_depth must be >= 0, got ", prefetch_depth));
   }
@@ -28,7 +32,8 @@ absl::Status ModelPlacement::Validate() const {
 
 std::string ModelPlacement::ToString() const {
   return absl::StrCat("weights=", TierName(weights), " optimizer=", TierName(optimizer),
-                      " gradients=", TierName(gradients), " prefetch=", prefetch_depth);
+                      " gradients=", TierName(gradients), " prefetch=", prefetch_depth,
+                      step_in_backward ? " step_in_backward" : "");
 }
 
 absl::StatusOr<int> ParseDeviceName(const std::string& text) {

@@ -24,6 +24,12 @@ struct ModelPlacement {
   Tier gradients = Tier::kHost;
   // Layers fetched ahead of the one computing when weights stream.
   int prefetch_depth = 1;
+  // The optimizer updates each decoder layer as soon as its backward ends
+  // (Fuyou's overlap): that layer's gradient is final then, so no gradient
+  // buffer for the layers exists, only one layer's at a time. Needs a host
+  // or NVMe optimizer, one forward-backward per step (no micro-batches), no
+  // gradient clipping and one rank; the job spec checks those.
+  bool step_in_backward = false;
 
   // INVALID_ARGUMENT naming the field for combinations that cannot work:
   // device gradients need the device optimizer, and a device optimizer needs

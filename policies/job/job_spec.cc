@@ -191,6 +191,7 @@ absl::Status ReadModel(MapReader& parent, const std::string& key, ModelSpec* mod
   STRATA_RETURN_IF_ERROR(ReadTier(p, "optimizer", &model->placement.optimizer));
   STRATA_RETURN_IF_ERROR(ReadTier(p, "gradients", &model->placement.gradients));
   STRATA_RETURN_IF_ERROR(p.Read("prefetch", &model->placement.prefetch_depth));
+  STRATA_RETURN_IF_ERROR(p.Read("step_in_backward", &model->placement.step_in_backward));
   STRATA_RETURN_IF_ERROR(p.CheckNoUnknownKeys());
   if (auto s = model->placement.Validate(); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("spec key '", r.Path("placement"), "': ", s.message()));
@@ -300,6 +301,20 @@ absl::Status JobSpec::Validate() const {
   if (parallel.workers > train.batch_size) {
     return KeyError("parallel.workers", absl::StrCat("(", parallel.workers, ") must not exceed train.batch_size (",
                                                      train.batch_size, "): every rank needs a share of the batch"));
+  }
+  for (const auto& [role, model] : {std::pair{"actor", &actor}, std::pair{"reward", &reward},
+                                    std::pair{"critic", &critic}}) {
+    if (!model->placement.step_in_backward) continue;
+    const std::string key = absl::StrCat("models.", role, ".placement.step_in_backward");
+    if (train.max_grad_norm > 0) {
+      return KeyError(key, "needs train.max_grad_norm: 0 (clipping needs the whole gradient before any layer steps)");
+    }
+    if (train.micro_batch_size > 0 && train.micro_batch_size < train.batch_size) {
+      return KeyError(key, "needs train.micro_batch_size: 0 (each micro-batch would step the layers)");
+    }
+    if (parallel.workers > 1) {
+      return KeyError(key, "needs parallel.workers: 1 (a layer steps before the gang's gradient sum)");
+    }
   }
   if (auto device = offload::ParseDeviceName(memory.device); !device.ok()) {
     return KeyError("memory.device", std::string(device.status().message()));

@@ -1,6 +1,11 @@
 #include "policies/job/memory_plan.h"
 
+#include <algorithm>
+#include <cctype>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "base/file.h"
 #include "base/status_macros.h"
 
@@ -42,7 +47,8 @@ ModelFootprint PlanModel(const std::string& role, const LlamaConfig& config, con
         (p.prefetch_depth + 1) * LayerParams(config) * bytes;  // the streaming window
   }
   if (trainable) {
-    f.gradients[T(p.gradients)] += f.parameters * 4;
+    // With step_in_backward only the resident tensors keep a gradient.
+    f.gradients[T(p.gradients)] += (p.step_in_backward ? resident : f.parameters) * 4;
     f.optimizer[T(p.optimizer)] += f.parameters * 12;
   }
   return f;
@@ -76,6 +82,568 @@ absl::StatusOr<MemoryPlan> PlanModelStates(const JobSpec& spec) {
     for (int t = 0; t < 3; ++t) plan.total[static_cast<size_t>(t)] += m.total(t);
   }
   return plan;
+}
+
+absl::StatusOr<std::vector<PlannedModel>> JobModels(const JobSpec& spec) {
+  std::vector<PlannedModel> models;
+  auto add = [&](const std::string& role, ModelSpec model, bool trainable, bool scalar,
+                 const std::string& fallback_path) -> absl::Status {
+    if (model.path.empty() && model.init.empty()) model.path = fallback_path;
+    STRATA_ASSIGN_OR_RETURN(auto config, ConfigOf(model, role));
+    models.push_back({role, config, model, trainable, scalar});
+    return absl::OkStatus();
+  };
+  switch (spec.algorithm) {
+    case Algorithm::kSft:
+      STRATA_RETURN_IF_ERROR(add("actor", spec.actor, true, false, ""));
+      break;
+    case Algorithm::kRewardModel:
+      STRATA_RETURN_IF_ERROR(add("reward", spec.reward, true, true, ""));
+      break;
+    default:
+      STRATA_RETURN_IF_ERROR(add("actor", spec.actor, true, false, ""));
+      STRATA_RETURN_IF_ERROR(add("reference", spec.reference, false, false, spec.actor.path));
+      if (spec.reward.rule.empty()) STRATA_RETURN_IF_ERROR(add("reward", spec.reward, false, true, ""));
+      if (spec.algorithm == Algorithm::kPpo) {
+        STRATA_RETURN_IF_ERROR(add("critic", spec.critic, true, true, spec.reward.path));
+      }
+  }
+  return models;
+}
+
+namespace {
+
+constexpr int kDev = 0, kHost = 1, kNvme = 2;
+// NVMe Adam's staging: tiles of 2^20 elements, 12 bytes each (master and two
+// moments), three in flight (offload/adam/nvme_adam.h).
+constexpr int64_t kNvmeAdamStagingBytes = 3 * 12 * (int64_t{1} << 20);
+// The NVMe store aligns every slot to a 4 KiB block.
+constexpr int64_t kNvmeBlock = 4096;
+// Tensors per decoder layer (q, k, v, o, gate, up, down, two norms), for
+// per-slot alignment.
+constexpr int64_t kTensorsPerLayer = 9;
+
+// Activation coefficients: bytes per element of the shapes named, as the
+// counting allocator sees libtorch's CPU kernels allocate them (fitted on
+// the tiny and medium shapes at two sequence lengths; docs/REMAX_VS_PPO.md
+// validates them on others). Generation and scoring run without autograd.
+struct ActivationModel {
+  // One layer's forward working set: [R,T,H] and [R,T,I] tensors alive at
+  // its peak, and the attention scores [R,heads,T,T] (fp32 softmax plus the
+  // model dtype's probabilities).
+  double infer_hidden = 4, infer_inter = 3, infer_scores = 1;
+  // One layer's recomputed forward plus its backward (autograd keeps the
+  // intermediates; their gradients arrive one by one).
+  double train_hidden = 8, train_inter = 4, train_scores = 1;
+  // Logits [R,T,V]: model dtype, float32 copy, log-softmax; training adds
+  // their gradients.
+  double infer_logits_fp32 = 2, train_logits_fp32 = 4;
+};
+constexpr ActivationModel kActivations;
+
+struct ModelShape {
+  const PlannedModel* model = nullptr;
+  int64_t E = 4;  // bytes per weight element
+  int64_t H = 0, I = 0, L = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  int64_t head_width = 0;  // vocabulary, or num_labels for a scalar head
+  int64_t layer_params = 0, resident_params = 0, params = 0;
+  std::string dtype;
+  const offload::ModelPlacement* placement = nullptr;
+
+  int64_t LayerBytes() const { return layer_params * E; }
+  bool streamed() const { return placement->weights != offload::Tier::kDevice; }
+  // The layers a streamed model holds on the device: the one computing and
+  // those prefetched, never more than it has.
+  int64_t Window() const {
+    return streamed() ? std::min<int64_t>(placement->prefetch_depth + 1, L) * LayerBytes() : 0;
+  }
+};
+
+ModelShape ShapeOf(const PlannedModel& m, const offload::ModelPlacement& placement) {
+  const LlamaConfig& c = m.config;
+  ModelShape s;
+  s.model = &m;
+  s.dtype = m.spec.dtype;
+  s.E = m.spec.dtype == "bf16" ? 2 : 4;
+  s.H = c.hidden_size;
+  s.I = c.intermediate_size;
+  s.L = c.num_hidden_layers;
+  s.heads = c.num_attention_heads;
+  s.kv_heads = c.num_key_value_heads;
+  s.head_dim = c.head_dim;
+  s.head_width = m.scalar_head ? c.num_labels : c.vocab_size;
+  s.layer_params = c.LayerParameters();
+  const int64_t embed = c.vocab_size * c.hidden_size;
+  const int64_t head = m.scalar_head ? c.num_labels * c.hidden_size : (c.tie_word_embeddings ? 0 : embed);
+  s.resident_params = embed + head + c.hidden_size;
+  s.params = s.resident_params + s.L * s.layer_params;
+  s.placement = &placement;
+  return s;
+}
+
+double Bytes(double elements, double bytes_each) { return elements * bytes_each; }
+
+// Working bytes of one layer's forward over R rows of T tokens attending to C.
+double InferLayerBytes(const ModelShape& s, int64_t R, int64_t T, int64_t C) {
+  const double rt = static_cast<double>(R * T);
+  return Bytes(rt * s.H * kActivations.infer_hidden + rt * s.I * kActivations.infer_inter, s.E) +
+         kActivations.infer_scores * rt * s.heads * C * (8.0 + s.E);
+}
+
+double TrainLayerBytes(const ModelShape& s, int64_t R, int64_t T) {
+  const double rt = static_cast<double>(R * T);
+  // Saved activations, the layer's weight gradients, and float32 scratch
+  // for the largest of them (the product's accumulator, then the copy that
+  // is added to the host gradient).
+  return Bytes(rt * s.H * kActivations.train_hidden + rt * s.I * kActivations.train_inter, s.E) +
+         kActivations.train_scores * rt * s.heads * T * (8.0 + s.E) + Bytes(s.layer_params, s.E) +
+         2.0 * 4.0 * static_cast<double>(s.H) * static_cast<double>(s.I);
+}
+
+// The output head over R x T positions, forward only or with its backward.
+double HeadBytes(const ModelShape& s, int64_t R, int64_t T, bool training) {
+  const double positions = static_cast<double>(R * T) * s.head_width;
+  if (!training) return positions * (s.E + 4.0 * kActivations.infer_logits_fp32);
+  // The head weight's gradient and the hidden state's, beside the logits.
+  return positions * (s.E + 4.0 * kActivations.train_logits_fp32) + Bytes(s.head_width * s.H, s.E) +
+         Bytes(static_cast<double>(R * T * s.H), 4.0);
+}
+
+// Device bytes of generating from R prompts of P tokens, N new tokens.
+double GenerateBytes(const ModelShape& s, int64_t R, int64_t P, int64_t N) {
+  const double kv = 2.0 * s.L * R * (P + N) * s.kv_heads * s.head_dim * s.E;
+  return kv + InferLayerBytes(s, R, P, P) + HeadBytes(s, R, 1, false) + 8.0 * R * s.head_width;
+}
+
+double ScoreBytes(const ModelShape& s, int64_t R, int64_t T) {
+  return InferLayerBytes(s, R, T, T) + HeadBytes(s, R, T, false);
+}
+
+double UpdateBytes(const ModelShape& s, int64_t R, int64_t T) {
+  const double saved = static_cast<double>(s.L + 1) * R * T * s.H * s.E;
+  return saved + std::max(HeadBytes(s, R, T, true), TrainLayerBytes(s, R, T));
+}
+
+// The cost model: seconds of the operations a phase runs.
+class CostModel {
+ public:
+  CostModel(const HardwareFigures& f, bool cpu_device) : f_(f), cpu_device_(cpu_device) {}
+
+  double Linear(int64_t m, int64_t k, int64_t n, const std::string& dtype) const {
+    return f_.MatmulSeconds(m, k, n, dtype);
+  }
+  double Copy(double bytes) const { return bytes / f_.memory_copy_bytes_per_s; }
+
+  // One layer's forward: R rows of Tq new tokens attending to C.
+  double LayerForward(const ModelShape& s, int64_t R, int64_t Tq, int64_t C) const {
+    const int64_t m = R * Tq;
+    const int64_t q = s.heads * s.head_dim, kv = s.kv_heads * s.head_dim;
+    double t = Linear(m, s.H, q, s.dtype) + 2 * Linear(m, s.H, kv, s.dtype) + Linear(m, q, s.H, s.dtype) +
+               2 * Linear(m, s.H, s.I, s.dtype) + Linear(m, s.I, s.H, s.dtype);
+    // Scores and their product with values: R x heads products of [Tq, d] x [d, C].
+    const double batched = static_cast<double>(R * s.heads);
+    t += 2 * (batched * (Linear(Tq, s.head_dim, C, s.dtype) - f_.op_overhead_s) + f_.op_overhead_s);
+    // Norms, rotary embedding, softmax, activations and residuals: memory
+    // traffic plus a fixed cost per operation.
+    const double elementwise = (14.0 * m * s.H + 4.0 * m * s.I) * s.E + 12.0 * R * s.heads * Tq * C;
+    return t + Copy(elementwise) + f_.layer_overhead_s;
+  }
+  // Bringing a streamed model's layers in once.
+  double Stream(const ModelShape& s) const {
+    const double bytes = static_cast<double>(s.L * s.LayerBytes());
+    switch (s.placement->weights) {
+      case offload::Tier::kHost: return bytes / f_.host_stream_bytes_per_s;
+      case offload::Tier::kNvme: return bytes / f_.nvme_stream_bytes_per_s;
+      default: return 0.0;
+    }
+  }
+  // Compute and streaming: overlapped on a GPU (prefetch on copy streams),
+  // one after the other on a CPU device (the same cores do both).
+  double WithStream(double compute, double stream) const {
+    return cpu_device_ ? compute + stream : std::max(compute, stream);
+  }
+  // A forward pass through every layer and the head.
+  double Pass(const ModelShape& s, int64_t R, int64_t Tq, int64_t C, int64_t head_positions) const {
+    const double layers = static_cast<double>(s.L) * LayerForward(s, R, Tq, C);
+    const double head = Linear(head_positions, s.H, s.head_width, s.dtype) +
+                        Copy(static_cast<double>(head_positions) * s.head_width * 4.0 * 3.0) +
+                        Copy(static_cast<double>(R * Tq * s.H) * s.E * 2.0);
+    return WithStream(layers, Stream(s)) + head;
+  }
+  double Generate(const ModelShape& s, int64_t R, int64_t P, int64_t N) const {
+    double t = Pass(s, R, P, P, R);
+    for (int64_t step = 1; step < N; ++step) t += Pass(s, R, 1, P + step, R);
+    // Sampling: softmax, sort for top-p, draws; on the CPU.
+    t += static_cast<double>(N) * (Copy(static_cast<double>(R) * s.head_width * 4.0 * 6.0) + f_.decode_step_overhead_s);
+    return t;
+  }
+  // Forward without autograd, a head pass with its backward, then each layer
+  // recomputed with its backward (about twice a forward's work).
+  double ForwardBackward(const ModelShape& s, int64_t R, int64_t T) const {
+    const double layer = LayerForward(s, R, T, T);
+    const double compute = static_cast<double>(s.L) * 4.0 * layer;
+    const double head = 3.0 * Linear(R * T, s.H, s.head_width, s.dtype) +
+                        Copy(static_cast<double>(R * T) * s.head_width * 4.0 * 6.0);
+    // Each layer's gradients added into the host fp32 buffers.
+    const double grads = Copy(static_cast<double>(s.params) * (4.0 * 3.0 + s.E));
+    return WithStream(compute, 2.0 * Stream(s)) + head + grads;
+  }
+  // One optimizer step over a rank's shard, and the new weights written home.
+  double OptimizerStep(const ModelShape& s, int64_t workers) const {
+    const double shard = static_cast<double>(s.params) / static_cast<double>(workers);
+    double t = 0;
+    switch (s.placement->optimizer) {
+      case offload::Tier::kDevice: t = shard / f_.device_adam_params_per_s; break;
+      case offload::Tier::kHost: t = shard / f_.adam_params_per_s; break;
+      case offload::Tier::kNvme:
+        t = std::max(shard / f_.adam_params_per_s,
+                     12.0 * shard / f_.nvme_read_bytes_per_s + 12.0 * shard / f_.nvme_write_bytes_per_s);
+        break;
+    }
+    const double layers = static_cast<double>(s.L * s.LayerBytes());
+    if (s.placement->weights == offload::Tier::kNvme) t += layers / f_.nvme_write_bytes_per_s;
+    t += Copy(static_cast<double>(s.params) * (4.0 + s.E));  // norm, clip, write back
+    if (workers > 1) {
+      // The gradient sum, then the updated weights from each shard's owner.
+      t += (static_cast<double>(s.params) * 4.0 + static_cast<double>(s.params) * s.E) / f_.allreduce_bytes_per_s;
+    }
+    return t;
+  }
+
+ private:
+  const HardwareFigures& f_;
+  const bool cpu_device_;
+};
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / std::max<int64_t>(b, 1); }
+
+// Micro-batches of `rows`: their count and the largest one's size.
+std::pair<int64_t, int64_t> Micro(int64_t rows, int64_t micro) {
+  rows = std::max<int64_t>(rows, 1);
+  if (micro <= 0 || micro >= rows) return {1, rows};
+  return {CeilDiv(rows, micro), micro};
+}
+
+}  // namespace
+
+JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& models,
+                         const HardwareFigures& figures, int64_t workers) {
+  workers = std::max<int64_t>(workers, 1);
+  JobPrediction out;
+  out.micro_batch_size = spec.train.micro_batch_size;
+  const bool cpu_device = spec.memory.device == "cpu";
+  const CostModel cost(figures, cpu_device);
+  std::map<std::string, ModelShape> shapes;
+  for (const auto& m : models) {
+    out.placement[m.role] = m.spec.placement;
+    out.trainable[m.role] = m.trainable;
+  }
+  for (const auto& m : models) shapes[m.role] = ShapeOf(m, out.placement[m.role]);
+  auto has = [&](const char* role) { return shapes.count(role) > 0; };
+
+  // State that lives through every phase.
+  std::array<double, 3> resident{};
+  for (const auto& [role, s] : shapes) {
+    const auto& p = *s.placement;
+    resident[kDev] += static_cast<double>(s.resident_params * s.E);
+    const double layers = static_cast<double>(s.L * s.LayerBytes());
+    if (p.weights == offload::Tier::kDevice) resident[kDev] += layers;
+    // On a CPU device the window's buffers are pooled and kept between passes.
+    if (cpu_device) resident[kDev] += static_cast<double>(s.Window());
+    if (p.weights == offload::Tier::kHost) resident[kHost] += layers;
+    if (p.weights == offload::Tier::kNvme) resident[kNvme] += layers + s.L * kTensorsPerLayer * kNvmeBlock;
+    if (!cpu_device && p.weights == offload::Tier::kNvme) resident[kHost] += static_cast<double>(s.Window());
+    if (!s.model->trainable) continue;
+    const double params = static_cast<double>(s.params);
+    const double shard = params / static_cast<double>(workers);
+    // Gradient buffers: every parameter's, or with step_in_backward only the
+    // resident tensors' (a layer's exist while it steps: see the update phase).
+    const double grads = 4.0 * (p.step_in_backward ? static_cast<double>(s.resident_params) : params);
+    switch (p.optimizer) {
+      case offload::Tier::kDevice: resident[kDev] += 16.0 * params; break;
+      case offload::Tier::kHost: resident[kHost] += grads + 12.0 * shard; break;
+      case offload::Tier::kNvme:
+        resident[kHost] += grads + kNvmeAdamStagingBytes;
+        // New fp32 weights of NVMe-homed layers wait in host scratch until
+        // the step has updated every tensor, then go home (one layer's with
+        // step_in_backward: counted in the update phase).
+        if (p.weights == offload::Tier::kNvme && !p.step_in_backward) {
+          resident[kHost] += 4.0 * static_cast<double>(s.L * s.layer_params);
+        }
+        resident[kNvme] += 12.0 * shard + 3.0 * kNvmeBlock * (s.L * kTensorsPerLayer + 3);
+        break;
+    }
+    // A GPU with host gradients stages two layers of them in pinned memory.
+    if (!cpu_device && p.gradients == offload::Tier::kHost) resident[kHost] += 2.0 * 4.0 * s.layer_params;
+  }
+
+  const int64_t rows = CeilDiv(spec.train.batch_size, workers);  // prompts (or examples) per rank
+  const int64_t P = spec.data.max_prompt_tokens;
+  const int64_t N = spec.generation.max_new_tokens;
+  const int64_t T = P + N;
+  const int64_t micro = spec.train.micro_batch_size;
+
+  // Phases: the transient device peak is the largest of its passes.
+  struct Phase {
+    double transient = 0.0;       // device
+    double host_transient = 0.0;  // arena
+    double seconds = 0.0;
+    void Pass(double bytes, double s) { transient = std::max(transient, bytes), seconds += s; }
+  };
+  // The streaming window counts with a pass unless it is kept (CPU device).
+  auto window = [&](const ModelShape& s) { return cpu_device ? 0.0 : static_cast<double>(s.Window()); };
+  std::map<std::string, Phase> phases;
+  auto generate = [&](const ModelShape& s, int64_t n_rows) {
+    const auto [count, size] = Micro(n_rows, micro);
+    phases["rollout"].Pass(window(s) + GenerateBytes(s, size, P, N), count * cost.Generate(s, size, P, N));
+  };
+  auto score = [&](const ModelShape& s, int64_t n_rows) {
+    const auto [count, size] = Micro(n_rows, micro);
+    phases["score"].Pass(window(s) + ScoreBytes(s, size, T), count * cost.Pass(s, size, T, T, size * T));
+  };
+  // `steps` gradient steps of `step_rows` rows each, at `tokens` per row.
+  auto update = [&](const ModelShape& s, int64_t steps, int64_t step_rows, int64_t tokens) {
+    const auto [count, size] = Micro(step_rows, micro);
+    Phase& phase = phases["update"];
+    phase.Pass(window(s) + UpdateBytes(s, size, tokens),
+               steps * (count * cost.ForwardBackward(s, size, tokens) + cost.OptimizerStep(s, workers)));
+    // step_in_backward: one layer's fp32 gradients, and NVMe Adam's
+    // write-back scratch for them, while it steps.
+    if (s.placement->step_in_backward) {
+      const double layer = 4.0 * s.layer_params;
+      phase.host_transient = std::max(phase.host_transient,
+                                      layer * (s.placement->optimizer == offload::Tier::kNvme ? 2.0 : 1.0));
+    }
+  };
+  switch (spec.algorithm) {
+    case Algorithm::kSft:
+      update(shapes["actor"], 1, rows, P + spec.data.max_response_tokens);
+      break;
+    case Algorithm::kRewardModel:
+      update(shapes["reward"], 1, 2 * rows, P + spec.data.max_response_tokens);
+      break;
+    case Algorithm::kRemax:
+      generate(shapes["actor"], rows);
+      generate(shapes["actor"], rows);  // the greedy baseline
+      if (has("reward")) score(shapes["reward"], rows), score(shapes["reward"], rows);
+      score(shapes["reference"], rows);
+      update(shapes["actor"], 1, rows, T);
+      break;
+    case Algorithm::kPpo: {
+      generate(shapes["actor"], rows);
+      if (has("reward")) score(shapes["reward"], rows);
+      score(shapes["reference"], rows);
+      score(shapes["critic"], rows);
+      const int64_t steps = spec.ppo.epochs * std::max<int64_t>(spec.ppo.minibatches, 1);
+      const int64_t step_rows = CeilDiv(rows, std::max<int64_t>(spec.ppo.minibatches, 1));
+      update(shapes["actor"], steps, step_rows, T);
+      update(shapes["critic"], steps, step_rows, T);
+      break;
+    }
+    case Algorithm::kGrpo:
+    case Algorithm::kRloo: {
+      const int64_t group_rows = rows * spec.group.samples_per_prompt;
+      generate(shapes["actor"], group_rows);
+      if (has("reward")) score(shapes["reward"], group_rows);
+      score(shapes["reference"], group_rows);
+      update(shapes["actor"], 1, group_rows, T);
+      break;
+    }
+  }
+
+  int64_t host_peak = 0, device_peak = 0;
+  for (const auto& [name, phase] : phases) {
+    PhasePrediction p;
+    p.peak[kDev] = static_cast<int64_t>(resident[kDev] + phase.transient);
+    p.peak[kHost] = static_cast<int64_t>(resident[kHost] + phase.host_transient);
+    p.peak[kNvme] = static_cast<int64_t>(resident[kNvme]);
+    p.seconds = phase.seconds;
+    for (int t = 0; t < 3; ++t) out.peak[t] = std::max(out.peak[t], p.peak[t]);
+    out.iteration_s += p.seconds;
+    out.phases[name] = p;
+    host_peak = std::max(host_peak, p.peak[kHost]);
+    device_peak = std::max(device_peak, p.peak[kDev]);
+  }
+  // Peak RSS: the process's baseline, the arena's touched pages (all of it
+  // when pinned), the device tier when it is host memory, and while loading
+  // the largest model file mapped beside what is already loaded.
+  const int64_t arena = spec.memory.pin_host ? std::max(host_peak, spec.memory.host_mib << 20) : host_peak;
+  int64_t largest_file = 0, loaded = 0;
+  for (const auto& [role, s] : shapes) {
+    largest_file = std::max(largest_file, s.params * s.E);
+    // Layers homed on NVMe are loaded into memory first, then written out.
+    loaded += s.params * s.E;
+  }
+  const int64_t steady = arena + (cpu_device ? device_peak : 0);
+  const int64_t loading = (cpu_device ? loaded : arena) + largest_file;
+  out.process_rss_bytes = figures.process_baseline_bytes + std::max(steady, loading);
+  return out;
+}
+
+absl::StatusOr<Hardware> ParseHardware(const std::string& text) {
+  Hardware hw;
+  bool have_host = false, have_device = false;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    const size_t eq = part.find('=');
+    const std::string key(part.substr(0, eq));
+    const std::string value(eq == absl::string_view::npos ? "" : part.substr(eq + 1));
+    auto bad = [&](const std::string& why) {
+      return absl::InvalidArgumentError(absl::StrCat("--fit: '", part, "': ", why));
+    };
+    if (eq == absl::string_view::npos) return bad("expected TIER=SIZE (device, host, nvme)");
+    if (key == "device" && value == "cpu") {
+      hw.cpu_device = true, have_device = true;
+      continue;
+    }
+    // A number and a unit.
+    size_t digits = 0;
+    while (digits < value.size() && (std::isdigit(static_cast<unsigned char>(value[digits])) || value[digits] == '.')) {
+      ++digits;
+    }
+    double number = 0;
+    if (digits == 0 || !absl::SimpleAtod(value.substr(0, digits), &number)) return bad("the size is not a number");
+    static const std::map<std::string, double> kUnits = {
+        {"", 1.0},           {"B", 1.0},           {"KiB", 1024.0},       {"MiB", 1048576.0},
+        {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}};
+    auto unit = kUnits.find(value.substr(digits));
+    if (unit == kUnits.end()) return bad("unknown unit (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)");
+    const auto bytes = static_cast<int64_t>(number * unit->second);
+    if (key == "device") {
+      hw.device_bytes = bytes, have_device = true;
+    } else if (key == "host") {
+      hw.host_bytes = bytes, have_host = true;
+    } else if (key == "nvme") {
+      hw.nvme_bytes = bytes;
+    } else {
+      return bad("unknown tier (device, host, nvme)");
+    }
+  }
+  if (!have_host) return absl::InvalidArgumentError("--fit: host=SIZE is required (the worker's RAM)");
+  if (!have_device) return absl::InvalidArgumentError("--fit: device=SIZE (or device=cpu) is required");
+  return hw;
+}
+
+bool Fits(const JobPrediction& p, const Hardware& hw, std::string* binding_tier, double* overshoot) {
+  // Each tier's need against its offer; on a CPU device the process's RSS
+  // (device tier included) is what must fit the host.
+  std::vector<std::pair<std::string, double>> ratios;
+  auto ratio = [](int64_t need, int64_t offer) {
+    if (need <= 0) return 0.0;
+    return offer <= 0 ? 1e30 : static_cast<double>(need) / static_cast<double>(offer);
+  };
+  if (!hw.cpu_device) ratios.push_back({"device", ratio(p.peak[kDev], hw.device_bytes)});
+  ratios.push_back({"host", ratio(p.process_rss_bytes, hw.host_bytes)});
+  ratios.push_back({"nvme", ratio(p.peak[kNvme], hw.nvme_bytes)});
+  auto worst = std::max_element(ratios.begin(), ratios.end(),
+                                [](const auto& a, const auto& b) { return a.second < b.second; });
+  if (binding_tier != nullptr) *binding_tier = worst->first;
+  if (overshoot != nullptr) *overshoot = worst->second;
+  return worst->second <= 1.0;
+}
+
+FitResult FitJob(const JobSpec& spec, const std::vector<PlannedModel>& models, const HardwareFigures& figures,
+                 const Hardware& hardware, int64_t workers, bool vary_micro_batch) {
+  using offload::Tier;
+  // Each model's options: the engine's supported combinations.
+  std::vector<std::vector<offload::ModelPlacement>> options;
+  // Updating layers inside the backward pass needs the whole gradient of a
+  // step in one pass, unclipped, on one rank (JobSpec::Validate).
+  const bool step_in_backward_allowed = spec.train.max_grad_norm <= 0 && workers <= 1;
+  for (const auto& m : models) {
+    std::vector<offload::ModelPlacement> mine;
+    for (Tier weights : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
+      if (weights == Tier::kNvme && hardware.nvme_bytes <= 0) continue;
+      for (int prefetch : {1, 2}) {
+        if (weights == Tier::kDevice && prefetch > 1) continue;
+        std::vector<Tier> optimizers = {Tier::kHost};
+        if (m.trainable) {
+          if (weights == Tier::kDevice && !hardware.cpu_device) optimizers.push_back(Tier::kDevice);
+          if (hardware.nvme_bytes > 0) optimizers.push_back(Tier::kNvme);
+        }
+        for (Tier optimizer : optimizers) {
+          offload::ModelPlacement p;
+          p.weights = weights;
+          p.optimizer = optimizer;
+          p.gradients = optimizer == Tier::kDevice ? Tier::kDevice : Tier::kHost;
+          p.prefetch_depth = prefetch;
+          mine.push_back(p);
+          if (m.trainable && optimizer != Tier::kDevice && step_in_backward_allowed) {
+            p.step_in_backward = true;
+            mine.push_back(p);
+          }
+        }
+      }
+    }
+    options.push_back(std::move(mine));
+  }
+  std::vector<int64_t> micros;
+  const int64_t rows = std::max<int64_t>(1, CeilDiv(spec.train.batch_size, std::max<int64_t>(workers, 1)));
+  const int64_t first = spec.train.micro_batch_size > 0 ? std::min(spec.train.micro_batch_size, rows) : rows;
+  micros.push_back(spec.train.micro_batch_size > 0 ? first : 0);
+  if (vary_micro_batch) {
+    if (micros.front() != 0) micros.push_back(0);  // the whole batch
+    for (int64_t m = int64_t{1} << 20; m >= 1; m /= 2) {
+      if (m < first) micros.push_back(m);
+    }
+  }
+
+  FitResult result;
+  double nearest = 1e300;
+  std::vector<JobPrediction> fits;
+  std::vector<size_t> pick(models.size(), 0);
+  JobSpec trial = spec;
+  std::vector<PlannedModel> placed = models;
+  while (true) {
+    for (size_t i = 0; i < models.size(); ++i) placed[i].spec.placement = options[i][pick[i]];
+    bool any_step_in_backward = false;
+    for (const auto& m : placed) any_step_in_backward |= m.spec.placement.step_in_backward;
+    for (int64_t micro : micros) {
+      if (any_step_in_backward && micro > 0 && micro < rows) continue;
+      trial.train.micro_batch_size = micro;
+      JobPrediction p = PredictJob(trial, placed, figures, workers);
+      ++result.tried;
+      std::string tier;
+      double over = 0;
+      if (Fits(p, hardware, &tier, &over)) {
+        fits.push_back(std::move(p));
+      } else if (fits.empty() && over < nearest) {
+        nearest = over;
+        result.binding_tier = tier;
+        result.chosen = std::move(p);
+      }
+    }
+    size_t i = 0;
+    while (i < pick.size() && ++pick[i] == options[i].size()) pick[i++] = 0;
+    if (i == pick.size()) break;
+  }
+  if (fits.empty()) return result;
+  // Fastest first; on a tie, the smaller host footprint.
+  std::stable_sort(fits.begin(), fits.end(), [](const JobPrediction& a, const JobPrediction& b) {
+    if (a.iteration_s != b.iteration_s) return a.iteration_s < b.iteration_s;
+    return a.process_rss_bytes < b.process_rss_bytes;
+  });
+  result.fits = true;
+  result.binding_tier.clear();
+  result.chosen = fits.front();
+  result.candidates.assign(fits.begin() + 1, fits.end());
+  return result;
+}
+
+std::vector<std::string> PredictionOverrides(const JobPrediction& prediction) {
+  std::vector<std::string> out;
+  for (const auto& [role, p] : prediction.placement) {
+    const std::string key = absl::StrCat("models.", role, ".placement.");
+    out.push_back(absl::StrCat(key, "weights=", offload::TierName(p.weights)));
+    out.push_back(absl::StrCat(key, "prefetch=", p.prefetch_depth));
+    if (!prediction.trainable.count(role) || !prediction.trainable.at(role)) continue;
+    out.push_back(absl::StrCat(key, "optimizer=", offload::TierName(p.optimizer)));
+    out.push_back(absl::StrCat(key, "gradients=", offload::TierName(p.gradients)));
+    out.push_back(absl::StrCat(key, "step_in_backward=", p.step_in_backward ? "true" : "false"));
+  }
+  out.push_back(absl::StrCat("train.micro_batch_size=", prediction.micro_batch_size));
+  const int64_t arena_mib = (prediction.peak[kHost] + prediction.peak[kHost] / 10 + (1 << 20) - 1) >> 20;
+  out.push_back(absl::StrCat("memory.host_mib=", std::max<int64_t>(arena_mib, 64)));
+  return out;
 }
 
 }  // namespace strata::policies

@@ -1,15 +1,23 @@
-// Model-state memory of a job by tier: the weights, gradients and Adam
-// states of every model under its placement (activations excluded; they
-// depend on batch and sequence and are measured per phase instead). This
-// answers "how much memory do PPO and ReMax need" before anything loads.
+// The memory planner: what a job needs per tier and phase, how long an
+// iteration takes, and which placement fits given hardware.
+//
+// Model states (PlanModelStates) are weights, gradients and Adam states
+// under the spec's placement. PredictJob adds what the phases allocate
+// besides: the KV cache and logits of generation, the per-layer working set
+// of forward passes, the layer inputs kept for the layer-wise backward
+// (activation checkpointing at layer granularity), the streaming window,
+// NVMe Adam's staging tiles, and the process's own resident bytes. FitJob
+// tries every placement the engine supports and picks the fastest that fits.
 #ifndef STRATA_POLICIES_JOB_MEMORY_PLAN_H_
 #define STRATA_POLICIES_JOB_MEMORY_PLAN_H_
 
 #include <array>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "policies/job/hardware_figures.h"
 #include "policies/job/job_spec.h"
 #include "policies/model/llama_config.h"
 
@@ -38,6 +46,83 @@ absl::StatusOr<MemoryPlan> PlanModelStates(const JobSpec& spec);
 // The same for one model, given its config.
 ModelFootprint PlanModel(const std::string& role, const LlamaConfig& config, const ModelSpec& model, bool trainable,
                          bool scalar_head);
+
+// One model of a job as the planner sees it.
+struct PlannedModel {
+  std::string role;  // actor, reference, reward, critic
+  LlamaConfig config;
+  ModelSpec spec;    // dtype and placement
+  bool trainable = false;
+  bool scalar_head = false;
+};
+
+// The models `spec`'s algorithm loads, with their configs (read from each
+// model's config.json or `init` file; errors name the spec key).
+absl::StatusOr<std::vector<PlannedModel>> JobModels(const JobSpec& spec);
+
+struct PhasePrediction {
+  std::array<int64_t, 3> peak{};  // bytes per tier: device, host, nvme
+  double seconds = 0.0;
+};
+
+struct JobPrediction {
+  std::map<std::string, offload::ModelPlacement> placement;  // by role
+  std::map<std::string, bool> trainable;                      // by role: optimizer fields apply
+  int64_t micro_batch_size = 0;  // as train.micro_batch_size: 0 is the whole batch
+  // "rollout", "score", "update" (RL) or "update" alone (SFT, reward model).
+  std::map<std::string, PhasePrediction> phases;
+  std::array<int64_t, 3> peak{};  // the largest of the phases
+  // What the kernel will count for the worker process at its peak: its
+  // baseline, the host arena's touched pages, the model files mapped while
+  // loading, and on a CPU device the device tier too.
+  int64_t process_rss_bytes = 0;
+  double iteration_s = 0.0;
+};
+
+// Predicts `spec` as written (placements, micro-batches) over `workers`
+// data-parallel ranks (per-rank figures; optimizer states sharded).
+JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& models,
+                         const HardwareFigures& figures, int64_t workers);
+
+// What a worker offers, per tier; 0 nvme means no NVMe tier.
+struct Hardware {
+  int64_t device_bytes = 0;
+  int64_t host_bytes = 0;
+  int64_t nvme_bytes = 0;
+  // The job computes on the CPU: the device tier is host RAM, and process
+  // RSS (which then includes it) must fit the host.
+  bool cpu_device = false;
+};
+
+// Parses "device=80GiB,host=128GiB,nvme=2TiB" (device=cpu: compute on the
+// CPU; sizes take B, KiB, MiB, GiB, TiB, KB, MB, GB, TB). INVALID_ARGUMENT
+// naming the part that does not parse; `host` is required.
+absl::StatusOr<Hardware> ParseHardware(const std::string& text);
+
+// Whether a prediction fits, and the tier that overflows most (relative to
+// what it offers) when it does not.
+bool Fits(const JobPrediction& p, const Hardware& hw, std::string* binding_tier = nullptr,
+          double* overshoot = nullptr);
+
+struct FitResult {
+  bool fits = false;
+  std::string binding_tier;  // when nothing fits: the tier the nearest miss overflows
+  JobPrediction chosen;      // the fastest that fits, or the nearest miss
+  std::vector<JobPrediction> candidates;  // the others that fit, fastest first
+  int64_t tried = 0;
+};
+
+// Tries every supported placement of every model (weights device / host /
+// nvme; optimizer device / host / nvme; prefetch 1 or 2; step_in_backward
+// where the spec allows it) and, unless `vary_micro_batch` is false,
+// micro-batch sizes from the spec's down to 1.
+FitResult FitJob(const JobSpec& spec, const std::vector<PlannedModel>& models, const HardwareFigures& figures,
+                 const Hardware& hardware, int64_t workers, bool vary_micro_batch = true);
+
+// The spec overrides ("models.actor.placement.weights=host", ...) that turn
+// a spec into the prediction's: placements, train.micro_batch_size, and
+// memory.host_mib set to what the arena needs with 10% to spare.
+std::vector<std::string> PredictionOverrides(const JobPrediction& prediction);
 
 }  // namespace strata::policies
 

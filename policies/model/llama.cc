@@ -347,6 +347,9 @@ at::Tensor LlamaModel::Hidden(const at::Tensor& input_ids, const at::Tensor& att
         TORCH_CHECK(false, std::string(w.status().message()));
       }
       h = DecoderLayerForward(config_, *w, h, ctx, cache, l);
+      // Let go of the weights first: a streamer reuses a released layer's
+      // buffers for the next fetch only once nothing refers to them.
+      *w = LlamaLayerWeights();
       layer_source_->Release(l);
     }
     layer_source_->EndPass();

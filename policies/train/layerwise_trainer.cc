@@ -107,11 +107,16 @@ class LayerwiseTrainerImpl final : public LayerwiseTrainer {
   std::span<std::byte> WriteTarget(const ParamState& p);
   // Copies new fp32 weights `master` into p's device tensor or layer home.
   absl::Status WriteBack(const ParamState& p, const at::Tensor& master);
-  absl::Status HostStep();
+  // The optimizer over `params` (all of them: every held parameter).
+  absl::Status HostStep(const std::vector<ParamState*>& params);
+  absl::Status NvmeStep(const std::vector<ParamState*>& params);
+  std::vector<ParamState*> HeldParams(bool layers);
+  // step_in_backward: updates layer `l` from the gradients its backward
+  // left on `slots`, through a one-layer host buffer.
+  absl::Status StepLayer(int64_t l, const std::vector<at::Tensor*>& slots);
   // ZeRO-1: each owner's new fp32 weights (`updated(p)` on the owner) to
   // every other rank, which writes them back to its own copy of the model.
   absl::Status BroadcastUpdatedWeights(const std::function<at::Tensor(const ParamState&)>& updated);
-  absl::Status NvmeStep();
   // Measures the global gradient norm and clips to options_.max_grad_norm.
   absl::Status ClipGradients();
   absl::Status DeviceStep();
@@ -130,6 +135,8 @@ class LayerwiseTrainerImpl final : public LayerwiseTrainer {
   std::vector<ParamState*> final_grads_;  // data parallel: not yet handed to the sum
   bool summed_since_step_ = false;        // data parallel: gradients already summed
   bool sum_this_pass_ = true;             // this ForwardBackward sums over the gang
+  int64_t passes_since_step_ = 0;         // ForwardBackward calls since OptimizerStep
+  double layer_squares_ = 0.0;            // step_in_backward: the layers' gradient sum of squares
   double last_grad_norm_ = 0.0;
   std::vector<ParamState> params_;
   std::vector<std::vector<size_t>> layer_params_;  // params_ index per layer tensor
@@ -166,7 +173,9 @@ absl::Status LayerwiseTrainerImpl::AllocateState(ParamState& state, const at::Te
     return absl::OkStatus();
   }
   const size_t bytes = static_cast<size_t>(state.numel) * sizeof(float);
-  std::vector<offload::HostBuffer*> buffers = {&state.grad};
+  // step_in_backward: layer gradients live one layer at a time (StepLayer).
+  std::vector<offload::HostBuffer*> buffers;
+  if (!(options_.step_in_backward && state.layer >= 0)) buffers.push_back(&state.grad);
   if (options_.optimizer == offload::Tier::kHost && state.held) {
     buffers.insert(buffers.end(), {&state.master, &state.exp_avg, &state.exp_avg_sq});
   }
@@ -203,6 +212,17 @@ absl::StatusOr<std::unique_ptr<LayerwiseTrainer>> LayerwiseTrainer::Create(const
   placement.optimizer = options.optimizer;
   placement.gradients = options.gradients;
   STRATA_RETURN_IF_ERROR(placement.Validate());
+  if (options.step_in_backward) {
+    if (options.optimizer == offload::Tier::kDevice) {
+      return absl::InvalidArgumentError("step_in_backward needs a host or NVMe optimizer");
+    }
+    if (options.max_grad_norm > 0) {
+      return absl::InvalidArgumentError("step_in_backward cannot clip gradients (max_grad_norm must be 0)");
+    }
+    if (options.data_parallel != nullptr && options.data_parallel->world_size() > 1) {
+      return absl::InvalidArgumentError("step_in_backward needs a gang of one");
+    }
+  }
   STRATA_ASSIGN_OR_RETURN(auto adam, offload::CpuAdam::Create(options.adam));
   std::unique_ptr<LayerwiseTrainerImpl> trainer(
       new LayerwiseTrainerImpl(config, head, std::move(resident), source, arena, options));
@@ -338,6 +358,11 @@ absl::StatusOr<double> LayerwiseTrainerImpl::ForwardBackward(const at::Tensor& i
     return absl::FailedPreconditionError(
         "data parallel training summed this step's gradients already: the summing pass is the step's last");
   }
+  if (options_.step_in_backward && passes_since_step_ > 0) {
+    return absl::FailedPreconditionError(
+        "step_in_backward: one forward-backward per optimizer step (the layers stepped in the last one)");
+  }
+  ++passes_since_step_;
   sum_this_pass_ = sum_over_gang;
   absl::Cleanup abandon_grads = [this] { AbandonGrads(); };
   const int64_t layers = config_.num_hidden_layers;
@@ -361,6 +386,7 @@ absl::StatusOr<double> LayerwiseTrainerImpl::ForwardBackward(const at::Tensor& i
       }
       inputs[static_cast<size_t>(l) + 1] = DecoderLayerForward(config_, *w, inputs[static_cast<size_t>(l)], ctx,
                                                                nullptr, l);
+      *w = LlamaLayerWeights();  // before Release: the streamer may reuse the buffers
       source_->Release(l);
     }
     source_->EndPass();
@@ -421,10 +447,18 @@ absl::StatusOr<double> LayerwiseTrainerImpl::ForwardBackward(const at::Tensor& i
     for (at::Tensor* t : slots) *t = t->detach().requires_grad_();
     at::Tensor x = inputs[static_cast<size_t>(l)].detach().requires_grad_();
     inputs[static_cast<size_t>(l)] = at::Tensor();
-    const at::Tensor y = DecoderLayerForward(config_, *w, x, ctx, nullptr, l);
-    y.backward(grad);
-    for (size_t i = 0; i < slots.size(); ++i) {
-      status.Update(AccumulateGrad(params_[layer_params_[static_cast<size_t>(l)][i]], slots[i]->grad()));
+    {
+      // Scoped: the output's graph refers to the weights, which the streamer
+      // reuses for a later fetch only once nothing does.
+      const at::Tensor y = DecoderLayerForward(config_, *w, x, ctx, nullptr, l);
+      y.backward(grad);
+    }
+    if (options_.step_in_backward) {
+      status.Update(StepLayer(l, slots));
+    } else {
+      for (size_t i = 0; i < slots.size(); ++i) {
+        status.Update(AccumulateGrad(params_[layer_params_[static_cast<size_t>(l)][i]], slots[i]->grad()));
+      }
     }
     status.Update(FlushGrads(/*keep_in_flight=*/1));
     if (status.ok()) status.Update(StartGradientSums());
@@ -525,6 +559,9 @@ absl::Status LayerwiseTrainerImpl::LoadState(const std::vector<std::string>& pat
 absl::StatusOr<at::Tensor> LayerwiseTrainerImpl::Gradient(const std::string& name) const {
   for (const ParamState& p : params_) {
     if (p.name != name) continue;
+    if (!p.device_grad.defined() && p.grad.data() == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(name, ": step_in_backward keeps no gradient for layers"));
+    }
     const at::Tensor grad = p.device_grad.defined() ? p.device_grad : HostView(p.grad, p.numel);
     return grad.to(at::kCPU).clone().view(p.shape);
   }
@@ -581,12 +618,14 @@ absl::Status LayerwiseTrainerImpl::ClipGradients() {
   auto gradient = [&](const ParamState& p) {
     return p.device_grad.defined() ? p.device_grad : HostView(p.grad, p.numel);
   };
-  double squares = 0;
+  // step_in_backward: the layers' part was summed as each stepped.
+  double squares = layer_squares_;
+  layer_squares_ = 0.0;
   for (const ParamState& p : params_) {
     if (p.device_grad.defined()) {
       const at::Tensor g = p.device_grad.reshape(-1);
       squares += at::dot(g, g).item<double>();
-    } else {
+    } else if (p.grad.data() != nullptr) {
       squares += SquaredNorm(p.grad.floats().data(), p.numel);
     }
   }
@@ -604,30 +643,67 @@ absl::Status LayerwiseTrainerImpl::ClipGradients() {
 
 absl::Status LayerwiseTrainerImpl::OptimizerStep() {
   summed_since_step_ = false;
+  passes_since_step_ = 0;
   STRATA_RETURN_IF_ERROR(ClipGradients());
+  // With step_in_backward the layers stepped already; the rest steps here.
+  const std::vector<ParamState*> params = HeldParams(/*layers=*/!options_.step_in_backward);
   absl::Status status;
   switch (options_.optimizer) {
-    case offload::Tier::kHost: status = HostStep(); break;
-    case offload::Tier::kNvme: status = NvmeStep(); break;
+    case offload::Tier::kHost: status = HostStep(params); break;
+    case offload::Tier::kNvme: status = NvmeStep(params); break;
     case offload::Tier::kDevice: status = DeviceStep(); break;
   }
   if (!status.ok()) return status;
   for (ParamState& p : params_) {
     if (p.device_grad.defined()) {
       p.device_grad.zero_();
-    } else {
+    } else if (p.grad.data() != nullptr) {
       std::memset(p.grad.data(), 0, static_cast<size_t>(p.numel) * sizeof(float));
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status LayerwiseTrainerImpl::HostStep() {
-  std::vector<offload::AdamTensorSpan> spans;
-  spans.reserve(params_.size());
-  std::vector<const ParamState*> write_back;  // homes the optimizer cannot write in place
+std::vector<LayerwiseTrainerImpl::ParamState*> LayerwiseTrainerImpl::HeldParams(bool layers) {
+  std::vector<ParamState*> out;
   for (ParamState& p : params_) {
-    if (!p.held) continue;
+    if (p.held && (layers || p.layer < 0)) out.push_back(&p);
+  }
+  return out;
+}
+
+absl::Status LayerwiseTrainerImpl::StepLayer(int64_t l, const std::vector<at::Tensor*>& slots) {
+  at::NoGradGuard no_grad;
+  std::vector<ParamState*> layer;
+  absl::Status status;
+  for (size_t i = 0; i < slots.size() && status.ok(); ++i) {
+    ParamState& p = params_[layer_params_[static_cast<size_t>(l)][i]];
+    auto buffer = arena_->Allocate(static_cast<size_t>(p.numel) * sizeof(float));
+    if (!buffer.ok()) {
+      status = absl::ResourceExhaustedError(absl::StrCat("gradient of ", p.name, ": ", buffer.status().message()));
+      break;
+    }
+    p.grad = *std::move(buffer);
+    const at::Tensor grad = slots[i]->grad();
+    if (grad.defined()) {
+      HostView(p.grad, p.numel).copy_(grad.reshape({-1}).to(at::kCPU, at::kFloat));
+    } else {
+      std::memset(p.grad.data(), 0, static_cast<size_t>(p.numel) * sizeof(float));
+    }
+    layer_squares_ += SquaredNorm(p.grad.floats().data(), p.numel);
+    layer.push_back(&p);
+  }
+  if (status.ok()) status = options_.optimizer == offload::Tier::kHost ? HostStep(layer) : NvmeStep(layer);
+  for (ParamState* p : layer) p->grad = offload::HostBuffer();  // back to the arena
+  return status;
+}
+
+absl::Status LayerwiseTrainerImpl::HostStep(const std::vector<ParamState*>& params) {
+  std::vector<offload::AdamTensorSpan> spans;
+  spans.reserve(params.size());
+  std::vector<const ParamState*> write_back;  // homes the optimizer cannot write in place
+  for (ParamState* held : params) {
+    ParamState& p = *held;
     offload::AdamTensorSpan span;
     span.name = p.name;
     const size_t n = static_cast<size_t>(p.numel);
@@ -686,13 +762,13 @@ int64_t LayerwiseTrainerImpl::optimizer_state_bytes() const {
   return floats * static_cast<int64_t>(sizeof(float));
 }
 
-absl::Status LayerwiseTrainerImpl::NvmeStep() {
+absl::Status LayerwiseTrainerImpl::NvmeStep(const std::vector<ParamState*>& params) {
   std::vector<offload::NvmeAdamUpdate> updates;
   std::vector<std::pair<const ParamState*, offload::HostBuffer>> write_back;
   std::map<const ParamState*, at::Tensor> updated;  // sharded: each held tensor's new fp32 weights
-  write_back.reserve(params_.size());
-  for (ParamState& p : params_) {
-    if (!p.held) continue;
+  write_back.reserve(params.size());
+  for (ParamState* held : params) {
+    ParamState& p = *held;
     offload::NvmeAdamUpdate update;
     update.name = p.name;
     const size_t n = static_cast<size_t>(p.numel);

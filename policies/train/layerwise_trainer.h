@@ -65,6 +65,13 @@ struct LayerwiseTrainerOptions {
   // (over every parameter; summed over the gang, so the same on each rank)
   // is at most this, as torch.nn.utils.clip_grad_norm_ does. 0: no clipping.
   double max_grad_norm = 0.0;
+  // Host or NVMe optimizer only: each decoder layer is updated as soon as
+  // its backward ends, from a one-layer gradient buffer, and no gradient
+  // buffer for the layers exists (offload::ModelPlacement::step_in_backward).
+  // Refused with data parallelism or clipping; a second ForwardBackward
+  // before OptimizerStep (micro-batches) is refused. OptimizerStep then
+  // updates the resident tensors (embeddings, norm, head).
+  bool step_in_backward = false;
 };
 
 class LayerwiseTrainer {

@@ -56,6 +56,7 @@ absl::StatusOr<std::unique_ptr<PlacedModel>> PlacedModel::Create(std::unique_ptr
     LayerwiseTrainerOptions trainer_options = options.trainer;
     trainer_options.optimizer = placement.optimizer;
     trainer_options.gradients = placement.gradients;
+    trainer_options.step_in_backward = placement.step_in_backward;
     trainer_options.nvme_adam.id_prefix = options.name + "/";
     auto trainer = LayerwiseTrainer::Create(config, head, weights, placed->source_.get(), context.arena,
                                             trainer_options, context.nvme);

@@ -4,6 +4,7 @@
 // sets the log level and runs the chosen command.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <string>
 
@@ -15,10 +16,12 @@
 #include "bench/generate_bench.h"
 #include "bench/io_bench.h"
 #include "bench/allreduce_bench.h"
+#include "bench/figures_bench.h"
 #include "bench/stream_bench.h"
 #include "bench/tokenizer_bench.h"
 #include "bench/transfer_bench.h"
 #include "services/cli/model_commands.h"
+#include "services/cli/plan_command.h"
 #include "services/cli/report_commands.h"
 #include "services/cli/train_command.h"
 
@@ -281,22 +284,30 @@ struct ClientCommands {
 
 // plan and compare: memory before a run, tables after.
 struct ReportCommands {
-  std::vector<std::string> plan_specs;
-  std::vector<std::string> plan_overrides;
-  bool plan_json = false;
+  strata::services::PlanOptions plan_options;
   std::vector<std::string> compare_dirs;
   bool compare_json = false;
   std::string compare_plot;
 
   void Register(CLI::App& app, Runner& run) {
     // strata plan / compare
-    auto* plan = app.add_subcommand("plan", "Model-state memory (weights, gradients, Adam) by tier for job specs");
-    plan->add_option("specs", plan_specs, "job specs (YAML)")->required();
-    plan->add_option("--set", plan_overrides, "override a spec field: key.path=value (repeatable)");
-    plan->add_flag("--json", plan_json, "print JSON");
-    plan->callback([&] {
-      run = [&] { return Finish("plan", strata::services::RunPlan(plan_specs, plan_overrides, plan_json)); };
-    });
+    auto* plan = app.add_subcommand(
+        "plan", "Memory per tier and phase and time per iteration of job specs; --fit finds a placement that fits");
+    plan->add_option("specs", plan_options.specs, "job specs (YAML)")->required();
+    plan->add_option("--set", plan_options.overrides, "override a spec field: key.path=value (repeatable)");
+    plan->add_flag("--json", plan_options.json, "print JSON: one object per spec");
+    plan->add_option("--fit", plan_options.fit,
+                     "search placements that fit this hardware: device=80GiB,host=128GiB,nvme=2TiB (device=cpu: "
+                     "compute on the CPU)");
+    plan->add_option("--workers", plan_options.workers, "data-parallel ranks (default: the spec's parallel.workers)")
+        ->check(CLI::PositiveNumber);
+    plan->add_option("--figures", plan_options.figures,
+                     "`strata bench figures` output (default: $STRATA_FIGURES, ~/.cache/strata/figures.json, else "
+                     "built in)");
+    plan->add_option("--write", plan_options.write, "with --fit: write the spec with the chosen placement here");
+    plan->add_flag("--fixed-micro-batch", plan_options.fixed_micro_batch,
+                   "with --fit: keep train.micro_batch_size as the spec says (search placements only)");
+    plan->callback([&] { run = [&] { return Finish("plan", strata::services::RunPlan(plan_options)); }; });
     auto* compare = app.add_subcommand("compare", "Side-by-side table of finished runs (their output directories)");
     compare->add_option("runs", compare_dirs, "run output directories")->required();
     compare->add_flag("--json", compare_json, "print JSON");
@@ -322,6 +333,7 @@ struct BenchCommands {
   strata::bench::TransferBenchRequest tb;
   strata::bench::AllReduceBenchRequest arb;
   strata::bench::TokenizerBenchRequest tkb;
+  strata::bench::FiguresBenchRequest fb;
 
   void Register(CLI::App& app, Runner& run) {
     // strata bench ...
@@ -413,6 +425,19 @@ struct BenchCommands {
     bench_stream->add_flag("--json", sb.json, "print one JSON object");
     bench_stream->callback([&] { run = [&] { return Finish("bench stream", strata::bench::RunStreamBench(sb)); }; });
 
+    auto* bench_figures = bench->add_subcommand(
+        "figures", "This machine's figures for `strata plan` (matmul, copies, NVMe, CPU Adam, all-reduce, RSS)");
+    bench_figures->add_option("--nvme-dir", fb.nvme_dir, "existing directory on the NVMe tier's disk")->required();
+    bench_figures->add_option("--out", fb.out, "figures file to write (default: ~/.cache/strata/figures.json)");
+    bench_figures->add_option("--machine", fb.machine, "free text naming the machine, kept in the file");
+    bench_figures->add_flag("--quick", fb.quick, "a smaller grid (seconds instead of a minute)");
+    bench_figures->callback([&] {
+      run = [&] {
+        if (fb.out.empty()) fb.out = strata::services::DefaultFiguresPath();
+        if (!fb.out.empty()) std::filesystem::create_directories(std::filesystem::path(fb.out).parent_path());
+        return Finish("bench figures", strata::bench::RunFiguresBench(fb));
+      };
+    });
     auto* bench_allreduce = bench->add_subcommand(
         "allreduce", "Gradient all-reduce over 2 ranks: strata's bucketed path vs bare c10d Gloo; step wait share");
     bench_allreduce->add_option("--config", arb.config, "HF config.json of the model shape");

@@ -8,7 +8,6 @@
 #include "absl/strings/str_format.h"
 #include "base/file.h"
 #include "base/status_macros.h"
-#include "policies/job/memory_plan.h"
 #include "services/cli/comparison_plot.h"
 
 namespace strata::services {
@@ -16,41 +15,9 @@ namespace {
 
 using nlohmann::json;
 
-std::string GiB(int64_t bytes) { return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / (1 << 30)); }
 std::string MiB(double bytes) { return absl::StrFormat("%.1f MiB", bytes / (1 << 20)); }
 
 }  // namespace
-
-absl::StatusOr<std::string> RunPlan(const std::vector<std::string>& spec_paths,
-                                    const std::vector<std::string>& overrides, bool as_json) {
-  json all = json::array();
-  std::string text;
-  for (const auto& path : spec_paths) {
-    STRATA_ASSIGN_OR_RETURN(auto spec, policies::LoadJobSpec(path, overrides));
-    STRATA_ASSIGN_OR_RETURN(auto plan, policies::PlanModelStates(spec));
-    json j{{"spec", path}, {"algorithm", policies::AlgorithmName(spec.algorithm)}};
-    text += absl::StrFormat("%s (%s): model states, by tier\n", path, policies::AlgorithmName(spec.algorithm));
-    text += absl::StrFormat("  %-10s %14s %12s %12s %12s\n", "model", "parameters", "device", "host", "nvme");
-    for (const auto& m : plan.models) {
-      text += absl::StrFormat("  %-10s %14d %12s %12s %12s\n", m.role, m.parameters, GiB(m.total(0)), GiB(m.total(1)),
-                              GiB(m.total(2)));
-      j["models"].push_back({{"role", m.role},
-                             {"parameters", m.parameters},
-                             {"trainable", m.trainable},
-                             {"device_bytes", m.total(0)},
-                             {"host_bytes", m.total(1)},
-                             {"nvme_bytes", m.total(2)}});
-    }
-    text += absl::StrFormat("  %-10s %14s %12s %12s %12s\n", "total", "", GiB(plan.total[0]), GiB(plan.total[1]),
-                            GiB(plan.total[2]));
-    j["device_bytes"] = plan.total[0];
-    j["host_bytes"] = plan.total[1];
-    j["nvme_bytes"] = plan.total[2];
-    all.push_back(j);
-  }
-  if (as_json) return all.dump() + "\n";
-  return text;
-}
 
 absl::StatusOr<std::string> RunCompare(const std::vector<std::string>& run_dirs, bool as_json,
                                        const std::string& plot_path) {

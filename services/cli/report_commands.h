@@ -1,4 +1,3 @@
-// `strata plan SPEC` (model-state memory by tier before anything loads) and
 // `strata compare RUN_DIR... [--plot FILE]` (side-by-side table and picture of
 // finished runs).
 #ifndef STRATA_SERVICES_CLI_REPORT_COMMANDS_H_
@@ -10,9 +9,6 @@
 #include "absl/status/statusor.h"
 
 namespace strata::services {
-
-absl::StatusOr<std::string> RunPlan(const std::vector<std::string>& spec_paths,
-                                    const std::vector<std::string>& overrides, bool json);
 
 // Each directory holds a run's metrics.jsonl (its output.dir). A non-empty
 // `plot_path` also draws the comparison there (comparison_plot.h).

@@ -249,23 +249,31 @@ absl::Status CoordinatorService::Submit(const Caller& caller, const v1::SubmitJo
   STRATA_RETURN_IF_ERROR(policies::CheckJobLimits(spec, limits, "workers accept"));
   // Paths resolve on the workers, which report a missing model or data file
   // when they start the job (naming the spec key); the coordinator opens no
-  // job file. The model states the memory planner expects must fit too.
+  // job file. What the memory planner predicts at the job's peak (model
+  // states, activations, KV cache, staging: `strata plan`) must fit too.
   // That needs the models' config.json and is skipped where the coordinator
   // cannot see them.
   const std::string worker_dir = AnyWorkerDirectory();
   const policies::JobSpec resolved = worker_dir.empty() ? spec : policies::ResolvePaths(spec, worker_dir);
   if (!worker_dir.empty()) {
-    auto plan = policies::PlanModelStates(resolved);
-    if (plan.ok()) {
+    auto models = policies::JobModels(resolved);
+    if (models.ok()) {
+      const policies::JobPrediction plan = policies::PredictJob(resolved, *models, policies::BuiltInHardwareFigures(),
+                                                                spec.parallel.workers);
+      // Host: the process's predicted peak RSS (the arena, mapped model
+      // files, and on a CPU device the device tier too), what the OOM
+      // killer would see.
       const std::pair<const char*, int64_t> needs[] = {
-          {"host", plan->total[1]}, {"device", plan->total[0]}, {"nvme", plan->total[2]}};
+          {"host", plan.process_rss_bytes}, {"device", plan.peak[0]}, {"nvme", plan.peak[2]}};
       for (const auto& [tier, bytes] : needs) {
         auto offer = largest.find(tier);
         if (offer != largest.end() && offer->second > 0 && bytes > offer->second) {
           return absl::ResourceExhaustedError(absl::StrCat(
-              "spec key 'models': the job's model states need ", bytes >> 20, " MiB of ", tier,
-              std::string(tier) == "nvme" ? " space" : " memory", " (strata plan), but the largest worker offers ",
-              offer->second >> 20, " MiB; move state to another tier with models.*.placement"));
+              "spec key 'models': at its peak the job needs ", bytes >> 20, " MiB of ", tier,
+              std::string(tier) == "nvme" ? " space" : " memory",
+              " per worker (strata plan: model states, activations, KV cache, staging), but the largest worker "
+              "offers ",
+              offer->second >> 20, " MiB; `strata plan SPEC --fit ...` finds a placement that fits"));
         }
       }
     }

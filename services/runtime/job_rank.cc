@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/engine_counters.h"
 #include "base/file.h"
 #include "base/status_macros.h"
 #include "rewards/rule_rewards.h"
@@ -295,6 +296,9 @@ absl::StatusOr<PhaseReply> JobRank::Run(const PhaseRequest& request) {
   // Timed and measured phases: the reply carries this rank's figures.
   const std::string measured = phase == "train" ? "update" : phase;
   const auto started = std::chrono::steady_clock::now();
+  const EngineCounters& counters = GlobalEngineCounters();
+  const int64_t nvme_read = EngineCounters::Read(counters.nvme_read_bytes);
+  const int64_t nvme_written = EngineCounters::Read(counters.nvme_written_bytes);
   models_.BeginPhase(measured);
   if (phase == "rollout") {
     std::vector<int64_t> index;
@@ -314,10 +318,17 @@ absl::StatusOr<PhaseReply> JobRank::Run(const PhaseRequest& request) {
     }
     for (const auto& [key, value] : models_.OptimizerMetrics()) reply.metrics[key] = value;
   }
+  // NVMe traffic of the phase (the process's: with in-process ranks, theirs together).
+  reply.metrics["nvme/" + measured + "_read_bytes"] =
+      static_cast<double>(EngineCounters::Read(counters.nvme_read_bytes) - nvme_read);
+  reply.metrics["nvme/" + measured + "_written_bytes"] =
+      static_cast<double>(EngineCounters::Read(counters.nvme_written_bytes) - nvme_written);
   reply.metrics["time/" + measured + "_s"] =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   for (const auto& [tier, bytes] : models_.PhaseMemory(measured).peak_bytes) {
     reply.metrics["memory/" + tier + "_peak_bytes"] = static_cast<double>(bytes);
+    // Per phase too, for what `strata plan` predicts phase by phase.
+    reply.metrics["memory/" + measured + "/" + tier + "_peak_bytes"] = static_cast<double>(bytes);
   }
   // Beside the engine's ledgers, what the kernel counts for this process
   // (peak since it started; with in-process ranks, theirs together).

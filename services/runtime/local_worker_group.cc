@@ -228,7 +228,9 @@ absl::StatusOr<std::unique_ptr<LocalWorkerGroup>> LocalWorkerGroup::Create(const
     if (!store.ok()) {
       return absl::Status(store.status().code(), absl::StrCat("memory.nvme_dir: ", store.status().message()));
     }
-    group->nvme_ = std::move(*store);
+    // Streamers' I/O threads and optimizers stepping inside a backward pass
+    // may drive it at once.
+    group->nvme_ = offload::SynchronizedNvmeStore(std::move(*store));
     if (spec.memory.pin_host) {
       const std::span<std::byte> region = group->arena_->region();
       if (auto s = group->nvme_->RegisterBuffers({&region, 1}); !s.ok()) {

@@ -520,8 +520,23 @@ TEST_F(ServiceTest, BadInputGetsTheRightCodeAndServersKeepServing) {
   const std::string big = dir_.Join("llama2-7b");
   std::filesystem::create_directories(big);
   std::filesystem::copy_file(testing::SourcePath("examples/llama2-7b/config.json"), JoinPath(big, "config.json"));
+  // Model states that fit easily (a tiny model with a 150k vocabulary:
+  // ~80M parameters) but whose scoring logits at this batch and length do
+  // not (256 rows x 128 tokens x 150k x 12 bytes: ~59 GB): the planner's
+  // whole prediction is what admission checks, not model states alone.
+  const std::string wide = dir_.Join("wide-vocab");
+  std::filesystem::create_directories(wide);
+  {
+    auto config = nlohmann::json::parse(*ReadFileToString(testing::SourcePath("examples/tiny/model.json")));
+    config["vocab_size"] = 150000;
+    testing::WriteTextFile(JoinPath(wide, "config.json"), config.dump());
+  }
+  const std::vector<std::string> wide_job = {"models.actor.path=" + wide, "models.reference.path=" + wide,
+                                             "train.batch_size=256", "data.max_prompt_tokens=64",
+                                             "generation.max_new_tokens=64"};
   const std::vector<Case> cases = {
       {Spec(1, "x"), {"models.actor.path=" + big}, grpc::StatusCode::RESOURCE_EXHAUSTED, "host memory"},
+      {Spec(1, "x"), wide_job, grpc::StatusCode::RESOURCE_EXHAUSTED, "activations, KV cache"},
       {"algorithm: [remax", {}, grpc::StatusCode::INVALID_ARGUMENT, "YAML"},
       {Spec(1, "x"), {"algorithm=dpo"}, grpc::StatusCode::INVALID_ARGUMENT, "algorithm"},
       {Spec(1, "x"), {"train.lr=-0.1"}, grpc::StatusCode::INVALID_ARGUMENT, "train.lr"},

@@ -162,7 +162,7 @@ std::vector<double> TrainWithPlacement(const offload::ModelPlacement& placement,
   if (placement.weights == offload::Tier::kNvme || placement.optimizer == offload::Tier::kNvme) {
     offload::NvmeStoreOptions store_options;
     store_options.directory = dir.path();
-    store = std::move(*offload::NvmeStore::Open(store_options));
+    store = offload::SynchronizedNvmeStore(std::move(*offload::NvmeStore::Open(store_options)));
   }
   LlamaWeights weights = model->weights();  // shares storage with the model
   std::unique_ptr<offload::LayerStreamer> streamer;
@@ -181,6 +181,7 @@ std::vector<double> TrainWithPlacement(const offload::ModelPlacement& placement,
   LayerwiseTrainerOptions options = TrainerOptions();
   options.optimizer = placement.optimizer;
   options.gradients = placement.gradients;
+  options.step_in_backward = placement.step_in_backward;
   options.nvme_adam.tile_elements = 1024;
   auto trainer = LayerwiseTrainer::Create(model->config(), LlamaHead::kLanguageModel, weights, source.get(),
                                           arena.get(), options, store.get());
@@ -206,11 +207,13 @@ TEST_P(PlacementTest, LossesEqualResidentWithHostAdam) {
   EXPECT_LT(losses.back(), losses.front());  // it trains
 }
 
-offload::ModelPlacement Place(offload::Tier weights, offload::Tier optimizer, offload::Tier gradients) {
+offload::ModelPlacement Place(offload::Tier weights, offload::Tier optimizer, offload::Tier gradients,
+                              bool step_in_backward = false) {
   offload::ModelPlacement p;
   p.weights = weights;
   p.optimizer = optimizer;
   p.gradients = gradients;
+  p.step_in_backward = step_in_backward;
   return p;
 }
 
@@ -219,11 +222,52 @@ INSTANTIATE_TEST_SUITE_P(
     Placements, PlacementTest,
     ::testing::Values(Place(Tier::kHost, Tier::kHost, Tier::kHost), Place(Tier::kNvme, Tier::kHost, Tier::kHost),
                       Place(Tier::kDevice, Tier::kNvme, Tier::kHost), Place(Tier::kNvme, Tier::kNvme, Tier::kHost),
-                      Place(Tier::kDevice, Tier::kDevice, Tier::kDevice)),
+                      Place(Tier::kDevice, Tier::kDevice, Tier::kDevice),
+                      // Each layer updated as its backward ends: the same steps.
+                      Place(Tier::kDevice, Tier::kHost, Tier::kHost, true),
+                      Place(Tier::kHost, Tier::kHost, Tier::kHost, true),
+                      Place(Tier::kNvme, Tier::kNvme, Tier::kHost, true)),
     [](const auto& info) {
       return std::string(offload::TierName(info.param.weights)) + "_" + offload::TierName(info.param.optimizer) + "_" +
-             offload::TierName(info.param.gradients);
+             offload::TierName(info.param.gradients) + (info.param.step_in_backward ? "_step_in_backward" : "");
     });
+
+TEST(LayerwiseTrainerTest, StepInBackwardKeepsNoLayerGradientsAndTakesOnePassPerStep) {
+  const Batch batch = MakeBatch();
+  auto loss_fn = [&](const at::Tensor& logits) { return NextTokenLoss(logits, batch.ids); };
+  auto model = LlamaModel::RandomInit(SmallConfig(false), LlamaHead::kLanguageModel, at::kFloat, 3, 0.2);
+  LlamaWeights weights = model->weights();
+  ResidentLayerSource source(weights.layers);
+  weights.layers.clear();
+  LayerwiseTrainerOptions options = TrainerOptions();
+  options.step_in_backward = true;
+  // The arena holds master weights and moments (12 B a parameter) and the
+  // resident tensors' gradients, not the layers' 4 B a parameter.
+  auto arena = Arena();
+  const size_t before = arena->stats().requested_bytes;
+  auto trainer = LayerwiseTrainer::Create(model->config(), LlamaHead::kLanguageModel, weights, &source, arena.get(),
+                                          options);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  const LlamaConfig& c = model->config();
+  const int64_t resident = c.NumParameters() - c.num_hidden_layers * c.LayerParameters();
+  EXPECT_LE(arena->stats().requested_bytes - before,
+            static_cast<size_t>(12 * c.NumParameters() + 4 * resident) + (64 << 10));
+  ASSERT_TRUE((*trainer)->ForwardBackward(batch.ids, batch.mask, loss_fn).ok());
+  EXPECT_GT((*trainer)->Gradient("lm_head.weight")->abs().sum().item<double>(), 0.0);
+  EXPECT_EQ((*trainer)->Gradient("model.layers.0.mlp.up_proj.weight").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  // The layers stepped already: a second pass would need their gradients.
+  auto again = (*trainer)->ForwardBackward(batch.ids, batch.mask, loss_fn);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition) << again.status();
+  ASSERT_TRUE((*trainer)->OptimizerStep().ok());
+  EXPECT_GT((*trainer)->last_grad_norm(), 0.0);
+  EXPECT_TRUE((*trainer)->ForwardBackward(batch.ids, batch.mask, loss_fn).ok());
+
+  options.max_grad_norm = 1.0;
+  EXPECT_FALSE(LayerwiseTrainer::Create(model->config(), LlamaHead::kLanguageModel, weights, &source, arena.get(),
+                                        options)
+                   .ok());
+}
 
 TEST(PlacementValidationTest, ImpossibleCombinationsNameTheField) {
   EXPECT_NE(Place(Tier::kHost, Tier::kDevice, Tier::kDevice).Validate().message().find("placement.optimizer"),

@@ -1,0 +1,214 @@
+#include "bench/figures_bench.h"
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/file.h"
+#include "base/status_macros.h"
+#include "bench/adam_bench.h"
+#include "bench/allreduce_bench.h"
+#include "bench/io_bench.h"
+#include "bench/stream_bench.h"
+#include "policies/job/hardware_figures.h"
+#include "policies/model/generation.h"
+#include "policies/model/llama.h"
+
+namespace strata::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Best seconds per call of `fn` over calls adding up to about `budget_s`.
+template <typename Fn>
+double BestSeconds(Fn fn, double budget_s) {
+  fn();  // warm-up: allocations, thread pools
+  double best = 1e30, spent = 0;
+  for (int i = 0; i < 3 || spent < budget_s; ++i) {
+    const auto start = Clock::now();
+    fn();
+    const double s = std::chrono::duration<double>(Clock::now() - start).count();
+    best = std::min(best, s);
+    spent += s;
+    if (i > 1000) break;
+  }
+  return best;
+}
+
+int64_t ResidentBytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::atoll(line.c_str() + 6) * 1024;
+  }
+  return 0;
+}
+
+absl::StatusOr<nlohmann::json> Json(const absl::StatusOr<std::string>& report, const char* bench) {
+  if (!report.ok()) {
+    return absl::Status(report.status().code(), absl::StrCat("bench ", bench, ": ", report.status().message()));
+  }
+  auto j = nlohmann::json::parse(*report, nullptr, false);
+  if (!j.is_object()) return absl::InternalError(absl::StrCat("bench ", bench, ": its report is not JSON"));
+  return j;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> RunFiguresBench(const FiguresBenchRequest& request) {
+  if (request.nvme_dir.empty() || !IsDirectory(request.nvme_dir)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--nvme-dir '", request.nvme_dir, "' is not an existing directory (the NVMe tier's disk)"));
+  }
+  policies::HardwareFigures f;
+  f.machine = request.machine;
+  std::string table = "figure                          value\n";
+
+  const double budget = request.quick ? 0.02 : 0.2;
+  {
+    // Fixed costs on a minimal model (hidden 64): the difference between 3
+    // decoder layers and 1 is two layers' dispatch; a generation step of
+    // the 1-layer model less its layer is the step's own.
+    policies::LlamaConfig c;
+    c.hidden_size = 64, c.intermediate_size = 128, c.num_attention_heads = 2, c.num_key_value_heads = 2;
+    c.head_dim = 32, c.vocab_size = 256, c.max_position_embeddings = 64;
+    c.eos_token_ids = {};
+    const int64_t rows = 8, prompt = 8, steps = 16;
+    std::vector<std::vector<int32_t>> prompts(rows, std::vector<int32_t>(prompt, 5));
+    double per_step[2] = {0, 0};
+    for (int64_t layers : {1, 3}) {
+      c.num_hidden_layers = layers;
+      auto model = policies::LlamaModel::RandomInit(c, policies::LlamaHead::kLanguageModel, at::kFloat, 1);
+      policies::SamplingOptions options;
+      options.stop_at_eos = false;
+      options.max_new_tokens = steps;
+      absl::Status status;
+      const double s = BestSeconds([&] { status.Update(policies::Generate(*model, prompts, options, {}).status()); },
+                                   budget);
+      STRATA_RETURN_IF_ERROR(status);
+      per_step[layers == 1 ? 0 : 1] = s / static_cast<double>(steps);
+    }
+    f.layer_overhead_s = std::max((per_step[1] - per_step[0]) / 2.0, 1e-7);
+    f.decode_step_overhead_s = std::max(per_step[0] - f.layer_overhead_s, 1e-7);
+    table += absl::StrFormat("layer / decode step overhead    %10.1f / %.1f us\n", f.layer_overhead_s * 1e6,
+                             f.decode_step_overhead_s * 1e6);
+  }
+  // libtorch and its thread pools are up and a small model has run; the
+  // large buffers of the benchmarks to come are not allocated yet.
+  f.process_baseline_bytes = ResidentBytes();
+  // Widths and rows of the product grid (rows: decoding's few to training's many).
+  const std::vector<int64_t> ks =
+      request.quick ? std::vector<int64_t>{256, 1024} : std::vector<int64_t>{256, 1024, 4096};
+  const std::vector<int64_t> ms =
+      request.quick ? std::vector<int64_t>{1, 64} : std::vector<int64_t>{1, 2, 4, 16, 64, 256, 1024};
+  for (const auto& [dtype, name] : {std::pair{at::kFloat, "fp32"}, std::pair{at::kBFloat16, "bf16"}}) {
+    auto& points = dtype == at::kFloat ? f.matmul_fp32 : f.matmul_bf16;
+    for (int64_t k : ks) {
+      // A model touches each layer's weights once per pass: cycle through
+      // enough matrices (256 MiB) that they come from DRAM, not the caches.
+      const int64_t copies = std::max<int64_t>(1, (int64_t{256} << 20) / (k * k * at::elementSize(dtype)));
+      std::vector<at::Tensor> ws;
+      for (int64_t i = 0; i < copies; ++i) ws.push_back(at::randn({k, k}).to(dtype));
+      for (int64_t m : ms) {
+        const at::Tensor x = at::randn({m, k}).to(dtype);
+        size_t next = 0;
+        const double s = BestSeconds([&] { (void)at::mm(x, ws[next++ % ws.size()]); }, budget);
+        points.push_back({m, k, 2.0 * static_cast<double>(m) * static_cast<double>(k) * static_cast<double>(k) / s});
+        table += absl::StrFormat("matmul %-4s m=%-5d k=%-5d %10.2f GFLOP/s\n", name, m, k, points.back().flops / 1e9);
+      }
+    }
+  }
+  {
+    const at::Tensor a = at::ones({8}), b = at::ones({8});
+    f.op_overhead_s = BestSeconds([&] { (void)at::add(a, b); }, budget);
+    table += absl::StrFormat("op overhead                     %10.2f us\n", f.op_overhead_s * 1e6);
+  }
+  {
+    // Copies into a tensor that already exists, as streamed layers land in
+    // the window's buffers (on a CPU device host->device is this copy too).
+    const int64_t bytes = (request.quick ? 32 : 256) << 20;
+    const at::Tensor src = at::ones({bytes / 4}), dst = at::empty({bytes / 4});
+    const double s = BestSeconds([&] { dst.copy_(src); }, budget);
+    f.memory_copy_bytes_per_s = static_cast<double>(bytes) / s;
+    f.host_to_device_bytes_per_s = f.memory_copy_bytes_per_s;
+    f.device_to_host_bytes_per_s = f.memory_copy_bytes_per_s;
+    table += absl::StrFormat("memory copy                     %10.2f GB/s\n", f.memory_copy_bytes_per_s / 1e9);
+  }
+  {
+    IoBenchRequest io;
+    io.dir = request.nvme_dir;
+    io.size_mib = request.quick ? 64 : 1024;
+    io.repeats = 1;
+    io.json = true;
+    STRATA_ASSIGN_OR_RETURN(auto j, Json(RunIoBench(io), "io"));
+    f.nvme_read_bytes_per_s = j.value("ours_read_mbps", 0.0) * 1e6;
+    f.nvme_write_bytes_per_s = j.value("ours_write_mbps", 0.0) * 1e6;
+    table += absl::StrFormat("nvme read / write               %10.2f / %.2f GB/s (fio %.2f / %.2f)\n",
+                             f.nvme_read_bytes_per_s / 1e9, f.nvme_write_bytes_per_s / 1e9,
+                             j.value("fio_read_mbps", 0.0) / 1e3, j.value("fio_write_mbps", 0.0) / 1e3);
+  }
+  {
+    // A training step of 8 medium-width layers with almost no arithmetic
+    // (1 row of 8 tokens): streamed minus resident time is streaming time,
+    // for the forward and the backward pass's bytes.
+    StreamBenchRequest sb;
+    sb.layers = 8, sb.hidden = 768, sb.vocab = 256, sb.batch = 1, sb.seq = 8;
+    sb.device_budget_mib = 400;
+    sb.nvme_dir = JoinPath(request.nvme_dir, "strata-figures-stream");
+    sb.steps = request.quick ? 1 : 3;
+    sb.json = true;
+    STRATA_ASSIGN_OR_RETURN(auto j, Json(RunStreamBench(sb), "stream"));
+    const double bytes = 2.0 * j.value("decoder_weight_bytes", 0.0);
+    const double resident = j.value("resident_s", 0.0);
+    f.host_stream_bytes_per_s = bytes / std::max(j.value("host_stream_s", 0.0) - resident, 1e-4);
+    f.nvme_stream_bytes_per_s = bytes / std::max(j.value("nvme_stream_s", 0.0) - resident, 1e-4);
+    table += absl::StrFormat("layer streaming host / nvme     %10.2f / %.2f GB/s\n", f.host_stream_bytes_per_s / 1e9,
+                             f.nvme_stream_bytes_per_s / 1e9);
+  }
+  {
+    AdamBenchRequest adam;
+    adam.params = request.quick ? 2'000'000 : 100'000'000;  // far past the caches: DRAM-bound, as models are
+    adam.steps = 3;
+    adam.bf16_copy = false;
+    adam.json = true;
+    STRATA_ASSIGN_OR_RETURN(auto j, Json(RunAdamBench(adam), "adam"));
+    f.adam_params_per_s = j.value("ours_mparams_per_s", 0.0) * 1e6;
+    f.device_adam_params_per_s = j.value("torch_mparams_per_s", 0.0) * 1e6;
+    table += absl::StrFormat("CPU AdamW (torch's)             %10.1f M params/s (%.1f)\n", f.adam_params_per_s / 1e6,
+                             f.device_adam_params_per_s / 1e6);
+  }
+  {
+    AllReduceBenchRequest ar;
+    ar.steps = 1;
+    ar.json = true;
+    auto report = RunAllReduceBench(ar);
+    if (report.ok()) {
+      STRATA_ASSIGN_OR_RETURN(auto j, Json(report, "allreduce"));
+      f.allreduce_bytes_per_s = j.value("strata_allreduce_gb_s", 0.0) * 1e9;
+      table += absl::StrFormat("gradient all-reduce, 2 ranks    %10.2f GB/s\n", f.allreduce_bytes_per_s / 1e9);
+    } else {
+      // No Gloo in this build, or no model shape to run: an estimate, said as one.
+      f.allreduce_bytes_per_s = f.memory_copy_bytes_per_s / 4;
+      table += absl::StrFormat("gradient all-reduce             not measured (%s); memory copy / 4\n",
+                               report.status().message());
+    }
+  }
+  table += absl::StrFormat("process baseline RSS            %10.1f MiB\n",
+                           static_cast<double>(f.process_baseline_bytes) / (1 << 20));
+  // The file must parse as the planner reads it.
+  STRATA_RETURN_IF_ERROR(policies::ParseHardwareFigures(f.ToJson(), "figures").status());
+  if (!request.out.empty()) {
+    STRATA_RETURN_IF_ERROR(WriteFileAtomically(request.out, f.ToJson()));
+    table += absl::StrCat("wrote ", request.out, "\n");
+  } else {
+    table += f.ToJson();
+  }
+  return table;
+}
+
+}  // namespace strata::bench

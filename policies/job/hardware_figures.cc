@@ -1,0 +1,203 @@
+#include "policies/job/hardware_figures.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "base/file.h"
+
+namespace strata::policies {
+namespace {
+
+using nlohmann::json;
+
+// Linear interpolation of y over log(x) between sorted (x, y) points;
+// clamped at both ends.
+double InterpolateLog(const std::vector<std::pair<double, double>>& points, double x) {
+  if (points.size() == 1 || x <= points.front().first) return points.front().second;
+  if (x >= points.back().first) return points.back().second;
+  for (size_t i = 1; i < points.size(); ++i) {
+    if (x <= points[i].first) {
+      const double a = std::log(points[i - 1].first), b = std::log(points[i].first);
+      const double t = (std::log(x) - a) / (b - a);
+      return points[i - 1].second + t * (points[i].second - points[i - 1].second);
+    }
+  }
+  return points.back().second;
+}
+
+json PointsJson(const std::vector<MatmulPoint>& points) {
+  json out = json::array();
+  for (const auto& p : points) out.push_back({{"m", p.m}, {"k", p.k}, {"flops", p.flops}});
+  return out;
+}
+
+}  // namespace
+
+const HardwareFigures::Rows& HardwareFigures::RowsOf(const std::string& dtype) const {
+  const bool bf16 = dtype == "bf16" && !matmul_bf16.empty();
+  Rows& rows = bf16 ? bf16_rows_ : fp32_rows_;
+  if (!rows.by_k.empty()) return rows;
+  std::map<int64_t, std::vector<std::pair<double, double>>> by_k;
+  for (const auto& p : bf16 ? matmul_bf16 : matmul_fp32) by_k[p.k].push_back({static_cast<double>(p.m), p.flops});
+  for (auto& [k, row] : by_k) {
+    std::sort(row.begin(), row.end());
+    rows.by_k.push_back({static_cast<double>(k), std::move(row)});
+  }
+  return rows;
+}
+
+double HardwareFigures::MatmulSeconds(int64_t m, int64_t k, int64_t n, const std::string& dtype) const {
+  const Rows& rows = RowsOf(dtype);
+  if (rows.by_k.empty() || m <= 0 || k <= 0 || n <= 0) return op_overhead_s;
+  // At each measured k: time is linear in m between measured m (a fixed
+  // part, reading the weights, plus arithmetic that grows with m), and the
+  // rate constant beyond the ends. Then the rate is interpolated over log k.
+  const double x = static_cast<double>(m);
+  std::vector<std::pair<double, double>> over_k;
+  over_k.reserve(rows.by_k.size());
+  for (const auto& [kk, row] : rows.by_k) {
+    double rate = row.back().second;
+    if (x <= row.front().first) {
+      rate = row.front().second;
+    } else {
+      for (size_t i = 1; i < row.size(); ++i) {
+        if (x <= row[i].first) {
+          const double t0 = row[i - 1].first / row[i - 1].second, t1 = row[i].first / row[i].second;
+          const double t = t0 + (x - row[i - 1].first) / (row[i].first - row[i - 1].first) * (t1 - t0);
+          rate = x / t;
+          break;
+        }
+      }
+    }
+    over_k.push_back({kk, rate});
+  }
+  const double rate = InterpolateLog(over_k, static_cast<double>(k));
+  return 2.0 * static_cast<double>(m) * static_cast<double>(k) * static_cast<double>(n) / rate + op_overhead_s;
+}
+
+std::string HardwareFigures::ToJson() const {
+  json j{{"machine", machine},
+         {"matmul_fp32", PointsJson(matmul_fp32)},
+         {"matmul_bf16", PointsJson(matmul_bf16)},
+         {"op_overhead_s", op_overhead_s},
+         {"layer_overhead_s", layer_overhead_s},
+         {"decode_step_overhead_s", decode_step_overhead_s},
+         {"memory_copy_bytes_per_s", memory_copy_bytes_per_s},
+         {"host_to_device_bytes_per_s", host_to_device_bytes_per_s},
+         {"device_to_host_bytes_per_s", device_to_host_bytes_per_s},
+         {"host_stream_bytes_per_s", host_stream_bytes_per_s},
+         {"nvme_stream_bytes_per_s", nvme_stream_bytes_per_s},
+         {"nvme_read_bytes_per_s", nvme_read_bytes_per_s},
+         {"nvme_write_bytes_per_s", nvme_write_bytes_per_s},
+         {"adam_params_per_s", adam_params_per_s},
+         {"device_adam_params_per_s", device_adam_params_per_s},
+         {"allreduce_bytes_per_s", allreduce_bytes_per_s},
+         {"process_baseline_bytes", process_baseline_bytes}};
+  return j.dump(2) + "\n";
+}
+
+HardwareFigures BuiltInHardwareFigures() {
+  // `strata bench figures` on the 2-vCPU development machine, 2026-11-24
+  // (docs/BENCHMARKS.md): what `strata plan` assumes without a figures file.
+  HardwareFigures f;
+  f.machine = "built in: the 2-vCPU development machine (run `strata bench figures` for yours)";
+  f.matmul_fp32 = {
+      {1, 256, 5.177e+09}, {2, 256, 1.061e+10}, {4, 256, 2.58e+10}, {16, 256, 8.44e+10},
+      {64, 256, 1.521e+11}, {256, 256, 1.831e+11}, {1024, 256, 2.077e+11}, {1, 1024, 8.295e+09},
+      {2, 1024, 1.576e+10}, {4, 1024, 2.645e+10}, {16, 1024, 9.135e+10}, {64, 1024, 1.63e+11},
+      {256, 1024, 1.982e+11}, {1024, 1024, 2.066e+11}, {1, 4096, 6.713e+09}, {2, 4096, 1.251e+10},
+      {4, 4096, 2.31e+10}, {16, 4096, 8.583e+10}, {64, 4096, 1.557e+11}, {256, 4096, 1.987e+11},
+      {1024, 4096, 2.101e+11}};
+  f.matmul_bf16 = {
+      {1, 256, 5.288e+09}, {2, 256, 1.067e+10}, {4, 256, 2.09e+10}, {16, 256, 6.753e+10},
+      {64, 256, 1.428e+11}, {256, 256, 2.016e+11}, {1024, 256, 2.204e+11}, {1, 1024, 9.574e+09},
+      {2, 1024, 1.911e+10}, {4, 1024, 3.554e+10}, {16, 1024, 9.706e+10}, {64, 1024, 1.719e+11},
+      {256, 1024, 2.121e+11}, {1024, 1024, 2.159e+11}, {1, 4096, 7.036e+09}, {2, 4096, 1.398e+10},
+      {4, 4096, 2.673e+10}, {16, 4096, 7.91e+10}, {64, 4096, 1.549e+11}, {256, 4096, 2.042e+11},
+      {1024, 4096, 2.043e+11}};
+  f.op_overhead_s = 5.71e-07;
+  f.layer_overhead_s = 0.0001321;
+  f.decode_step_overhead_s = 0.0001712;
+  f.memory_copy_bytes_per_s = 1.094e+10;
+  f.host_to_device_bytes_per_s = 1.094e+10;
+  f.device_to_host_bytes_per_s = 1.094e+10;
+  f.host_stream_bytes_per_s = 6.231e+09;
+  f.nvme_stream_bytes_per_s = 1.316e+09;
+  f.nvme_read_bytes_per_s = 1.536e+09;
+  f.nvme_write_bytes_per_s = 3.75e+09;
+  f.adam_params_per_s = 3.337e+09;
+  f.device_adam_params_per_s = 3.115e+08;
+  f.allreduce_bytes_per_s = 9.878e+08;
+  f.process_baseline_bytes = 180285440;
+  return f;
+}
+
+absl::StatusOr<HardwareFigures> ParseHardwareFigures(const std::string& text, const std::string& source) {
+  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": not a JSON object (write one with `strata bench figures`)"));
+  }
+  HardwareFigures f;
+  f.source = source;
+  auto bad = [&](const std::string& field, const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": field '", field, "' ", why));
+  };
+  auto number = [&](const char* field, double* out) -> absl::Status {
+    if (!j.contains(field) || !j[field].is_number() || !(j[field].get<double>() > 0)) {
+      return bad(field, "is missing or not a positive number");
+    }
+    *out = j[field].get<double>();
+    return absl::OkStatus();
+  };
+  auto points = [&](const char* field, std::vector<MatmulPoint>* out) -> absl::Status {
+    if (!j.contains(field) || !j[field].is_array() || j[field].empty()) {
+      return bad(field, "is missing or not a non-empty array of {m, k, flops}");
+    }
+    for (const auto& p : j[field]) {
+      if (!p.is_object() || !p.contains("m") || !p.contains("k") || !p.contains("flops") || !p["m"].is_number() ||
+          !p["k"].is_number() || !p["flops"].is_number() || p["m"].get<double>() < 1 || p["k"].get<double>() < 1 ||
+          !(p["flops"].get<double>() > 0)) {
+        return bad(field, "has an entry that is not {m >= 1, k >= 1, flops > 0}");
+      }
+      out->push_back({p["m"].get<int64_t>(), p["k"].get<int64_t>(), p["flops"].get<double>()});
+    }
+    return absl::OkStatus();
+  };
+  if (j.contains("machine") && j["machine"].is_string()) f.machine = j["machine"].get<std::string>();
+  absl::Status s = points("matmul_fp32", &f.matmul_fp32);
+  if (s.ok()) s = points("matmul_bf16", &f.matmul_bf16);
+  if (s.ok()) s = number("op_overhead_s", &f.op_overhead_s);
+  if (s.ok()) s = number("layer_overhead_s", &f.layer_overhead_s);
+  if (s.ok()) s = number("decode_step_overhead_s", &f.decode_step_overhead_s);
+  if (s.ok()) s = number("memory_copy_bytes_per_s", &f.memory_copy_bytes_per_s);
+  if (s.ok()) s = number("host_to_device_bytes_per_s", &f.host_to_device_bytes_per_s);
+  if (s.ok()) s = number("device_to_host_bytes_per_s", &f.device_to_host_bytes_per_s);
+  if (s.ok()) s = number("host_stream_bytes_per_s", &f.host_stream_bytes_per_s);
+  if (s.ok()) s = number("nvme_stream_bytes_per_s", &f.nvme_stream_bytes_per_s);
+  if (s.ok()) s = number("nvme_read_bytes_per_s", &f.nvme_read_bytes_per_s);
+  if (s.ok()) s = number("nvme_write_bytes_per_s", &f.nvme_write_bytes_per_s);
+  if (s.ok()) s = number("adam_params_per_s", &f.adam_params_per_s);
+  if (s.ok()) s = number("device_adam_params_per_s", &f.device_adam_params_per_s);
+  if (s.ok()) s = number("allreduce_bytes_per_s", &f.allreduce_bytes_per_s);
+  double baseline = 0;
+  if (s.ok()) s = number("process_baseline_bytes", &baseline);
+  if (!s.ok()) return s;
+  f.process_baseline_bytes = static_cast<int64_t>(baseline);
+  return f;
+}
+
+absl::StatusOr<HardwareFigures> LoadHardwareFigures(const std::string& path) {
+  auto text = ReadFileToString(path);
+  if (!text.ok()) {
+    return absl::Status(text.status().code(), absl::StrCat("figures file: ", text.status().message(),
+                                                           " (write one with `strata bench figures`)"));
+  }
+  return ParseHardwareFigures(*text, path);
+}
+
+}  // namespace strata::policies

@@ -1,0 +1,79 @@
+// What a machine does per second, as `strata bench figures` measured it:
+// the figures the planner's cost model turns into phase times. A JSON file
+// written on the machine (or one like it) and read by `strata plan`.
+#ifndef STRATA_POLICIES_JOB_HARDWARE_FIGURES_H_
+#define STRATA_POLICIES_JOB_HARDWARE_FIGURES_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace strata::policies {
+
+// Matrix-multiply throughput of [m, k] x [k, k] at one (m, k), in flop/s.
+struct MatmulPoint {
+  int64_t m = 0;
+  int64_t k = 0;
+  double flops = 0.0;
+};
+
+struct HardwareFigures {
+  std::string machine;  // free text: where the figures were measured
+  std::string source;   // the file they were read from ("" when built in)
+  // Per model dtype ("fp32", "bf16"): measured points over m and k.
+  std::vector<MatmulPoint> matmul_fp32, matmul_bf16;
+  // Fixed cost of one tensor operation (dispatch, allocation, threads), s.
+  double op_overhead_s = 0.0;
+  // Fixed cost of one decoder layer's forward (its ~30 operations) and of
+  // one generation step besides its layers (head, sampling, bookkeeping),
+  // both measured on a minimal model where the arithmetic is negligible.
+  double layer_overhead_s = 0.0;
+  double decode_step_overhead_s = 0.0;
+  double memory_copy_bytes_per_s = 0.0;      // within the compute device's memory
+  double host_to_device_bytes_per_s = 0.0;   // arena to the compute device
+  double device_to_host_bytes_per_s = 0.0;
+  // Decoder layers streamed by the offload engine (LayerStreamer) from the
+  // host arena and from NVMe: the time a streamed training step takes over
+  // a resident one, per byte streamed (on a CPU device streaming does not
+  // overlap compute: one core does both).
+  double host_stream_bytes_per_s = 0.0;
+  double nvme_stream_bytes_per_s = 0.0;
+  double nvme_read_bytes_per_s = 0.0;        // the NVMe store, O_DIRECT
+  double nvme_write_bytes_per_s = 0.0;
+  double adam_params_per_s = 0.0;            // CPU AdamW over host states
+  double device_adam_params_per_s = 0.0;     // AdamW by tensor ops on the device
+  double allreduce_bytes_per_s = 0.0;        // bytes summed per second over 2 ranks
+  // Resident bytes of a strata process before it loads a model (libtorch,
+  // code, thread stacks), which peak RSS adds to the tiers' figures.
+  int64_t process_baseline_bytes = 0;
+
+  // Seconds of an [m, k] x [k, n] product in `dtype`: interpolated in
+  // log(m), log(k) between the measured points, plus one op's overhead.
+  double MatmulSeconds(int64_t m, int64_t k, int64_t n, const std::string& dtype) const;
+
+  std::string ToJson() const;
+
+ private:
+  // Points by k, each row sorted by m: built on the first MatmulSeconds
+  // (the planner asks millions of times while it searches placements).
+  struct Rows {
+    std::vector<std::pair<double, std::vector<std::pair<double, double>>>> by_k;  // k -> (m, flop/s)
+  };
+  mutable Rows fp32_rows_, bf16_rows_;
+  const Rows& RowsOf(const std::string& dtype) const;
+};
+
+// Figures measured on the 2-vCPU development machine (docs/BENCHMARKS.md),
+// for a planner run with no figures file.
+HardwareFigures BuiltInHardwareFigures();
+
+// Reads a figures file; INVALID_ARGUMENT naming the file and the field that
+// is missing or not a positive number.
+absl::StatusOr<HardwareFigures> ParseHardwareFigures(const std::string& text, const std::string& source);
+absl::StatusOr<HardwareFigures> LoadHardwareFigures(const std::string& path);
+
+}  // namespace strata::policies
+
+#endif  // STRATA_POLICIES_JOB_HARDWARE_FIGURES_H_

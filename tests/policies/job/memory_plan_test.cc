@@ -1,0 +1,163 @@
+#include "policies/job/memory_plan.h"
+
+#include <filesystem>
+
+#include "gtest/gtest.h"
+#include "tests/testutil/testutil.h"
+
+namespace strata::policies {
+namespace {
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+// Figures with round numbers, so that expectations can be worked by hand.
+HardwareFigures Figures() {
+  HardwareFigures f;
+  f.matmul_fp32 = {{1, 1024, 1e9}, {1024, 1024, 100e9}};
+  f.matmul_bf16 = f.matmul_fp32;
+  f.op_overhead_s = 1e-6;
+  f.layer_overhead_s = 1e-4;
+  f.decode_step_overhead_s = 1e-4;
+  f.memory_copy_bytes_per_s = f.host_to_device_bytes_per_s = f.device_to_host_bytes_per_s = 10e9;
+  f.host_stream_bytes_per_s = 5e9;
+  f.nvme_stream_bytes_per_s = 1e9;
+  f.nvme_read_bytes_per_s = 2e9;
+  f.nvme_write_bytes_per_s = 2e9;
+  f.adam_params_per_s = 1e9;
+  f.device_adam_params_per_s = 0.5e9;
+  f.allreduce_bytes_per_s = 1e9;
+  f.process_baseline_bytes = 100 << 20;
+  return f;
+}
+
+// A spec over the tiny example model (3.0M parameters per model).
+JobSpec Spec(const std::string& algorithm, const std::vector<std::string>& overrides = {}) {
+  // A model directory needs only config.json for the planner.
+  static testing::TempDir* dir = [] {
+    auto* d = new testing::TempDir();
+    std::filesystem::copy_file(testing::SourcePath("examples/tiny/model.json"), d->Join("config.json"));
+    return d;
+  }();
+  const std::string model = dir->path();
+  const std::string yaml = "algorithm: " + algorithm + "\nmodels:\n  actor: {path: " + model +
+                           "}\n  reference: {path: " + model + "}\n  reward: {path: " + model +
+                           "}\n  critic: {path: " + model +
+                           "}\ndata: {train: p.jsonl, max_prompt_tokens: 16}\ntrain: {batch_size: 16}\n"
+                           "generation: {max_new_tokens: 24}\nmemory: {nvme_dir: /tmp}\noutput: {dir: out}\n";
+  auto spec = ParseJobSpec(yaml, overrides, "test");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return *spec;
+}
+
+TEST(MemoryPlanTest, ParsesHardwareAndNamesWhatDoesNotParse) {
+  auto hw = ParseHardware("device=80GiB,host=128GiB,nvme=2TiB");
+  ASSERT_TRUE(hw.ok()) << hw.status();
+  EXPECT_EQ(hw->device_bytes, 80 * kGiB);
+  EXPECT_EQ(hw->host_bytes, 128 * kGiB);
+  EXPECT_EQ(hw->nvme_bytes, 2048 * kGiB);
+  EXPECT_FALSE(hw->cpu_device);
+  hw = ParseHardware("device=cpu,host=24GiB");
+  ASSERT_TRUE(hw.ok()) << hw.status();
+  EXPECT_TRUE(hw->cpu_device);
+  EXPECT_EQ(hw->nvme_bytes, 0);
+
+  EXPECT_NE(ParseHardware("device=80GiB").status().message().find("host=SIZE is required"), std::string::npos);
+  EXPECT_NE(ParseHardware("device=8XB,host=1GiB").status().message().find("'device=8XB': unknown unit"),
+            std::string::npos);
+  EXPECT_NE(ParseHardware("gpu=8GiB,host=1GiB").status().message().find("unknown tier"), std::string::npos);
+  EXPECT_NE(ParseHardware("host=lots,device=cpu").status().message().find("not a number"), std::string::npos);
+}
+
+TEST(MemoryPlanTest, FiguresRoundTripAndErrorsNameTheField) {
+  const HardwareFigures f = Figures();
+  auto parsed = ParseHardwareFigures(f.ToJson(), "f.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_DOUBLE_EQ(parsed->nvme_stream_bytes_per_s, 1e9);
+  EXPECT_EQ(parsed->matmul_bf16.size(), 2u);
+  auto bad = ParseHardwareFigures(R"({"matmul_fp32": [{"m": 1, "k": 8, "flops": 1}]})", "f.json");
+  EXPECT_NE(bad.status().message().find("f.json: field 'matmul_bf16'"), std::string::npos) << bad.status();
+  EXPECT_NE(ParseHardwareFigures("[1]", "f.json").status().message().find("not a JSON object"), std::string::npos);
+}
+
+TEST(MemoryPlanTest, MatmulTimeIsLinearInRowsBetweenMeasuredPoints) {
+  const HardwareFigures f = Figures();
+  // 1 row at 1 GFLOP/s: 2 ms for 1024 x 1024; 1024 rows at 100 GFLOP/s: 21.5 ms.
+  const double one = f.MatmulSeconds(1, 1024, 1024, "fp32") - f.op_overhead_s;
+  const double all = f.MatmulSeconds(1024, 1024, 1024, "fp32") - f.op_overhead_s;
+  EXPECT_NEAR(one, 2.0 * 1024 * 1024 / 1e9, 1e-9);
+  EXPECT_NEAR(all, 2.0 * 1024 * 1024 * 1024 / 100e9, 1e-9);
+  const double mid = f.MatmulSeconds(512, 1024, 1024, "fp32") - f.op_overhead_s;
+  EXPECT_NEAR(mid, one + (512.0 - 1) / (1024 - 1) * (all - one), 1e-9);
+}
+
+TEST(MemoryPlanTest, ModelStatesAreExactPerTier) {
+  const JobSpec spec = Spec("remax");
+  auto models = JobModels(spec);
+  ASSERT_TRUE(models.ok()) << models.status();
+  ASSERT_EQ(models->size(), 3u);  // actor, reference, reward
+  const int64_t actor = models->at(0).config.NumParameters();
+  JobPrediction p = PredictJob(spec, *models, Figures(), 1);
+  // Host: the actor's fp32 master weights, gradients and two moments.
+  EXPECT_EQ(p.peak[1], 16 * actor);
+  EXPECT_EQ(p.peak[2], 0);
+  // Device: three fp32 models and more (activations).
+  EXPECT_GT(p.peak[0], 4 * (3 * actor - 2 * 259 * 256));
+  EXPECT_EQ(p.phases.size(), 3u);
+  EXPECT_GT(p.iteration_s, 0.0);
+  EXPECT_GE(p.process_rss_bytes, p.peak[0] + p.peak[1]);  // a CPU device is host memory
+
+  // Adam on NVMe: 12 bytes a parameter there, gradients and staging tiles on the host.
+  const JobSpec nvme = Spec("remax", {"models.actor.placement.optimizer=nvme"});
+  p = PredictJob(nvme, *JobModels(nvme), Figures(), 1);
+  EXPECT_GE(p.peak[2], 12 * actor);
+  EXPECT_LT(p.peak[2], 12 * actor + (1 << 20));
+  EXPECT_EQ(p.peak[1], 4 * actor + 3 * 12 * (int64_t{1} << 20));
+}
+
+TEST(MemoryPlanTest, ShardedOptimizerStatesShrinkPerRank) {
+  const JobSpec spec = Spec("ppo");
+  auto models = JobModels(spec);
+  ASSERT_TRUE(models.ok()) << models.status();
+  const JobPrediction one = PredictJob(spec, *models, Figures(), 1);
+  const JobPrediction two = PredictJob(spec, *models, Figures(), 2);
+  // Gradients stay whole (4 B), master and moments halve (12 B -> 6 B).
+  EXPECT_NEAR(static_cast<double>(two.peak[1]) / static_cast<double>(one.peak[1]), 10.0 / 16.0, 1e-3);
+  EXPECT_LT(two.peak[0], one.peak[0]);  // half the rows' activations
+}
+
+TEST(MemoryPlanTest, FitPicksAPlacementThatFitsAndWritesItBack) {
+  const JobSpec spec = Spec("ppo");
+  auto models = JobModels(spec);
+  ASSERT_TRUE(models.ok()) << models.status();
+  // Resident PPO needs ~58 MiB of device; 40 MiB forces streaming or smaller micro-batches.
+  Hardware hw;
+  hw.device_bytes = 40 << 20;
+  hw.host_bytes = 1 * kGiB;
+  hw.nvme_bytes = 1 * kGiB;
+  const FitResult fit = FitJob(spec, *models, Figures(), hw, 1);
+  ASSERT_TRUE(fit.fits);
+  EXPECT_LE(fit.chosen.peak[0], hw.device_bytes);
+  EXPECT_GT(fit.tried, 100);
+  for (const auto& c : fit.candidates) EXPECT_GE(c.iteration_s, fit.chosen.iteration_s);
+  // The spec the overrides make predicts what was chosen.
+  std::vector<std::string> overrides = PredictionOverrides(fit.chosen);
+  const JobSpec chosen = Spec("ppo", overrides);
+  const JobPrediction again = PredictJob(chosen, *JobModels(chosen), Figures(), 1);
+  EXPECT_EQ(again.peak, fit.chosen.peak);
+  EXPECT_DOUBLE_EQ(again.iteration_s, fit.chosen.iteration_s);
+  EXPECT_GE(chosen.memory.host_mib << 20, again.peak[1]);
+
+  // 1 MiB of device fits nothing: the device tier binds.
+  hw.device_bytes = 1 << 20;
+  const FitResult none = FitJob(spec, *models, Figures(), hw, 1);
+  EXPECT_FALSE(none.fits);
+  EXPECT_EQ(none.binding_tier, "device");
+  EXPECT_TRUE(none.candidates.empty());
+  // Enough device but a host too small for the process: the host binds.
+  hw.device_bytes = 1 * kGiB;
+  hw.host_bytes = 64 << 20;
+  EXPECT_EQ(FitJob(spec, *models, Figures(), hw, 1).binding_tier, "host");
+}
+
+}  // namespace
+}  // namespace strata::policies
