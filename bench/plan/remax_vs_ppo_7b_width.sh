@@ -42,9 +42,9 @@ generation: {max_new_tokens: 8}
 memory: {nvme_dir: $work/nvme}
 output: {dir: $work/$algorithm}
 YAML
-  # Leave 2 GiB of the RAM to the rest of the machine.
+  # Leave 2 GiB of the RAM and 8 GiB of the disk (the saved actor) to the rest.
   free_nvme=$(df -B1 --output=avail "$work/nvme" | tail -1)
-  "$strata" plan "$work/$algorithm.yaml" --fit "device=cpu,host=$((ram - (2 << 30)))B,nvme=$((free_nvme / 2))B" \
+  "$strata" plan "$work/$algorithm.yaml" --fit "device=cpu,host=$((ram - (2 << 30)))B,nvme=$((free_nvme - (8 << 30)))B" \
     --write "$work/$algorithm.fit.yaml"
   rm -rf "$work/$algorithm"
   "$strata" train "$work/$algorithm.fit.yaml"

@@ -343,6 +343,10 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
 
   // State that lives through every phase.
   std::array<double, 3> resident{};
+  // step_in_backward: one layer's gradient buffer (and, for NVMe-homed
+  // layers, the scratch their new fp32 weights wait in), which the arena
+  // keeps pooled between steps and the trained models share (measured).
+  double step_buffers = 0.0;
   for (const auto& [role, s] : shapes) {
     const auto& p = *s.placement;
     resident[kDev] += static_cast<double>(s.resident_params * s.E);
@@ -357,8 +361,14 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
     const double params = static_cast<double>(s.params);
     const double shard = params / static_cast<double>(workers);
     // Gradient buffers: every parameter's, or with step_in_backward only the
-    // resident tensors' (a layer's exist while it steps: see the update phase).
-    const double grads = 4.0 * (p.step_in_backward ? static_cast<double>(s.resident_params) : params);
+    // resident tensors' plus one layer's (below).
+    double grads = 4.0 * params;
+    if (p.step_in_backward) {
+      grads = 4.0 * static_cast<double>(s.resident_params);
+      const double layer = 4.0 * static_cast<double>(s.layer_params);
+      const bool scratch = p.optimizer == offload::Tier::kNvme && p.weights == offload::Tier::kNvme;
+      step_buffers = std::max(step_buffers, layer * (scratch ? 2.0 : 1.0));
+    }
     switch (p.optimizer) {
       case offload::Tier::kDevice: resident[kDev] += 16.0 * params; break;
       case offload::Tier::kHost: resident[kHost] += grads + 12.0 * shard; break;
@@ -376,6 +386,7 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
     // A GPU with host gradients stages two layers of them in pinned memory.
     if (!cpu_device && p.gradients == offload::Tier::kHost) resident[kHost] += 2.0 * 4.0 * s.layer_params;
   }
+  resident[kHost] += step_buffers;
 
   const int64_t rows = CeilDiv(spec.train.batch_size, workers);  // prompts (or examples) per rank
   const int64_t P = spec.data.max_prompt_tokens;
@@ -385,8 +396,7 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
 
   // Phases: the transient device peak is the largest of its passes.
   struct Phase {
-    double transient = 0.0;       // device
-    double host_transient = 0.0;  // arena
+    double transient = 0.0;  // device bytes beyond the resident state
     double seconds = 0.0;
     void Pass(double bytes, double s) { transient = std::max(transient, bytes), seconds += s; }
   };
@@ -404,16 +414,8 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
   // `steps` gradient steps of `step_rows` rows each, at `tokens` per row.
   auto update = [&](const ModelShape& s, int64_t steps, int64_t step_rows, int64_t tokens) {
     const auto [count, size] = Micro(step_rows, micro);
-    Phase& phase = phases["update"];
-    phase.Pass(window(s) + UpdateBytes(s, size, tokens),
-               steps * (count * cost.ForwardBackward(s, size, tokens) + cost.OptimizerStep(s, workers)));
-    // step_in_backward: one layer's fp32 gradients, and NVMe Adam's
-    // write-back scratch for them, while it steps.
-    if (s.placement->step_in_backward) {
-      const double layer = 4.0 * s.layer_params;
-      phase.host_transient = std::max(phase.host_transient,
-                                      layer * (s.placement->optimizer == offload::Tier::kNvme ? 2.0 : 1.0));
-    }
+    phases["update"].Pass(window(s) + UpdateBytes(s, size, tokens),
+                          steps * (count * cost.ForwardBackward(s, size, tokens) + cost.OptimizerStep(s, workers)));
   };
   switch (spec.algorithm) {
     case Algorithm::kSft:
@@ -455,7 +457,7 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
   for (const auto& [name, phase] : phases) {
     PhasePrediction p;
     p.peak[kDev] = static_cast<int64_t>(resident[kDev] + phase.transient);
-    p.peak[kHost] = static_cast<int64_t>(resident[kHost] + phase.host_transient);
+    p.peak[kHost] = static_cast<int64_t>(resident[kHost]);
     p.peak[kNvme] = static_cast<int64_t>(resident[kNvme]);
     p.seconds = phase.seconds;
     for (int t = 0; t < 3; ++t) out.peak[t] = std::max(out.peak[t], p.peak[t]);

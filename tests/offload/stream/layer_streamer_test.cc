@@ -1,5 +1,7 @@
 #include "offload/stream/layer_streamer.h"
 
+#include <set>
+
 #include "gtest/gtest.h"
 #include "tests/testutil/testutil.h"
 
@@ -86,6 +88,30 @@ TEST_P(LayerStreamerTest, ResidentLayersStayWithinThePrefetchWindow) {
     streamer->EndPass();
     EXPECT_LE(streamer->stats().max_resident_bytes, static_cast<size_t>(depth + 1) * streamer->layer_bytes(0));
   }
+}
+
+// On a CPU device the window's buffers are reused: passes after the first
+// allocate nothing new, and the buffers in use are at most the window's.
+TEST_P(LayerStreamerTest, WindowBuffersAreReusedAcrossPasses) {
+  auto streamer = Make(/*prefetch_depth=*/1, /*layers=*/6);
+  std::set<const void*> seen;
+  for (int pass = 0; pass < 4; ++pass) {
+    ASSERT_TRUE(streamer->BeginPass({0, 1, 2, 3, 4, 5}).ok());
+    for (int64_t l = 0; l < 6; ++l) {
+      auto tensors = streamer->Acquire(l);
+      ASSERT_TRUE(tensors.ok()) << tensors.status();
+      const auto want = RandomLayer(l);
+      for (size_t i = 0; i < want.size(); ++i) {
+        EXPECT_TRUE(at::equal((*tensors)[i], want[i].second)) << "pass " << pass << " layer " << l;
+        seen.insert((*tensors)[i].data_ptr());
+      }
+      tensors->clear();  // nothing refers to the layer once it is released
+      streamer->Release(l);
+    }
+    streamer->EndPass();
+  }
+  // Three tensors a layer; the one computing and the one prefetched.
+  EXPECT_EQ(seen.size(), 2u * 3u);
 }
 
 TEST_P(LayerStreamerTest, StoreTensorUpdatesTheHomeCopy) {
