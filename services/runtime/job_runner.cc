@@ -66,7 +66,7 @@ Metrics LineMetrics(const json& line) {
 }  // namespace
 
 bool IsRankMeasurement(const std::string& metric) {
-  return metric.rfind("time/", 0) == 0 || metric.rfind("memory/", 0) == 0;
+  return metric.rfind("time/", 0) == 0 || metric.rfind("memory/", 0) == 0 || metric.rfind("nvme/", 0) == 0;
 }
 
 absl::StatusOr<PhaseReply> MergeReplies(const std::vector<PhaseReply>& replies) {

@@ -30,8 +30,8 @@ class Gang {
   virtual absl::StatusOr<PhaseReply> Run(const PhaseRequest& request) = 0;
 };
 
-// True for time/* and memory/* metrics: each rank's own figures, not the
-// gang's (the others are global, the same on every rank).
+// True for time/*, memory/* and nvme/* (traffic) metrics: each rank's own
+// figures, not the gang's (the others are global, the same on every rank).
 bool IsRankMeasurement(const std::string& metric);
 
 // Rank 0's reply, with each time/* and memory/* figure the largest any rank

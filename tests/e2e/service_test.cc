@@ -25,6 +25,7 @@
 #include "services/rpc/wire.h"
 #include "strata/v1/coordinator.grpc.pb.h"
 #include "strata/v1/worker.grpc.pb.h"
+#include "services/runtime/job_runner.h"
 #include "tests/testutil/child_process.h"
 #include "tests/testutil/redis_server.h"
 #include "tests/testutil/testutil.h"
@@ -903,7 +904,7 @@ std::vector<json> MetricsOf(const std::string& path) {
     json j = json::parse(line);
     for (auto it = j.begin(); it != j.end();) {
       const std::string key = it.key();
-      it = key.rfind("time/", 0) == 0 || key.rfind("memory/", 0) == 0 ? j.erase(it) : std::next(it);
+      it = services::IsRankMeasurement(key) ? j.erase(it) : std::next(it);
     }
     lines.push_back(j);
   }

@@ -18,6 +18,7 @@
 #include "offload/host/cuda_host.h"
 #include "base/file.h"
 #include "offload/host/host_arena.h"
+#include "services/runtime/job_runner.h"
 #include "tests/testutil/testutil.h"
 
 namespace strata {
@@ -71,7 +72,7 @@ memory: {host_mib: 256}
       json j = json::parse(line);
       for (auto it = j.begin(); it != j.end();) {
         const std::string key = it.key();
-        it = key.rfind("time/", 0) == 0 || key.rfind("memory/", 0) == 0 ? j.erase(it) : std::next(it);
+        it = services::IsRankMeasurement(key) ? j.erase(it) : std::next(it);
       }
       lines.push_back(j);
     }

@@ -19,6 +19,7 @@
 #include "policies/model/llama.h"
 #include "base/status_macros.h"
 #include "policies/rl/rl_algorithms.h"
+#include "services/runtime/job_runner.h"
 #include "services/runtime/local_worker_group.h"
 #include "services/coordinator/remote_worker_group.h"
 #include "services/rpc/wire.h"
@@ -405,7 +406,7 @@ output: {dir: )" + dir_->Join("out") +
   }
 
   static policies::Metrics WithoutTimeAndMemory(policies::Metrics m) {
-    std::erase_if(m, [](const auto& kv) { return kv.first.rfind("time/", 0) == 0 || kv.first.rfind("memory/", 0) == 0; });
+    std::erase_if(m, [](const auto& kv) { return IsRankMeasurement(kv.first); });
     return m;
   }
 

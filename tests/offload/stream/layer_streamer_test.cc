@@ -110,8 +110,10 @@ TEST_P(LayerStreamerTest, WindowBuffersAreReusedAcrossPasses) {
     }
     streamer->EndPass();
   }
-  // Three tensors a layer; the one computing and the one prefetched.
-  EXPECT_EQ(seen.size(), 2u * 3u);
+  // Three tensors a layer, for at most the one computing and the one
+  // prefetched (fewer when a slow fetch starts after the release).
+  EXPECT_LE(seen.size(), 2u * 3u);
+  EXPECT_GE(seen.size(), 3u);
 }
 
 TEST_P(LayerStreamerTest, StoreTensorUpdatesTheHomeCopy) {
