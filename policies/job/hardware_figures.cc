@@ -87,8 +87,6 @@ std::string HardwareFigures::ToJson() const {
          {"layer_overhead_s", layer_overhead_s},
          {"decode_step_overhead_s", decode_step_overhead_s},
          {"memory_copy_bytes_per_s", memory_copy_bytes_per_s},
-         {"host_to_device_bytes_per_s", host_to_device_bytes_per_s},
-         {"device_to_host_bytes_per_s", device_to_host_bytes_per_s},
          {"host_stream_bytes_per_s", host_stream_bytes_per_s},
          {"nvme_stream_bytes_per_s", nvme_stream_bytes_per_s},
          {"nvme_read_bytes_per_s", nvme_read_bytes_per_s},
@@ -123,8 +121,6 @@ HardwareFigures BuiltInHardwareFigures() {
   f.layer_overhead_s = 0.0001321;
   f.decode_step_overhead_s = 0.0001712;
   f.memory_copy_bytes_per_s = 1.094e+10;
-  f.host_to_device_bytes_per_s = 1.094e+10;
-  f.device_to_host_bytes_per_s = 1.094e+10;
   f.host_stream_bytes_per_s = 6.231e+09;
   f.nvme_stream_bytes_per_s = 1.316e+09;
   f.nvme_read_bytes_per_s = 1.536e+09;
@@ -175,8 +171,6 @@ absl::StatusOr<HardwareFigures> ParseHardwareFigures(const std::string& text, co
   if (s.ok()) s = number("layer_overhead_s", &f.layer_overhead_s);
   if (s.ok()) s = number("decode_step_overhead_s", &f.decode_step_overhead_s);
   if (s.ok()) s = number("memory_copy_bytes_per_s", &f.memory_copy_bytes_per_s);
-  if (s.ok()) s = number("host_to_device_bytes_per_s", &f.host_to_device_bytes_per_s);
-  if (s.ok()) s = number("device_to_host_bytes_per_s", &f.device_to_host_bytes_per_s);
   if (s.ok()) s = number("host_stream_bytes_per_s", &f.host_stream_bytes_per_s);
   if (s.ok()) s = number("nvme_stream_bytes_per_s", &f.nvme_stream_bytes_per_s);
   if (s.ok()) s = number("nvme_read_bytes_per_s", &f.nvme_read_bytes_per_s);

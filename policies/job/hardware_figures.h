@@ -32,8 +32,6 @@ struct HardwareFigures {
   double layer_overhead_s = 0.0;
   double decode_step_overhead_s = 0.0;
   double memory_copy_bytes_per_s = 0.0;      // within the compute device's memory
-  double host_to_device_bytes_per_s = 0.0;   // arena to the compute device
-  double device_to_host_bytes_per_s = 0.0;
   // Decoder layers streamed by the offload engine (LayerStreamer) from the
   // host arena and from NVMe: the time a streamed training step takes over
   // a resident one, per byte streamed (on a CPU device streaming does not

@@ -16,6 +16,14 @@ int T(offload::Tier t) { return static_cast<int>(t); }
 
 int64_t LayerParams(const LlamaConfig& c) { return c.LayerParameters(); }
 
+// Parameters outside the decoder layers: embeddings, final norm, and the
+// LM head (unless tied) or the scalar head.
+int64_t ResidentParameters(const LlamaConfig& c, bool scalar_head) {
+  const int64_t embed = c.vocab_size * c.hidden_size;
+  const int64_t head = scalar_head ? c.num_labels * c.hidden_size : (c.tie_word_embeddings ? 0 : embed);
+  return embed + head + c.hidden_size;
+}
+
 absl::StatusOr<LlamaConfig> ConfigOf(const ModelSpec& model, const std::string& role) {
   const std::string path = !model.path.empty() ? JoinPath(model.path, "config.json") : model.init;
   auto text = ReadFileToString(path);
@@ -33,10 +41,7 @@ ModelFootprint PlanModel(const std::string& role, const LlamaConfig& config, con
   f.role = role;
   f.trainable = trainable;
   const int64_t layers = LayerParams(config) * config.num_hidden_layers;
-  const int64_t embed = config.vocab_size * config.hidden_size;
-  const int64_t head = scalar_head ? config.num_labels * config.hidden_size
-                                   : (config.tie_word_embeddings ? 0 : config.vocab_size * config.hidden_size);
-  const int64_t resident = embed + head + config.hidden_size;
+  const int64_t resident = ResidentParameters(config, scalar_head);
   f.parameters = layers + resident;
   const int64_t bytes = model.dtype == "bf16" ? 2 : 4;
   const auto& p = model.placement;
@@ -173,9 +178,7 @@ ModelShape ShapeOf(const PlannedModel& m, const offload::ModelPlacement& placeme
   s.head_dim = c.head_dim;
   s.head_width = m.scalar_head ? c.num_labels : c.vocab_size;
   s.layer_params = c.LayerParameters();
-  const int64_t embed = c.vocab_size * c.hidden_size;
-  const int64_t head = m.scalar_head ? c.num_labels * c.hidden_size : (c.tie_word_embeddings ? 0 : embed);
-  s.resident_params = embed + head + c.hidden_size;
+  s.resident_params = ResidentParameters(c, m.scalar_head);
   s.params = s.resident_params + s.L * s.layer_params;
   s.placement = &placement;
   return s;

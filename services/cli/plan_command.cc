@@ -19,6 +19,12 @@ using policies::JobPrediction;
 
 std::string GiB(int64_t bytes) { return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / (1 << 30)); }
 
+// Whether the role's optimizer fields apply (it is trained).
+bool Trained(const JobPrediction& p, const std::string& role) {
+  auto it = p.trainable.find(role);
+  return it != p.trainable.end() && it->second;
+}
+
 json PeakJson(const std::array<int64_t, 3>& peak) {
   return {{"device", peak[0]}, {"host", peak[1]}, {"nvme", peak[2]}};
 }
@@ -31,7 +37,7 @@ json PredictionJson(const JobPrediction& p) {
                             {"gradients", offload::TierName(placement.gradients)},
                             {"prefetch", placement.prefetch_depth},
                             {"step_in_backward", placement.step_in_backward},
-                            {"trainable", p.trainable.count(role) > 0 && p.trainable.at(role)}};
+                            {"trainable", Trained(p, role)}};
   }
   j["micro_batch_size"] = p.micro_batch_size;
   j["peak_bytes"] = PeakJson(p.peak);
@@ -46,7 +52,7 @@ json PredictionJson(const JobPrediction& p) {
 std::string PlacementLine(const JobPrediction& p) {
   std::vector<std::string> parts;
   for (const auto& [role, placement] : p.placement) {
-    const bool trained = p.trainable.count(role) > 0 && p.trainable.at(role);
+    const bool trained = Trained(p, role);
     parts.push_back(absl::StrCat(role, " ", offload::TierName(placement.weights),
                                  trained ? absl::StrCat("/", offload::TierName(placement.optimizer)) : "",
                                  placement.weights == offload::Tier::kDevice
@@ -62,7 +68,7 @@ std::string PredictionText(const JobPrediction& p) {
   std::string text = absl::StrFormat("  %-10s %-8s %-10s %-10s %-9s %s\n", "model", "weights", "optimizer",
                                      "gradients", "prefetch", "step in backward");
   for (const auto& [role, placement] : p.placement) {
-    const bool trained = p.trainable.count(role) > 0 && p.trainable.at(role);
+    const bool trained = Trained(p, role);
     const bool streamed = placement.weights != offload::Tier::kDevice;
     text += absl::StrFormat("  %-10s %-8s %-10s %-10s %-9s %s\n", role, offload::TierName(placement.weights),
                             trained ? offload::TierName(placement.optimizer) : "-",

@@ -18,7 +18,7 @@ HardwareFigures Figures() {
   f.op_overhead_s = 1e-6;
   f.layer_overhead_s = 1e-4;
   f.decode_step_overhead_s = 1e-4;
-  f.memory_copy_bytes_per_s = f.host_to_device_bytes_per_s = f.device_to_host_bytes_per_s = 10e9;
+  f.memory_copy_bytes_per_s = 10e9;
   f.host_stream_bytes_per_s = 5e9;
   f.nvme_stream_bytes_per_s = 1e9;
   f.nvme_read_bytes_per_s = 2e9;
