@@ -143,6 +143,17 @@ MappedFile::~MappedFile() {
   if (data_ != nullptr) ::munmap(const_cast<std::byte*>(data_), size_);
 }
 
+void ReleaseMappedPages(std::span<const std::byte> bytes) {
+  if (bytes.empty()) return;
+  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  // Whole pages only: a page shared with a neighbouring tensor goes too, and
+  // is read back from the page cache if that tensor is copied later.
+  const uintptr_t start = reinterpret_cast<uintptr_t>(bytes.data()) & ~(page - 1);
+  const uintptr_t end = reinterpret_cast<uintptr_t>(bytes.data() + bytes.size());
+  // Advice only: failure leaves the pages resident, which is still correct.
+  (void)::madvise(reinterpret_cast<void*>(start), end - start, MADV_DONTNEED);
+}
+
 bool IsDirectory(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);

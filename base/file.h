@@ -52,6 +52,12 @@ class MappedFile {
   size_t size_;
 };
 
+// Drops the pages under `bytes` (part of a read-only MappedFile) from this
+// process's resident set once they have been copied out, so that loading a
+// model holds one tensor of its file at a time rather than all of it. The
+// next read faults them back in from the page cache; the mapping stays valid.
+void ReleaseMappedPages(std::span<const std::byte> bytes);
+
 // True when `path` names an existing directory / regular file.
 bool IsDirectory(const std::string& path);
 bool IsRegularFile(const std::string& path);

@@ -79,6 +79,12 @@ double HardwareFigures::MatmulSeconds(int64_t m, int64_t k, int64_t n, const std
   return 2.0 * static_cast<double>(m) * static_cast<double>(k) * static_cast<double>(n) / rate + op_overhead_s;
 }
 
+double HardwareFigures::NvmeAdamParamsPerSecond() const {
+  if (nvme_adam_params_per_s > 0) return nvme_adam_params_per_s;
+  const double disk_s = 12.0 / nvme_read_bytes_per_s + 12.0 / nvme_write_bytes_per_s;
+  return std::min(adam_params_per_s, 1.0 / disk_s);
+}
+
 std::string HardwareFigures::ToJson() const {
   json j{{"machine", machine},
          {"matmul_fp32", PointsJson(matmul_fp32)},
@@ -95,6 +101,7 @@ std::string HardwareFigures::ToJson() const {
          {"device_adam_params_per_s", device_adam_params_per_s},
          {"allreduce_bytes_per_s", allreduce_bytes_per_s},
          {"process_baseline_bytes", process_baseline_bytes}};
+  if (nvme_adam_params_per_s > 0) j["nvme_adam_params_per_s"] = nvme_adam_params_per_s;
   return j.dump(2) + "\n";
 }
 
@@ -104,31 +111,30 @@ HardwareFigures BuiltInHardwareFigures() {
   HardwareFigures f;
   f.machine = "built in: the 2-vCPU development machine (run `strata bench figures` for yours)";
   f.matmul_fp32 = {
-      {1, 256, 5.177e+09}, {2, 256, 1.061e+10}, {4, 256, 2.58e+10}, {16, 256, 8.44e+10},
-      {64, 256, 1.521e+11}, {256, 256, 1.831e+11}, {1024, 256, 2.077e+11}, {1, 1024, 8.295e+09},
-      {2, 1024, 1.576e+10}, {4, 1024, 2.645e+10}, {16, 1024, 9.135e+10}, {64, 1024, 1.63e+11},
-      {256, 1024, 1.982e+11}, {1024, 1024, 2.066e+11}, {1, 4096, 6.713e+09}, {2, 4096, 1.251e+10},
-      {4, 4096, 2.31e+10}, {16, 4096, 8.583e+10}, {64, 4096, 1.557e+11}, {256, 4096, 1.987e+11},
-      {1024, 4096, 2.101e+11}};
+      {1, 256, 5.273e+09}, {2, 256, 1.069e+10}, {4, 256, 2.507e+10}, {16, 256, 8.6e+10}, {64, 256, 1.511e+11},
+      {256, 256, 1.346e+11}, {1024, 256, 1.365e+11}, {1, 1024, 8.998e+09}, {2, 1024, 1.576e+10},
+      {4, 1024, 2.599e+10}, {16, 1024, 9.314e+10}, {64, 1024, 1.606e+11}, {256, 1024, 1.747e+11},
+      {1024, 1024, 1.812e+11}, {1, 4096, 6.954e+09}, {2, 4096, 1.306e+10}, {4, 4096, 2.22e+10},
+      {16, 4096, 8.442e+10}, {64, 4096, 1.54e+11}, {256, 4096, 1.955e+11}, {1024, 4096, 2.065e+11}};
   f.matmul_bf16 = {
-      {1, 256, 5.288e+09}, {2, 256, 1.067e+10}, {4, 256, 2.09e+10}, {16, 256, 6.753e+10},
-      {64, 256, 1.428e+11}, {256, 256, 2.016e+11}, {1024, 256, 2.204e+11}, {1, 1024, 9.574e+09},
-      {2, 1024, 1.911e+10}, {4, 1024, 3.554e+10}, {16, 1024, 9.706e+10}, {64, 1024, 1.719e+11},
-      {256, 1024, 2.121e+11}, {1024, 1024, 2.159e+11}, {1, 4096, 7.036e+09}, {2, 4096, 1.398e+10},
-      {4, 4096, 2.673e+10}, {16, 4096, 7.91e+10}, {64, 4096, 1.549e+11}, {256, 4096, 2.042e+11},
-      {1024, 4096, 2.043e+11}};
-  f.op_overhead_s = 5.71e-07;
-  f.layer_overhead_s = 0.0001321;
-  f.decode_step_overhead_s = 0.0001712;
-  f.memory_copy_bytes_per_s = 1.094e+10;
-  f.host_stream_bytes_per_s = 6.231e+09;
-  f.nvme_stream_bytes_per_s = 1.316e+09;
-  f.nvme_read_bytes_per_s = 1.536e+09;
-  f.nvme_write_bytes_per_s = 3.75e+09;
-  f.adam_params_per_s = 3.337e+09;
-  f.device_adam_params_per_s = 3.115e+08;
-  f.allreduce_bytes_per_s = 9.878e+08;
-  f.process_baseline_bytes = 180285440;
+      {1, 256, 5.322e+09}, {2, 256, 1.046e+10}, {4, 256, 2.035e+10}, {16, 256, 6.746e+10}, {64, 256, 1.445e+11},
+      {256, 256, 2.007e+11}, {1024, 256, 2.205e+11}, {1, 1024, 9.754e+09}, {2, 1024, 1.928e+10},
+      {4, 1024, 3.558e+10}, {16, 1024, 9.717e+10}, {64, 1024, 1.726e+11}, {256, 1024, 2.122e+11},
+      {1024, 1024, 2.175e+11}, {1, 4096, 7.743e+09}, {2, 4096, 1.525e+10}, {4, 4096, 2.854e+10},
+      {16, 4096, 8.345e+10}, {64, 4096, 1.605e+11}, {256, 4096, 2.081e+11}, {1024, 4096, 2.042e+11}};
+  f.op_overhead_s = 5.61e-07;
+  f.layer_overhead_s = 0.0001295;
+  f.decode_step_overhead_s = 0.0001771;
+  f.memory_copy_bytes_per_s = 1.456e+10;
+  f.host_stream_bytes_per_s = 1.27e+10;
+  f.nvme_stream_bytes_per_s = 1.224e+09;
+  f.nvme_read_bytes_per_s = 1.825e+09;
+  f.nvme_write_bytes_per_s = 4.579e+09;
+  f.adam_params_per_s = 2.205e+09;
+  f.device_adam_params_per_s = 3.242e+08;
+  f.nvme_adam_params_per_s = 1.428e+08;
+  f.allreduce_bytes_per_s = 1.529e+09;
+  f.process_baseline_bytes = 180682752;
   return f;
 }
 
@@ -177,6 +183,10 @@ absl::StatusOr<HardwareFigures> ParseHardwareFigures(const std::string& text, co
   if (s.ok()) s = number("nvme_write_bytes_per_s", &f.nvme_write_bytes_per_s);
   if (s.ok()) s = number("adam_params_per_s", &f.adam_params_per_s);
   if (s.ok()) s = number("device_adam_params_per_s", &f.device_adam_params_per_s);
+  // Optional: files from before it was measured lack it (derived then).
+  if (s.ok() && j.contains("nvme_adam_params_per_s")) {
+    s = number("nvme_adam_params_per_s", &f.nvme_adam_params_per_s);
+  }
   if (s.ok()) s = number("allreduce_bytes_per_s", &f.allreduce_bytes_per_s);
   double baseline = 0;
   if (s.ok()) s = number("process_baseline_bytes", &baseline);

@@ -42,6 +42,10 @@ struct HardwareFigures {
   double nvme_write_bytes_per_s = 0.0;
   double adam_params_per_s = 0.0;            // CPU AdamW over host states
   double device_adam_params_per_s = 0.0;     // AdamW by tensor ops on the device
+  // NVMe-tiled AdamW (states read, updated and written back, pipelined); 0
+  // in figures files written before it was measured: then derived from the
+  // NVMe read and write rates (NvmeAdamParamsPerSecond).
+  double nvme_adam_params_per_s = 0.0;
   double allreduce_bytes_per_s = 0.0;        // bytes summed per second over 2 ranks
   // Resident bytes of a strata process before it loads a model (libtorch,
   // code, thread stacks), which peak RSS adds to the tiers' figures.
@@ -50,6 +54,10 @@ struct HardwareFigures {
   // Seconds of an [m, k] x [k, n] product in `dtype`: interpolated in
   // log(m), log(k) between the measured points, plus one op's overhead.
   double MatmulSeconds(int64_t m, int64_t k, int64_t n, const std::string& dtype) const;
+
+  // The NVMe-tiled AdamW rate: measured, or derived from the NVMe read and
+  // write rates (and no faster than CPU Adam) where a file lacks it.
+  double NvmeAdamParamsPerSecond() const;
 
   std::string ToJson() const;
 

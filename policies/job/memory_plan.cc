@@ -121,7 +121,10 @@ namespace {
 constexpr int kDev = 0, kHost = 1, kNvme = 2;
 // NVMe Adam's staging: tiles of 2^20 elements, 12 bytes each (master and two
 // moments), three in flight (offload/adam/nvme_adam.h).
-constexpr int64_t kNvmeAdamStagingBytes = 3 * 12 * (int64_t{1} << 20);
+constexpr int64_t kNvmeAdamTileElements = int64_t{1} << 20;
+constexpr int64_t kNvmeAdamStagingBytes = 3 * 12 * kNvmeAdamTileElements;
+// The arena backs its pages with 2 MiB huge pages, faulted in as touched.
+constexpr int64_t kHugePage = int64_t{2} << 20;
 // The NVMe store aligns every slot to a 4 KiB block.
 constexpr int64_t kNvmeBlock = 4096;
 // Tensors per decoder layer (q, k, v, o, gate, up, down, two norms), for
@@ -151,11 +154,16 @@ struct ModelShape {
   int64_t E = 4;  // bytes per weight element
   int64_t H = 0, I = 0, L = 0, heads = 0, kv_heads = 0, head_dim = 0;
   int64_t head_width = 0;  // vocabulary, or num_labels for a scalar head
+  int64_t vocab = 0;
   int64_t layer_params = 0, resident_params = 0, params = 0;
   std::string dtype;
   const offload::ModelPlacement* placement = nullptr;
 
   int64_t LayerBytes() const { return layer_params * E; }
+  // Elements of the largest tensor: the embedding, the head or an MLP matrix.
+  int64_t LargestTensor() const {
+    return std::max({vocab * H, head_width * H, H * I, heads * head_dim * H});
+  }
   bool streamed() const { return placement->weights != offload::Tier::kDevice; }
   // The layers a streamed model holds on the device: the one computing and
   // those prefetched, never more than it has.
@@ -177,6 +185,7 @@ ModelShape ShapeOf(const PlannedModel& m, const offload::ModelPlacement& placeme
   s.kv_heads = c.num_key_value_heads;
   s.head_dim = c.head_dim;
   s.head_width = m.scalar_head ? c.num_labels : c.vocab_size;
+  s.vocab = c.vocab_size;
   s.layer_params = c.LayerParameters();
   s.resident_params = ResidentParameters(c, m.scalar_head);
   s.params = s.resident_params + s.L * s.layer_params;
@@ -260,10 +269,18 @@ class CostModel {
       default: return 0.0;
     }
   }
-  // Compute and streaming: overlapped on a GPU (prefetch on copy streams),
-  // one after the other on a CPU device (the same cores do both).
-  double WithStream(double compute, double stream) const {
-    return cpu_device_ ? compute + stream : std::max(compute, stream);
+  // Compute and streaming overlap: on a GPU the prefetch runs on copy
+  // streams; on a CPU device the streamer's own thread copies (or reads from
+  // NVMe) while the compute threads run, which hides the copy behind passes
+  // over whole sequences. A decoding step is another matter on a CPU
+  // device: its products read every weight for a few rows of arithmetic, so
+  // they and the copy contend for DRAM and add up (measured on the 2-vCPU
+  // machine: the medium PPO rollout with its actor streamed from the host
+  // took 0.8-1.0 s longer than resident for 5 GB copied; the update, whose
+  // passes are compute-bound, took the same). The streaming figures are
+  // taken where compute is negligible: the copy's own rate.
+  double WithStream(double compute, double stream, bool decoding) const {
+    return cpu_device_ && decoding ? compute + stream : std::max(compute, stream);
   }
   // A forward pass through every layer and the head.
   double Pass(const ModelShape& s, int64_t R, int64_t Tq, int64_t C, int64_t head_positions) const {
@@ -271,7 +288,7 @@ class CostModel {
     const double head = Linear(head_positions, s.H, s.head_width, s.dtype) +
                         Copy(static_cast<double>(head_positions) * s.head_width * 4.0 * 3.0) +
                         Copy(static_cast<double>(R * Tq * s.H) * s.E * 2.0);
-    return WithStream(layers, Stream(s)) + head;
+    return WithStream(layers, Stream(s), /*decoding=*/Tq == 1) + head;
   }
   double Generate(const ModelShape& s, int64_t R, int64_t P, int64_t N) const {
     double t = Pass(s, R, P, P, R);
@@ -289,7 +306,7 @@ class CostModel {
                         Copy(static_cast<double>(R * T) * s.head_width * 4.0 * 6.0);
     // Each layer's gradients added into the host fp32 buffers.
     const double grads = Copy(static_cast<double>(s.params) * (4.0 * 3.0 + s.E));
-    return WithStream(compute, 2.0 * Stream(s)) + head + grads;
+    return WithStream(compute, 2.0 * Stream(s), /*decoding=*/false) + head + grads;
   }
   // One optimizer step over a rank's shard, and the new weights written home.
   double OptimizerStep(const ModelShape& s, int64_t workers) const {
@@ -299,8 +316,7 @@ class CostModel {
       case offload::Tier::kDevice: t = shard / f_.device_adam_params_per_s; break;
       case offload::Tier::kHost: t = shard / f_.adam_params_per_s; break;
       case offload::Tier::kNvme:
-        t = std::max(shard / f_.adam_params_per_s,
-                     12.0 * shard / f_.nvme_read_bytes_per_s + 12.0 * shard / f_.nvme_write_bytes_per_s);
+        t = shard / f_.NvmeAdamParamsPerSecond();
         break;
     }
     const double layers = static_cast<double>(s.L * s.LayerBytes());
@@ -319,6 +335,7 @@ class CostModel {
 };
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / std::max<int64_t>(b, 1); }
+int64_t RoundUp(int64_t a, int64_t b) { return CeilDiv(a, b) * b; }
 
 // Micro-batches of `rows`: their count and the largest one's size.
 std::pair<int64_t, int64_t> Micro(int64_t rows, int64_t micro) {
@@ -350,8 +367,18 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
   // layers, the scratch their new fp32 weights wait in), which the arena
   // keeps pooled between steps and the trained models share (measured).
   double step_buffers = 0.0;
+  // Arena bytes reserved but never written, so never resident.
+  double untouched_staging = 0.0;
+  // What each model adds to the device and host tiers once placed, and the
+  // part of it that is the loaded tensors themselves (kept where they lie).
+  struct Placed {
+    double device = 0.0, host = 0.0, loaded_kept = 0.0;
+  };
+  std::map<std::string, Placed> placed;
   for (const auto& [role, s] : shapes) {
     const auto& p = *s.placement;
+    const std::array<double, 3> before = resident;
+    const double untouched_before = untouched_staging;
     resident[kDev] += static_cast<double>(s.resident_params * s.E);
     const double layers = static_cast<double>(s.L * s.LayerBytes());
     if (p.weights == offload::Tier::kDevice) resident[kDev] += layers;
@@ -360,34 +387,47 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
     if (p.weights == offload::Tier::kHost) resident[kHost] += layers;
     if (p.weights == offload::Tier::kNvme) resident[kNvme] += layers + s.L * kTensorsPerLayer * kNvmeBlock;
     if (!cpu_device && p.weights == offload::Tier::kNvme) resident[kHost] += static_cast<double>(s.Window());
-    if (!s.model->trainable) continue;
-    const double params = static_cast<double>(s.params);
-    const double shard = params / static_cast<double>(workers);
-    // Gradient buffers: every parameter's, or with step_in_backward only the
-    // resident tensors' plus one layer's (below).
-    double grads = 4.0 * params;
-    if (p.step_in_backward) {
-      grads = 4.0 * static_cast<double>(s.resident_params);
-      const double layer = 4.0 * static_cast<double>(s.layer_params);
-      const bool scratch = p.optimizer == offload::Tier::kNvme && p.weights == offload::Tier::kNvme;
-      step_buffers = std::max(step_buffers, layer * (scratch ? 2.0 : 1.0));
+    // Training state: made when the model is placed, except the step scratch.
+    double step_scratch = 0.0;
+    if (s.model->trainable) {
+      const double params = static_cast<double>(s.params);
+      const double shard = params / static_cast<double>(workers);
+      // Gradient buffers: every parameter's, or with step_in_backward only the
+      // resident tensors' plus one layer's (below).
+      double grads = 4.0 * params;
+      if (p.step_in_backward) {
+        grads = 4.0 * static_cast<double>(s.resident_params);
+        const double layer = 4.0 * static_cast<double>(s.layer_params);
+        const bool scratch = p.optimizer == offload::Tier::kNvme && p.weights == offload::Tier::kNvme;
+        step_buffers = std::max(step_buffers, layer * (scratch ? 2.0 : 1.0));
+      }
+      switch (p.optimizer) {
+        case offload::Tier::kDevice: resident[kDev] += 16.0 * params; break;
+        case offload::Tier::kHost: resident[kHost] += grads + 12.0 * shard; break;
+        case offload::Tier::kNvme:
+          resident[kHost] += grads + kNvmeAdamStagingBytes;
+          // A tile holds one tensor's elements: a model whose largest tensor
+          // is under a tile never touches the rest of its staging buffers.
+          untouched_staging += static_cast<double>(
+              kNvmeAdamStagingBytes -
+              3 * std::min(12 * kNvmeAdamTileElements, RoundUp(12 * s.LargestTensor(), kHugePage)));
+          // New fp32 weights of NVMe-homed layers wait in host scratch until
+          // the step has updated every tensor, then go home (one layer's with
+          // step_in_backward: counted in the update phase).
+          if (p.weights == offload::Tier::kNvme && !p.step_in_backward) {
+            step_scratch = 4.0 * static_cast<double>(s.L * s.layer_params);
+            resident[kHost] += step_scratch;
+          }
+          resident[kNvme] += 12.0 * shard + 3.0 * kNvmeBlock * (s.L * kTensorsPerLayer + 3);
+          break;
+      }
+      // A GPU with host gradients stages two layers of them in pinned memory.
+      if (!cpu_device && p.gradients == offload::Tier::kHost) resident[kHost] += 2.0 * 4.0 * s.layer_params;
     }
-    switch (p.optimizer) {
-      case offload::Tier::kDevice: resident[kDev] += 16.0 * params; break;
-      case offload::Tier::kHost: resident[kHost] += grads + 12.0 * shard; break;
-      case offload::Tier::kNvme:
-        resident[kHost] += grads + kNvmeAdamStagingBytes;
-        // New fp32 weights of NVMe-homed layers wait in host scratch until
-        // the step has updated every tensor, then go home (one layer's with
-        // step_in_backward: counted in the update phase).
-        if (p.weights == offload::Tier::kNvme && !p.step_in_backward) {
-          resident[kHost] += 4.0 * static_cast<double>(s.L * s.layer_params);
-        }
-        resident[kNvme] += 12.0 * shard + 3.0 * kNvmeBlock * (s.L * kTensorsPerLayer + 3);
-        break;
-    }
-    // A GPU with host gradients stages two layers of them in pinned memory.
-    if (!cpu_device && p.gradients == offload::Tier::kHost) resident[kHost] += 2.0 * 4.0 * s.layer_params;
+    Placed& added = placed[role];
+    added.device = resident[kDev] - before[kDev];
+    added.host = resident[kHost] - before[kHost] - (untouched_staging - untouched_before) - step_scratch;
+    added.loaded_kept = static_cast<double>(s.resident_params * s.E) + (p.weights == offload::Tier::kDevice ? layers : 0.0);
   }
   resident[kHost] += step_buffers;
 
@@ -470,18 +510,30 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
     device_peak = std::max(device_peak, p.peak[kDev]);
   }
   // Peak RSS: the process's baseline, the arena's touched pages (all of it
-  // when pinned), the device tier when it is host memory, and while loading
-  // the largest model file mapped beside what is already loaded.
-  const int64_t arena = spec.memory.pin_host ? std::max(host_peak, spec.memory.host_mib << 20) : host_peak;
-  int64_t largest_file = 0, loaded = 0;
-  for (const auto& [role, s] : shapes) {
-    largest_file = std::max(largest_file, s.params * s.E);
-    // Layers homed on NVMe are loaded into memory first, then written out.
-    loaded += s.params * s.E;
+  // when pinned), the device tier when it is host memory; or, if larger, a
+  // moment of loading (below).
+  const bool pinned = spec.memory.pin_host;
+  const int64_t arena = pinned ? std::max(host_peak, spec.memory.host_mib << 20)
+                               : host_peak - static_cast<int64_t>(untouched_staging);
+  const double steady = static_cast<double>(arena) + (cpu_device ? static_cast<double>(device_peak) : 0.0);
+  // Models load one at a time (LocalWorkerGroup::LoadModels): all of a
+  // model's tensors are read into host memory, one tensor of its file
+  // resident at a time, then placed (streamed layers copied to the arena
+  // or written to NVMe, master weights and states made) before the loaded
+  // tensors that moved are freed. Beside it: the models placed before it.
+  double loading = 0.0, before_host = pinned ? static_cast<double>(arena) : 0.0, before_device = 0.0;
+  for (const char* role : {"actor", "reference", "reward", "critic"}) {
+    if (!has(role)) continue;
+    const ModelShape& s = shapes.at(role);
+    const Placed& p = placed.at(role);
+    const double full = static_cast<double>(s.params * s.E);
+    const double added = (pinned ? 0.0 : p.host) + (cpu_device ? p.device - p.loaded_kept : 0.0);
+    const double file_tensor = static_cast<double>(s.LargestTensor() * s.E);
+    loading = std::max(loading, before_host + before_device + full + std::max(added, file_tensor));
+    if (!pinned) before_host += p.host;
+    if (cpu_device) before_device += p.device;
   }
-  const int64_t steady = arena + (cpu_device ? device_peak : 0);
-  const int64_t loading = (cpu_device ? loaded : arena) + largest_file;
-  out.process_rss_bytes = figures.process_baseline_bytes + std::max(steady, loading);
+  out.process_rss_bytes = figures.process_baseline_bytes + static_cast<int64_t>(std::max(steady, loading));
   return out;
 }
 

@@ -235,6 +235,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
   auto load = [&](const std::string& name, std::vector<int64_t> shape) -> absl::StatusOr<at::Tensor> {
     STRATA_ASSIGN_OR_RETURN(auto view, ckpt.Get(name));
     auto tensor = ToTensorWithShape(view, shape, dtype);
+    ReleaseMappedPages(view.data);  // copied out: the file's pages need not stay resident
     if (!tensor.ok()) return absl::InvalidArgumentError(absl::StrCat(dir, ": ", tensor.status().message()));
     return tensor;
   };

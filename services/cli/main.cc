@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "base/file.h"
+#include "base/heap.h"
 #include "base/log.h"
 #include "base/status_macros.h"
 #include "bench/adam_bench.h"
@@ -463,6 +464,9 @@ struct BenchCommands {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before the first tensor: freed tensors go back to the kernel, so peak
+  // RSS is what the job holds (base/heap.h).
+  strata::ReturnLargeBlocksToKernel();
   CLI::App app{"strata: RLHF training service (ReMax, PPO) with tiered GPU/CPU/NVMe memory"};
   // Subcommands are checked after parsing, so that an unknown one is named
   // in the error rather than reported as "a subcommand is required".

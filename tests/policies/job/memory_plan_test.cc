@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "base/file.h"
 #include "gtest/gtest.h"
 #include "tests/testutil/testutil.h"
 
@@ -77,6 +78,22 @@ TEST(MemoryPlanTest, FiguresRoundTripAndErrorsNameTheField) {
   auto bad = ParseHardwareFigures(R"({"matmul_fp32": [{"m": 1, "k": 8, "flops": 1}]})", "f.json");
   EXPECT_NE(bad.status().message().find("f.json: field 'matmul_bf16'"), std::string::npos) << bad.status();
   EXPECT_NE(ParseHardwareFigures("[1]", "f.json").status().message().find("not a JSON object"), std::string::npos);
+
+  // The NVMe Adam rate: files from before it was measured lack it, and it is
+  // then derived from the disk's rates (12 bytes read and written a
+  // parameter), never faster than CPU Adam; once measured it round-trips.
+  EXPECT_DOUBLE_EQ(parsed->nvme_adam_params_per_s, 0.0);
+  EXPECT_NEAR(parsed->NvmeAdamParamsPerSecond(),
+              1.0 / (12.0 / f.nvme_read_bytes_per_s + 12.0 / f.nvme_write_bytes_per_s), 1e-6);
+  HardwareFigures measured = f;
+  measured.nvme_adam_params_per_s = 2.5e8;
+  auto with_rate = ParseHardwareFigures(measured.ToJson(), "f.json");
+  ASSERT_TRUE(with_rate.ok()) << with_rate.status();
+  EXPECT_DOUBLE_EQ(with_rate->NvmeAdamParamsPerSecond(), 2.5e8);
+  std::string zero = measured.ToJson();
+  zero.replace(zero.find("250000000"), 9, "0");
+  EXPECT_NE(ParseHardwareFigures(zero, "f.json").status().message().find("field 'nvme_adam_params_per_s'"),
+            std::string::npos);
 }
 
 TEST(MemoryPlanTest, MatmulTimeIsLinearInRowsBetweenMeasuredPoints) {
@@ -112,6 +129,39 @@ TEST(MemoryPlanTest, ModelStatesAreExactPerTier) {
   EXPECT_GE(p.peak[2], 12 * actor);
   EXPECT_LT(p.peak[2], 12 * actor + (1 << 20));
   EXPECT_EQ(p.peak[1], 4 * actor + 3 * 12 * (int64_t{1} << 20));
+}
+
+// Models load one at a time: a model's tensors are read whole, then its
+// streamed layers go home and only what it keeps stays. With every model's
+// layers on NVMe (and the actor stepping each layer in its backward, so no
+// whole-model gradient buffer), peak RSS is one model's tensors and what the
+// placed models keep, well below two models' tensors.
+TEST(MemoryPlanTest, ModelsLoadOneAtATime) {
+  // 8 wide layers (16.8M parameters each) and a small vocabulary: the
+  // layers are nearly all of a model's 537 MB.
+  testing::TempDir dir;
+  ASSERT_TRUE(WriteFileAtomically(dir.Join("config.json"), R"({"architectures": ["LlamaForCausalLM"],
+      "model_type": "llama", "vocab_size": 1000, "hidden_size": 1024, "intermediate_size": 4096,
+      "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 8,
+      "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "tie_word_embeddings": false})")
+                  .ok());
+  const std::string yaml = "algorithm: remax\nmodels:\n  actor: {path: " + dir.path() +
+                           ", placement: {weights: nvme, optimizer: nvme, step_in_backward: true}}\n  reference: {path: " + dir.path() +
+                           ", placement: {weights: nvme}}\n  reward: {path: " + dir.path() +
+                           ", placement: {weights: nvme}}\ndata: {train: p.jsonl, max_prompt_tokens: 16}\n"
+                           "train: {batch_size: 4, max_grad_norm: 0}\ngeneration: {max_new_tokens: 8}\n"
+                           "memory: {nvme_dir: /tmp, host_mib: 4096}\noutput: {dir: out}\n";
+  auto spec = ParseJobSpec(yaml, {}, "test");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto models = JobModels(*spec);
+  ASSERT_TRUE(models.ok()) << models.status();
+  const int64_t model_bytes = 4 * models->at(0).config.NumParameters();
+  const JobPrediction p = PredictJob(*spec, *models, Figures(), 1);
+  const int64_t held = p.process_rss_bytes - Figures().process_baseline_bytes;
+  // A whole model's tensors at the moment it loads...
+  EXPECT_GT(held, model_bytes);
+  // ...but never two (three models at once would be 3 * model_bytes).
+  EXPECT_LT(held, 2 * model_bytes) << held;
 }
 
 TEST(MemoryPlanTest, ShardedOptimizerStatesShrinkPerRank) {
