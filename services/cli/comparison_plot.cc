@@ -104,9 +104,11 @@ void Curves(cairo_t* cr, const Panel& p, const std::string& title, const std::st
   hi += (hi - lo) * 0.05;
   Axes(cr, p, title, y_label, lo, hi);
   cairo_set_source_rgb(cr, 0.2, 0.2, 0.2);
-  for (int i = 0; i <= 4; ++i) {
-    const double x = p.x + p.w * i / 4;
-    Text(cr, x, p.y + p.h + 16, absl::StrFormat("%.0f", x_max * i / 4), 11, true);
+  // Iterations are whole numbers: at most five ticks, on whole iterations
+  // (a 2-iteration run gets 0 and 1, not 0 0 0 1 1).
+  const double step = std::max(1.0, std::ceil(x_max / 4));
+  for (double it = 0; it <= x_max + 1e-9; it += step) {
+    Text(cr, p.x + p.w * it / x_max, p.y + p.h + 16, absl::StrFormat("%.0f", it), 11, true);
   }
   Text(cr, p.x + p.w / 2, p.y + p.h + 34, "iteration", 12, true);
   if (!any) {
