@@ -59,36 +59,6 @@ ModelFootprint PlanModel(const std::string& role, const LlamaConfig& config, con
   return f;
 }
 
-absl::StatusOr<MemoryPlan> PlanModelStates(const JobSpec& spec) {
-  MemoryPlan plan;
-  auto add = [&](const std::string& role, ModelSpec model, bool trainable, bool scalar,
-                 const std::string& fallback_path) -> absl::Status {
-    if (model.path.empty() && model.init.empty()) model.path = fallback_path;
-    STRATA_ASSIGN_OR_RETURN(auto config, ConfigOf(model, role));
-    plan.models.push_back(PlanModel(role, config, model, trainable, scalar));
-    return absl::OkStatus();
-  };
-  absl::Status s;
-  switch (spec.algorithm) {
-    case Algorithm::kSft:
-      s = add("actor", spec.actor, true, false, "");
-      break;
-    case Algorithm::kRewardModel:
-      s = add("reward", spec.reward, true, true, "");
-      break;
-    default:
-      s = add("actor", spec.actor, true, false, "");
-      if (s.ok()) s = add("reference", spec.reference, false, false, spec.actor.path);
-      if (s.ok() && spec.reward.rule.empty()) s = add("reward", spec.reward, false, true, "");
-      if (s.ok() && spec.algorithm == Algorithm::kPpo) s = add("critic", spec.critic, true, true, spec.reward.path);
-  }
-  if (!s.ok()) return s;
-  for (const auto& m : plan.models) {
-    for (int t = 0; t < 3; ++t) plan.total[static_cast<size_t>(t)] += m.total(t);
-  }
-  return plan;
-}
-
 absl::StatusOr<std::vector<PlannedModel>> JobModels(const JobSpec& spec) {
   std::vector<PlannedModel> models;
   auto add = [&](const std::string& role, ModelSpec model, bool trainable, bool scalar,
@@ -114,6 +84,16 @@ absl::StatusOr<std::vector<PlannedModel>> JobModels(const JobSpec& spec) {
       }
   }
   return models;
+}
+
+absl::StatusOr<MemoryPlan> PlanModelStates(const JobSpec& spec) {
+  STRATA_ASSIGN_OR_RETURN(auto models, JobModels(spec));
+  MemoryPlan plan;
+  for (const auto& m : models) plan.models.push_back(PlanModel(m.role, m.config, m.spec, m.trainable, m.scalar_head));
+  for (const auto& m : plan.models) {
+    for (int t = 0; t < 3; ++t) plan.total[static_cast<size_t>(t)] += m.total(t);
+  }
+  return plan;
 }
 
 namespace {
@@ -516,16 +496,15 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
   const int64_t arena = pinned ? std::max(host_peak, spec.memory.host_mib << 20)
                                : host_peak - static_cast<int64_t>(untouched_staging);
   const double steady = static_cast<double>(arena) + (cpu_device ? static_cast<double>(device_peak) : 0.0);
-  // Models load one at a time (LocalWorkerGroup::LoadModels): all of a
-  // model's tensors are read into host memory, one tensor of its file
-  // resident at a time, then placed (streamed layers copied to the arena
+  // Models load one at a time, in the order JobModels lists them (as
+  // LocalWorkerGroup::LoadModels does): all of a model's tensors are read
+  // into host memory, one tensor of its file resident at a time, then placed (streamed layers copied to the arena
   // or written to NVMe, master weights and states made) before the loaded
   // tensors that moved are freed. Beside it: the models placed before it.
   double loading = 0.0, before_host = pinned ? static_cast<double>(arena) : 0.0, before_device = 0.0;
-  for (const char* role : {"actor", "reference", "reward", "critic"}) {
-    if (!has(role)) continue;
-    const ModelShape& s = shapes.at(role);
-    const Placed& p = placed.at(role);
+  for (const auto& m : models) {
+    const ModelShape& s = shapes.at(m.role);
+    const Placed& p = placed.at(m.role);
     const double full = static_cast<double>(s.params * s.E);
     const double added = (pinned ? 0.0 : p.host) + (cpu_device ? p.device - p.loaded_kept : 0.0);
     const double file_tensor = static_cast<double>(s.LargestTensor() * s.E);
