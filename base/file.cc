@@ -1,11 +1,13 @@
 #include "base/file.h"
 
 #include <fcntl.h>
+#include <ftw.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -152,6 +154,22 @@ void ReleaseMappedPages(std::span<const std::byte> bytes) {
   const uintptr_t end = reinterpret_cast<uintptr_t>(bytes.data() + bytes.size());
   // Advice only: failure leaves the pages resident, which is still correct.
   (void)::madvise(reinterpret_cast<void*>(start), end - start, MADV_DONTNEED);
+}
+
+namespace {
+thread_local bool remove_tree_failed = false;
+
+int RemoveEntry(const char* path, const struct stat*, int, struct FTW*) {
+  if (::remove(path) != 0 && errno != ENOENT) remove_tree_failed = true;
+  return 0;  // keep going: remove what can be removed
+}
+}  // namespace
+
+bool RemoveTree(const std::string& path) {
+  remove_tree_failed = false;
+  // Depth first (children before their directory), not following links.
+  if (::nftw(path.c_str(), RemoveEntry, 32, FTW_DEPTH | FTW_PHYS) != 0) return errno == ENOENT;
+  return !remove_tree_failed;
 }
 
 bool IsDirectory(const std::string& path) {

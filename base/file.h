@@ -58,6 +58,14 @@ class MappedFile {
 // next read faults them back in from the page cache; the mapping stays valid.
 void ReleaseMappedPages(std::span<const std::byte> bytes);
 
+// Removes `path` and everything under it, as `rm -rf` does; true when
+// nothing of it is left (a missing path included). Use it instead of
+// std::filesystem::remove_all: PyTorch 2.11's libtorch.so exports its own
+// copy of that function, whose call into recursive_directory_iterator is
+// unresolved there, and a binary linked against it binds to that copy and
+// jumps to address 0 (seen on the GPU machine).
+bool RemoveTree(const std::string& path);
+
 // True when `path` names an existing directory / regular file.
 bool IsDirectory(const std::string& path);
 bool IsRegularFile(const std::string& path);

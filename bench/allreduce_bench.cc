@@ -54,6 +54,7 @@ class TimedGroup final : public policies::ProcessGroup {
   absl::Status Barrier() override { return inner_.Barrier(); }
   int rank() const override { return inner_.rank(); }
   int world_size() const override { return inner_.world_size(); }
+  policies::Backend backend() const override { return inner_.backend(); }
   double waited_s = 0;
   double broadcast_s = 0;
 

@@ -228,10 +228,10 @@ absl::StatusOr<std::string> RunFiguresBench(const FiguresBenchRequest& request) 
     const int64_t tensors = request.quick ? 2 : 8, each = request.quick ? 1 << 20 : 4 << 20;
     const std::string dir = JoinPath(request.nvme_dir, "strata-figures-adam");
     std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
+    RemoveTree(dir);
     std::filesystem::create_directories(dir, ec);
     auto rate = NvmeAdamParamsPerSecond(dir, tensors, each, request.quick ? 0.0 : 1.0);
-    std::filesystem::remove_all(dir, ec);
+    RemoveTree(dir);
     if (!rate.ok()) return absl::Status(rate.status().code(), absl::StrCat("nvme adam: ", rate.status().message()));
     f.nvme_adam_params_per_s = *rate;
     table += absl::StrFormat("NVMe-tiled AdamW                %10.1f M params/s\n", f.nvme_adam_params_per_s / 1e6);

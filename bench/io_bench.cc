@@ -34,8 +34,7 @@ class ScopedDirectory {
  public:
   explicit ScopedDirectory(std::string path) : path_(std::move(path)) {}
   ~ScopedDirectory() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
+    RemoveTree(path_);
   }
   ScopedDirectory(const ScopedDirectory&) = delete;
   ScopedDirectory& operator=(const ScopedDirectory&) = delete;
@@ -281,8 +280,7 @@ absl::StatusOr<std::string> RunIoBench(const IoBenchRequest& r) {
       STRATA_ASSIGN_OR_RETURN(auto read, run->Read());
       ours.Add(write, read);
       run.reset();
-      std::error_code ec;
-      std::filesystem::remove_all(store_dir, ec);
+      RemoveTree(store_dir);
     }
   }
   const double write_ratio = Ratio(ours.write_mbps, fio.write_mbps);

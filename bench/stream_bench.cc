@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/file.h"
 #include "base/status_macros.h"
 #include "offload/device/device_memory.h"
 #include "offload/device/device_transfer.h"
@@ -160,7 +161,7 @@ absl::StatusOr<std::string> RunStreamBench(const StreamBenchRequest& r) {
   if (!resident.ok()) return resident.status();
   STRATA_ASSIGN_OR_RETURN(auto host, RunMode(r, config, Tier::kHost, device, budget));
   auto nvme = RunMode(r, config, Tier::kNvme, device, budget);
-  std::filesystem::remove_all(r.nvme_dir, ec);
+  RemoveTree(r.nvme_dir);
   if (!nvme.ok()) return nvme.status();
 
   const size_t peak = std::max(host.peak_device_bytes, nvme->peak_device_bytes);

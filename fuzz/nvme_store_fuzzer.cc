@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "base/file.h"
 #include "fuzz/fuzz_util.h"
 #include "offload/nvme/nvme_store.h"
 
@@ -11,7 +12,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view in(reinterpret_cast<const char*>(data), size);
   const auto [manifest, journal] = strata::fuzz::SplitOnce(in);
   const std::string dir = strata::fuzz::ScratchDir() + "/store";
-  std::filesystem::remove_all(dir);
+  strata::RemoveTree(dir);
   std::filesystem::create_directories(dir);
   strata::fuzz::WriteScratch("store/MANIFEST", manifest);
   if (!journal.empty()) strata::fuzz::WriteScratch("store/JOURNAL", journal);

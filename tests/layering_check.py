@@ -9,7 +9,8 @@ every room its room reaches through DEPS, nothing else. Tests under
 tests/<room>/ follow their room's rule; a test directly in tests/<folder>/
 (tests/offload/x_test.cc) is an integration test of that folder's rooms and
 may include any of them; tests/e2e and tests/testutil may include any room.
-No library may include a test header.
+No library may include a test header. A few calls that build and pass here
+but break on another toolchain are refused too (FORBIDDEN).
 
   layering_check.py --rooms build/rooms.txt --graph-only   # room and folder loops, unknown deps
   layering_check.py --rooms build/rooms.txt --root .       # every #include
@@ -114,6 +115,13 @@ def included_room(header, rooms):
     return room_of(header, rooms) or f"<no room: {header}>"
 
 
+# Calls that build and pass here but break elsewhere, and what to use.
+FORBIDDEN = {
+    "std::filesystem::remove_all": "use RemoveTree (base/file.h): PyTorch 2.x's libtorch.so exports a copy "
+                                   "of it that jumps to address 0",
+}
+
+
 def check_tree(root, rooms, strict):
     reach = closure(rooms)
     for top in SOURCE_TOP:  # integration tests reach every room of their folder
@@ -144,6 +152,9 @@ def check_tree(root, rooms, strict):
                 checked += 1
                 with open(os.path.join(root, rel), encoding="utf-8", errors="replace") as f:
                     text = f.read()
+                for call, why in FORBIDDEN.items():
+                    if call in text and rel != "base/file.h":
+                        errors.append(f"{rel}: calls {call}; {why}")
                 for header in INCLUDE.findall(text):
                     target = included_room(header, rooms)
                     if target is None:
@@ -186,13 +197,15 @@ def self_test():
         write("tests/offload/nvme/up_test.cc", '#include "policies/model/llama.h"\n')
         write("tests/offload/together_test.cc", '#include "offload/nvme/store.h"\n')
         write("tests/offload/too_far_test.cc", '#include "policies/model/llama.h"\n')
+        write("offload/nvme/wipe.cc", "void f() { std::filesystem::remove_all(p); }\n")
         _, errors, _ = check_tree(root, rooms, strict=True)
         text = "\n".join(errors)
         for want in ("offload/nvme/bad.cc (offload/nvme) includes policies/model/llama.h",
                      "policies/other/y.h: belongs to no room",
                      "base/uses_test.h: includes test header",
                      "tests/offload/nvme/up_test.cc (offload/nvme) includes policies/model/llama.h",
-                     "tests/offload/too_far_test.cc (integration:offload) includes policies/model/llama.h"):
+                     "tests/offload/too_far_test.cc (integration:offload) includes policies/model/llama.h",
+                     "offload/nvme/wipe.cc: calls std::filesystem::remove_all"):
             assert want in text, f"missing: {want}\n{text}"
         assert "together_test" not in text, text
     print("layering_check: self-test passed")

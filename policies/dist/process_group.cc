@@ -1,11 +1,20 @@
 #include "policies/dist/process_group.h"
 
-#ifdef STRATA_HAVE_GLOO
+// Either backend brings c10d's stores; each is built only where its
+// headers are (policies/CMakeLists.txt).
+#if defined(STRATA_HAVE_GLOO) || defined(STRATA_HAVE_NCCL)
+#define STRATA_HAVE_C10D 1
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #endif
+#ifdef STRATA_HAVE_GLOO
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
+#ifdef STRATA_HAVE_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 
+#include <cstdlib>
 #include <exception>
 #include <limits>
 #include <thread>
@@ -30,6 +39,7 @@ class SoloProcessGroup final : public ProcessGroup {
   absl::Status Barrier() override { return absl::OkStatus(); }
   int rank() const override { return 0; }
   int world_size() const override { return 1; }
+  Backend backend() const override { return Backend::kGloo; }  // none, in fact; nothing crosses
 };
 
 // c10d 1.13 counts connect timeouts in whole seconds: less is no wait at all.
@@ -43,7 +53,7 @@ absl::Status CheckTimeout(const char* what, std::chrono::milliseconds timeout) {
   return absl::OkStatus();
 }
 
-#ifdef STRATA_HAVE_GLOO
+#ifdef STRATA_HAVE_C10D
 
 // c10d's errors are exceptions whose text is all there is to go on.
 absl::Status FromException(const std::string& what, const std::exception& e) {
@@ -93,25 +103,42 @@ absl::StatusOr<std::unique_ptr<Rendezvous>> OpenStore(const std::string& host, i
   }
 }
 
-class GlooProcessGroup final : public ProcessGroup {
+// A c10d backend (ProcessGroupGloo or ProcessGroupNCCL) behind
+// ProcessGroup. `device` is where the backend wants tensors: the host for
+// Gloo, which takes any; the rank's GPU for NCCL, for which host tensors are
+// staged through the device and copied back once the collective is done.
+template <typename Group>
+class C10dProcessGroup final : public ProcessGroup {
  public:
-  GlooProcessGroup(const ProcessGroupOptions& options, std::unique_ptr<Rendezvous> rendezvous,
-                   c10::intrusive_ptr<c10d::ProcessGroupGloo> group)
-      : options_(options), rendezvous_(std::move(rendezvous)), group_(std::move(group)) {}
+  C10dProcessGroup(const ProcessGroupOptions& options, std::unique_ptr<Rendezvous> rendezvous,
+                   c10::intrusive_ptr<Group> group, at::Device device)
+      : options_(options), rendezvous_(std::move(rendezvous)), group_(std::move(group)), device_(device) {}
 
   // c10d's tensor lists mean one tensor per device, so each tensor is its
   // own collective; they are all issued before the first wait.
   absl::Status AllReduceSum(std::vector<at::Tensor>& tensors) override {
-    return Run("all-reduce", tensors.size(), [&](size_t i) {
-      std::vector<at::Tensor> one = {tensors[i]};
+    STRATA_ASSIGN_OR_RETURN(std::vector<at::Tensor> staged, Stage(tensors));
+    STRATA_RETURN_IF_ERROR(Run("all-reduce", staged.size(), [&](size_t i) {
+      std::vector<at::Tensor> one = {staged[i]};
       return group_->allreduce(one);
-    });
+    }));
+    return Unstage(staged, tensors);
   }
 
   absl::Status StartAllReduceSum(std::vector<at::Tensor> tensors) override {
     if (tensors.empty()) return absl::OkStatus();
     try {
-      pending_.push_back({tensors, group_->allreduce_coalesced(tensors)});
+      if (!Staging()) {
+        pending_.push_back({tensors, {}, group_->allreduce_coalesced(tensors)});
+        return absl::OkStatus();
+      }
+      // One flat device buffer per bucket: one collective, as Gloo's
+      // coalesced all-reduce does on the host.
+      std::vector<at::Tensor> flat_parts;
+      for (const at::Tensor& t : tensors) flat_parts.push_back(t.reshape({-1}).to(device_));
+      std::vector<at::Tensor> flat = {at::cat(flat_parts)};
+      c10::intrusive_ptr<c10d::Work> work = group_->allreduce(flat);
+      pending_.push_back({std::move(tensors), flat[0], std::move(work)});
     } catch (const std::exception& e) {
       return Failed("all-reduce", e);
     }
@@ -123,6 +150,13 @@ class GlooProcessGroup final : public ProcessGroup {
     for (Pending& p : pending_) {
       try {
         p.work->wait(options_.timeout);
+        if (p.flat.defined() && status.ok()) {
+          int64_t offset = 0;
+          for (at::Tensor& t : p.tensors) {
+            t.copy_(p.flat.narrow(0, offset, t.numel()).view(t.sizes()));
+            offset += t.numel();
+          }
+        }
       } catch (const std::exception& e) {
         if (status.ok()) status = Failed("all-reduce", e);
       }
@@ -137,27 +171,67 @@ class GlooProcessGroup final : public ProcessGroup {
     }
     c10d::BroadcastOptions broadcast;
     broadcast.rootRank = root;
-    return Run("broadcast", tensors.size(), [&](size_t i) {
-      std::vector<at::Tensor> one = {tensors[i]};
+    STRATA_ASSIGN_OR_RETURN(std::vector<at::Tensor> staged, Stage(tensors));
+    STRATA_RETURN_IF_ERROR(Run("broadcast", staged.size(), [&](size_t i) {
+      std::vector<at::Tensor> one = {staged[i]};
       return group_->broadcast(one, broadcast);
-    });
+    }));
+    return Unstage(staged, tensors);
   }
 
   absl::Status Barrier() override {
-    return Run("barrier", 1, [&](size_t) { return group_->barrier(); });
+    if (!Staging()) return Run("barrier", 1, [&](size_t) { return group_->barrier(); });
+    // NCCL's barrier guesses a device from the rank; a one-element sum on
+    // this rank's GPU meets the same way without the guess.
+    std::vector<at::Tensor> one;
+    try {
+      one.push_back(at::zeros({1}, at::TensorOptions().device(device_)));
+    } catch (const std::exception& e) {
+      return Failed("barrier", e);
+    }
+    return Run("barrier", 1, [&](size_t) { return group_->allreduce(one); });
   }
 
   int rank() const override { return options_.rank; }
   int world_size() const override { return options_.world_size; }
+  Backend backend() const override { return options_.backend; }
 
  private:
+  bool Staging() const { return !device_.is_cpu(); }
+
+  // The tensors as the backend takes them: host tensors copied to the
+  // device when it is a GPU; the others themselves.
+  absl::StatusOr<std::vector<at::Tensor>> Stage(const std::vector<at::Tensor>& tensors) const {
+    std::vector<at::Tensor> staged;
+    staged.reserve(tensors.size());
+    try {
+      for (const at::Tensor& t : tensors) staged.push_back(Staging() && t.device() != device_ ? t.to(device_) : t);
+    } catch (const std::exception& e) {
+      return Failed("copy to the device", e);
+    }
+    return staged;
+  }
+
+  absl::Status Unstage(const std::vector<at::Tensor>& staged, std::vector<at::Tensor>& tensors) const {
+    try {
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        if (!staged[i].is_same(tensors[i])) tensors[i].copy_(staged[i]);
+      }
+    } catch (const std::exception& e) {
+      return Failed("copy back from the device", e);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Failed(const char* what, const std::exception& e) const {
+    return FromException(
+        absl::StrCat(what, " on rank ", options_.rank, " of ", options_.world_size, " (", BackendName(options_.backend), ")"),
+        e);
+  }
+
   // Starts `count` collectives (`start(i)`), then waits for all of them.
   // After a failure the rest are still waited for (their buffers are the
   // caller's), each bounded by the group's timeout.
-  absl::Status Failed(const char* what, const std::exception& e) const {
-    return FromException(absl::StrCat(what, " on rank ", options_.rank, " of ", options_.world_size), e);
-  }
-
   template <typename Start>
   absl::Status Run(const char* what, size_t count, Start start) {
     auto failed = [&](const std::exception& e) { return Failed(what, e); };
@@ -178,34 +252,50 @@ class GlooProcessGroup final : public ProcessGroup {
     return status;
   }
 
-  // A started bucket and its tensors (c10d holds them too; kept for clarity
-  // of ownership until the wait).
+  // A started bucket: the caller's tensors, and for a staged bucket the flat
+  // device buffer summed in their place.
   struct Pending {
     std::vector<at::Tensor> tensors;
+    at::Tensor flat;
     c10::intrusive_ptr<c10d::Work> work;
   };
 
   const ProcessGroupOptions options_;
   std::unique_ptr<Rendezvous> rendezvous_;  // the store outlives the group
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
+  c10::intrusive_ptr<Group> group_;
+  const at::Device device_;
   std::vector<Pending> pending_;
 };
 
-#endif  // STRATA_HAVE_GLOO
+#endif  // STRATA_HAVE_C10D
 
 }  // namespace
+
+const char* BackendName(Backend backend) { return backend == Backend::kNccl ? "nccl" : "gloo"; }
 
 std::unique_ptr<ProcessGroup> ProcessGroup::Solo() { return std::make_unique<SoloProcessGroup>(); }
 
 absl::StatusOr<std::vector<std::unique_ptr<ProcessGroup>>> ProcessGroup::CreateInProcess(
     int ranks, std::chrono::milliseconds timeout) {
+  InProcessOptions options;
+  options.timeout = timeout;
+  return CreateInProcess(ranks, options);
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<ProcessGroup>>> ProcessGroup::CreateInProcess(
+    int ranks, const InProcessOptions& in_process) {
   if (ranks < 1) return absl::InvalidArgumentError(absl::StrCat("ranks must be >= 1, got ", ranks));
+  if (in_process.backend == Backend::kNccl && ranks > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "NCCL ranks in one process would share GPU ", in_process.device_index,
+        ", which NCCL refuses: run one worker process per GPU (the service), or use Gloo for ", ranks, " local ranks"));
+  }
   std::vector<std::unique_ptr<ProcessGroup>> groups(static_cast<size_t>(ranks));
-  if (ranks == 1) {
+  if (ranks == 1 && !in_process.group_of_one) {
     groups[0] = Solo();
     return groups;
   }
-  STRATA_ASSIGN_OR_RETURN(auto host, Rendezvous::Host("127.0.0.1", 0, ranks, timeout));
+  STRATA_ASSIGN_OR_RETURN(auto host, Rendezvous::Host("127.0.0.1", 0, ranks, in_process.timeout));
   const int port = host->port();
   std::vector<absl::Status> statuses(static_cast<size_t>(ranks));
   std::vector<std::thread> threads;
@@ -214,7 +304,7 @@ absl::StatusOr<std::vector<std::unique_ptr<ProcessGroup>>> ProcessGroup::CreateI
     threads.emplace_back([&, r, rendezvous = r == 0 ? std::move(host) : nullptr]() mutable {
       absl::Status& status = statuses[static_cast<size_t>(r)];
       if (rendezvous == nullptr) {
-        auto joined = Rendezvous::Join("127.0.0.1", port, timeout);
+        auto joined = Rendezvous::Join("127.0.0.1", port, in_process.timeout);
         if (!joined.ok()) {
           status = joined.status();
           return;
@@ -224,7 +314,9 @@ absl::StatusOr<std::vector<std::unique_ptr<ProcessGroup>>> ProcessGroup::CreateI
       ProcessGroupOptions options;
       options.rank = r;
       options.world_size = ranks;
-      options.timeout = timeout;
+      options.backend = in_process.backend;
+      options.device_index = in_process.device_index;
+      options.timeout = in_process.timeout;
       auto group = Create(options, std::move(rendezvous));
       if (group.ok()) {
         groups[static_cast<size_t>(r)] = std::move(*group);
@@ -246,11 +338,67 @@ absl::Status ProcessGroupOptions::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("process group rank must be in [0, ", world_size, "), got ", rank));
   }
+  if (device_index < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("process group device_index must be >= 0, got ", device_index));
+  }
   return CheckTimeout("process group", timeout);
 }
 
+namespace {
+absl::Status NoBackend(Backend backend) {
+  if (backend == Backend::kNccl) {
+    return absl::UnimplementedError(
+        "this build has no NCCL (c10d's GPU backend, in a CUDA PyTorch): use parallel.backend: gloo");
+  }
+  return absl::UnimplementedError(
+      "this build has no Gloo (c10d's CPU backend): a job of one rank runs, more need a build with libgloo-dev");
+}
+
 #ifdef STRATA_HAVE_GLOO
-bool ProcessGroup::Available() { return true; }
+absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGloo(const ProcessGroupOptions& options,
+                                                         std::unique_ptr<Rendezvous> rendezvous,
+                                                         c10::intrusive_ptr<c10d::Store> store) {
+  auto gloo = c10d::ProcessGroupGloo::Options::create(options.timeout);
+  // Loopback for a gang on one machine; the hostname's address otherwise.
+  gloo->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+  auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, options.rank, options.world_size, gloo);
+  return std::unique_ptr<ProcessGroup>(
+      new C10dProcessGroup<c10d::ProcessGroupGloo>(options, std::move(rendezvous), std::move(group), at::kCPU));
+}
+#endif
+
+#ifdef STRATA_HAVE_NCCL
+absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateNccl(const ProcessGroupOptions& options,
+                                                         std::unique_ptr<Rendezvous> rendezvous,
+                                                         c10::intrusive_ptr<c10d::Store> store) {
+  // A wait that outlives the timeout throws on the waiting thread (instead
+  // of c10d's watchdog ending the process), so a dead rank is a status here
+  // as it is with Gloo. Read when the group is built.
+  setenv("TORCH_NCCL_BLOCKING_WAIT", "1", /*overwrite=*/0);
+  auto nccl = c10d::ProcessGroupNCCL::Options::create();
+  nccl->timeout = options.timeout;
+  auto group = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, options.rank, options.world_size, nccl);
+  const at::Device device(at::kCUDA, static_cast<at::DeviceIndex>(options.device_index));
+  auto wrapped = std::unique_ptr<ProcessGroup>(
+      new C10dProcessGroup<c10d::ProcessGroupNCCL>(options, std::move(rendezvous), std::move(group), device));
+  // The communicator forms at the first collective: issue one now, so that
+  // a missing rank or a bad device fails Create, not the first gradient sum.
+  STRATA_RETURN_IF_ERROR(wrapped->Barrier());
+  return wrapped;
+}
+#endif
+}  // namespace
+
+#ifdef STRATA_HAVE_C10D
+bool ProcessGroup::Available(Backend backend) {
+#ifndef STRATA_HAVE_GLOO
+  if (backend == Backend::kGloo) return false;
+#endif
+#ifndef STRATA_HAVE_NCCL
+  if (backend == Backend::kNccl) return false;
+#endif
+  return true;
+}
 
 absl::StatusOr<std::unique_ptr<Rendezvous>> Rendezvous::Host(const std::string& host, int port, int world_size,
                                                              std::chrono::milliseconds timeout) {
@@ -269,42 +417,40 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Create(const Process
                                                                    std::unique_ptr<Rendezvous> rendezvous) {
   STRATA_RETURN_IF_ERROR(options.Validate());
   if (rendezvous == nullptr) return absl::InvalidArgumentError("process group needs a rendezvous");
-  auto* store = static_cast<RendezvousImpl*>(rendezvous.get());
+  if (!Available(options.backend)) return NoBackend(options.backend);
+  auto* rendezvous_impl = static_cast<RendezvousImpl*>(rendezvous.get());
+  // One group per store: keys of a later group must not meet this one's.
+  auto store = c10::make_intrusive<c10d::PrefixStore>("strata", rendezvous_impl->store());
   try {
-    auto gloo = c10d::ProcessGroupGloo::Options::create(options.timeout);
-    // Loopback for a gang on one machine; the hostname's address otherwise.
-    gloo->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-    // One group per store: keys of a later group must not meet this one's.
-    auto prefixed = c10::make_intrusive<c10d::PrefixStore>("strata", store->store());
-    auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, options.rank, options.world_size, gloo);
-    return std::unique_ptr<ProcessGroup>(new GlooProcessGroup(options, std::move(rendezvous), std::move(group)));
+#ifdef STRATA_HAVE_NCCL
+    if (options.backend == Backend::kNccl) return CreateNccl(options, std::move(rendezvous), std::move(store));
+#endif
+#ifdef STRATA_HAVE_GLOO
+    if (options.backend == Backend::kGloo) return CreateGloo(options, std::move(rendezvous), std::move(store));
+#endif
+    return NoBackend(options.backend);
   } catch (const std::exception& e) {
-    return FromException(absl::StrCat("process group rank ", options.rank, " of ", options.world_size), e);
+    return FromException(absl::StrCat("process group rank ", options.rank, " of ", options.world_size, " (",
+                                      BackendName(options.backend), ")"),
+                         e);
   }
 }
 
 #else
-bool ProcessGroup::Available() { return false; }
-
-namespace {
-absl::Status NoGloo() {
-  return absl::UnimplementedError(
-      "this build has no Gloo (c10d's CPU backend): a job of one rank runs, more need a build with libgloo-dev");
-}
-}  // namespace
+bool ProcessGroup::Available(Backend) { return false; }
 
 absl::StatusOr<std::unique_ptr<Rendezvous>> Rendezvous::Host(const std::string&, int, int,
                                                              std::chrono::milliseconds) {
-  return NoGloo();
+  return NoBackend(Backend::kGloo);
 }
 absl::StatusOr<std::unique_ptr<Rendezvous>> Rendezvous::Join(const std::string&, int, std::chrono::milliseconds) {
-  return NoGloo();
+  return NoBackend(Backend::kGloo);
 }
 absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Create(const ProcessGroupOptions& options,
                                                                    std::unique_ptr<Rendezvous>) {
   STRATA_RETURN_IF_ERROR(options.Validate());
-  return NoGloo();
+  return NoBackend(options.backend);
 }
-#endif  // STRATA_HAVE_GLOO
+#endif  // STRATA_HAVE_C10D
 
 }  // namespace strata::policies

@@ -1,5 +1,6 @@
-// A job's ranks talking to each other: a c10d process group (Gloo, on CPU
-// tensors) that meets through a TCPStore rendezvous hosted by rank 0. The
+// A job's ranks talking to each other: a c10d process group (Gloo over TCP,
+// or NCCL on a CUDA build) that meets through a TCPStore rendezvous hosted
+// by rank 0. The
 // trainer all-reduces gradients through it and the algorithms all-reduce
 // their statistics, so that a gang of N ranks computes what one rank would.
 // A gang of one uses ProcessGroup::Solo(), which needs no c10d at all.
@@ -50,9 +51,18 @@ class Rendezvous {
   Rendezvous() = default;
 };
 
+// Which c10d backend carries the collectives. Gloo takes host tensors (and,
+// in a CUDA build, device ones, through the host); NCCL takes device
+// tensors, and this group copies host tensors through the device for it.
+enum class Backend { kGloo, kNccl };
+const char* BackendName(Backend backend);  // "gloo", "nccl"
+
 struct ProcessGroupOptions {
   int rank = 0;
   int world_size = 1;
+  Backend backend = Backend::kGloo;
+  // NCCL: the CUDA device this rank's collectives run on (its models' GPU).
+  int device_index = 0;
   // Bounds the group's creation and every collective; at least 1 s (c10d
   // counts connect timeouts in whole seconds).
   std::chrono::milliseconds timeout{30000};
@@ -63,27 +73,41 @@ struct ProcessGroupOptions {
 
 class ProcessGroup {
  public:
-  // Builds a Gloo process group over loopback-or-network TCP through
-  // `rendezvous`, which it keeps. Returns once every rank has joined;
-  // DEADLINE_EXCEEDED when they do not within options.timeout. UNIMPLEMENTED
-  // in a build without Gloo (see policies/CMakeLists.txt).
+  // Builds a process group of options.backend through `rendezvous`, which
+  // it keeps. Gloo returns once every rank has joined (DEADLINE_EXCEEDED
+  // when they do not within options.timeout); NCCL's communicator forms at
+  // the first collective, which Create issues (a one-element all-reduce) so
+  // that a missing rank shows here too. UNIMPLEMENTED in a build without
+  // the backend (see policies/CMakeLists.txt).
   static absl::StatusOr<std::unique_ptr<ProcessGroup>> Create(const ProcessGroupOptions& options,
                                                               std::unique_ptr<Rendezvous> rendezvous);
   // A gang of one: rank 0 of 1, every collective a no-op.
   static std::unique_ptr<ProcessGroup> Solo();
   // A gang of `ranks` inside this process (one thread per rank), over
-  // loopback: element r is rank r. One rank is Solo().
+  // loopback: element r is rank r. One rank is Solo() unless
+  // `group_of_one` asks for a real group (to run a backend's path, NCCL's
+  // on one GPU, say). NCCL takes one rank: ranks of one process would share
+  // options.device_index's GPU, which NCCL refuses.
+  struct InProcessOptions {
+    Backend backend = Backend::kGloo;
+    int device_index = 0;
+    bool group_of_one = false;
+    std::chrono::milliseconds timeout{30000};
+  };
+  static absl::StatusOr<std::vector<std::unique_ptr<ProcessGroup>>> CreateInProcess(int ranks,
+                                                                                    const InProcessOptions& options);
   static absl::StatusOr<std::vector<std::unique_ptr<ProcessGroup>>> CreateInProcess(
-      int ranks, std::chrono::milliseconds timeout);
-  // True when Create can build multi-rank groups in this build.
-  static bool Available();
+      int ranks, std::chrono::milliseconds timeout);  // Gloo
+  // True when Create can build multi-rank groups of `backend` in this build.
+  static bool Available(Backend backend = Backend::kGloo);
   virtual ~ProcessGroup() = default;
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
 
   // In place: each tensor becomes its sum over the ranks. Tensors are
-  // contiguous CPU tensors, of any dtypes and shapes, the same list on every
-  // rank. Each is its own collective, all in flight together.
+  // contiguous, of any dtypes and shapes, on the host (or, in a CUDA build,
+  // the group's GPU), the same list on every rank. Each is its own
+  // collective, all in flight together.
   virtual absl::Status AllReduceSum(std::vector<at::Tensor>& tensors) = 0;
   // Starts summing `tensors` in place and returns; they are one bucket (one
   // collective; Gloo flattens it), so they must share a dtype. The caller
@@ -101,6 +125,7 @@ class ProcessGroup {
 
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
+  virtual Backend backend() const = 0;
 
  protected:
   ProcessGroup() = default;

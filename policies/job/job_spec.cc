@@ -9,6 +9,7 @@
 #include <optional>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -319,6 +320,13 @@ absl::Status JobSpec::Validate() const {
   if (auto device = offload::ParseDeviceName(memory.device); !device.ok()) {
     return KeyError("memory.device", std::string(device.status().message()));
   }
+  if (parallel.backend != "auto" && parallel.backend != "gloo" && parallel.backend != "nccl") {
+    return KeyError("parallel.backend", absl::StrCat("'", parallel.backend, "' is not one of auto, gloo, nccl"));
+  }
+  if (parallel.backend == "nccl" && !absl::StartsWith(memory.device, "cuda")) {
+    return KeyError("parallel.backend",
+                    absl::StrCat("nccl needs a GPU (memory.device: cuda), got memory.device: ", memory.device));
+  }
   if (memory.device_mib < 0) return KeyError("memory.device_mib", "must be >= 0");
   if (memory.host_mib < 1) return KeyError("memory.host_mib", "must be >= 1");
   if (!(remax.discount > 0 && remax.discount <= 1)) return KeyError("remax.discount", "must be in (0, 1]");
@@ -491,6 +499,7 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::ve
 
     STRATA_ASSIGN_OR_RETURN(auto parallel, r.Child("parallel"));
     STRATA_RETURN_IF_ERROR(parallel.Read("workers", &spec.parallel.workers));
+    STRATA_RETURN_IF_ERROR(parallel.Read("backend", &spec.parallel.backend));
     STRATA_RETURN_IF_ERROR(parallel.CheckNoUnknownKeys());
 
     STRATA_ASSIGN_OR_RETURN(auto output, r.Child("output"));

@@ -119,6 +119,10 @@ struct ParallelSpec {
   // Data-parallel ranks (worker processes) the job spans; each takes
   // 1/workers of every global batch. At most train.batch_size.
   int64_t workers = 1;
+  // The c10d backend of the ranks' collectives: auto (NCCL when
+  // memory.device is a GPU and the build has it, Gloo otherwise), gloo or
+  // nccl. Naming one builds its group even for one rank.
+  std::string backend = "auto";
 };
 
 struct JobSpec {

@@ -1,5 +1,6 @@
 #include "policies/model/generation.h"
 
+#include <c10/core/GradMode.h>
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
@@ -81,7 +82,7 @@ absl::StatusOr<GenerationOutput> Generate(const LlamaModel& model, const std::ve
     mask[b].narrow(0, offset, static_cast<int64_t>(p.size())).fill_(1);
   }
 
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   // The model runs where its weights are; sampling stays on the CPU with a
   // CPU generator, so a seed draws the same tokens on every device.
   const at::Device device = model.device();

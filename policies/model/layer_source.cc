@@ -1,5 +1,7 @@
 #include "policies/model/layer_source.h"
 
+#include <c10/core/GradMode.h>
+
 namespace strata::policies {
 
 std::vector<at::Tensor*> LayerTensors(LlamaLayerWeights& w) {
@@ -18,7 +20,7 @@ absl::StatusOr<at::Tensor> ResidentLayerSource::Load(int64_t layer, size_t index
 }
 
 absl::Status ResidentLayerSource::Store(int64_t layer, size_t index, const at::Tensor& value) {
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   LayerTensors(layers_.at(static_cast<size_t>(layer))).at(index)->copy_(value);
   return absl::OkStatus();
 }

@@ -1,5 +1,7 @@
 #include "policies/train/layerwise_trainer.h"
 
+#include <c10/core/GradMode.h>
+
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -371,7 +373,7 @@ absl::StatusOr<double> LayerwiseTrainerImpl::ForwardBackward(const at::Tensor& i
   // Forward without autograd, keeping each layer's input.
   std::vector<at::Tensor> inputs(static_cast<size_t>(layers) + 1);
   {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     inputs[0] = at::embedding(resident_.embed_tokens, input_ids);
     STRATA_RETURN_IF_ERROR(source_->BeginPass(Range(layers, false)));
     for (int64_t l = 0; l < layers; ++l) {
@@ -573,7 +575,7 @@ std::span<std::byte> LayerwiseTrainerImpl::WriteTarget(const ParamState& p) {
 }
 
 absl::Status LayerwiseTrainerImpl::WriteBack(const ParamState& p, const at::Tensor& master) {
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   if (p.resident != nullptr) {
     p.resident->copy_(master.view(p.shape));
     return absl::OkStatus();
@@ -614,7 +616,7 @@ double SquaredNorm(const float* x, int64_t n) {
 absl::Status LayerwiseTrainerImpl::ClipGradients() {
   // Every rank holds every summed gradient (only optimizer states are
   // sharded), so this norm is the global one on each rank.
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   auto gradient = [&](const ParamState& p) {
     return p.device_grad.defined() ? p.device_grad : HostView(p.grad, p.numel);
   };
@@ -673,7 +675,7 @@ std::vector<LayerwiseTrainerImpl::ParamState*> LayerwiseTrainerImpl::HeldParams(
 }
 
 absl::Status LayerwiseTrainerImpl::StepLayer(int64_t l, const std::vector<at::Tensor*>& slots) {
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   std::vector<ParamState*> layer;
   absl::Status status;
   for (size_t i = 0; i < slots.size() && status.ok(); ++i) {
@@ -800,7 +802,7 @@ absl::Status LayerwiseTrainerImpl::NvmeStep(const std::vector<ParamState*>& para
 
 absl::Status LayerwiseTrainerImpl::DeviceStep() {
   // AdamW with torch ops on the device, in torch::optim::AdamW's order.
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   const offload::AdamOptions& o = options_.adam.adam;
   for (ParamState& p : params_) {
     const int64_t step = ++p.step;

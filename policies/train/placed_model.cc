@@ -1,5 +1,7 @@
 #include "policies/train/placed_model.h"
 
+#include <c10/core/GradMode.h>
+
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "policies/train/streamed_layers.h"
@@ -85,7 +87,7 @@ absl::Status PlacedModel::Save(const std::string& dir) const {
 
 absl::Status PlacedModel::LoadWeights(const std::string& dir) {
   STRATA_ASSIGN_OR_RETURN(auto loaded, LlamaModel::Load(dir, model_->head(), model_->dtype()));
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   LlamaWeights from = loaded->weights();
   const LlamaWeights& to = model_->weights();
   to.embed_tokens.copy_(from.embed_tokens);

@@ -1,7 +1,9 @@
 #include "services/cli/comparison_plot.h"
 
+#if STRATA_WITH_PLOT
 #include <cairo-svg.h>
 #include <cairo.h>
+#endif
 
 #include <algorithm>
 #include <array>
@@ -13,6 +15,7 @@
 #include "absl/strings/str_format.h"
 
 namespace strata::services {
+#if STRATA_WITH_PLOT
 namespace {
 
 constexpr double kWidth = 1280, kHeight = 840;
@@ -220,5 +223,13 @@ absl::Status WriteComparisonPlot(const std::vector<RunCurves>& runs, const std::
   }
   return absl::OkStatus();
 }
+
+#else
+// A build without cairo (-DSTRATA_WITH_PLOT=OFF, the GPU machine's).
+absl::Status WriteComparisonPlot(const std::vector<RunCurves>&, const std::string& path) {
+  return absl::UnimplementedError(
+      absl::StrCat("--plot ", path, ": this build has no cairo (STRATA_WITH_PLOT=OFF); the table needs no --plot"));
+}
+#endif  // STRATA_WITH_PLOT
 
 }  // namespace strata::services

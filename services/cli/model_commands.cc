@@ -1,5 +1,7 @@
 #include "services/cli/model_commands.h"
 
+#include <c10/core/GradMode.h>
+
 #include <charconv>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -124,7 +126,7 @@ absl::StatusOr<std::string> RunLogProbs(const LogProbsRequest& request) {
                                                    " tokens exceed max_position_embeddings ",
                                                    config.max_position_embeddings));
   }
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   const at::Tensor ids =
       at::tensor(std::vector<int64_t>(request.ids.begin(), request.ids.end()), at::kLong).unsqueeze(0);
   const at::Tensor logp = policies::SequenceLogProbs(*model, ids, at::ones_like(ids))[0].contiguous();

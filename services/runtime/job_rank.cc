@@ -462,7 +462,7 @@ absl::StatusOr<PhaseReply> JobRank::Commit(const PhaseRequest& request) {
   const std::string tmp_dir = final_dir + ".tmp";
   std::error_code ec;
   if (gang_.rank() == 0) {
-    std::filesystem::remove_all(tmp_dir, ec);
+    RemoveTree(tmp_dir);
     std::filesystem::create_directories(tmp_dir, ec);
     if (ec) return absl::PermissionDeniedError(absl::StrCat("checkpoint.dir: cannot create ", tmp_dir));
   }
@@ -483,7 +483,7 @@ absl::StatusOr<PhaseReply> JobRank::Commit(const PhaseRequest& request) {
                {"algorithm", algorithm}};
     written = WriteFileAtomically(JoinPath(tmp_dir, "state.json"), state.dump());
     if (written.ok()) {
-      std::filesystem::remove_all(final_dir, ec);
+      RemoveTree(final_dir);
       std::filesystem::rename(tmp_dir, final_dir, ec);
       if (ec) written = absl::InternalError(absl::StrCat("checkpoint: rename ", tmp_dir, ": ", ec.message()));
     }

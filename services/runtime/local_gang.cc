@@ -4,13 +4,37 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "offload/tiers/placement.h"
 
 namespace strata::services {
+
+absl::StatusOr<GangBackend> ChooseGangBackend(const policies::JobSpec& spec) {
+  STRATA_ASSIGN_OR_RETURN(const int device, offload::ParseDeviceName(spec.memory.device));
+  GangBackend chosen;
+  chosen.device_index = device < 0 ? 0 : device;
+  const std::string& named = spec.parallel.backend;
+  if (named == "nccl" || (named == "auto" && device >= 0 && policies::ProcessGroup::Available(policies::Backend::kNccl))) {
+    chosen.backend = policies::Backend::kNccl;
+  }
+  chosen.group_of_one = named != "auto";
+  if (chosen.group_of_one && !policies::ProcessGroup::Available(chosen.backend)) {
+    return absl::UnimplementedError(absl::StrCat("parallel.backend: ", named, ": this build has no ",
+                                                 policies::BackendName(chosen.backend)));
+  }
+  return chosen;
+}
+
 absl::StatusOr<std::unique_ptr<LocalGang>> LocalGang::Create(const policies::JobSpec& spec, int ranks,
                                                              const JobRankOptions& options,
                                                              std::chrono::milliseconds timeout) {
   if (ranks < 1) return absl::InvalidArgumentError(absl::StrCat("workers must be >= 1, got ", ranks));
-  STRATA_ASSIGN_OR_RETURN(auto groups, policies::ProcessGroup::CreateInProcess(ranks, timeout));
+  STRATA_ASSIGN_OR_RETURN(const GangBackend backend, ChooseGangBackend(spec));
+  policies::ProcessGroup::InProcessOptions in_process;
+  in_process.backend = backend.backend;
+  in_process.device_index = backend.device_index;
+  in_process.group_of_one = backend.group_of_one;
+  in_process.timeout = timeout;
+  STRATA_ASSIGN_OR_RETURN(auto groups, policies::ProcessGroup::CreateInProcess(ranks, in_process));
   std::unique_ptr<LocalGang> gang(new LocalGang());
   for (int r = 0; r < ranks; ++r) {
     Rank rank;

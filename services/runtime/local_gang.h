@@ -1,7 +1,8 @@
 // A job's gang inside this process: N ranks, each with its own models (a
 // LocalWorkerGroup) and JobRank, on their own threads, meeting through a
 // Gloo process group over loopback. `strata train` runs a gang of one
-// (no c10d at all) or, with --workers N, of N; tests compare the two.
+// (no c10d at all, unless parallel.backend names one) or, with --workers N,
+// of N; tests compare the two.
 #ifndef STRATA_SERVICES_RUNTIME_LOCAL_GANG_H_
 #define STRATA_SERVICES_RUNTIME_LOCAL_GANG_H_
 
@@ -17,6 +18,16 @@
 #include "services/runtime/local_worker_group.h"
 
 namespace strata::services {
+
+// How a job's ranks talk, from parallel.backend and memory.device: "auto"
+// is NCCL on a GPU when the build has it, Gloo otherwise; a named backend
+// also builds a group for a gang of one (to run its path on one GPU).
+struct GangBackend {
+  policies::Backend backend = policies::Backend::kGloo;
+  int device_index = 0;       // the GPU NCCL runs on
+  bool group_of_one = false;
+};
+absl::StatusOr<GangBackend> ChooseGangBackend(const policies::JobSpec& spec);
 
 class LocalGang final : public Gang {
  public:

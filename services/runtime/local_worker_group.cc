@@ -1,5 +1,6 @@
 #include "services/runtime/local_worker_group.h"
 
+#include <c10/core/GradMode.h>
 #include <stdlib.h>
 
 #include <algorithm>
@@ -161,9 +162,9 @@ LocalWorkerGroup::~LocalWorkerGroup() {
   critic_.reset();
   nvme_.reset();
   if (!nvme_job_dir_.empty()) {
-    std::error_code ec;
-    std::filesystem::remove_all(nvme_job_dir_, ec);
-    if (ec) STRATA_LOG(Warning) << "removing NVMe slots " << nvme_job_dir_ << ": " << ec.message();
+    if (!RemoveTree(nvme_job_dir_)) {
+      STRATA_LOG(Warning) << "removing NVMe slots " << nvme_job_dir_ << ": some of it could not be removed";
+    }
   }
 }
 
@@ -419,7 +420,7 @@ absl::StatusOr<policies::Scores> LocalWorkerGroup::ScoreRows(const std::vector<p
                                                              const policies::ScoreRequest& request) {
   policies::Scores scores;
   if (rollouts.empty()) return scores;
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   std::vector<const std::vector<int32_t>*> prompts, responses;
   for (const auto& r : rollouts) prompts.push_back(&r.prompt), responses.push_back(&r.response);
   const Packed packed = Pack(prompts, responses, device_);
@@ -659,7 +660,7 @@ absl::StatusOr<policies::TrainStats> LocalWorkerGroup::TrainRewardModel(
 absl::StatusOr<policies::TrainStats> LocalWorkerGroup::EvaluateRewardModel(
     const std::vector<policies::PreferencePair>& pairs) {
   if (reward_ == nullptr) return absl::FailedPreconditionError("this job has no reward model");
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   const Packed packed = PackPairs(pairs, device_);
   const int64_t n = static_cast<int64_t>(pairs.size());
   const rewards::PreferenceObjective objective =

@@ -18,6 +18,7 @@
 #include "base/log.h"
 #include "policies/job/job_spec.h"
 #include "services/rpc/wire.h"
+#include "services/runtime/local_gang.h"
 #include "services/telemetry/service_metrics.h"
 
 namespace strata::services {
@@ -275,9 +276,16 @@ grpc::ServerUnaryReactor* WorkerService::StartRank(grpc::CallbackServerContext* 
     options.rank = request->rank();
     options.world_size = request->world_size();
     options.timeout = std::chrono::milliseconds(request->timeout_ms());
+    STRATA_ASSIGN_OR_RETURN(const GangBackend backend, ChooseGangBackend(spec));
+    options.backend = backend.backend;
+    options.device_index = backend.device_index;
     STRATA_RETURN_IF_ERROR(options.Validate());
-    if (options.world_size == 1) {
+    if (options.world_size == 1 && !backend.group_of_one) {
       gang_ = policies::ProcessGroup::Solo();
+    } else if (options.world_size == 1) {
+      // A named backend for one rank: its own store, on loopback.
+      STRATA_ASSIGN_OR_RETURN(auto own, policies::Rendezvous::Host("127.0.0.1", 0, 1, options.timeout));
+      STRATA_ASSIGN_OR_RETURN(gang_, policies::ProcessGroup::Create(options, std::move(own)));
     } else {
       if (options.rank == 0 && rendezvous == nullptr) {
         return absl::FailedPreconditionError("rank 0 starts after OpenRendezvous");

@@ -1,6 +1,7 @@
 #include "base/file.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "gtest/gtest.h"
 #include "tests/testutil/testutil.h"
@@ -45,6 +46,28 @@ TEST(FileTest, MappedFileSeesContents) {
   ASSERT_EQ((*mapped)->bytes().size(), 3u);
   EXPECT_EQ(static_cast<char>((*mapped)->bytes()[2]), 'c');
   EXPECT_FALSE(MappedFile::Open(dir.path()).ok());
+}
+
+// `rm -rf`: nested files and directories go, a link is removed without
+// following it, and a path that is not there counts as removed.
+TEST(FileTest, RemoveTreeRemovesEverythingButWhatALinkPointsAt) {
+  testing::TempDir dir;
+  const std::string tree = dir.Join("tree"), outside = dir.Join("outside");
+  ASSERT_EQ(::mkdir(tree.c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir(JoinPath(tree, "a").c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir(JoinPath(tree, "a/b").c_str(), 0755), 0);
+  ASSERT_TRUE(WriteFileAtomically(JoinPath(tree, "a/b/f"), "x").ok());
+  ASSERT_TRUE(WriteFileAtomically(JoinPath(tree, "g"), "y").ok());
+  ASSERT_EQ(::mkdir(outside.c_str(), 0755), 0);
+  ASSERT_TRUE(WriteFileAtomically(JoinPath(outside, "kept"), "z").ok());
+  ASSERT_EQ(::symlink(outside.c_str(), JoinPath(tree, "link").c_str()), 0);
+
+  EXPECT_TRUE(RemoveTree(tree));
+  EXPECT_FALSE(IsDirectory(tree));
+  EXPECT_TRUE(IsRegularFile(JoinPath(outside, "kept")));
+  EXPECT_TRUE(RemoveTree(tree));  // already gone
+  EXPECT_TRUE(RemoveTree(JoinPath(outside, "kept")));  // a single file
+  EXPECT_FALSE(IsRegularFile(JoinPath(outside, "kept")));
 }
 
 }  // namespace

@@ -25,8 +25,7 @@ TempDir::TempDir() {
 }
 
 TempDir::~TempDir() {
-  std::error_code ec;
-  std::filesystem::remove_all(path_, ec);
+  RemoveTree(path_);
 }
 
 absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv) {

@@ -8,7 +8,9 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -16,6 +18,20 @@
 
 namespace strata::offload {
 namespace {
+
+// torch::optim keys its per-parameter state by the TensorImpl's address:
+// as text in libtorch 1.x, as the pointer itself in 2.x.
+template <typename Optimizer>
+auto OptimizerStateKey(Optimizer& optimizer, const at::Tensor& param) {
+  using Key = typename std::decay_t<decltype(optimizer.state())>::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream text;
+    text << param.unsafeGetTensorImpl();
+    return text.str();
+  } else {
+    return static_cast<Key>(param.unsafeGetTensorImpl());
+  }
+}
 
 // Odd sizes: none is a multiple of either vector width, so every kernel's
 // head/tail path runs, and 100003 spans many work items.
@@ -148,7 +164,7 @@ void CheckAgainstTorch(const AdamOptions& adam, const std::string& label) {
 
   for (size_t i = 0; i < params.size(); ++i) {
     SCOPED_TRACE(absl::StrCat("tensor of ", kSizes[i], " elements"));
-    const auto key = c10::guts::to_string(params[i].unsafeGetTensorImpl());
+    const auto key = OptimizerStateKey(*optimizer, params[i]);
     torch::Tensor exp_avg, exp_avg_sq;
     int64_t torch_step = 0;
     auto& state = *optimizer->state().at(key);

@@ -73,6 +73,9 @@ TEST(JobSpecTest, ErrorsNameTheKey) {
   EXPECT_NE(ErrorOf(kRemax, {"bogus=1"}).find("bogus"), std::string::npos);
   EXPECT_NE(ErrorOf(kRemax, {"memory.pin_host=3"}).find("memory.pin_host"), std::string::npos);
   EXPECT_NE(ErrorOf(kRemax, {"memory.device=gpu"}).find("memory.device"), std::string::npos);
+  EXPECT_NE(ErrorOf(kRemax, {"parallel.backend=mpi"}).find("parallel.backend"), std::string::npos);
+  EXPECT_NE(ErrorOf(kRemax, {"parallel.backend=nccl"}).find("memory.device: cpu"), std::string::npos);
+  EXPECT_EQ(ErrorOf(kRemax, {"parallel.backend=nccl", "memory.device=cuda"}), "");
   EXPECT_NE(ErrorOf(kRemax, {"noequals"}).find("noequals"), std::string::npos);
   EXPECT_NE(ErrorOf("algorithm: [remax"), "");  // malformed YAML
   EXPECT_NE(ErrorOf("- a\n- b\n").find("mapping"), std::string::npos);

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# The GPU session's checks, in stages, each bounded, each writing its output
+# under $OUT (the device tool brings that folder back) and a line to
+# $OUT/summary.txt. A failed stage is recorded and the next one runs.
+# Usage (on the GPU machine, .gpu-debs carried):
+#   bash deploy/gpu/run.sh build unit bench     # then, warm:
+#   bash deploy/gpu/run.sh build chain
+# Tried on the CPU first: STRATA_GPU_DEVICE=cpu STRATA_GPU_BUILD=build bash deploy/gpu/run.sh chain
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+out="${OUT:-/tmp/strata-gpu-out}"
+mkdir -p "$out"
+build_dir="$(realpath -m "${STRATA_GPU_BUILD:-$root/build-gpu}")"
+device="${STRATA_GPU_DEVICE:-cuda}"
+strata="$build_dir/strata"
+export LD_LIBRARY_PATH="/tmp/strata-prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+summary="$out/summary.txt"
+
+# stage NAME SECONDS: runs the function NAME in a child of this script with
+# a time bound, output to $out/NAME.log.
+stage() {
+  local name="$1" seconds="$2"
+  local start=$SECONDS
+  timeout --kill-after=10 "$seconds" bash "${BASH_SOURCE[0]}" --one "$name" >"$out/$name.log" 2>&1
+  local rc=$?
+  echo "$name: rc=$rc in $((SECONDS - start)) s" | tee -a "$summary"
+  return $rc
+}
+
+probe() {
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())'
+  nproc
+}
+
+build() {
+  bash "$root/deploy/gpu/build.sh" "$build_dir"
+}
+
+unit() {
+  "$build_dir/tests/offload_test" --gtest_filter='*_CUDA*'
+  local a=$?
+  "$build_dir/tests/policies_test" --gtest_filter='ProcessGroupTest.*:*_CUDA*'
+  local b=$?
+  (cd "$build_dir" && ctest -j "$(nproc)" -E 'e2e|plan_validation|fuzz|cuda_compile_check' --timeout 120)
+  local c=$?
+  return $((a || b || c))
+}
+
+# What failed in `unit`, one test at a time, with its messages; a crash
+# under cuda-gdb for the stack.
+diag() {
+  local offload="$build_dir/tests/offload_test" policies="$build_dir/tests/policies_test"
+  "$policies" --gtest_filter='ProcessGroupTest.*'
+  for t in RoundTripFromPinnedArena_CUDA MonitorSeesCachingAllocatorBytes_CUDA StreamedLayersMatchHostHomesWithinBudget_CUDA; do
+    "$offload" --gtest_filter="DeviceTransferTest.$t" 2>&1 | tail -30
+  done
+  "$offload" --gtest_filter='NvmeStoreTest.DataSurvivesReopen:IoEngineTest.PosixRoundTripsBufferedAndDirect' 2>&1 | tail -40
+  "$policies" --gtest_filter='SafetensorsTest.MetadataIsPreserved' 2>&1 | tail -30
+  if command -v cuda-gdb >/dev/null; then
+    cuda-gdb -batch -ex run -ex bt --args "$offload" --gtest_filter='DeviceTransferTest.*_CUDA' 2>&1 | tail -60
+  fi
+  df -h /tmp; mount | grep -E " /tmp | / " || true
+}
+
+# Who called address 0: the return address on the stack names the caller.
+crash() {
+  local gdb=(cuda-gdb -batch -ex run -ex 'x/4a $sp' -ex 'info symbol *(void**)$sp' -ex 'x/3i *(void**)$sp - 8')
+  "${gdb[@]}" --args "$build_dir/tests/policies_test" --gtest_filter='SafetensorsTest.MetadataIsPreserved' 2>&1 |
+    grep -v "Cuda Driver error\|New Thread\|exited" | tail -25
+  "${gdb[@]}" --args "$strata" bench stream --layers 4 --hidden 1024 --vocab 32000 --seq 256 --batch 2 --steps 1 \
+    --device "$device" --nvme-dir /tmp/strata-stream-crash --json 2>&1 | grep -v "Cuda Driver error\|New Thread\|exited" | tail -25
+  ldd "$build_dir/tests/policies_test" | grep -E "stdc|gcc_s|uring|absl_base"
+  ls -la /opt/gcc/lib64/libstdc++.so* /lib/x86_64-linux-gnu/libstdc++.so* 2>&1 | head
+}
+
+bench() {
+  "$strata" bench transfer --device "$device" --size-mib 1024 --json >"$out/transfer.json" &&
+    "$strata" bench stream --layers 16 --hidden 2048 --vocab 32000 --seq 512 --batch 4 --device "$device" \
+      --nvme-dir /tmp/strata-stream-bench --json >"$out/stream.json"
+}
+
+# The tiny chain on the device: SFT and reward model, then ReMax and PPO
+# with a real NCCL group of one (parallel.backend=nccl) and, for the peer,
+# a gang of one with no group at all (auto), then the comparison table.
+chain() {
+  local work=/tmp/strata-chain backend=nccl
+  [ "$device" = cpu ] && backend=gloo
+  rm -rf "$work" && mkdir -p "$work" && cp -r "$root/examples" "$work/" && cd "$work" || return 1
+  local set=(--set "memory.device=$device")
+  "$strata" --log-level warning train examples/tiny/sft.yaml "${set[@]}" || return 1
+  "$strata" --log-level warning train examples/tiny/reward.yaml "${set[@]}" || return 1
+  for algorithm in remax ppo; do
+    "$strata" --log-level warning train "examples/tiny/$algorithm.yaml" "${set[@]}" --set "parallel.backend=$backend" \
+      --out "out/tiny/$algorithm-$backend" || return 1
+    "$strata" --log-level warning train "examples/tiny/$algorithm.yaml" "${set[@]}" --out "out/tiny/$algorithm-solo" || return 1
+  done
+  "$strata" compare out/tiny/remax-$backend out/tiny/remax-solo out/tiny/ppo-$backend out/tiny/ppo-solo
+}
+
+if [ "${1:-}" = --one ]; then
+  "$2"
+  exit
+fi
+: >"$summary"
+for name in "$@"; do
+  case "$name" in
+    probe) stage probe 60 ;;
+    build) stage build 300 || { grep -E "error|Error" "$out/build.log" | head -80 >"$out/build-errors.txt"; break; } ;;
+    unit) stage unit 150 ;;
+    bench) stage bench 100 ;;
+    diag) stage diag 150 ;;
+    crash) stage crash 150 ;;
+    chain) stage chain 330 ;;
+    *) echo "run.sh: unknown stage '$name' (probe, build, unit, diag, crash, bench, chain)" >&2; exit 2 ;;
+  esac
+done
+cat "$summary"
