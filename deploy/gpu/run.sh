@@ -42,9 +42,13 @@ unit() {
   local a=$?
   "$build_dir/tests/policies_test" --gtest_filter='ProcessGroupTest.*:*_CUDA*'
   local b=$?
-  (cd "$build_dir" && ctest -j "$(nproc)" -E 'e2e|plan_validation|fuzz|cuda_compile_check' --timeout 120)
+  "$build_dir/tests/e2e_test" --gtest_filter='*_CUDA*'
   local c=$?
-  return $((a || b || c))
+  # The rest, messages of failures included (the test binaries and their
+  # reference tools: Python, node).
+  (cd "$build_dir" && ctest -j "$(nproc)" -E 'plan_validation|fuzz|cuda_compile_check' --timeout 120 --output-on-failure)
+  local d=$?
+  return $((a || b || c || d))
 }
 
 # What failed in `unit`, one test at a time, with its messages; a crash
@@ -107,7 +111,7 @@ for name in "$@"; do
   case "$name" in
     probe) stage probe 60 ;;
     build) stage build 300 || { grep -E "error|Error" "$out/build.log" | head -80 >"$out/build-errors.txt"; break; } ;;
-    unit) stage unit 150 ;;
+    unit) stage unit 240 ;;
     bench) stage bench 100 ;;
     diag) stage diag 150 ;;
     crash) stage crash 150 ;;
