@@ -39,9 +39,9 @@ class TimedGroup final : public policies::ProcessGroup {
   explicit TimedGroup(policies::ProcessGroup& inner) : inner_(inner) {}
   absl::Status AllReduceSum(std::vector<at::Tensor>& t) override { return inner_.AllReduceSum(t); }
   absl::Status StartAllReduceSum(std::vector<at::Tensor> t) override { return inner_.StartAllReduceSum(std::move(t)); }
-  absl::Status WaitPending() override {
+  absl::Status WaitPending(size_t keep_in_flight) override {
     const auto start = Clock::now();
-    absl::Status s = inner_.WaitPending();
+    absl::Status s = inner_.WaitPending(keep_in_flight);
     waited_s += Since(start);
     return s;
   }
@@ -150,7 +150,7 @@ absl::StatusOr<std::string> RunAllReduceBench(const AllReduceBenchRequest& r) {
     for (int step = 0; step <= r.steps; ++step) {
       const auto start = Clock::now();
       for (const at::Tensor& g : grads) STRATA_RETURN_IF_ERROR(group.StartAllReduceSum({g}));
-      STRATA_RETURN_IF_ERROR(group.WaitPending());
+      STRATA_RETURN_IF_ERROR(group.WaitPending(0));
       if (step > 0) ours[static_cast<size_t>(rank)] = std::min(ours[static_cast<size_t>(rank)], Since(start));
     }
     // Every rank summed r.ranks ones, (steps + 1) times over.

@@ -15,6 +15,7 @@
 #endif
 
 #include <cstdlib>
+#include <deque>
 #include <exception>
 #include <limits>
 #include <thread>
@@ -31,7 +32,7 @@ class SoloProcessGroup final : public ProcessGroup {
  public:
   absl::Status AllReduceSum(std::vector<at::Tensor>&) override { return absl::OkStatus(); }
   absl::Status StartAllReduceSum(std::vector<at::Tensor>) override { return absl::OkStatus(); }
-  absl::Status WaitPending() override { return absl::OkStatus(); }
+  absl::Status WaitPending(size_t) override { return absl::OkStatus(); }
   absl::Status Broadcast(std::vector<at::Tensor>&, int root) override {
     if (root != 0) return absl::InvalidArgumentError(absl::StrCat("broadcast root ", root, " is not a rank of 1"));
     return absl::OkStatus();
@@ -145,9 +146,10 @@ class C10dProcessGroup final : public ProcessGroup {
     return absl::OkStatus();
   }
 
-  absl::Status WaitPending() override {
+  absl::Status WaitPending(size_t keep_in_flight) override {
     absl::Status status;
-    for (Pending& p : pending_) {
+    while (pending_.size() > keep_in_flight) {
+      Pending& p = pending_.front();
       try {
         p.work->wait(options_.timeout);
         if (p.flat.defined() && status.ok()) {
@@ -160,8 +162,8 @@ class C10dProcessGroup final : public ProcessGroup {
       } catch (const std::exception& e) {
         if (status.ok()) status = Failed("all-reduce", e);
       }
+      pending_.pop_front();
     }
-    pending_.clear();
     return status;
   }
 
@@ -264,7 +266,7 @@ class C10dProcessGroup final : public ProcessGroup {
   std::unique_ptr<Rendezvous> rendezvous_;  // the store outlives the group
   c10::intrusive_ptr<Group> group_;
   const at::Device device_;
-  std::vector<Pending> pending_;
+  std::deque<Pending> pending_;
 };
 
 #endif  // STRATA_HAVE_C10D

@@ -115,9 +115,11 @@ class ProcessGroup {
   // over each layer's gradients this way while the next layer's backward
   // runs.
   virtual absl::Status StartAllReduceSum(std::vector<at::Tensor> tensors) = 0;
-  // Finishes every sum StartAllReduceSum started, in order; the first
-  // failure is returned after all of them have ended.
-  virtual absl::Status WaitPending() = 0;
+  // Finishes the oldest sums StartAllReduceSum started, in order, until at
+  // most `keep_in_flight` are left (0: all of them); the first failure is
+  // returned after all of those have ended. The trainer keeps one layer's
+  // sum in flight and frees what the finished ones used.
+  virtual absl::Status WaitPending(size_t keep_in_flight) = 0;
   // In place: every rank gets `root`'s values.
   virtual absl::Status Broadcast(std::vector<at::Tensor>& tensors, int root) = 0;
   // Returns once every rank has called it.

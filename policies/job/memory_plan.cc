@@ -372,9 +372,15 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
     if (s.model->trainable) {
       const double params = static_cast<double>(s.params);
       const double shard = params / static_cast<double>(workers);
-      // Gradient buffers: every parameter's, or with step_in_backward only the
+      // Gradient buffers: every parameter's; with several ranks (ZeRO-2) the
+      // held share plus, borrowed, the others' share of two layers (one
+      // summing while the next is made); with step_in_backward only the
       // resident tensors' plus one layer's (below).
       double grads = 4.0 * params;
+      if (workers > 1) {
+        const double others = static_cast<double>(workers - 1) / static_cast<double>(workers);
+        grads = 4.0 * shard + 2.0 * 4.0 * static_cast<double>(s.layer_params) * others;
+      }
       if (p.step_in_backward) {
         grads = 4.0 * static_cast<double>(s.resident_params);
         const double layer = 4.0 * static_cast<double>(s.layer_params);

@@ -53,6 +53,7 @@ class LayerwiseTrainerImpl final : public LayerwiseTrainer {
   absl::Status SaveState(const std::string& path) override;
   absl::Status LoadState(const std::vector<std::string>& paths) override;
   int64_t optimizer_state_bytes() const override;
+  int64_t gradient_peak_bytes() const override { return grad_bytes_peak_; }
   absl::StatusOr<at::Tensor> Gradient(const std::string& name) const override;
   int64_t num_parameters() const override { return num_parameters_; }
   const offload::CpuAdam& adam() const override { return *adam_; }
@@ -70,9 +71,11 @@ class LayerwiseTrainerImpl final : public LayerwiseTrainer {
     std::vector<int64_t> shape;
     at::ScalarType dtype = at::kFloat;  // of the device weights
     int64_t step = 0;
-    bool held = true;  // this rank holds its optimizer state (ZeRO-1: one rank does)
+    bool held = true;  // this rank holds its optimizer state and gradient (ZeRO-1/2: one rank does)
     int owner = 0;     // the rank that does
-    offload::HostBuffer master, grad, exp_avg, exp_avg_sq;  // host optimizer (grad also for NVMe)
+    // Host optimizer (grad also for NVMe). ZeRO-2: a tensor this rank does
+    // not hold has a grad only while its sum is in flight.
+    offload::HostBuffer master, grad, exp_avg, exp_avg_sq;
     at::Tensor device_master, device_grad, device_exp_avg, device_exp_avg_sq;  // device optimizer
   };
 
@@ -101,6 +104,14 @@ class LayerwiseTrainerImpl final : public LayerwiseTrainer {
   // last call (one bucket), and waits for every sum started.
   absl::Status StartGradientSums();
   absl::Status FinishGradientSums();
+  // ZeRO-2: waits for the oldest sums until `keep_in_flight` are left, and
+  // gives back the gradients of tensors this rank does not hold that they
+  // summed.
+  absl::Status ReleaseSummed(size_t keep_in_flight);
+  // A zeroed host gradient buffer for p, and back to the arena; both keep
+  // the gradient-byte counters.
+  absl::Status AllocateGrad(ParamState& p);
+  void ReleaseGrad(ParamState& p);
   bool data_parallel() const {
     return options_.data_parallel != nullptr && options_.data_parallel->world_size() > 1;
   }
@@ -135,6 +146,10 @@ class LayerwiseTrainerImpl final : public LayerwiseTrainer {
   PendingBatch current_grads_;
   std::deque<PendingBatch> pending_grads_;
   std::vector<ParamState*> final_grads_;  // data parallel: not yet handed to the sum
+  // ZeRO-2: per sum in flight, the tensors not held here whose gradients it
+  // sums (they go back to the arena once it is done).
+  std::deque<std::vector<ParamState*>> summing_;
+  int64_t grad_bytes_ = 0, grad_bytes_peak_ = 0;  // host gradient buffers, now and at most
   bool summed_since_step_ = false;        // data parallel: gradients already summed
   bool sum_this_pass_ = true;             // this ForwardBackward sums over the gang
   int64_t passes_since_step_ = 0;         // ForwardBackward calls since OptimizerStep
@@ -142,8 +157,8 @@ class LayerwiseTrainerImpl final : public LayerwiseTrainer {
   double last_grad_norm_ = 0.0;
   std::vector<ParamState> params_;
   std::vector<std::vector<size_t>> layer_params_;  // params_ index per layer tensor
-  // ZeRO-1: the optimizer is sharded over the gang; parameters dealt so far
-  // per rank (floats), to balance the next one.
+  // ZeRO-1 and 2: the optimizer and the gradients are sharded over the
+  // gang; parameters dealt so far per rank (floats), to balance the next one.
   bool sharded_ = false;
   std::vector<int64_t> dealt_;
   int64_t num_parameters_ = 0;
@@ -175,9 +190,10 @@ absl::Status LayerwiseTrainerImpl::AllocateState(ParamState& state, const at::Te
     return absl::OkStatus();
   }
   const size_t bytes = static_cast<size_t>(state.numel) * sizeof(float);
-  // step_in_backward: layer gradients live one layer at a time (StepLayer).
+  // step_in_backward: layer gradients live one layer at a time (StepLayer);
+  // ZeRO-2: a tensor another rank holds has one only while it is summed.
+  if (!(options_.step_in_backward && state.layer >= 0) && state.held) STRATA_RETURN_IF_ERROR(AllocateGrad(state));
   std::vector<offload::HostBuffer*> buffers;
-  if (!(options_.step_in_backward && state.layer >= 0)) buffers.push_back(&state.grad);
   if (options_.optimizer == offload::Tier::kHost && state.held) {
     buffers.insert(buffers.end(), {&state.master, &state.exp_avg, &state.exp_avg_sq});
   }
@@ -283,6 +299,7 @@ absl::Status LayerwiseTrainerImpl::AccumulateGrad(ParamState& state, const at::T
     final_grads_.push_back(&state);
     return absl::OkStatus();
   }
+  if (state.grad.data() == nullptr) STRATA_RETURN_IF_ERROR(AllocateGrad(state));
   if (grad_transfer_ == nullptr) {
     HostView(state.grad, state.numel).add_(grad.reshape({-1}).to(at::kCPU, at::kFloat));
     final_grads_.push_back(&state);
@@ -321,27 +338,70 @@ absl::Status LayerwiseTrainerImpl::FlushGrads(size_t keep_in_flight) {
 }
 
 absl::Status LayerwiseTrainerImpl::StartGradientSums() {
-  if (!data_parallel() || !sum_this_pass_) {
+  // ZeRO-2 sums every pass: a rank keeps no gradient of a tensor it does
+  // not hold from one micro-batch to the next. Gloo has no reduce-scatter,
+  // so each rank all-reduces and keeps what it holds.
+  if (!data_parallel() || !(sum_this_pass_ || sharded_)) {
     final_grads_.clear();
     return absl::OkStatus();
   }
   std::vector<at::Tensor> bucket;
+  std::vector<ParamState*> borrowed;
   for (ParamState* p : final_grads_) {
     bucket.push_back(p->device_grad.defined() ? p->device_grad : HostView(p->grad, p->numel));
+    if (sharded_ && !p->held) borrowed.push_back(p);
   }
   final_grads_.clear();
-  return options_.data_parallel->StartAllReduceSum(std::move(bucket));
+  if (bucket.empty()) return absl::OkStatus();
+  STRATA_RETURN_IF_ERROR(options_.data_parallel->StartAllReduceSum(std::move(bucket)));
+  summing_.push_back(std::move(borrowed));
+  // One layer's sum overlaps the next layer's backward; older ones end here
+  // so that their borrowed gradients go back to the arena.
+  return ReleaseSummed(/*keep_in_flight=*/1);
 }
 
 absl::Status LayerwiseTrainerImpl::FinishGradientSums() {
   if (!data_parallel()) return absl::OkStatus();
-  return options_.data_parallel->WaitPending();
+  return ReleaseSummed(0);
+}
+
+absl::Status LayerwiseTrainerImpl::ReleaseSummed(size_t keep_in_flight) {
+  const absl::Status status = options_.data_parallel->WaitPending(keep_in_flight);
+  while (summing_.size() > keep_in_flight) {
+    for (ParamState* p : summing_.front()) ReleaseGrad(*p);
+    summing_.pop_front();
+  }
+  return status;
+}
+
+absl::Status LayerwiseTrainerImpl::AllocateGrad(ParamState& p) {
+  const size_t bytes = static_cast<size_t>(p.numel) * sizeof(float);
+  auto buffer = arena_->Allocate(bytes);
+  if (!buffer.ok()) {
+    return absl::ResourceExhaustedError(absl::StrCat("gradient of ", p.name, ": ", buffer.status().message()));
+  }
+  p.grad = *std::move(buffer);
+  std::memset(p.grad.data(), 0, bytes);
+  grad_bytes_ += static_cast<int64_t>(bytes);
+  grad_bytes_peak_ = std::max(grad_bytes_peak_, grad_bytes_);
+  return absl::OkStatus();
+}
+
+void LayerwiseTrainerImpl::ReleaseGrad(ParamState& p) {
+  if (p.grad.data() == nullptr) return;
+  grad_bytes_ -= p.numel * static_cast<int64_t>(sizeof(float));
+  p.grad = offload::HostBuffer();  // back to the arena's pools
 }
 
 void LayerwiseTrainerImpl::AbandonGrads() {
   // Sums still writing into the gradient buffers end first.
   (void)FinishGradientSums();
   final_grads_.clear();
+  if (sharded_) {
+    for (ParamState& p : params_) {
+      if (!p.held) ReleaseGrad(p);
+    }
+  }
   if (grad_transfer_ == nullptr) return;
   // One wait covers every download queued, whichever batch it belongs to.
   if (!grad_transfer_->WaitAll().ok()) (void)offload::SynchronizeDevice(grad_transfer_->device());
@@ -562,7 +622,8 @@ absl::StatusOr<at::Tensor> LayerwiseTrainerImpl::Gradient(const std::string& nam
   for (const ParamState& p : params_) {
     if (p.name != name) continue;
     if (!p.device_grad.defined() && p.grad.data() == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(name, ": step_in_backward keeps no gradient for layers"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          name, ": no gradient kept for it (step_in_backward keeps none for layers; ZeRO-2 keeps only the held ones)"));
     }
     const at::Tensor grad = p.device_grad.defined() ? p.device_grad : HostView(p.grad, p.numel);
     return grad.to(at::kCPU).clone().view(p.shape);
@@ -614,12 +675,10 @@ double SquaredNorm(const float* x, int64_t n) {
 }  // namespace
 
 absl::Status LayerwiseTrainerImpl::ClipGradients() {
-  // Every rank holds every summed gradient (only optimizer states are
-  // sharded), so this norm is the global one on each rank.
+  // Unsharded, every rank holds every summed gradient and this norm is the
+  // global one on each rank; ZeRO-2, each holds its share and the squares
+  // are summed over the gang.
   c10::NoGradGuard no_grad;
-  auto gradient = [&](const ParamState& p) {
-    return p.device_grad.defined() ? p.device_grad : HostView(p.grad, p.numel);
-  };
   // step_in_backward: the layers' part was summed as each stepped.
   double squares = layer_squares_;
   layer_squares_ = 0.0;
@@ -631,6 +690,11 @@ absl::Status LayerwiseTrainerImpl::ClipGradients() {
       squares += SquaredNorm(p.grad.floats().data(), p.numel);
     }
   }
+  if (sharded_) {
+    std::vector<at::Tensor> total = {at::full({1}, squares, at::kDouble)};
+    STRATA_RETURN_IF_ERROR(options_.data_parallel->AllReduceSum(total));
+    squares = total[0].item<double>();
+  }
   last_grad_norm_ = std::sqrt(squares);
   if (!std::isfinite(last_grad_norm_)) {
     return absl::InternalError(absl::StrCat("the gradient norm is ", last_grad_norm_,
@@ -639,7 +703,13 @@ absl::Status LayerwiseTrainerImpl::ClipGradients() {
   const double max_norm = options_.max_grad_norm;
   const double coefficient = max_norm / (last_grad_norm_ + 1e-6);  // torch's clip_grad_norm_
   if (max_norm <= 0 || coefficient >= 1.0) return absl::OkStatus();
-  for (const ParamState& p : params_) gradient(p).mul_(coefficient);
+  for (const ParamState& p : params_) {
+    if (p.device_grad.defined()) {
+      p.device_grad.mul_(coefficient);
+    } else if (p.grad.data() != nullptr) {
+      HostView(p.grad, p.numel).mul_(coefficient);
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -680,23 +750,15 @@ absl::Status LayerwiseTrainerImpl::StepLayer(int64_t l, const std::vector<at::Te
   absl::Status status;
   for (size_t i = 0; i < slots.size() && status.ok(); ++i) {
     ParamState& p = params_[layer_params_[static_cast<size_t>(l)][i]];
-    auto buffer = arena_->Allocate(static_cast<size_t>(p.numel) * sizeof(float));
-    if (!buffer.ok()) {
-      status = absl::ResourceExhaustedError(absl::StrCat("gradient of ", p.name, ": ", buffer.status().message()));
-      break;
-    }
-    p.grad = *std::move(buffer);
+    status = AllocateGrad(p);  // zeroed
+    if (!status.ok()) break;
     const at::Tensor grad = slots[i]->grad();
-    if (grad.defined()) {
-      HostView(p.grad, p.numel).copy_(grad.reshape({-1}).to(at::kCPU, at::kFloat));
-    } else {
-      std::memset(p.grad.data(), 0, static_cast<size_t>(p.numel) * sizeof(float));
-    }
+    if (grad.defined()) HostView(p.grad, p.numel).copy_(grad.reshape({-1}).to(at::kCPU, at::kFloat));
     layer_squares_ += SquaredNorm(p.grad.floats().data(), p.numel);
     layer.push_back(&p);
   }
   if (status.ok()) status = options_.optimizer == offload::Tier::kHost ? HostStep(layer) : NvmeStep(layer);
-  for (ParamState* p : layer) p->grad = offload::HostBuffer();  // back to the arena
+  for (ParamState* p : layer) ReleaseGrad(*p);
   return status;
 }
 
@@ -736,24 +798,35 @@ absl::Status LayerwiseTrainerImpl::HostStep(const std::vector<ParamState*>& para
 
 absl::Status LayerwiseTrainerImpl::BroadcastUpdatedWeights(
     const std::function<at::Tensor(const ParamState&)>& updated) {
-  // The owner sends its new fp32 weights; the others receive into their
-  // gradient buffer, spent by now (it is zeroed after the step).
+  // The owner sends its new fp32 weights; the others receive them into a
+  // borrowed buffer and write them back. One layer (or the resident
+  // tensors) at a time, so that what is borrowed stays one layer's worth.
   ProcessGroup& gang = *options_.data_parallel;
-  for (int owner = 0; owner < gang.world_size(); ++owner) {
-    std::vector<at::Tensor> tensors;
-    std::vector<const ParamState*> received;
-    for (const ParamState& p : params_) {
-      if (p.owner != owner) continue;
-      tensors.push_back(p.held ? updated(p) : HostView(p.grad, p.numel));
-      if (!p.held) received.push_back(&p);
-    }
-    if (tensors.empty()) continue;
-    STRATA_RETURN_IF_ERROR(gang.Broadcast(tensors, owner));
-    for (const ParamState* p : received) {
-      STRATA_RETURN_IF_ERROR(WriteBack(*p, HostView(p->grad, p->numel)));
+  absl::Status status;
+  for (int owner = 0; owner < gang.world_size() && status.ok(); ++owner) {
+    for (size_t begin = 0; begin < params_.size() && status.ok();) {
+      size_t end = begin;
+      while (end < params_.size() && params_[end].layer == params_[begin].layer) ++end;
+      std::vector<at::Tensor> tensors;
+      std::vector<ParamState*> received;
+      for (size_t i = begin; i < end && status.ok(); ++i) {
+        ParamState& p = params_[i];
+        if (p.owner != owner) continue;
+        if (!p.held) {
+          status = AllocateGrad(p);
+          received.push_back(&p);
+        }
+        tensors.push_back(p.held ? updated(p) : HostView(p.grad, p.numel));
+      }
+      if (status.ok() && !tensors.empty()) status = gang.Broadcast(tensors, owner);
+      for (ParamState* p : received) {
+        if (status.ok()) status = WriteBack(*p, HostView(p->grad, p->numel));
+        ReleaseGrad(*p);
+      }
+      begin = end;
     }
   }
-  return absl::OkStatus();
+  return status;
 }
 
 int64_t LayerwiseTrainerImpl::optimizer_state_bytes() const {

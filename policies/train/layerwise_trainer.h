@@ -121,6 +121,10 @@ class LayerwiseTrainer {
   // Host (or device) bytes of the optimizer states this rank holds: fp32
   // master weights and both moments.
   virtual int64_t optimizer_state_bytes() const = 0;
+  // The most host bytes of gradient buffers held at once: every gradient
+  // unsharded; with ZeRO-2 the held tensors' plus what is borrowed while a
+  // sum or a weight broadcast is in flight.
+  virtual int64_t gradient_peak_bytes() const = 0;
 
   // A copy of the accumulated gradient of the parameter with this HF name,
   // shaped like the parameter; NOT_FOUND for an unknown name.

@@ -716,6 +716,10 @@ policies::MemoryStats LocalWorkerGroup::PhaseMemory(const std::string& phase) {
   int64_t optimizer = 0;
   for (auto& [name, model] : Trainable()) optimizer += model->trainer()->optimizer_state_bytes();
   stats.peak_bytes["optimizer_state"] = optimizer;
+  // Host gradient buffers at most at once (ZeRO-2 keeps the held share).
+  int64_t gradients = 0;
+  for (auto& [name, model] : Trainable()) gradients += model->trainer()->gradient_peak_bytes();
+  stats.peak_bytes["gradient"] = gradients;
   return stats;
 }
 

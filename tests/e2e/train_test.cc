@@ -327,6 +327,22 @@ TEST_P(DataParallelTest, TwoRanksMatchOneRank) {
   EXPECT_LE(per_rank, 0.55 * one_rank) << per_rank << " of " << one_rank;
   std::printf("optimizer-state bytes per rank: %.0f (2 ranks) vs %.0f (1 rank), %.3fx\n", per_rank, one_rank,
               per_rank / one_rank);
+  // ZeRO-2: each rank keeps the gradients of the tensors it holds, and
+  // borrows the others' for two layers at a time: half of this 4-layer
+  // model plus about half of two layers (whole gradients would be 1.0x).
+  auto gradient_bytes = [&](const std::string& out) {
+    std::ifstream in(dir_.Join(out + "/metrics.jsonl"));
+    double peak = 0;
+    for (std::string line; std::getline(in, line);) {
+      peak = std::max(peak, json::parse(line).value("memory/gradient_peak_bytes", 0.0));
+    }
+    return peak;
+  };
+  const double grads_one = gradient_bytes("one"), grads_two = gradient_bytes("two");
+  EXPECT_GT(grads_one, 0.0);
+  EXPECT_LE(grads_two, 0.8 * grads_one) << grads_two << " of " << grads_one;
+  std::printf("gradient bytes per rank: %.0f (2 ranks) vs %.0f (1 rank), %.3fx\n", grads_two, grads_one,
+              grads_two / grads_one);
 }
 
 // ZeRO-1 with the actor's Adam states on the NVMe tier: each rank keeps its

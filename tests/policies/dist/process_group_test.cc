@@ -212,7 +212,7 @@ TEST(ProcessGroupTest, NcclGroupOfOneOnTheGpu_CUDA) {
   ASSERT_TRUE(group.StartAllReduceSum(bucket).ok());
   bucket[0].zero_();  // the group sums its own flat copy; the wait writes it back
   bucket[1].zero_();
-  ASSERT_TRUE(group.WaitPending().ok());
+  ASSERT_TRUE(group.WaitPending(0).ok());
   EXPECT_TRUE(bucket[0].equal(expected[0]));
   EXPECT_TRUE(bucket[1].equal(expected[1]));
   EXPECT_TRUE(group.Barrier().ok());

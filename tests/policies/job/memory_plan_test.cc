@@ -170,8 +170,12 @@ TEST(MemoryPlanTest, ShardedOptimizerStatesShrinkPerRank) {
   ASSERT_TRUE(models.ok()) << models.status();
   const JobPrediction one = PredictJob(spec, *models, Figures(), 1);
   const JobPrediction two = PredictJob(spec, *models, Figures(), 2);
-  // Gradients stay whole (4 B), master and moments halve (12 B -> 6 B).
-  EXPECT_NEAR(static_cast<double>(two.peak[1]) / static_cast<double>(one.peak[1]), 10.0 / 16.0, 1e-3);
+  // Master and moments halve (12 B -> 6 B per parameter), and so do the
+  // gradients (4 B -> 2 B, ZeRO-2) but for two layers' borrowed share: more
+  // than half of the 16 B, less than ZeRO-1 alone left (10 of 16).
+  const double ratio = static_cast<double>(two.peak[1]) / static_cast<double>(one.peak[1]);
+  EXPECT_GT(ratio, 8.0 / 16.0);
+  EXPECT_LT(ratio, 10.0 / 16.0 - 0.02) << ratio;
   EXPECT_LT(two.peak[0], one.peak[0]);  // half the rows' activations
 }
 
