@@ -1,6 +1,8 @@
 #include "services/runtime/job_rank.h"
 
 #include <chrono>
+#include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -12,12 +14,25 @@
 #include "absl/strings/str_format.h"
 #include "base/engine_counters.h"
 #include "base/file.h"
+#include "base/log.h"
 #include "base/status_macros.h"
 #include "rewards/rule_rewards.h"
 #include "services/telemetry/service_metrics.h"
 
 namespace strata::services {
 namespace {
+
+// A fault point for the gang's failure tests (tests/e2e/service_test.cc):
+// with STRATA_FAILPOINT=kill@PHASE:ITERATION in its environment, a rank's
+// process ends as kill -9 would end it when it starts that phase, while the
+// other ranks go on into the phase's collectives.
+void KillSelfAtFailpoint(const std::string& phase, int64_t iteration) {
+  static const char* const failpoint = std::getenv("STRATA_FAILPOINT");
+  if (failpoint == nullptr || absl::StrCat("kill@", phase, ":", iteration) != failpoint) return;
+  STRATA_LOG(Warning) << "STRATA_FAILPOINT " << failpoint << ": this process ends now (SIGKILL)";
+  std::fflush(nullptr);
+  std::raise(SIGKILL);
+}
 
 using nlohmann::json;
 using policies::Algorithm;
@@ -300,6 +315,7 @@ absl::StatusOr<PhaseReply> JobRank::Run(const PhaseRequest& request) {
   const int64_t nvme_read = EngineCounters::Read(counters.nvme_read_bytes);
   const int64_t nvme_written = EngineCounters::Read(counters.nvme_written_bytes);
   models_.BeginPhase(measured);
+  KillSelfAtFailpoint(phase, request.iteration);
   if (phase == "rollout") {
     std::vector<int64_t> index;
     const auto rows = ShardOf(request.iteration, &index);

@@ -117,19 +117,25 @@ class ServiceTest : public ::testing::Test {
     coordinator_ = std::move(*p);
   }
 
-  void StartWorker(int i) {
+  // `env`: NAME=VALUE settings for this worker's process only.
+  void StartWorker(int i, const std::vector<std::string>& env = {}) {
     if (worker_addr_.size() <= static_cast<size_t>(i)) {
       auto port = testing::RedisServer::FreePort();
       ASSERT_TRUE(port.ok());
       worker_addr_.push_back(absl::StrCat("127.0.0.1:", *port));
       workers_.emplace_back();
     }
-    std::vector<std::string> argv = {testing::StrataBinary(), "worker", "--listen", worker_addr_[i], "--coordinator",
+    std::vector<std::string> argv;
+    if (!env.empty()) {  // env(1) execs the worker in its own place: the pid stays the worker's
+      argv.push_back("/usr/bin/env");
+      argv.insert(argv.end(), env.begin(), env.end());
+    }
+    argv.insert(argv.end(), {testing::StrataBinary(), "worker", "--listen", worker_addr_[i], "--coordinator",
                                      coordinator_addr_, "--token-file", dir_.Join("token"), "--id",
                                      absl::StrCat("w", i),
                                      // Job paths: the fixture's directory (the working directory) and
                                      // the repository's example data.
-                                     "--allow-path", testing::SourcePath("examples")};
+                             "--allow-path", testing::SourcePath("examples")});
     for (const std::string& a : MetricsFlag(1 + static_cast<size_t>(i))) argv.push_back(a);
     auto p = ChildProcess::Spawn(argv, dir_.Join(absl::StrCat("worker", i, ".log")), dir_.path());
     ASSERT_TRUE(p.ok()) << p.status();
@@ -968,13 +974,25 @@ TEST_F(ServiceTest, MoreWorkersThanRegisteredIsRefused) {
 // back the job resumes from its checkpoint on a new gang and succeeds. The
 // survivor is part of that new gang, so it was freed, not left stuck.
 TEST_F(ServiceTest, RankKilledMidJobRequeuesAndTheGangFinishes) {
+  // Worker 1 kills itself (SIGKILL) as it starts iteration 3's update, while
+  // its peer goes on into the update's gradient sums.
+  workers_[1]->Kill(SIGKILL);
+  StartWorker(1, {"STRATA_FAILPOINT=kill@update:3"});
+  WaitUntilRegistered(1);
   v1::Job job;
   const grpc::Status submitted = Submit(Spec(8, "gangkill", 2), &job, "", {"parallel.workers=2"});
   ASSERT_TRUE(submitted.ok()) << submitted.error_message();
-  Watch(job.id(), AtIteration(3));
-  ASSERT_EQ(Get(job.id()).state(), v1::RUNNING);
-  workers_[1]->Kill(SIGKILL);
-  StartWorker(1);
+  bool running = false;
+  Watch(job.id(), [&](const v1::JobEvent& e) {
+    if (e.type() != "state") return false;
+    if (e.state() == v1::RUNNING) running = true;
+    return (running && e.state() == v1::QUEUED) || Ended(e);
+  });
+  ASSERT_EQ(Get(job.id()).state(), v1::QUEUED) << coordinator_->Log();
+  const auto died = ReadFileToString(dir_.Join("worker1.log"));
+  ASSERT_TRUE(died.ok());
+  EXPECT_NE(died->find("kill@update:3: this process ends now"), std::string::npos) << *died;
+  StartWorker(1);  // a fresh worker, without the fault point
   WaitUntilRegistered(1);
   const auto all = Watch(job.id(), Ended, "");
   ASSERT_FALSE(all.empty());
