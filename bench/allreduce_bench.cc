@@ -39,6 +39,9 @@ class TimedGroup final : public policies::ProcessGroup {
   explicit TimedGroup(policies::ProcessGroup& inner) : inner_(inner) {}
   absl::Status AllReduceSum(std::vector<at::Tensor>& t) override { return inner_.AllReduceSum(t); }
   absl::Status StartAllReduceSum(std::vector<at::Tensor> t) override { return inner_.StartAllReduceSum(std::move(t)); }
+  absl::Status StartReduceScatterSum(std::vector<std::vector<at::Tensor>> owned) override {
+    return inner_.StartReduceScatterSum(std::move(owned));
+  }
   absl::Status WaitPending(size_t keep_in_flight) override {
     const auto start = Clock::now();
     absl::Status s = inner_.WaitPending(keep_in_flight);

@@ -14,10 +14,12 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <algorithm>
 #include <cstdlib>
 #include <deque>
 #include <exception>
 #include <limits>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -32,6 +34,7 @@ class SoloProcessGroup final : public ProcessGroup {
  public:
   absl::Status AllReduceSum(std::vector<at::Tensor>&) override { return absl::OkStatus(); }
   absl::Status StartAllReduceSum(std::vector<at::Tensor>) override { return absl::OkStatus(); }
+  absl::Status StartReduceScatterSum(std::vector<std::vector<at::Tensor>>) override { return absl::OkStatus(); }
   absl::Status WaitPending(size_t) override { return absl::OkStatus(); }
   absl::Status Broadcast(std::vector<at::Tensor>&, int root) override {
     if (root != 0) return absl::InvalidArgumentError(absl::StrCat("broadcast root ", root, " is not a rank of 1"));
@@ -142,6 +145,51 @@ class C10dProcessGroup final : public ProcessGroup {
       pending_.push_back({std::move(tensors), flat[0], std::move(work)});
     } catch (const std::exception& e) {
       return Failed("all-reduce", e);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status StartReduceScatterSum(std::vector<std::vector<at::Tensor>> owned) override {
+    if (owned.size() != static_cast<size_t>(options_.world_size)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("reduce-scatter: ", owned.size(), " owner lists for ", options_.world_size, " ranks"));
+    }
+    if (!Staging()) {  // Gloo: all-reduce, and each rank keeps its part
+      std::vector<at::Tensor> all;
+      for (const auto& tensors : owned) all.insert(all.end(), tensors.begin(), tensors.end());
+      return StartAllReduceSum(std::move(all));
+    }
+    int64_t longest = 0;
+    std::optional<at::ScalarType> dtype;
+    for (const auto& tensors : owned) {
+      int64_t length = 0;
+      for (const at::Tensor& t : tensors) {
+        if (dtype.has_value() && t.scalar_type() != *dtype) {
+          return absl::InvalidArgumentError("reduce-scatter: a bucket's tensors must share a dtype");
+        }
+        dtype = t.scalar_type();
+        length += t.numel();
+      }
+      longest = std::max(longest, length);
+    }
+    if (longest == 0) return absl::OkStatus();
+    try {
+      // Rank r's tensors at [r * longest, ...), zero-padded: reduce-scatter
+      // hands every rank an equal part.
+      const auto on_device = at::TensorOptions().dtype(*dtype).device(device_);
+      at::Tensor input = at::zeros({options_.world_size * longest}, on_device);
+      for (size_t r = 0; r < owned.size(); ++r) {
+        int64_t offset = static_cast<int64_t>(r) * longest;
+        for (const at::Tensor& t : owned[r]) {
+          input.narrow(0, offset, t.numel()).copy_(t.reshape({-1}));
+          offset += t.numel();
+        }
+      }
+      at::Tensor output = at::empty({longest}, on_device);
+      c10::intrusive_ptr<c10d::Work> work = group_->_reduce_scatter_base(output, input);
+      pending_.push_back({std::move(owned[static_cast<size_t>(options_.rank)]), output, std::move(work)});
+    } catch (const std::exception& e) {
+      return Failed("reduce-scatter", e);
     }
     return absl::OkStatus();
   }

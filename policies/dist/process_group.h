@@ -115,7 +115,15 @@ class ProcessGroup {
   // over each layer's gradients this way while the next layer's backward
   // runs.
   virtual absl::Status StartAllReduceSum(std::vector<at::Tensor> tensors) = 0;
-  // Finishes the oldest sums StartAllReduceSum started, in order, until at
+  // ZeRO-2: starts summing a bucket of which each rank needs only the
+  // tensors it keeps: `owned[r]` are rank r's (the same lists on every
+  // rank, one dtype). Once WaitPending has finished it, this rank's
+  // `owned[rank()]` hold their sums and the others' are unspecified. NCCL
+  // reduce-scatters (each rank receives only its part, padded to the
+  // longest); Gloo, which has none, all-reduces the whole bucket. Counts as
+  // one sum for WaitPending.
+  virtual absl::Status StartReduceScatterSum(std::vector<std::vector<at::Tensor>> owned) = 0;
+  // Finishes the oldest sums started (either way), in order, until at
   // most `keep_in_flight` are left (0: all of them); the first failure is
   // returned after all of those have ended. The trainer keeps one layer's
   // sum in flight and frees what the finished ones used.

@@ -345,15 +345,22 @@ absl::Status LayerwiseTrainerImpl::StartGradientSums() {
     final_grads_.clear();
     return absl::OkStatus();
   }
+  if (final_grads_.empty()) return absl::OkStatus();
+  ProcessGroup& gang = *options_.data_parallel;
   std::vector<at::Tensor> bucket;
+  std::vector<std::vector<at::Tensor>> owned(static_cast<size_t>(gang.world_size()));
   std::vector<ParamState*> borrowed;
   for (ParamState* p : final_grads_) {
-    bucket.push_back(p->device_grad.defined() ? p->device_grad : HostView(p->grad, p->numel));
+    const at::Tensor grad = p->device_grad.defined() ? p->device_grad : HostView(p->grad, p->numel);
+    bucket.push_back(grad);
+    owned[static_cast<size_t>(p->owner)].push_back(grad);
     if (sharded_ && !p->held) borrowed.push_back(p);
   }
   final_grads_.clear();
-  if (bucket.empty()) return absl::OkStatus();
-  STRATA_RETURN_IF_ERROR(options_.data_parallel->StartAllReduceSum(std::move(bucket)));
+  // Sharded, each rank needs only its own tensors' sums (reduce-scatter
+  // where the backend has it).
+  STRATA_RETURN_IF_ERROR(sharded_ ? gang.StartReduceScatterSum(std::move(owned))
+                                  : gang.StartAllReduceSum(std::move(bucket)));
   summing_.push_back(std::move(borrowed));
   // One layer's sum overlaps the next layer's backward; older ones end here
   // so that their borrowed gradients go back to the arena.

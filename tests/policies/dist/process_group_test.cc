@@ -62,6 +62,24 @@ TEST(ProcessGroupTest, TwoRanksSumBroadcastAndMeet) {
   }
 }
 
+// ZeRO-2's sum: each rank needs only the tensors it owns summed (Gloo does
+// it as an all-reduce, NCCL as a reduce-scatter).
+TEST(ProcessGroupTest, ReduceScatterSumsWhatEachRankOwns) {
+  if (!ProcessGroup::Available(Backend::kGloo)) GTEST_SKIP() << "this build has no Gloo";
+  std::vector<at::Tensor> kept(2);
+  OnEveryRank(2, [&](int rank, ProcessGroup& group) {
+    const float base = static_cast<float>(rank + 1);
+    std::vector<std::vector<at::Tensor>> owned = {{at::full({3}, base), at::full({1}, 2 * base)},
+                                                  {at::full({5}, 10 * base)}};
+    const at::Tensor mine = owned[static_cast<size_t>(rank)][0];
+    ASSERT_TRUE(group.StartReduceScatterSum(owned).ok());
+    ASSERT_TRUE(group.WaitPending(0).ok());
+    kept[static_cast<size_t>(rank)] = mine;
+  });
+  EXPECT_TRUE(kept[0].equal(at::full({3}, 3.0f)));   // 1 + 2
+  EXPECT_TRUE(kept[1].equal(at::full({5}, 30.0f)));  // 10 + 20
+}
+
 TEST(ProcessGroupTest, OneRankIsItsOwnGang) {
   if (!ProcessGroup::Available(Backend::kGloo)) GTEST_SKIP() << "this build has no Gloo";
   OnEveryRank(1, [](int, ProcessGroup& group) {
@@ -211,6 +229,14 @@ TEST(ProcessGroupTest, NcclGroupOfOneOnTheGpu_CUDA) {
   const std::vector<at::Tensor> expected = {bucket[0].clone(), bucket[1].clone()};
   ASSERT_TRUE(group.StartAllReduceSum(bucket).ok());
   bucket[0].zero_();  // the group sums its own flat copy; the wait writes it back
+  bucket[1].zero_();
+  ASSERT_TRUE(group.WaitPending(0).ok());
+  EXPECT_TRUE(bucket[0].equal(expected[0]));
+  EXPECT_TRUE(bucket[1].equal(expected[1]));
+  // ZeRO-2's reduce-scatter: this rank owns both tensors of unequal sizes.
+  std::vector<std::vector<at::Tensor>> owned = {{bucket[0], bucket[1]}};
+  ASSERT_TRUE(group.StartReduceScatterSum(owned).ok());
+  bucket[0].zero_();
   bucket[1].zero_();
   ASSERT_TRUE(group.WaitPending(0).ok());
   EXPECT_TRUE(bucket[0].equal(expected[0]));
