@@ -133,16 +133,17 @@ class C10dProcessGroup final : public ProcessGroup {
     if (tensors.empty()) return absl::OkStatus();
     try {
       if (!Staging()) {
-        pending_.push_back({tensors, {}, group_->allreduce_coalesced(tensors)});
+        pending_.push_back({"all-reduce", tensors, {}, group_->allreduce_coalesced(tensors)});
         return absl::OkStatus();
       }
       // One flat device buffer per bucket: one collective, as Gloo's
       // coalesced all-reduce does on the host.
-      std::vector<at::Tensor> flat_parts;
-      for (const at::Tensor& t : tensors) flat_parts.push_back(t.reshape({-1}).to(device_));
-      std::vector<at::Tensor> flat = {at::cat(flat_parts)};
+      int64_t length = 0;
+      for (const at::Tensor& t : tensors) length += t.numel();
+      std::vector<at::Tensor> flat = {at::empty({length}, tensors[0].options().device(device_))};
+      Pack(tensors, flat[0]);
       c10::intrusive_ptr<c10d::Work> work = group_->allreduce(flat);
-      pending_.push_back({std::move(tensors), flat[0], std::move(work)});
+      pending_.push_back({"all-reduce", std::move(tensors), flat[0], std::move(work)});
     } catch (const std::exception& e) {
       return Failed("all-reduce", e);
     }
@@ -179,15 +180,12 @@ class C10dProcessGroup final : public ProcessGroup {
       const auto on_device = at::TensorOptions().dtype(*dtype).device(device_);
       at::Tensor input = at::zeros({options_.world_size * longest}, on_device);
       for (size_t r = 0; r < owned.size(); ++r) {
-        int64_t offset = static_cast<int64_t>(r) * longest;
-        for (const at::Tensor& t : owned[r]) {
-          input.narrow(0, offset, t.numel()).copy_(t.reshape({-1}));
-          offset += t.numel();
-        }
+        Pack(owned[r], input.narrow(0, static_cast<int64_t>(r) * longest, longest));
       }
       at::Tensor output = at::empty({longest}, on_device);
       c10::intrusive_ptr<c10d::Work> work = group_->_reduce_scatter_base(output, input);
-      pending_.push_back({std::move(owned[static_cast<size_t>(options_.rank)]), output, std::move(work)});
+      pending_.push_back(
+          {"reduce-scatter", std::move(owned[static_cast<size_t>(options_.rank)]), output, std::move(work)});
     } catch (const std::exception& e) {
       return Failed("reduce-scatter", e);
     }
@@ -200,15 +198,9 @@ class C10dProcessGroup final : public ProcessGroup {
       Pending& p = pending_.front();
       try {
         p.work->wait(options_.timeout);
-        if (p.flat.defined() && status.ok()) {
-          int64_t offset = 0;
-          for (at::Tensor& t : p.tensors) {
-            t.copy_(p.flat.narrow(0, offset, t.numel()).view(t.sizes()));
-            offset += t.numel();
-          }
-        }
+        if (p.flat.defined() && status.ok()) Unpack(p.flat, p.tensors);
       } catch (const std::exception& e) {
-        if (status.ok()) status = Failed("all-reduce", e);
+        if (status.ok()) status = Failed(p.what, e);
       }
       pending_.pop_front();
     }
@@ -249,6 +241,22 @@ class C10dProcessGroup final : public ProcessGroup {
  private:
   bool Staging() const { return !device_.is_cpu(); }
 
+  // The tensors one after another at the start of `flat`, and back.
+  static void Pack(const std::vector<at::Tensor>& tensors, at::Tensor flat) {
+    int64_t offset = 0;
+    for (const at::Tensor& t : tensors) {
+      flat.narrow(0, offset, t.numel()).copy_(t.reshape({-1}));
+      offset += t.numel();
+    }
+  }
+  static void Unpack(const at::Tensor& flat, std::vector<at::Tensor>& tensors) {
+    int64_t offset = 0;
+    for (at::Tensor& t : tensors) {
+      t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+  }
+
   // The tensors as the backend takes them: host tensors copied to the
   // device when it is a GPU; the others themselves.
   absl::StatusOr<std::vector<at::Tensor>> Stage(const std::vector<at::Tensor>& tensors) const {
@@ -274,9 +282,9 @@ class C10dProcessGroup final : public ProcessGroup {
   }
 
   absl::Status Failed(const char* what, const std::exception& e) const {
-    return FromException(
-        absl::StrCat(what, " on rank ", options_.rank, " of ", options_.world_size, " (", BackendName(options_.backend), ")"),
-        e);
+    return FromException(absl::StrCat(what, " on rank ", options_.rank, " of ", options_.world_size, " (",
+                                      BackendName(options_.backend), ")"),
+                         e);
   }
 
   // Starts `count` collectives (`start(i)`), then waits for all of them.
@@ -305,6 +313,7 @@ class C10dProcessGroup final : public ProcessGroup {
   // A started bucket: the caller's tensors, and for a staged bucket the flat
   // device buffer summed in their place.
   struct Pending {
+    const char* what;  // the collective, for its error
     std::vector<at::Tensor> tensors;
     at::Tensor flat;
     c10::intrusive_ptr<c10d::Work> work;

@@ -9,7 +9,6 @@
 #include <optional>
 #include <set>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -317,13 +316,12 @@ absl::Status JobSpec::Validate() const {
       return KeyError(key, "needs parallel.workers: 1 (a layer steps before the gang's gradient sum)");
     }
   }
-  if (auto device = offload::ParseDeviceName(memory.device); !device.ok()) {
-    return KeyError("memory.device", std::string(device.status().message()));
-  }
+  const absl::StatusOr<int> device = offload::ParseDeviceName(memory.device);  // -1: the CPU
+  if (!device.ok()) return KeyError("memory.device", std::string(device.status().message()));
   if (parallel.backend != "auto" && parallel.backend != "gloo" && parallel.backend != "nccl") {
     return KeyError("parallel.backend", absl::StrCat("'", parallel.backend, "' is not one of auto, gloo, nccl"));
   }
-  if (parallel.backend == "nccl" && !absl::StartsWith(memory.device, "cuda")) {
+  if (parallel.backend == "nccl" && *device < 0) {
     return KeyError("parallel.backend",
                     absl::StrCat("nccl needs a GPU (memory.device: cuda), got memory.device: ", memory.device));
   }

@@ -347,20 +347,18 @@ absl::Status LayerwiseTrainerImpl::StartGradientSums() {
   }
   if (final_grads_.empty()) return absl::OkStatus();
   ProcessGroup& gang = *options_.data_parallel;
-  std::vector<at::Tensor> bucket;
-  std::vector<std::vector<at::Tensor>> owned(static_cast<size_t>(gang.world_size()));
+  // Sharded, the bucket by owner: each rank needs only its own tensors'
+  // sums (reduce-scatter where the backend has it). Otherwise one list.
+  std::vector<std::vector<at::Tensor>> owned(sharded_ ? static_cast<size_t>(gang.world_size()) : 1);
   std::vector<ParamState*> borrowed;
   for (ParamState* p : final_grads_) {
-    const at::Tensor grad = p->device_grad.defined() ? p->device_grad : HostView(p->grad, p->numel);
-    bucket.push_back(grad);
-    owned[static_cast<size_t>(p->owner)].push_back(grad);
+    owned[sharded_ ? static_cast<size_t>(p->owner) : 0].push_back(
+        p->device_grad.defined() ? p->device_grad : HostView(p->grad, p->numel));
     if (sharded_ && !p->held) borrowed.push_back(p);
   }
   final_grads_.clear();
-  // Sharded, each rank needs only its own tensors' sums (reduce-scatter
-  // where the backend has it).
   STRATA_RETURN_IF_ERROR(sharded_ ? gang.StartReduceScatterSum(std::move(owned))
-                                  : gang.StartAllReduceSum(std::move(bucket)));
+                                  : gang.StartAllReduceSum(std::move(owned[0])));
   summing_.push_back(std::move(borrowed));
   // One layer's sum overlaps the next layer's backward; older ones end here
   // so that their borrowed gradients go back to the arena.
@@ -821,6 +819,7 @@ absl::Status LayerwiseTrainerImpl::BroadcastUpdatedWeights(
         if (p.owner != owner) continue;
         if (!p.held) {
           status = AllocateGrad(p);
+          if (!status.ok()) break;
           received.push_back(&p);
         }
         tensors.push_back(p.held ? updated(p) : HostView(p.grad, p.numel));

@@ -712,13 +712,14 @@ policies::MemoryStats LocalWorkerGroup::PhaseMemory(const std::string& phase) {
   stats.peak_bytes["device"] = static_cast<int64_t>(monitor_->peak_bytes());
   stats.peak_bytes["host"] = static_cast<int64_t>(arena_->stats().peak_requested_bytes);
   stats.peak_bytes["nvme"] = nvme_ ? nvme_->allocated_bytes() : 0;
-  // Master weights and moments this rank holds (ZeRO-1 shards them).
-  int64_t optimizer = 0;
-  for (auto& [name, model] : Trainable()) optimizer += model->trainer()->optimizer_state_bytes();
+  // Master weights and moments this rank holds (ZeRO-1 shards them), and
+  // host gradient buffers at most at once (ZeRO-2 keeps the held share).
+  int64_t optimizer = 0, gradients = 0;
+  for (auto& [name, model] : Trainable()) {
+    optimizer += model->trainer()->optimizer_state_bytes();
+    gradients += model->trainer()->gradient_peak_bytes();
+  }
   stats.peak_bytes["optimizer_state"] = optimizer;
-  // Host gradient buffers at most at once (ZeRO-2 keeps the held share).
-  int64_t gradients = 0;
-  for (auto& [name, model] : Trainable()) gradients += model->trainer()->gradient_peak_bytes();
   stats.peak_bytes["gradient"] = gradients;
   return stats;
 }
