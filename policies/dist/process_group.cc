@@ -14,18 +14,17 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
-#include <algorithm>
 #include <cstdlib>
 #include <deque>
 #include <exception>
 #include <limits>
-#include <optional>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "policies/dist/flat_bucket.h"
 
 namespace strata::policies {
 namespace {
@@ -130,7 +129,7 @@ class C10dProcessGroup final : public ProcessGroup {
   }
 
   absl::Status StartAllReduceSum(std::vector<at::Tensor> tensors) override {
-    if (tensors.empty()) return absl::OkStatus();
+    if (tensors.empty()) return Nothing("all-reduce");
     try {
       if (!Staging()) {
         pending_.push_back({"all-reduce", tensors, {}, group_->allreduce_coalesced(tensors)});
@@ -138,10 +137,8 @@ class C10dProcessGroup final : public ProcessGroup {
       }
       // One flat device buffer per bucket: one collective, as Gloo's
       // coalesced all-reduce does on the host.
-      int64_t length = 0;
-      for (const at::Tensor& t : tensors) length += t.numel();
-      std::vector<at::Tensor> flat = {at::empty({length}, tensors[0].options().device(device_))};
-      Pack(tensors, flat[0]);
+      std::vector<at::Tensor> flat = {at::empty({TotalElements(tensors)}, tensors[0].options().device(device_))};
+      PackFlat(tensors, flat[0]);
       c10::intrusive_ptr<c10d::Work> work = group_->allreduce(flat);
       pending_.push_back({"all-reduce", std::move(tensors), flat[0], std::move(work)});
     } catch (const std::exception& e) {
@@ -160,30 +157,12 @@ class C10dProcessGroup final : public ProcessGroup {
       for (const auto& tensors : owned) all.insert(all.end(), tensors.begin(), tensors.end());
       return StartAllReduceSum(std::move(all));
     }
-    int64_t longest = 0;
-    std::optional<at::ScalarType> dtype;
-    for (const auto& tensors : owned) {
-      int64_t length = 0;
-      for (const at::Tensor& t : tensors) {
-        if (dtype.has_value() && t.scalar_type() != *dtype) {
-          return absl::InvalidArgumentError("reduce-scatter: a bucket's tensors must share a dtype");
-        }
-        dtype = t.scalar_type();
-        length += t.numel();
-      }
-      longest = std::max(longest, length);
-    }
-    if (longest == 0) return absl::OkStatus();
     try {
-      // Rank r's tensors at [r * longest, ...), zero-padded: reduce-scatter
-      // hands every rank an equal part.
-      const auto on_device = at::TensorOptions().dtype(*dtype).device(device_);
-      at::Tensor input = at::zeros({options_.world_size * longest}, on_device);
-      for (size_t r = 0; r < owned.size(); ++r) {
-        Pack(owned[r], input.narrow(0, static_cast<int64_t>(r) * longest, longest));
-      }
-      at::Tensor output = at::empty({longest}, on_device);
-      c10::intrusive_ptr<c10d::Work> work = group_->_reduce_scatter_base(output, input);
+      // Every rank receives an equal part of the bucket: its own tensors.
+      STRATA_ASSIGN_OR_RETURN(OwnerPartitionedBucket input, PackByOwner(owned, device_));
+      if (input.part_length == 0) return Nothing("reduce-scatter");
+      at::Tensor output = at::empty({input.part_length}, input.flat.options());
+      c10::intrusive_ptr<c10d::Work> work = group_->_reduce_scatter_base(output, input.flat);
       pending_.push_back(
           {"reduce-scatter", std::move(owned[static_cast<size_t>(options_.rank)]), output, std::move(work)});
     } catch (const std::exception& e) {
@@ -197,8 +176,8 @@ class C10dProcessGroup final : public ProcessGroup {
     while (pending_.size() > keep_in_flight) {
       Pending& p = pending_.front();
       try {
-        p.work->wait(options_.timeout);
-        if (p.flat.defined() && status.ok()) Unpack(p.flat, p.tensors);
+        if (p.work) p.work->wait(options_.timeout);
+        if (p.flat.defined() && status.ok()) UnpackFlat(p.flat, p.tensors);
       } catch (const std::exception& e) {
         if (status.ok()) status = Failed(p.what, e);
       }
@@ -241,20 +220,11 @@ class C10dProcessGroup final : public ProcessGroup {
  private:
   bool Staging() const { return !device_.is_cpu(); }
 
-  // The tensors one after another at the start of `flat`, and back.
-  static void Pack(const std::vector<at::Tensor>& tensors, at::Tensor flat) {
-    int64_t offset = 0;
-    for (const at::Tensor& t : tensors) {
-      flat.narrow(0, offset, t.numel()).copy_(t.reshape({-1}));
-      offset += t.numel();
-    }
-  }
-  static void Unpack(const at::Tensor& flat, std::vector<at::Tensor>& tensors) {
-    int64_t offset = 0;
-    for (at::Tensor& t : tensors) {
-      t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
-      offset += t.numel();
-    }
+  // A sum of no elements still counts as one for WaitPending, so that
+  // callers can pair their buckets with the sums that end.
+  absl::Status Nothing(const char* what) {
+    pending_.push_back({what, {}, {}, {}});
+    return absl::OkStatus();
   }
 
   // The tensors as the backend takes them: host tensors copied to the

@@ -10,8 +10,10 @@
 
 #include <atomic>
 #include <cmath>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 #include <thread>
 #include <nlohmann/json.hpp>
@@ -1216,13 +1218,25 @@ class MisfitWorker final : public v1::Worker::Service {
     return grpc::Status::OK;
   }
   grpc::Status Unload(grpc::ServerContext*, const v1::UnloadRequest*, v1::UnloadResponse*) override {
-    ++unloads;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++unloads_;
+    }
+    unloaded_.notify_all();
     return grpc::Status::OK;
   }
-  std::atomic<int> unloads{0};
+  // The coordinator records a failed job's state before it unloads the
+  // gang, so the unload may still be on its way when the test sees FAILED.
+  bool WaitForUnload(std::chrono::seconds limit) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return unloaded_.wait_for(lock, limit, [this] { return unloads_ > 0; });
+  }
 
  private:
   const std::string tokenizer_path_, working_directory_;
+  std::mutex mu_;
+  std::condition_variable unloaded_;
+  int unloads_ = 0;
 };
 
 class MisfitWorkerTest : public ServiceTest {
@@ -1256,7 +1270,7 @@ TEST_F(MisfitWorkerTest, RepliesThatDoNotFitTheBatchFailTheJobNotTheCoordinator)
   EXPECT_NE(failed.error_message().find("score: malformed reply: metric objective/scores is missing"),
             std::string::npos)
       << failed.error_message();
-  EXPECT_GE(misfit.unloads.load(), 1);
+  EXPECT_TRUE(misfit.WaitForUnload(std::chrono::seconds(30))) << "the failed job's worker was not unloaded";
   // The coordinator is still there for everyone else.
   EXPECT_TRUE(coordinator_->Alive()) << coordinator_->Log();
   v1::ListJobsRequest list;
