@@ -14,15 +14,13 @@ namespace {
 using nlohmann::json;
 using testing::RunCommand;
 
-constexpr char kPython[] = "/usr/bin/python3";
-
 class CliTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new testing::TempDir();
-    auto probe = RunCommand({kPython, "-c", "import torch"});
+    auto probe = RunCommand({testing::ReferencePython(), "-c", "import torch"});
     if (!probe.ok() || probe->exit_code != 0) return;
-    auto run = RunCommand({kPython, testing::SourcePath("tests/policies/model/llama_reference.py"), dir_->path(),
+    auto run = RunCommand({testing::ReferencePython(), testing::SourcePath("tests/policies/model/llama_reference.py"), dir_->path(),
                            "gqa_untied"});
     if (!run.ok() || run->exit_code != 0) return;
     auto text = ReadFileToString(dir_->Join("expected.json"));

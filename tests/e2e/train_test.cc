@@ -479,7 +479,7 @@ TEST_F(TrainTest, TensorBoardCurvesMatchTheMetricsFile) {
   auto run = Strata({"train", spec_, "--out", dir_.Join("tb")});
   ASSERT_EQ(run.exit_code, 0) << run.error;
   auto read = testing::RunCommand(
-      {"/usr/bin/python3", testing::SourcePath("tests/e2e/read_tfevents.py"), dir_.Join("tb/tensorboard")});
+      {testing::ReferencePython(), testing::SourcePath("tests/e2e/read_tfevents.py"), dir_.Join("tb/tensorboard")});
   ASSERT_TRUE(read.ok()) << read.status();
   ASSERT_EQ(read->exit_code, 0) << read->error << " (needs Debian's python3-crc32c: deploy/install-deps.sh)";
   const json events = json::parse(read->output);
@@ -508,14 +508,14 @@ TEST_F(TrainTest, TensorBoardCurvesMatchTheMetricsFile) {
   auto again = Strata({"train", spec_, "--out", dir_.Join("tb"), "--set", "train.iterations=2"});
   ASSERT_EQ(again.exit_code, 0) << again.error;
   read = testing::RunCommand(
-      {"/usr/bin/python3", testing::SourcePath("tests/e2e/read_tfevents.py"), dir_.Join("tb/tensorboard")});
+      {testing::ReferencePython(), testing::SourcePath("tests/e2e/read_tfevents.py"), dir_.Join("tb/tensorboard")});
   ASSERT_TRUE(read.ok() && read->exit_code == 0);
   EXPECT_EQ(json::parse(read->output)["scalars"]["objective/kl"].size(), 2u);
   for (const auto& entry : std::filesystem::directory_iterator(dir_.Join("tb/tensorboard"))) {
     std::filesystem::resize_file(entry.path(), std::filesystem::file_size(entry.path()) - 3);
   }
   read = testing::RunCommand(
-      {"/usr/bin/python3", testing::SourcePath("tests/e2e/read_tfevents.py"), dir_.Join("tb/tensorboard")});
+      {testing::ReferencePython(), testing::SourcePath("tests/e2e/read_tfevents.py"), dir_.Join("tb/tensorboard")});
   ASSERT_TRUE(read.ok());
   EXPECT_NE(read->exit_code, 0);
   EXPECT_NE(read->error.find("truncated record at offset"), std::string::npos) << read->error;

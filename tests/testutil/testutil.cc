@@ -49,6 +49,11 @@ bool HaveProgram(const std::string& program) {
   return false;
 }
 
+std::string ReferencePython() {
+  const char* python = std::getenv("STRATA_REFERENCE_PYTHON");
+  return python != nullptr && python[0] != '\0' ? python : "/usr/bin/python3";
+}
+
 std::string StrataBinary() { return JoinPath(STRATA_BINARY_DIR, "strata"); }
 
 std::string SourcePath(const std::string& relative) {

@@ -42,6 +42,11 @@ bool HaveProgram(const std::string& program);
 // Path of the built `strata` binary.
 std::string StrataBinary();
 
+// The Python that reference scripts run under (torch, numpy): Debian's
+// /usr/bin/python3 (python3-torch), or $STRATA_REFERENCE_PYTHON where the
+// machine keeps them elsewhere (the GPU machine's /opt/torch/.venv).
+std::string ReferencePython();
+
 // Absolute path of a file in the source tree, e.g. SourcePath("tests/policies/x.py").
 std::string SourcePath(const std::string& relative);
 

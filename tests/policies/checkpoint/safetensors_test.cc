@@ -19,7 +19,6 @@ namespace {
 using ::testing::HasSubstr;
 using Json = nlohmann::json;
 
-constexpr char kPython[] = "/usr/bin/python3";
 constexpr char kBadName[] = "bad.safetensors";
 
 std::vector<std::byte> RandomBytes(size_t n, uint32_t seed) {
@@ -420,7 +419,8 @@ TEST(SafetensorsTest, ShapeWhoseSizeOverflowsIsRejected) {
 }
 
 TEST(SafetensorsTest, ReadsFileWrittenByAnIndependentPythonWriter) {
-  if (!IsRegularFile(kPython)) GTEST_SKIP() << kPython << " is not installed";
+  const std::string python = testing::ReferencePython();
+  if (!testing::HaveProgram(python)) GTEST_SKIP() << python << " is not installed";
   testing::TempDir dir;
   const std::string path = dir.Join("py.safetensors");
   // No padding and tensors at odd offsets: legal, and not what our writer makes.
@@ -448,7 +448,7 @@ h = json.dumps(header).encode()
 with open(sys.argv[1], "wb") as f:
     f.write(struct.pack("<Q", len(h)) + h + data)
 )py";
-  auto run = testing::RunCommand({kPython, "-c", script, path});
+  auto run = testing::RunCommand({python, "-c", script, path});
   ASSERT_TRUE(run.ok()) << run.status();
   ASSERT_EQ(run->exit_code, 0);
 
@@ -477,7 +477,8 @@ with open(sys.argv[1], "wb") as f:
 }
 
 TEST(SafetensorsTest, IndependentPythonReaderAcceptsOurFiles) {
-  if (!IsRegularFile(kPython)) GTEST_SKIP() << kPython << " is not installed";
+  const std::string python = testing::ReferencePython();
+  if (!testing::HaveProgram(python)) GTEST_SKIP() << python << " is not installed";
   testing::TempDir dir;
   OwnedTensors in;
   in.AddBytes("a.f32", DType::kF32, {2}, BytesOf<float>({0.5f, -1.25f}));
@@ -508,7 +509,7 @@ for name, v in sorted(h.items(), key=lambda kv: kv[1]["data_offsets"]):
 assert pos == len(b) - 8 - n, (pos, len(b) - 8 - n)
 print(json.dumps(out))
 )py";
-  auto run = testing::RunCommand({kPython, "-c", script, path});
+  auto run = testing::RunCommand({python, "-c", script, path});
   ASSERT_TRUE(run.ok()) << run.status();
   ASSERT_EQ(run->exit_code, 0) << run->output;
   const Json got = Json::parse(run->output);

@@ -19,8 +19,6 @@ namespace {
 
 using nlohmann::json;
 
-constexpr char kPython[] = "/usr/bin/python3";
-
 // Runs the reference script for `variant` once per process and caches the result.
 struct Reference {
   std::string model_dir;
@@ -31,17 +29,18 @@ const Reference* GetReference(const std::string& variant, std::string* skip_reas
   static std::map<std::string, Reference> cache;
   static testing::TempDir* root = new testing::TempDir();  // lives for the process
   if (auto it = cache.find(variant); it != cache.end()) return &it->second;
-  if (!testing::HaveProgram(kPython)) {
-    *skip_reason = "/usr/bin/python3 not found";
+  const std::string python = testing::ReferencePython();
+  if (!testing::HaveProgram(python)) {
+    *skip_reason = python + " not found";
     return nullptr;
   }
-  auto probe = testing::RunCommand({kPython, "-c", "import torch"});
+  auto probe = testing::RunCommand({python, "-c", "import torch"});
   if (!probe.ok() || probe->exit_code != 0) {
-    *skip_reason = "Debian python3-torch is not installed";
+    *skip_reason = python + " has no torch (Debian: python3-torch)";
     return nullptr;
   }
   const std::string out = root->Join(variant);
-  auto run = testing::RunCommand({kPython, testing::SourcePath("tests/policies/model/llama_reference.py"), out, variant});
+  auto run = testing::RunCommand({python, testing::SourcePath("tests/policies/model/llama_reference.py"), out, variant});
   if (!run.ok() || run->exit_code != 0) {
     ADD_FAILURE() << "reference script failed for " << variant;
     return nullptr;
