@@ -99,6 +99,10 @@ std::vector<std::pair<size_t, size_t>> MicroBatches(size_t rows, int64_t micro) 
   return out;
 }
 
+// The one-token row a rank feeds a pass it has no rows for (its loss is
+// scaled by 0), so that it still joins the gang's gradient sums.
+const std::vector<int32_t> kPlaceholderRow = {0};
+
 // One micro-batch's forward and backward; `scale` is its share of the
 // global batch (its loss is a mean over its own rows), so that the gang's
 // summed, accumulated gradients are the global batch's. The last
@@ -495,10 +499,12 @@ absl::StatusOr<policies::UpdateStats> LocalWorkerGroup::Update(const policies::P
   std::vector<double> global_tokens = tokens;
   STRATA_RETURN_IF_ERROR(SumOverGang(global_tokens));
 
-  // A rank with no rows in a step still joins the gradient sum, with one
+  // A rank with no rows in a pass still joins the gradient sums, with a
   // placeholder row whose loss weighs nothing.
-  const std::vector<int32_t> placeholder = {0};
   const std::vector<float> zero = {0.0f};
+  std::vector<size_t> rows_per_step;
+  for (const auto& step : steps) rows_per_step.push_back(step.size());
+  STRATA_ASSIGN_OR_RETURN(const auto micro_batches, GangMicroBatches(rows_per_step));
   // One micro-batch's inputs; each weighs its tokens' share of the step's.
   struct Micro {
     Packed packed;
@@ -508,7 +514,7 @@ absl::StatusOr<policies::UpdateStats> LocalWorkerGroup::Update(const policies::P
   policies::UpdateStats stats;
   for (size_t k = 0; k < steps.size(); ++k) {
     std::vector<Micro> micros;
-    for (const auto& [begin, end] : MicroBatches(steps[k].size(), spec_.train.micro_batch_size)) {
+    for (const auto& [begin, end] : micro_batches[k]) {
       std::vector<const std::vector<int32_t>*> prompts, responses;
       std::vector<std::vector<float>> adv, old_lp, ret, old_v;
       double micro_tokens = 0;
@@ -525,7 +531,7 @@ absl::StatusOr<policies::UpdateStats> LocalWorkerGroup::Update(const policies::P
         }
       }
       if (begin == end) {
-        prompts.push_back(&placeholder), responses.push_back(&placeholder);
+        prompts.push_back(&kPlaceholderRow), responses.push_back(&kPlaceholderRow);
         adv.push_back(zero), old_lp.push_back(zero), ret.push_back(zero), old_v.push_back(zero);
       }
       Micro m;
@@ -589,6 +595,25 @@ absl::Status LocalWorkerGroup::SumOverGang(std::vector<double>& values) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<std::vector<std::pair<size_t, size_t>>>> LocalWorkerGroup::GangMicroBatches(
+    const std::vector<size_t>& rows_per_step) {
+  std::vector<std::vector<std::pair<size_t, size_t>>> out;
+  for (size_t rows : rows_per_step) out.push_back(MicroBatches(rows, spec_.train.micro_batch_size));
+  const size_t world = static_cast<size_t>(gang_->world_size()), steps = out.size();
+  if (world == 1 || spec_.train.micro_batch_size <= 0 || steps == 0) return out;
+  // Every rank's counts in one sum: rank r's at [r * steps, (r + 1) * steps).
+  std::vector<double> counts(world * steps, 0.0);
+  const size_t rank = static_cast<size_t>(gang_->rank());
+  for (size_t k = 0; k < steps; ++k) counts[rank * steps + k] = static_cast<double>(out[k].size());
+  STRATA_RETURN_IF_ERROR(SumOverGang(counts));
+  for (size_t k = 0; k < steps; ++k) {
+    size_t most = 0;
+    for (size_t r = 0; r < world; ++r) most = std::max(most, static_cast<size_t>(counts[r * steps + k]));
+    while (out[k].size() < most) out[k].emplace_back(rows_per_step[k], rows_per_step[k]);
+  }
+  return out;
+}
+
 absl::StatusOr<policies::TrainStats> LocalWorkerGroup::TrainSft(const std::vector<policies::TextPair>& batch) {
   if (actor_ == nullptr || actor_->trainer() == nullptr) return absl::FailedPreconditionError("no trainable actor");
   if (batch.empty()) return absl::InvalidArgumentError("SFT step: empty batch");
@@ -596,16 +621,19 @@ absl::StatusOr<policies::TrainStats> LocalWorkerGroup::TrainSft(const std::vecto
   for (const auto& pair : batch) prompts.push_back(&pair.prompt), responses.push_back(&pair.response);
   std::vector<double> tokens = {static_cast<double>(Tokens(responses))};
   STRATA_RETURN_IF_ERROR(SumOverGang(tokens));
-  const auto micros = MicroBatches(batch.size(), spec_.train.micro_batch_size);
+  STRATA_ASSIGN_OR_RETURN(const auto gang_micros, GangMicroBatches({batch.size()}));
+  const auto& micros = gang_micros[0];
   double loss = 0;
   for (size_t j = 0; j < micros.size(); ++j) {
     const auto [begin, end] = micros[j];
-    const std::vector<const std::vector<int32_t>*> p(prompts.begin() + begin, prompts.begin() + end),
+    std::vector<const std::vector<int32_t>*> p(prompts.begin() + begin, prompts.begin() + end),
         r(responses.begin() + begin, responses.begin() + end);
+    const double scale = begin == end ? 0.0 : Share(static_cast<double>(Tokens(r)), tokens[0]);
+    if (begin == end) p = {&kPlaceholderRow}, r = {&kPlaceholderRow};
     const Packed packed = Pack(p, r, device_);
     STRATA_ASSIGN_OR_RETURN(auto part, AccumulateStep(*actor_, packed, [&](const at::Tensor& logits) {
                               return policies::CrossEntropyLoss(ResponseLogProbs(logits, packed), packed.response_mask);
-                            }, Share(static_cast<double>(Tokens(r)), tokens[0]), j + 1 == micros.size()));
+                            }, scale, j + 1 == micros.size()));
     loss += part;
   }
   STRATA_RETURN_IF_ERROR(actor_->trainer()->OptimizerStep());
@@ -633,14 +661,16 @@ absl::StatusOr<policies::TrainStats> LocalWorkerGroup::TrainRewardModel(
   if (batch.empty()) return absl::InvalidArgumentError("reward model step: empty batch");
   std::vector<double> pairs = {static_cast<double>(batch.size())};
   STRATA_RETURN_IF_ERROR(SumOverGang(pairs));
-  const auto micros = MicroBatches(batch.size(), spec_.train.micro_batch_size);
+  STRATA_ASSIGN_OR_RETURN(const auto gang_micros, GangMicroBatches({batch.size()}));
+  const auto& micros = gang_micros[0];
   double loss = 0, weighted_accuracy = 0;
   for (size_t j = 0; j < micros.size(); ++j) {
     const auto [begin, end] = micros[j];
-    const std::vector<policies::PreferencePair> part(batch.begin() + begin, batch.begin() + end);
+    std::vector<policies::PreferencePair> part(batch.begin() + begin, batch.begin() + end);
+    const double scale = begin == end ? 0.0 : Share(static_cast<double>(part.size()), pairs[0]);
+    if (begin == end) part.push_back({kPlaceholderRow, kPlaceholderRow, kPlaceholderRow});
     const Packed packed = PackPairs(part, device_);
     const int64_t n = static_cast<int64_t>(part.size());
-    const double scale = Share(static_cast<double>(n), pairs[0]);
     double accuracy = 0;
     STRATA_ASSIGN_OR_RETURN(auto part_loss, AccumulateStep(*reward_, packed, [&](const at::Tensor& values) {
                               rewards::PreferenceObjective objective =

@@ -77,6 +77,14 @@ class LocalWorkerGroup final : public policies::WorkerGroup {
                                              const policies::ScoreRequest& request);
   // Sums `values` over the gang (in place).
   absl::Status SumOverGang(std::vector<double>& values);
+  // Each step's micro-batches (row ranges [begin, end) of its `rows`), as
+  // many on every rank: a sharded trainer sums the gradients of every pass,
+  // so the ranks must make the same passes or their collectives stop lining
+  // up. A rank with fewer adds empty ranges, which the callers fill with a
+  // placeholder row whose loss weighs nothing. One collective, and none
+  // without micro-batches or with one rank.
+  absl::StatusOr<std::vector<std::vector<std::pair<size_t, size_t>>>> GangMicroBatches(
+      const std::vector<size_t>& rows_per_step);
 
   const policies::JobSpec spec_;
   std::unique_ptr<policies::ProcessGroup> solo_;  // the gang when none is given
