@@ -69,9 +69,10 @@ absl::Status CheckPhaseReplies(const PhaseRequest& request, const std::vector<Ph
 }
 
 template <typename T, typename Call>
-absl::StatusOr<std::vector<T>> RemoteGang::OnEveryRank(Call call) {
+absl::StatusOr<std::vector<T>> RemoteGang::OnEveryRank(Call call, Ending ending) {
   const size_t n = workers_.size();
   std::vector<absl::StatusOr<T>> results(n, absl::UnknownError("not run"));
+  std::vector<bool> ended(n, false);
   std::mutex mu;
   std::condition_variable cv;
   size_t done = 0;
@@ -81,6 +82,7 @@ absl::StatusOr<std::vector<T>> RemoteGang::OnEveryRank(Call call) {
       absl::StatusOr<T> result = call(r);
       std::lock_guard<std::mutex> lock(mu);
       results[r] = std::move(result);
+      ended[r] = true;
       ++done;
       cv.notify_all();
     });
@@ -88,10 +90,27 @@ absl::StatusOr<std::vector<T>> RemoteGang::OnEveryRank(Call call) {
   {
     std::unique_lock<std::mutex> lock(mu);
     cv.wait(lock, [&] { return done > 0; });
-    if (done < n && !cv.wait_for(lock, grace_, [&] { return done == n; })) {
-      // Still busy well after another rank ended the same phase: hung.
+    while (done < n && !cv.wait_for(lock, grace_, [&] { return done == n; })) {
+      // Still busy well after another rank ended the same phase. Where the
+      // phase ends in a collective, that rank hangs: its collective would
+      // have ended by now. Where it does not, the rank may just have more
+      // to do (longer generations, a colder disk): it is given up only
+      // once it stops answering.
+      std::vector<size_t> busy;
+      for (size_t r = 0; r < n; ++r) {
+        if (!ended[r]) busy.push_back(r);
+      }
       lock.unlock();
-      for (auto& worker : workers_) worker->CancelCalls();
+      bool working = ending == Ending::kWithoutCollective;
+      for (size_t r : busy) working = working && workers_[r]->Answers(std::chrono::seconds(1));
+      if (!working) {
+        for (auto& worker : workers_) worker->CancelCalls();
+        lock.lock();
+        break;
+      }
+      STRATA_LOG(Info) << busy.size() << " rank(s) still working " << grace_.count()
+                       << " ms after another ended the phase; they answer, so the gang waits";
+      lock.lock();
     }
   }
   for (auto& t : threads) t.join();
@@ -119,9 +138,12 @@ absl::StatusOr<std::unique_ptr<RemoteGang>> RemoteGang::Start(std::vector<std::u
     STRATA_ASSIGN_OR_RETURN(port, gang->workers_[0]->OpenRendezvous(world, collective_timeout));
     host = AddressHost(gang->workers_[0]->options().address);
   }
-  auto started = gang->OnEveryRank<RemoteWorkerGroup::Loaded>([&](size_t r) {
-    return gang->workers_[r]->StartRank(spec_yaml, static_cast<int>(r), world, host, port, collective_timeout);
-  });
+  // Loading, after the group forms, ends in no collective.
+  auto started = gang->OnEveryRank<RemoteWorkerGroup::Loaded>(
+      [&](size_t r) {
+        return gang->workers_[r]->StartRank(spec_yaml, static_cast<int>(r), world, host, port, collective_timeout);
+      },
+      Ending::kWithoutCollective);
   if (!started.ok()) {
     gang->Unload();
     return started.status();
@@ -130,8 +152,10 @@ absl::StatusOr<std::unique_ptr<RemoteGang>> RemoteGang::Start(std::vector<std::u
 }
 
 absl::StatusOr<PhaseReply> RemoteGang::Run(const PhaseRequest& request) {
+  // Each rank samples its own prompts and meets no other in a rollout.
+  const Ending ending = request.phase == "rollout" ? Ending::kWithoutCollective : Ending::kInCollective;
   STRATA_ASSIGN_OR_RETURN(auto replies,
-                          OnEveryRank<PhaseReply>([&](size_t r) { return workers_[r]->RunPhase(request); }));
+                          OnEveryRank<PhaseReply>([&](size_t r) { return workers_[r]->RunPhase(request); }, ending));
   STRATA_RETURN_IF_ERROR(CheckPhaseReplies(request, replies));
   return MergeReplies(replies);
 }

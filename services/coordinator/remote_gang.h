@@ -29,11 +29,14 @@ class RemoteGang final : public Gang {
   // `workers[r]` becomes rank r. Returns once every rank has joined and
   // loaded the job; `collective_timeout` bounds forming the gang and every
   // collective in it. Once one rank has ended a phase (done or failed), the
-  // others get the collective timeout and a margin to end theirs: ranks
-  // drift apart by at most the collective timeout anyway, since every phase
-  // but rollout ends in a collective that waits no longer than that. A rank
-  // still busy after it hangs; its call is cancelled (UNAVAILABLE: the job
-  // is requeued), so a phase never waits on a hung rank for longer.
+  // others get the collective timeout and a margin to end theirs: in a
+  // phase that ends in a collective, ranks drift apart by at most the
+  // collective timeout anyway. A rank still busy after it hangs; its call
+  // is cancelled (UNAVAILABLE: the job is requeued), so such a phase never
+  // waits on a hung rank for longer. Rollout and loading end in no
+  // collective, and ranks may need longer there (generations of other
+  // lengths, a colder disk): a rank still busy is given up only when it
+  // stops answering a health check (1 s), checked once per such period.
   static absl::StatusOr<std::unique_ptr<RemoteGang>> Start(std::vector<std::unique_ptr<RemoteWorkerGroup>> workers,
                                                            const std::string& spec_yaml,
                                                            std::chrono::milliseconds collective_timeout);
@@ -49,9 +52,11 @@ class RemoteGang final : public Gang {
  private:
   RemoteGang(std::vector<std::unique_ptr<RemoteWorkerGroup>> workers, std::chrono::milliseconds grace)
       : workers_(std::move(workers)), grace_(grace) {}
+  // Whether a phase's ranks meet in a collective at its end.
+  enum class Ending { kInCollective, kWithoutCollective };
   // Runs `call(rank)` on every rank at once; the first cause of failure.
   template <typename T, typename Call>
-  absl::StatusOr<std::vector<T>> OnEveryRank(Call call);
+  absl::StatusOr<std::vector<T>> OnEveryRank(Call call, Ending ending);
 
   std::vector<std::unique_ptr<RemoteWorkerGroup>> workers_;
   const std::chrono::milliseconds grace_;  // after a rank failed, for the others

@@ -7,9 +7,12 @@
 #include <fstream>
 #include <numeric>
 #include <random>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/engine_counters.h"
@@ -22,16 +25,29 @@
 namespace strata::services {
 namespace {
 
-// A fault point for the gang's failure tests (tests/e2e/service_test.cc):
-// with STRATA_FAILPOINT=kill@PHASE:ITERATION in its environment, a rank's
-// process ends as kill -9 would end it when it starts that phase, while the
-// other ranks go on into the phase's collectives.
-void KillSelfAtFailpoint(const std::string& phase, int64_t iteration) {
+// Fault points for the gang's failure tests (tests/e2e/service_test.cc),
+// set in a worker's environment as STRATA_FAILPOINT:
+//   kill@PHASE:ITERATION            the rank's process ends as kill -9 would
+//                                   end it, as it starts that phase, while
+//                                   the other ranks go on into its collectives;
+//   stall@PHASE:ITERATION:SECONDS   the rank works SECONDS longer in that
+//                                   phase than the others (a slow rank that
+//                                   still answers).
+void ActAtFailpoint(const std::string& phase, int64_t iteration) {
   static const char* const failpoint = std::getenv("STRATA_FAILPOINT");
-  if (failpoint == nullptr || absl::StrCat("kill@", phase, ":", iteration) != failpoint) return;
-  STRATA_LOG(Warning) << "STRATA_FAILPOINT " << failpoint << ": this process ends now (SIGKILL)";
-  std::fflush(nullptr);
-  std::raise(SIGKILL);
+  if (failpoint == nullptr) return;
+  const std::string here = absl::StrCat("@", phase, ":", iteration);
+  if (absl::StrCat("kill", here) == failpoint) {
+    STRATA_LOG(Warning) << "STRATA_FAILPOINT " << failpoint << ": this process ends now (SIGKILL)";
+    std::fflush(nullptr);
+    std::raise(SIGKILL);
+  }
+  const std::string stall = absl::StrCat("stall", here, ":");
+  int seconds = 0;
+  if (absl::StartsWith(failpoint, stall) && absl::SimpleAtoi(std::string(failpoint).substr(stall.size()), &seconds)) {
+    STRATA_LOG(Warning) << "STRATA_FAILPOINT " << failpoint << ": working " << seconds << " s longer";
+    std::this_thread::sleep_for(std::chrono::seconds(seconds));
+  }
 }
 
 using nlohmann::json;
@@ -315,7 +331,7 @@ absl::StatusOr<PhaseReply> JobRank::Run(const PhaseRequest& request) {
   const int64_t nvme_read = EngineCounters::Read(counters.nvme_read_bytes);
   const int64_t nvme_written = EngineCounters::Read(counters.nvme_written_bytes);
   models_.BeginPhase(measured);
-  KillSelfAtFailpoint(phase, request.iteration);
+  ActAtFailpoint(phase, request.iteration);
   if (phase == "rollout") {
     std::vector<int64_t> index;
     const auto rows = ShardOf(request.iteration, &index);

@@ -1009,6 +1009,28 @@ TEST_F(ServiceTest, RankKilledMidJobRequeuesAndTheGangFinishes) {
   EXPECT_EQ(Get(job.id()).iteration(), 8);
 }
 
+// A rank that is slow but alive in a phase that ends in no collective (its
+// rollout takes 12 s longer than its peer's, past the 10 s a phase ending in a
+// collective would allow it): the coordinator checks that it still answers
+// and waits, and the job runs to the end without a requeue. (Before, the
+// slow rank was given up as hung and the job requeued.)
+TEST_F(ServiceTest, SlowRankInARolloutIsWaitedForWhileItAnswers) {
+  workers_[1]->Kill(SIGKILL);
+  StartWorker(1, {"STRATA_FAILPOINT=stall@rollout:1:12"});
+  WaitUntilRegistered(1);
+  v1::Job job;
+  const grpc::Status submitted = Submit(Spec(3, "gangslow"), &job, "", {"parallel.workers=2"});
+  ASSERT_TRUE(submitted.ok()) << submitted.error_message();
+  const auto events = Watch(job.id(), Ended);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back().state(), v1::SUCCEEDED) << Get(job.id()).error_message() << "\n" << coordinator_->Log();
+  EXPECT_EQ(Count(events, "log"), 0) << "the slow rank was given up: " << coordinator_->Log();
+  const auto worker_log = ReadFileToString(dir_.Join("worker1.log"));
+  ASSERT_TRUE(worker_log.ok());
+  EXPECT_NE(worker_log->find("stall@rollout:1:12: working 12 s longer"), std::string::npos) << *worker_log;
+  EXPECT_NE(coordinator_->Log().find("still working"), std::string::npos) << coordinator_->Log();
+}
+
 // A rank that hangs (SIGSTOP) mid-job: the other rank's collective fails
 // within the collective timeout (5 s), the coordinator gives up on the hung
 // rank's call a margin (5 s) later, and the job goes back to the queue while
