@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/log.h"
 #include "base/status_macros.h"
+#include "services/runtime/job_rank.h"
 
 namespace strata::services {
 namespace {
@@ -152,8 +153,7 @@ absl::StatusOr<std::unique_ptr<RemoteGang>> RemoteGang::Start(std::vector<std::u
 }
 
 absl::StatusOr<PhaseReply> RemoteGang::Run(const PhaseRequest& request) {
-  // Each rank samples its own prompts and meets no other in a rollout.
-  const Ending ending = request.phase == "rollout" ? Ending::kWithoutCollective : Ending::kInCollective;
+  const Ending ending = PhaseEndsInCollective(request.phase) ? Ending::kInCollective : Ending::kWithoutCollective;
   STRATA_ASSIGN_OR_RETURN(auto replies,
                           OnEveryRank<PhaseReply>([&](size_t r) { return workers_[r]->RunPhase(request); }, ending));
   STRATA_RETURN_IF_ERROR(CheckPhaseReplies(request, replies));

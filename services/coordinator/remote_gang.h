@@ -33,10 +33,11 @@ class RemoteGang final : public Gang {
   // phase that ends in a collective, ranks drift apart by at most the
   // collective timeout anyway. A rank still busy after it hangs; its call
   // is cancelled (UNAVAILABLE: the job is requeued), so such a phase never
-  // waits on a hung rank for longer. Rollout and loading end in no
-  // collective, and ranks may need longer there (generations of other
-  // lengths, a colder disk): a rank still busy is given up only when it
-  // stops answering a health check (1 s), checked once per such period.
+  // waits on a hung rank for longer. Loading and the phases that end in no
+  // collective (PhaseEndsInCollective: rollout, rank 0's checkpoint and
+  // output writes) may honestly take one rank longer (generations of other
+  // lengths, a colder or slower disk): a rank still busy there is given up
+  // only when it stops answering a health check (1 s), asked once a period.
   static absl::StatusOr<std::unique_ptr<RemoteGang>> Start(std::vector<std::unique_ptr<RemoteWorkerGroup>> workers,
                                                            const std::string& spec_yaml,
                                                            std::chrono::milliseconds collective_timeout);

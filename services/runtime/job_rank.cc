@@ -33,6 +33,8 @@ namespace {
 //   stall@PHASE:ITERATION:SECONDS   the rank works SECONDS longer in that
 //                                   phase than the others (a slow rank that
 //                                   still answers).
+// PHASE is a phase's name, or save_weights: rank 0 writing a checkpoint's
+// weights in commit.
 void ActAtFailpoint(const std::string& phase, int64_t iteration) {
   static const char* const failpoint = std::getenv("STRATA_FAILPOINT");
   if (failpoint == nullptr) return;
@@ -217,13 +219,13 @@ std::pair<std::string, int64_t> LatestCheckpoint(const std::string& dir) {
   return best;
 }
 
-JobRank::JobRank(const policies::JobSpec& spec, policies::WorkerGroup& models, const policies::Tokenizer& tokenizer,
+JobRank::JobRank(const policies::JobSpec& spec, LocalWorkerGroup& models, const policies::Tokenizer& tokenizer,
                  policies::ProcessGroup& gang, JobRankOptions options)
     : spec_(spec), models_(models), tokenizer_(tokenizer), gang_(gang), options_(std::move(options)) {}
 
 JobRank::~JobRank() = default;
 
-absl::StatusOr<std::unique_ptr<JobRank>> JobRank::Create(const policies::JobSpec& spec, policies::WorkerGroup& models,
+absl::StatusOr<std::unique_ptr<JobRank>> JobRank::Create(const policies::JobSpec& spec, LocalWorkerGroup& models,
                                                          const policies::Tokenizer& tokenizer,
                                                          policies::ProcessGroup& gang, JobRankOptions options) {
   if (gang.world_size() > spec.train.batch_size) {
@@ -298,6 +300,10 @@ std::vector<size_t> JobRank::ShardOf(int64_t iteration, std::vector<int64_t>* ba
   return mine;
 }
 
+bool PhaseEndsInCollective(const std::string& phase) {
+  return phase != "rollout" && phase != "find_checkpoint" && phase != "commit" && phase != "finish";
+}
+
 absl::StatusOr<PhaseReply> JobRank::Run(const PhaseRequest& request) {
   const std::string& phase = request.phase;
   PhaseReply reply;
@@ -308,10 +314,9 @@ absl::StatusOr<PhaseReply> JobRank::Run(const PhaseRequest& request) {
   }
   if (phase == "commit") return Commit(request);
   if (phase == "finish") {
-    if (gang_.rank() == 0) {
-      STRATA_RETURN_IF_ERROR(models_.SaveOutput(spec_.output_dir));
-    }
-    STRATA_RETURN_IF_ERROR(gang_.Barrier());
+    // The driver ends the job once every rank has replied, rank 0 after
+    // its write: the others need not wait for it in a barrier.
+    if (gang_.rank() == 0) STRATA_RETURN_IF_ERROR(models_.SaveOutput(spec_.output_dir));
     return reply;
   }
   if (phase == "evaluate") {
@@ -487,9 +492,12 @@ absl::StatusOr<PhaseReply> JobRank::Commit(const PhaseRequest& request) {
   if (Param(request.params, "checkpoint") == 0) return reply;
   // Written under a temporary name and renamed, state.json last: a crash
   // mid-write leaves no directory that looks complete. Rank 0 makes the
-  // directory; every rank writes its part (rank 0 the weights, each rank the
-  // optimizer states it holds); once all have, rank 0 writes state.json and
-  // renames the directory into place.
+  // directory; every rank writes the optimizer states it holds (a share
+  // each); once all have, rank 0 writes the weights (the same on every
+  // rank) and state.json, and renames the directory into place. The weights
+  // come after the last barrier: written before it, the other ranks would
+  // wait there for them, and a slow disk would outlast the collective
+  // timeout. The driver records the checkpoint once rank 0 has replied.
   const std::string final_dir = JoinPath(spec_.checkpoint.dir, CheckpointName(request.iteration + 1));
   const std::string tmp_dir = final_dir + ".tmp";
   std::error_code ec;
@@ -499,11 +507,13 @@ absl::StatusOr<PhaseReply> JobRank::Commit(const PhaseRequest& request) {
     if (ec) return absl::PermissionDeniedError(absl::StrCat("checkpoint.dir: cannot create ", tmp_dir));
   }
   STRATA_RETURN_IF_ERROR(gang_.Barrier());
-  absl::Status written = models_.SaveCheckpoint(tmp_dir);
+  absl::Status written = models_.SaveOptimizerStates(tmp_dir);
   // Every rank's part is on disk (or this rank failed: its own error wins).
   STRATA_RETURN_IF_ERROR(written);
   STRATA_RETURN_IF_ERROR(gang_.Barrier());
   if (gang_.rank() == 0) {
+    ActAtFailpoint("save_weights", request.iteration);
+    STRATA_RETURN_IF_ERROR(models_.SaveWeights(tmp_dir));
     json algorithm = json::object();
     for (const auto& [key, value] : request.params) {
       if (key.rfind("state/", 0) == 0) algorithm[key.substr(6)] = value;
@@ -521,7 +531,6 @@ absl::StatusOr<PhaseReply> JobRank::Commit(const PhaseRequest& request) {
     }
   }
   STRATA_RETURN_IF_ERROR(written);
-  STRATA_RETURN_IF_ERROR(gang_.Barrier());
   reply.text = final_dir;
   return reply;
 }

@@ -19,6 +19,7 @@
 #include "policies/rl/worker_group.h"
 #include "policies/tokenizer/tokenizer.h"
 #include "services/runtime/checkpoint_state.h"
+#include "services/runtime/local_worker_group.h"
 #include "services/telemetry/tensorboard_writer.h"
 
 namespace strata::services {
@@ -40,12 +41,22 @@ namespace strata::services {
 //                    no metrics).
 //   commit           rank 0 appends `text` (the iteration's metrics line) to
 //                    the metrics file; with params["checkpoint"] = 1 every
-//                    rank writes its part of checkpoint iter-<iteration+1>
-//                    and the reply's text names it once complete.
-//                    params["state/<key>"] are recorded in it.
+//                    rank writes its optimizer states into checkpoint
+//                    iter-<iteration+1>, then rank 0 the weights and the
+//                    state; the reply's text names it, complete once rank 0
+//                    has replied. params["state/<key>"] are recorded in it.
 //   finish           rank 0 writes the trained model to output.dir.
+// Writes that one rank makes alone come after the phase's last collective,
+// so that no rank waits in one (bounded by the collective timeout) while
+// another writes more than it: commit and finish end with rank 0's writes.
 // Replies carry time/<phase>_s and memory/<tier>_peak_bytes of the phase
 // as this rank saw it; every other metric is the gang's.
+// Whether every rank of the gang ends `phase` in a collective, so that the
+// ranks end it within the collective timeout of each other. Rollout,
+// find_checkpoint, commit and finish do not: a driver must not take a rank
+// that is still busy there for a hung one.
+bool PhaseEndsInCollective(const std::string& phase);
+
 struct PhaseRequest {
   std::string phase;
   int64_t iteration = 0;
@@ -71,7 +82,7 @@ class JobRank {
   // (an eval rule); errors name the spec key or file. `models` and `gang`
   // must outlive the rank. The gang may not be larger than the batch.
   static absl::StatusOr<std::unique_ptr<JobRank>> Create(const policies::JobSpec& spec,
-                                                         policies::WorkerGroup& models,
+                                                         LocalWorkerGroup& models,
                                                          const policies::Tokenizer& tokenizer,
                                                          policies::ProcessGroup& gang, JobRankOptions options);
   ~JobRank();
@@ -85,7 +96,7 @@ class JobRank {
 
  private:
   struct Data;
-  JobRank(const policies::JobSpec& spec, policies::WorkerGroup& models, const policies::Tokenizer& tokenizer,
+  JobRank(const policies::JobSpec& spec, LocalWorkerGroup& models, const policies::Tokenizer& tokenizer,
           policies::ProcessGroup& gang, JobRankOptions options);
   absl::StatusOr<PhaseReply> FindCheckpoint(const PhaseRequest& request);
   absl::Status Start(const PhaseRequest& request);
@@ -94,7 +105,7 @@ class JobRank {
   absl::StatusOr<PhaseReply> Commit(const PhaseRequest& request);
 
   const policies::JobSpec spec_;
-  policies::WorkerGroup& models_;
+  LocalWorkerGroup& models_;
   const policies::Tokenizer& tokenizer_;
   policies::ProcessGroup& gang_;
   const JobRankOptions options_;

@@ -788,17 +788,34 @@ std::vector<std::string> OptimizerFiles(const std::string& dir) {
 }  // namespace
 
 absl::Status LocalWorkerGroup::SaveCheckpoint(const std::string& dir) {
-  // Rank 0 writes the weights (the same on every rank); each rank writes
-  // the optimizer states it holds.
+  if (gang_->rank() == 0) STRATA_RETURN_IF_ERROR(SaveWeights(dir));
+  return SaveOptimizerStates(dir);
+}
+
+namespace {
+
+absl::StatusOr<std::string> CheckpointSubdirectory(const std::string& dir, const std::string& name) {
+  const std::string sub = JoinPath(dir, name);
+  std::error_code ec;
+  std::filesystem::create_directories(sub, ec);
+  if (ec) return absl::PermissionDeniedError(absl::StrCat("checkpoint: cannot create ", sub, ": ", ec.message()));
+  return sub;
+}
+
+}  // namespace
+
+absl::Status LocalWorkerGroup::SaveWeights(const std::string& dir) {
+  for (auto& [name, model] : Trainable()) {
+    STRATA_ASSIGN_OR_RETURN(const std::string sub, CheckpointSubdirectory(dir, name));
+    STRATA_RETURN_IF_ERROR(model->Save(sub));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalWorkerGroup::SaveOptimizerStates(const std::string& dir) {
   const int rank = gang_->rank(), world = gang_->world_size();
   for (auto& [name, model] : Trainable()) {
-    const std::string sub = JoinPath(dir, name);
-    std::error_code ec;
-    std::filesystem::create_directories(sub, ec);
-    if (ec) return absl::PermissionDeniedError(absl::StrCat("checkpoint: cannot create ", sub, ": ", ec.message()));
-    if (rank == 0) {
-      STRATA_RETURN_IF_ERROR(model->Save(sub));
-    }
+    STRATA_ASSIGN_OR_RETURN(const std::string sub, CheckpointSubdirectory(dir, name));
     STRATA_RETURN_IF_ERROR(model->trainer()->SaveState(JoinPath(sub, OptimizerFile(rank, world))));
   }
   return absl::OkStatus();

@@ -51,7 +51,14 @@ class LocalWorkerGroup final : public policies::WorkerGroup {
   // Bytes held now per tier ("device", "host", "nvme"), for the metrics
   // endpoint. Safe to call between operations of the job's work thread.
   std::map<std::string, int64_t> MemoryInUse() const;
+  // Rank 0's weights and this rank's optimizer states, in one call.
   absl::Status SaveCheckpoint(const std::string& dir) override;
+  // The two parts of a checkpoint, for a gang that writes them apart:
+  // the trainable models' weights under dir/<model> (the same on every
+  // rank: one rank writes them), and the optimizer states this rank holds
+  // (dir/<model>/optimizer-rank<R>-of-<N>.safetensors).
+  absl::Status SaveWeights(const std::string& dir);
+  absl::Status SaveOptimizerStates(const std::string& dir);
   absl::Status LoadCheckpoint(const std::string& dir) override;
   absl::Status SaveOutput(const std::string& dir) override;
 

@@ -1031,6 +1031,37 @@ TEST_F(ServiceTest, SlowRankInARolloutIsWaitedForWhileItAnswers) {
   EXPECT_NE(coordinator_->Log().find("still working"), std::string::npos) << coordinator_->Log();
 }
 
+// Rank 0 writes a checkpoint's weights 12 s slower than the disk would
+// (past the test gang's 5 s collective timeout): it writes them after the
+// ranks' last barrier, so its peer does not wait in a collective for them,
+// and the coordinator waits for rank 0 while it answers. The job succeeds
+// without a requeue. (Written before that barrier, as they were, the
+// peer's barrier timed out and the job was requeued, to repeat the same
+// slow save.)
+TEST_F(ServiceTest, SlowCheckpointWriteOnRankZeroDoesNotTimeOutTheGang) {
+  for (int i = 0; i < 2; ++i) {  // whichever worker becomes rank 0
+    workers_[i]->Kill(SIGKILL);
+    StartWorker(i, {"STRATA_FAILPOINT=stall@save_weights:1:12"});
+    WaitUntilRegistered(i);
+  }
+  v1::Job job;
+  const grpc::Status submitted = Submit(Spec(3, "gangsave"), &job, "", {"parallel.workers=2"});
+  ASSERT_TRUE(submitted.ok()) << submitted.error_message();
+  const auto events = Watch(job.id(), Ended);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back().state(), v1::SUCCEEDED) << Get(job.id()).error_message() << "\n" << coordinator_->Log();
+  EXPECT_EQ(Count(events, "log"), 0) << "the gang was lost: " << coordinator_->Log();
+  std::string logs;
+  for (const char* name : {"worker0.log", "worker1.log"}) logs += ReadFileToString(dir_.Join(name)).value_or("");
+  EXPECT_NE(logs.find("stall@save_weights:1:12: working 12 s longer"), std::string::npos) << logs;
+  // The checkpoint is whole: both ranks' optimizer shards, the weights, the state.
+  const std::string checkpoint = dir_.Join("gangsave/checkpoints/iter-000002");
+  for (const char* file : {"state.json", "actor/model.safetensors", "actor/optimizer-rank0-of-2.safetensors",
+                           "actor/optimizer-rank1-of-2.safetensors"}) {
+    EXPECT_TRUE(IsRegularFile(JoinPath(checkpoint, file))) << file;
+  }
+}
+
 // A rank that hangs (SIGSTOP) mid-job: the other rank's collective fails
 // within the collective timeout (5 s), the coordinator gives up on the hung
 // rank's call a margin (5 s) later, and the job goes back to the queue while
