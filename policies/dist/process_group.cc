@@ -65,9 +65,11 @@ absl::Status FromException(const std::string& what, const std::exception& e) {
   if (absl::StrContains(text, "imed out") || absl::StrContains(text, "imeout")) {
     return absl::DeadlineExceededError(message);
   }
-  if (absl::StrContains(text, "onnection") || absl::StrContains(text, "refused") ||
-      absl::StrContains(text, "reset") || absl::StrContains(text, "closed")) {
-    return absl::UnavailableError(message);
+  // A peer gone: Gloo's socket errors, NCCL's "remote process exited or
+  // there was a network error" and its aborted communicator.
+  for (const char* gone : {"onnection", "refused", "reset", "closed", "roken pipe", "network", "remote process",
+                           "aborted"}) {
+    if (absl::StrContains(text, gone)) return absl::UnavailableError(message);
   }
   return absl::InternalError(message);
 }
@@ -402,8 +404,9 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateNccl(const ProcessGroupOptio
                                                          c10::intrusive_ptr<c10d::Store> store) {
   // A wait that outlives the timeout throws on the waiting thread (instead
   // of c10d's watchdog ending the process), so a dead rank is a status here
-  // as it is with Gloo. Read when the group is built.
-  setenv("TORCH_NCCL_BLOCKING_WAIT", "1", /*overwrite=*/0);
+  // as it is with Gloo. Read when the group is built; forced, since the
+  // gang's bounded failure depends on it.
+  setenv("TORCH_NCCL_BLOCKING_WAIT", "1", /*overwrite=*/1);
   auto nccl = c10d::ProcessGroupNCCL::Options::create();
   nccl->timeout = options.timeout;
   auto group = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, options.rank, options.world_size, nccl);

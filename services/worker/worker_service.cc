@@ -9,6 +9,7 @@
 #include <exception>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "base/engine_counters.h"
 #include "base/interrupt.h"
@@ -271,6 +272,10 @@ grpc::ServerUnaryReactor* WorkerService::StartRank(grpc::CallbackServerContext* 
     DropStaleJob(request->job_id());
     std::unique_ptr<policies::Rendezvous> rendezvous = std::move(rendezvous_);
     DropJob();
+    // A rank that fails part-way is dropped whole: its group (and rank 0's
+    // store, with its port) would otherwise live on beside no job, out of
+    // Unload's reach, until the next job came.
+    absl::Cleanup drop_on_failure = [this] { DropJob(); };
     STRATA_ASSIGN_OR_RETURN(auto spec, ParseSpec(request->job_id(), request->spec_yaml()));
     policies::ProcessGroupOptions options;
     options.rank = request->rank();
@@ -300,6 +305,7 @@ grpc::ServerUnaryReactor* WorkerService::StartRank(grpc::CallbackServerContext* 
     JobRankOptions rank_options;
     rank_options.run_id = request->job_id();
     STRATA_ASSIGN_OR_RETURN(rank_, JobRank::Create(spec, *group_, group_->tokenizer(), *gang_, rank_options));
+    std::move(drop_on_failure).Cancel();
     job_id_ = request->job_id();
     spec_yaml_ = request->spec_yaml();
     response->set_tokenizer_path(group_->tokenizer_path());
