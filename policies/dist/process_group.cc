@@ -14,6 +14,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <algorithm>
 #include <cstdlib>
 #include <deque>
 #include <exception>
@@ -133,12 +134,15 @@ class C10dProcessGroup final : public ProcessGroup {
   absl::Status StartAllReduceSum(std::vector<at::Tensor> tensors) override {
     if (tensors.empty()) return Nothing("all-reduce");
     try {
-      if (!Staging()) {
+      const bool all_here = std::all_of(tensors.begin(), tensors.end(),
+                                        [&](const at::Tensor& t) { return t.device() == device_; });
+      if (!Staging() && all_here) {
         pending_.push_back({"all-reduce", tensors, {}, group_->allreduce_coalesced(tensors)});
         return absl::OkStatus();
       }
-      // One flat device buffer per bucket: one collective, as Gloo's
-      // coalesced all-reduce does on the host.
+      // One flat buffer per bucket where the backend takes it (NCCL: the
+      // rank's GPU; Gloo, whose coalesced all-reduce takes host tensors
+      // only: the host): one collective, as Gloo's coalesced all-reduce is.
       std::vector<at::Tensor> flat = {at::empty({TotalElements(tensors)}, tensors[0].options().device(device_))};
       PackFlat(tensors, flat[0]);
       c10::intrusive_ptr<c10d::Work> work = group_->allreduce(flat);
@@ -229,13 +233,13 @@ class C10dProcessGroup final : public ProcessGroup {
     return absl::OkStatus();
   }
 
-  // The tensors as the backend takes them: host tensors copied to the
-  // device when it is a GPU; the others themselves.
+  // The tensors as the backend takes them: copied to its device (the
+  // rank's GPU for NCCL, the host for Gloo) where they are elsewhere.
   absl::StatusOr<std::vector<at::Tensor>> Stage(const std::vector<at::Tensor>& tensors) const {
     std::vector<at::Tensor> staged;
     staged.reserve(tensors.size());
     try {
-      for (const at::Tensor& t : tensors) staged.push_back(Staging() && t.device() != device_ ? t.to(device_) : t);
+      for (const at::Tensor& t : tensors) staged.push_back(t.device() != device_ ? t.to(device_) : t);
     } catch (const std::exception& e) {
       return Failed("copy to the device", e);
     }

@@ -51,9 +51,9 @@ class Rendezvous {
   Rendezvous() = default;
 };
 
-// Which c10d backend carries the collectives. Gloo takes host tensors (and,
-// in a CUDA build, device ones, through the host); NCCL takes device
-// tensors, and this group copies host tensors through the device for it.
+// Which c10d backend carries the collectives. Gloo takes host tensors (a
+// CUDA build's device tensors are copied through the host for it); NCCL
+// takes device tensors, and host tensors are copied through the device.
 enum class Backend { kGloo, kNccl };
 const char* BackendName(Backend backend);  // "gloo", "nccl"
 
