@@ -259,6 +259,25 @@ output: {dir: )", dir_.Join(out), "}\n");
     return worker->GetStats(&context, v1::GetStatsRequest(), &stats).ok() ? stats.job_id() : std::string("?");
   }
 
+  // Restarts `workers` with STRATA_FAILPOINT=`failpoint` in their
+  // environment, then runs a 3-iteration ReMax job on a 2-rank gang into
+  // `out`: it must succeed with no gang lost on the way (no requeue logged).
+  void ExpectTwoRankJobSucceedsWithoutRequeue(const std::string& out, const std::string& failpoint,
+                                              const std::vector<int>& workers) {
+    for (int i : workers) {
+      workers_[static_cast<size_t>(i)]->Kill(SIGKILL);
+      StartWorker(i, {"STRATA_FAILPOINT=" + failpoint});
+      WaitUntilRegistered(i);
+    }
+    v1::Job job;
+    const grpc::Status submitted = Submit(Spec(3, out), &job, "", {"parallel.workers=2"});
+    ASSERT_TRUE(submitted.ok()) << submitted.error_message();
+    const auto events = Watch(job.id(), Ended);
+    ASSERT_FALSE(events.empty());
+    EXPECT_EQ(events.back().state(), v1::SUCCEEDED) << Get(job.id()).error_message() << "\n" << coordinator_->Log();
+    EXPECT_EQ(Count(events, "log"), 0) << "a rank was given up: " << coordinator_->Log();
+  }
+
   // Polls the worker processes until none holds a job (true) or `limit`
   // passes (false).
   bool WaitUntilWorkersIdle(std::chrono::seconds limit) {
@@ -1015,16 +1034,7 @@ TEST_F(ServiceTest, RankKilledMidJobRequeuesAndTheGangFinishes) {
 // and waits, and the job runs to the end without a requeue. (Before, the
 // slow rank was given up as hung and the job requeued.)
 TEST_F(ServiceTest, SlowRankInARolloutIsWaitedForWhileItAnswers) {
-  workers_[1]->Kill(SIGKILL);
-  StartWorker(1, {"STRATA_FAILPOINT=stall@rollout:1:12"});
-  WaitUntilRegistered(1);
-  v1::Job job;
-  const grpc::Status submitted = Submit(Spec(3, "gangslow"), &job, "", {"parallel.workers=2"});
-  ASSERT_TRUE(submitted.ok()) << submitted.error_message();
-  const auto events = Watch(job.id(), Ended);
-  ASSERT_FALSE(events.empty());
-  EXPECT_EQ(events.back().state(), v1::SUCCEEDED) << Get(job.id()).error_message() << "\n" << coordinator_->Log();
-  EXPECT_EQ(Count(events, "log"), 0) << "the slow rank was given up: " << coordinator_->Log();
+  ExpectTwoRankJobSucceedsWithoutRequeue("gangslow", "stall@rollout:1:12", {1});
   const auto worker_log = ReadFileToString(dir_.Join("worker1.log"));
   ASSERT_TRUE(worker_log.ok());
   EXPECT_NE(worker_log->find("stall@rollout:1:12: working 12 s longer"), std::string::npos) << *worker_log;
@@ -1039,18 +1049,8 @@ TEST_F(ServiceTest, SlowRankInARolloutIsWaitedForWhileItAnswers) {
 // peer's barrier timed out and the job was requeued, to repeat the same
 // slow save.)
 TEST_F(ServiceTest, SlowCheckpointWriteOnRankZeroDoesNotTimeOutTheGang) {
-  for (int i = 0; i < 2; ++i) {  // whichever worker becomes rank 0
-    workers_[i]->Kill(SIGKILL);
-    StartWorker(i, {"STRATA_FAILPOINT=stall@save_weights:1:12"});
-    WaitUntilRegistered(i);
-  }
-  v1::Job job;
-  const grpc::Status submitted = Submit(Spec(3, "gangsave"), &job, "", {"parallel.workers=2"});
-  ASSERT_TRUE(submitted.ok()) << submitted.error_message();
-  const auto events = Watch(job.id(), Ended);
-  ASSERT_FALSE(events.empty());
-  EXPECT_EQ(events.back().state(), v1::SUCCEEDED) << Get(job.id()).error_message() << "\n" << coordinator_->Log();
-  EXPECT_EQ(Count(events, "log"), 0) << "the gang was lost: " << coordinator_->Log();
+  // On both workers: whichever becomes rank 0.
+  ExpectTwoRankJobSucceedsWithoutRequeue("gangsave", "stall@save_weights:1:12", {0, 1});
   std::string logs;
   for (const char* name : {"worker0.log", "worker1.log"}) logs += ReadFileToString(dir_.Join(name)).value_or("");
   EXPECT_NE(logs.find("stall@save_weights:1:12: working 12 s longer"), std::string::npos) << logs;

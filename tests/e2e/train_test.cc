@@ -286,6 +286,17 @@ class DataParallelTest : public TrainTest, public ::testing::WithParamInterface<
     std::printf("largest weight difference / update: %.3g\n", worst);
   }
 
+  // `strata train` of the parameter's algorithm (AlgorithmArgs) on `workers`
+  // ranks into `out`, with more `key=value` overrides after those.
+  testing::CommandResult Train(const std::string& out, const std::string& workers,
+                               const std::vector<std::string>& overrides) {
+    std::vector<std::string> args = {"train", spec_, "--out", dir_.Join(out), "--workers", workers};
+    const auto set = AlgorithmArgs();
+    args.insert(args.end(), set.begin(), set.end());
+    for (const std::string& o : overrides) args.insert(args.end(), {"--set", o});
+    return Strata(args);
+  }
+
   // The spec overrides that make the parameter's algorithm a 3-iteration job.
   std::vector<std::string> AlgorithmArgs() const {
     const std::string algorithm = GetParam();
@@ -428,16 +439,9 @@ TEST_F(TrainTest, ResumeReshardsTheOptimizerAcrossGangSizes) {
 // update, on two ranks whose gradients accumulate over the micro-batches and
 // are summed once per step, trains as the whole batch at once on one rank.
 TEST_P(DataParallelTest, MicroBatchesAccumulateToTheWholeBatch) {
-  auto run = [&](const std::string& out, const std::string& workers, const std::string& micro) {
-    std::vector<std::string> args = {"train", spec_, "--out", dir_.Join(out), "--workers", workers};
-    const auto set = AlgorithmArgs();
-    args.insert(args.end(), set.begin(), set.end());
-    args.insert(args.end(), {"--set", "train.micro_batch_size=" + micro, "--set", "train.iterations=1"});
-    return Strata(args);
-  };
-  auto whole = run("whole", "1", "0");
+  auto whole = Train("whole", "1", {"train.micro_batch_size=0", "train.iterations=1"});
   ASSERT_EQ(whole.exit_code, 0) << whole.error;
-  auto micro = run("micro", "2", "1");
+  auto micro = Train("micro", "2", {"train.micro_batch_size=1", "train.iterations=1"});
   ASSERT_EQ(micro.exit_code, 0) << micro.error;
   // One iteration's metrics: the loss and the gradient norm are those of
   // the accumulated gradients. Weights are not compared: Adam's first step
@@ -456,18 +460,14 @@ TEST_P(DataParallelTest, MicroBatchesAccumulateToTheWholeBatch) {
 // compared with the whole batch on one rank (later ones drift apart by
 // float noise through Adam, as MicroBatchesAccumulateToTheWholeBatch says).
 TEST_P(DataParallelTest, UnevenShardsMakeTheSamePassesOnEveryRank) {
-  auto run = [&](const std::string& out, const std::string& workers, const std::string& micro) {
-    std::vector<std::string> args = {"train", spec_, "--out", dir_.Join(out), "--workers", workers};
-    const auto set = AlgorithmArgs();
-    args.insert(args.end(), set.begin(), set.end());
-    args.insert(args.end(), {"--set", "train.micro_batch_size=" + micro, "--set", "train.batch_size=3"});
-    // PPO: the whole batch in each step (a minibatch count must divide it).
-    if (GetParam() == "ppo") args.insert(args.end(), {"--set", "ppo.minibatches=1"});
-    return Strata(args);
-  };
-  auto whole = run("whole", "1", "0");
+  std::vector<std::string> set = {"train.batch_size=3"};
+  // PPO: the whole batch in each step (a minibatch count must divide it).
+  if (GetParam() == "ppo") set.push_back("ppo.minibatches=1");
+  set.push_back("train.micro_batch_size=0");
+  auto whole = Train("whole", "1", set);
   ASSERT_EQ(whole.exit_code, 0) << whole.error;
-  auto micro = run("micro", "2", "1");
+  set.back() = "train.micro_batch_size=1";
+  auto micro = Train("micro", "2", set);
   ASSERT_EQ(micro.exit_code, 0) << micro.error;
   ExpectSameTraining("whole", "micro", 3, /*weights=*/false, /*compared_iterations=*/1);
 }
