@@ -172,8 +172,9 @@ absl::StatusOr<std::string> RunAllReduceBench(const AllReduceBenchRequest& r) {
       broadcast_s(static_cast<size_t>(r.ranks), 0);
   STRATA_RETURN_IF_ERROR(OnEveryRank(r.ranks, [&](int rank) -> absl::Status {
     TimedGroup timed(*groups[static_cast<size_t>(rank)]);
+    const at::ScalarType dtype = r.dtype == "bf16" ? at::kBFloat16 : at::kFloat;
     policies::LlamaWeights weights =
-        policies::LlamaModel::RandomInit(config, policies::LlamaHead::kLanguageModel, at::kFloat, 1)->weights();
+        policies::LlamaModel::RandomInit(config, policies::LlamaHead::kLanguageModel, dtype, 1)->weights();
     offload::HostArenaOptions arena_options;
     arena_options.capacity_bytes = static_cast<size_t>(config.NumParameters()) * 16 + (64 << 20);
     STRATA_ASSIGN_OR_RETURN(auto arena, offload::HostArena::Create(arena_options));
@@ -219,6 +220,7 @@ absl::StatusOr<std::string> RunAllReduceBench(const AllReduceBenchRequest& r) {
                      {"strata_allreduce_gb_s", bytes / ours_s / 1e9},
                      {"bare_c10d_allreduce_s", peer_s},
                      {"bare_c10d_allreduce_gb_s", bytes / peer_s / 1e9},
+                     {"step_dtype", r.dtype},
                      {"step_s", step},
                      {"step_wait_s", wait},
                      {"step_broadcast_s", broadcast},
@@ -229,10 +231,10 @@ absl::StatusOr<std::string> RunAllReduceBench(const AllReduceBenchRequest& r) {
       "%d ranks (threads, Gloo over loopback), %s: %lld params, %.1f MB of fp32 gradients in %zu buckets\n"
       "all-reduce, strata (bucket per layer, async)  %8.3f s  %6.2f GB/s\n"
       "all-reduce, bare c10d Gloo (one tensor)       %8.3f s  %6.2f GB/s   (peer)\n"
-      "training step per rank (batch %lld x %lld)       %8.3f s, of which waiting on communication %.3f s (%.0f%%):\n"
+      "training step per rank (batch %lld x %lld, %s)  %8.3f s, of which waiting on communication %.3f s (%.0f%%):\n"
       "  gradient sums not hidden by backward %.3f s, ZeRO-1 weight broadcast %.3f s\n",
       r.ranks, r.config, static_cast<long long>(numel), bytes / 1e6, buckets.size(), ours_s, bytes / ours_s / 1e9,
-      peer_s, bytes / peer_s / 1e9, static_cast<long long>(r.batch), static_cast<long long>(r.seq), step,
+      peer_s, bytes / peer_s / 1e9, static_cast<long long>(r.batch), static_cast<long long>(r.seq), r.dtype, step,
       wait + broadcast, 100 * (wait + broadcast) / step, wait, broadcast);
 #endif
 }

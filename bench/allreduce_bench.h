@@ -26,6 +26,9 @@ struct AllReduceBenchRequest {
   int64_t seq = 40;
   // Timed repetitions (after one warm-up); the best is reported.
   int steps = 3;
+  // The model's weights in the training step: "fp32" or "bf16" (what the
+  // ZeRO-1 weight broadcast sends).
+  std::string dtype = "fp32";
   bool json = false;
 };
 

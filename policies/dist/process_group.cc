@@ -198,7 +198,8 @@ class C10dProcessGroup final : public ProcessGroup {
     }
     c10d::BroadcastOptions broadcast;
     broadcast.rootRank = root;
-    STRATA_ASSIGN_OR_RETURN(std::vector<at::Tensor> staged, Stage(tensors));
+    // Only the root's values matter: the others' buffers are overwritten.
+    STRATA_ASSIGN_OR_RETURN(std::vector<at::Tensor> staged, Stage(tensors, /*copy_values=*/root == options_.rank));
     STRATA_RETURN_IF_ERROR(Run("broadcast", staged.size(), [&](size_t i) {
       std::vector<at::Tensor> one = {staged[i]};
       return group_->broadcast(one, broadcast);
@@ -234,12 +235,19 @@ class C10dProcessGroup final : public ProcessGroup {
   }
 
   // The tensors as the backend takes them: copied to its device (the
-  // rank's GPU for NCCL, the host for Gloo) where they are elsewhere.
-  absl::StatusOr<std::vector<at::Tensor>> Stage(const std::vector<at::Tensor>& tensors) const {
+  // rank's GPU for NCCL, the host for Gloo) where they are elsewhere; or,
+  // without `copy_values`, buffers of their shapes there to receive into.
+  absl::StatusOr<std::vector<at::Tensor>> Stage(const std::vector<at::Tensor>& tensors, bool copy_values = true) const {
     std::vector<at::Tensor> staged;
     staged.reserve(tensors.size());
     try {
-      for (const at::Tensor& t : tensors) staged.push_back(t.device() != device_ ? t.to(device_) : t);
+      for (const at::Tensor& t : tensors) {
+        if (t.device() == device_) {
+          staged.push_back(t);
+        } else {
+          staged.push_back(copy_values ? t.to(device_) : at::empty_like(t, t.options().device(device_)));
+        }
+      }
     } catch (const std::exception& e) {
       return Failed("copy to the device", e);
     }

@@ -22,6 +22,7 @@
 #include "offload/tiers/placement.h"
 #include "policies/checkpoint/safetensors.h"
 #include "policies/checkpoint/tensor_io.h"
+#include "policies/dist/flat_bucket.h"
 
 namespace strata::policies {
 namespace {
@@ -127,9 +128,13 @@ class LayerwiseTrainerImpl final : public LayerwiseTrainer {
   // step_in_backward: updates layer `l` from the gradients its backward
   // left on `slots`, through a one-layer host buffer.
   absl::Status StepLayer(int64_t l, const std::vector<at::Tensor*>& slots);
-  // ZeRO-1: each owner's new fp32 weights (`updated(p)` on the owner) to
-  // every other rank, which writes them back to its own copy of the model.
+  // ZeRO-1: each owner's new weights (`updated(p)`, fp32, on the owner) in
+  // the model's dtype to every other rank, which writes them back to its own
+  // copy of the model.
   absl::Status BroadcastUpdatedWeights(const std::function<at::Tensor(const ParamState&)>& updated);
+  // One owner's tensors of one layer and dtype, as one broadcast.
+  absl::Status BroadcastPart(const std::vector<const ParamState*>& part, at::ScalarType dtype, int owner,
+                             const std::function<at::Tensor(const ParamState&)>& updated);
   // Measures the global gradient norm and clips to options_.max_grad_norm.
   absl::Status ClipGradients();
   absl::Status DeviceStep();
@@ -803,36 +808,57 @@ absl::Status LayerwiseTrainerImpl::HostStep(const std::vector<ParamState*>& para
 
 absl::Status LayerwiseTrainerImpl::BroadcastUpdatedWeights(
     const std::function<at::Tensor(const ParamState&)>& updated) {
-  // The owner sends its new fp32 weights; the others receive them into a
-  // borrowed buffer and write them back. One layer (or the resident
-  // tensors) at a time, so that what is borrowed stays one layer's worth.
+  // Each owner sends its new weights in the model's dtype, which is all any
+  // rank's model keeps (bf16 weights cross as 2 bytes a parameter, not the
+  // 4 of the fp32 masters), as one flat buffer per layer (or the resident
+  // tensors): one collective where there was one per tensor. The owner
+  // rounds its masters as it rounded its own copy (to nearest even), so the
+  // replicas stay identical. The others receive into a buffer borrowed for
+  // that layer and write the weights back.
   ProcessGroup& gang = *options_.data_parallel;
-  absl::Status status;
-  for (int owner = 0; owner < gang.world_size() && status.ok(); ++owner) {
-    for (size_t begin = 0; begin < params_.size() && status.ok();) {
+  for (int owner = 0; owner < gang.world_size(); ++owner) {
+    for (size_t begin = 0; begin < params_.size();) {
       size_t end = begin;
       while (end < params_.size() && params_[end].layer == params_[begin].layer) ++end;
-      std::vector<at::Tensor> tensors;
-      std::vector<ParamState*> received;
-      for (size_t i = begin; i < end && status.ok(); ++i) {
-        ParamState& p = params_[i];
-        if (p.owner != owner) continue;
-        if (!p.held) {
-          status = AllocateGrad(p);
-          if (!status.ok()) break;
-          received.push_back(&p);
-        }
-        tensors.push_back(p.held ? updated(p) : HostView(p.grad, p.numel));
+      // One dtype per model in practice; a flat buffer holds one.
+      std::map<at::ScalarType, std::vector<const ParamState*>> owned;
+      for (size_t i = begin; i < end; ++i) {
+        if (params_[i].owner == owner) owned[params_[i].dtype].push_back(&params_[i]);
       }
-      if (status.ok() && !tensors.empty()) status = gang.Broadcast(tensors, owner);
-      for (ParamState* p : received) {
-        if (status.ok()) status = WriteBack(*p, HostView(p->grad, p->numel));
-        ReleaseGrad(*p);
-      }
+      for (const auto& [dtype, part] : owned) STRATA_RETURN_IF_ERROR(BroadcastPart(part, dtype, owner, updated));
       begin = end;
     }
   }
-  return status;
+  return absl::OkStatus();
+}
+
+absl::Status LayerwiseTrainerImpl::BroadcastPart(const std::vector<const ParamState*>& part, at::ScalarType dtype,
+                                                 int owner, const std::function<at::Tensor(const ParamState&)>& updated) {
+  int64_t numel = 0;
+  for (const ParamState* p : part) numel += p->numel;
+  auto buffer = arena_->Allocate(static_cast<size_t>(numel) * c10::elementSize(dtype));
+  if (!buffer.ok()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("weight broadcast of ", part.front()->name, " and its layer: ", buffer.status().message()));
+  }
+  const at::Tensor flat = at::from_blob(buffer->data(), {numel}, at::TensorOptions().dtype(dtype));
+  const bool sending = owner == options_.data_parallel->rank();
+  if (sending) {
+    std::vector<at::Tensor> masters;
+    for (const ParamState* p : part) masters.push_back(updated(*p));
+    PackFlat(masters, flat);
+  }
+  // A broadcast copies bytes unchanged, so they cross as bytes: Gloo 1.13
+  // takes no bf16 (nor int16).
+  std::vector<at::Tensor> wire = {flat.view(at::kByte)};
+  STRATA_RETURN_IF_ERROR(options_.data_parallel->Broadcast(wire, owner));
+  if (sending) return absl::OkStatus();
+  int64_t offset = 0;
+  for (const ParamState* p : part) {
+    STRATA_RETURN_IF_ERROR(WriteBack(*p, flat.narrow(0, offset, p->numel)));
+    offset += p->numel;
+  }
+  return absl::OkStatus();
 }
 
 int64_t LayerwiseTrainerImpl::optimizer_state_bytes() const {

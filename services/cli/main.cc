@@ -446,6 +446,8 @@ struct BenchCommands {
     bench_allreduce->add_option("--batch", arb.batch, "sequences per rank in the training step");
     bench_allreduce->add_option("--seq", arb.seq, "tokens per sequence");
     bench_allreduce->add_option("--steps", arb.steps, "timed repetitions (best reported)");
+    bench_allreduce->add_option("--dtype", arb.dtype, "weights of the training step's model: fp32 or bf16")
+        ->check(CLI::IsMember({"fp32", "bf16"}));
     bench_allreduce->add_flag("--json", arb.json, "print one JSON object");
     bench_allreduce->callback(
         [&] { run = [&] { return Finish("bench allreduce", strata::bench::RunAllReduceBench(arb)); }; });
