@@ -497,6 +497,15 @@ TEST_F(ServiceTest, JobThatEndsWhileRedisIsDownIsRecordedOnceRedisIsBack) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));  // polls a file another process writes
   }
   ASSERT_EQ(lines(), kIterations) << workers_[0]->Log();
+  // The last line is written before the job's end (the output model is
+  // saved after it): Redis stays down until the coordinator has failed to
+  // record the end at least once, however slowly the machine runs it.
+  const std::string failed_attempt = "recording SUCCEEDED (attempt 1)";
+  while (coordinator_->Log().find(failed_attempt) == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // polls a file another process writes
+  }
+  ASSERT_NE(coordinator_->Log().find(failed_attempt), std::string::npos) << coordinator_->Log();
   ASSERT_TRUE(redis_->Restart().ok());
   const auto events = Watch(job.id(), Ended);
   ASSERT_FALSE(events.empty());
