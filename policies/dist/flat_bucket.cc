@@ -34,6 +34,7 @@ absl::StatusOr<OwnerPartitionedBucket> PackByOwner(const std::vector<std::vector
                                                    const at::Device& device) {
   OwnerPartitionedBucket bucket;
   std::optional<at::ScalarType> dtype;
+  std::vector<int64_t> lengths;  // each rank's elements
   for (size_t r = 0; r < owned.size(); ++r) {
     for (const at::Tensor& t : owned[r]) {
       if (dtype.has_value() && t.scalar_type() != *dtype) {
@@ -43,7 +44,8 @@ absl::StatusOr<OwnerPartitionedBucket> PackByOwner(const std::vector<std::vector
       }
       dtype = t.scalar_type();
     }
-    bucket.part_length = std::max(bucket.part_length, TotalElements(owned[r]));
+    lengths.push_back(TotalElements(owned[r]));
+    bucket.part_length = std::max(bucket.part_length, lengths.back());
   }
   if (bucket.part_length == 0) return bucket;
   const auto options = at::TensorOptions().dtype(*dtype).device(device);
@@ -52,8 +54,7 @@ absl::StatusOr<OwnerPartitionedBucket> PackByOwner(const std::vector<std::vector
     const at::Tensor part = bucket.flat.narrow(0, static_cast<int64_t>(r) * bucket.part_length, bucket.part_length);
     PackFlat(owned[r], part);
     // Only the padding is zeroed: the rest is written once, by the packing.
-    const int64_t used = TotalElements(owned[r]);
-    part.narrow(0, used, bucket.part_length - used).zero_();
+    part.narrow(0, lengths[r], bucket.part_length - lengths[r]).zero_();
   }
   return bucket;
 }

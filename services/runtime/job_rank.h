@@ -51,6 +51,7 @@ namespace strata::services {
 // another writes more than it: commit and finish end with rank 0's writes.
 // Replies carry time/<phase>_s and memory/<tier>_peak_bytes of the phase
 // as this rank saw it; every other metric is the gang's.
+
 // Whether every rank of the gang ends `phase` in a collective, so that the
 // ranks end it within the collective timeout of each other. Rollout,
 // find_checkpoint, commit and finish do not: a driver must not take a rank

@@ -101,7 +101,7 @@ std::vector<std::pair<size_t, size_t>> MicroBatches(size_t rows, int64_t micro) 
 
 // The one-token row a rank feeds a pass it has no rows for (its loss is
 // scaled by 0), so that it still joins the gang's gradient sums.
-const std::vector<int32_t> kPlaceholderRow = {0};
+const std::vector<int32_t> kZeroWeightRow = {0};
 
 // One micro-batch's forward and backward; `scale` is its share of the
 // global batch (its loss is a mean over its own rows), so that the gang's
@@ -500,7 +500,7 @@ absl::StatusOr<policies::UpdateStats> LocalWorkerGroup::Update(const policies::P
   STRATA_RETURN_IF_ERROR(SumOverGang(global_tokens));
 
   // A rank with no rows in a pass still joins the gradient sums, with a
-  // placeholder row whose loss weighs nothing.
+  // row whose loss weighs nothing.
   const std::vector<float> zero = {0.0f};
   std::vector<size_t> rows_per_step;
   for (const auto& step : steps) rows_per_step.push_back(step.size());
@@ -531,7 +531,7 @@ absl::StatusOr<policies::UpdateStats> LocalWorkerGroup::Update(const policies::P
         }
       }
       if (begin == end) {
-        prompts.push_back(&kPlaceholderRow), responses.push_back(&kPlaceholderRow);
+        prompts.push_back(&kZeroWeightRow), responses.push_back(&kZeroWeightRow);
         adv.push_back(zero), old_lp.push_back(zero), ret.push_back(zero), old_v.push_back(zero);
       }
       Micro m;
@@ -629,7 +629,7 @@ absl::StatusOr<policies::TrainStats> LocalWorkerGroup::TrainSft(const std::vecto
     std::vector<const std::vector<int32_t>*> p(prompts.begin() + begin, prompts.begin() + end),
         r(responses.begin() + begin, responses.begin() + end);
     const double scale = begin == end ? 0.0 : Share(static_cast<double>(Tokens(r)), tokens[0]);
-    if (begin == end) p = {&kPlaceholderRow}, r = {&kPlaceholderRow};
+    if (begin == end) p = {&kZeroWeightRow}, r = {&kZeroWeightRow};
     const Packed packed = Pack(p, r, device_);
     STRATA_ASSIGN_OR_RETURN(auto part, AccumulateStep(*actor_, packed, [&](const at::Tensor& logits) {
                               return policies::CrossEntropyLoss(ResponseLogProbs(logits, packed), packed.response_mask);
@@ -668,7 +668,7 @@ absl::StatusOr<policies::TrainStats> LocalWorkerGroup::TrainRewardModel(
     const auto [begin, end] = micros[j];
     std::vector<policies::PreferencePair> part(batch.begin() + begin, batch.begin() + end);
     const double scale = begin == end ? 0.0 : Share(static_cast<double>(part.size()), pairs[0]);
-    if (begin == end) part.push_back({kPlaceholderRow, kPlaceholderRow, kPlaceholderRow});
+    if (begin == end) part.push_back({kZeroWeightRow, kZeroWeightRow, kZeroWeightRow});
     const Packed packed = PackPairs(part, device_);
     const int64_t n = static_cast<int64_t>(part.size());
     double accuracy = 0;

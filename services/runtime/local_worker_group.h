@@ -88,7 +88,7 @@ class LocalWorkerGroup final : public policies::WorkerGroup {
   // many on every rank: a sharded trainer sums the gradients of every pass,
   // so the ranks must make the same passes or their collectives stop lining
   // up. A rank with fewer adds empty ranges, which the callers fill with a
-  // placeholder row whose loss weighs nothing. One collective, and none
+  // row whose loss weighs nothing. One collective, and none
   // without micro-batches or with one rank.
   absl::StatusOr<std::vector<std::vector<std::pair<size_t, size_t>>>> GangMicroBatches(
       const std::vector<size_t>& rows_per_step);
