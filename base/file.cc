@@ -9,8 +9,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace strata {
 
@@ -99,6 +101,26 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
   return out;
 }
 
+absl::Status SyncDirectory(const std::string& dir) {
+  const int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("open directory ", dir));
+  FdCloser closer(fd);
+  // Some file systems cannot sync a directory (EINVAL): nothing more to do there.
+  if (::fsync(fd) != 0 && errno != EINVAL) return ErrnoToStatus(errno, absl::StrCat("fsync ", dir));
+  return absl::OkStatus();
+}
+
+absl::Status AppendDurably(const std::string& path, std::string_view contents) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("open ", path));
+  FdCloser closer(fd);
+  STRATA_RETURN_IF_ERROR(
+      WriteAll(fd, std::span(reinterpret_cast<const std::byte*>(contents.data()), contents.size()), path));
+  if (::fsync(fd) != 0) return ErrnoToStatus(errno, absl::StrCat("fsync ", path));
+  if (::close(closer.release()) != 0) return ErrnoToStatus(errno, absl::StrCat("close ", path));
+  return absl::OkStatus();
+}
+
 absl::Status WriteFileAtomically(const std::string& path,
                                  std::span<const std::span<const std::byte>> parts) {
   const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
@@ -114,8 +136,13 @@ absl::Status WriteFileAtomically(const std::string& path,
   if (status.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
     status = ErrnoToStatus(errno, absl::StrCat("rename ", tmp, " -> ", path));
   }
-  if (!status.ok()) ::unlink(tmp.c_str());
-  return status;
+  if (!status.ok()) {
+    ::unlink(tmp.c_str());
+    return status;
+  }
+  // The rename itself lives in the directory: synced too, or a crash can
+  // bring the old file back.
+  return SyncDirectory(std::filesystem::path(path).parent_path().string());
 }
 
 absl::Status WriteFileAtomically(const std::string& path, std::string_view contents) {

@@ -27,10 +27,19 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path);
 
 // Writes `parts` back to back to `path` so that readers see either the old file
 // or the complete new one: data goes to "<path>.tmp.<pid>", is fsync'ed, then
-// renamed over `path`. On failure the temporary file is removed.
+// renamed over `path`, and the directory is fsync'ed. On failure the
+// temporary file is removed.
 absl::Status WriteFileAtomically(const std::string& path,
                                  std::span<const std::span<const std::byte>> parts);
 absl::Status WriteFileAtomically(const std::string& path, std::string_view contents);
+
+// Appends `contents` to `path` (created if missing) and fsyncs it before
+// returning: on disk once this returns OK.
+absl::Status AppendDurably(const std::string& path, std::string_view contents);
+
+// fsyncs directory `dir` ("" is the working directory), so that entries
+// created, renamed or removed in it survive a crash.
+absl::Status SyncDirectory(const std::string& dir);
 
 // A read-only, private memory mapping of a whole file. Movable, not copyable;
 // unmaps on destruction. An empty file maps to an empty span.

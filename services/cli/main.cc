@@ -158,6 +158,9 @@ struct TrainCommands {
     train_cmd->add_option("--out", train.out_dir, "output directory (replaces output.dir)");
     train_cmd->add_option("--metrics", train.metrics_path, "metrics file (JSON lines); default <out>/metrics.jsonl");
     train_cmd->add_flag("--resume", train.resume, "continue from the latest checkpoint");
+    train_cmd->add_flag("--overwrite", train.overwrite,
+                        "start afresh where an earlier run left checkpoints, removing them")
+        ->excludes("--resume");
     train_cmd->add_option("--workers", train.workers,
                           "data-parallel ranks in this process (replaces parallel.workers)")
         ->check(CLI::PositiveNumber);

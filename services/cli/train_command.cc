@@ -17,6 +17,18 @@ absl::StatusOr<std::string> RunTrain(const TrainRequest& request) {
   if (!request.out_dir.empty()) overrides.push_back("output.dir=" + request.out_dir);
   if (request.workers > 0) overrides.push_back(absl::StrCat("parallel.workers=", request.workers));
   STRATA_ASSIGN_OR_RETURN(auto spec, policies::LoadJobSpec(request.spec_path, overrides));
+  if (!request.resume) {
+    // A fresh run's checkpoints would sit beside the earlier run's, and a
+    // later --resume would take the newest of either run's.
+    STRATA_ASSIGN_OR_RETURN(auto earlier, LatestCheckpoint(spec.checkpoint.dir));
+    if (!earlier.first.empty() && !request.overwrite) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint.dir ", spec.checkpoint.dir, " holds an earlier run's checkpoints (newest: ",
+                       earlier.first, "): pass --resume to continue that run, or --overwrite to start over and ",
+                       "remove them"));
+    }
+    if (!earlier.first.empty()) STRATA_RETURN_IF_ERROR(RemoveCheckpoints(spec.checkpoint.dir));
+  }
   const auto start = std::chrono::steady_clock::now();
   JobRankOptions rank;
   rank.metrics_path = request.metrics_path;

@@ -16,6 +16,7 @@ struct TrainRequest {
   std::string out_dir;                 // --out: replaces output.dir
   std::string metrics_path;            // --metrics
   bool resume = false;
+  bool overwrite = false;              // --overwrite: a fresh run removes earlier checkpoints
   int workers = 0;                     // --workers: replaces parallel.workers (0: keep)
 };
 

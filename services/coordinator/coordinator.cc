@@ -9,6 +9,7 @@
 #include "base/status_macros.h"
 #include "policies/job/job_spec.h"
 #include "policies/job/memory_plan.h"
+#include "policies/tokenizer/unicode.h"
 #include "services/runtime/job_runner.h"
 #include "services/coordinator/remote_gang.h"
 #include "services/coordinator/remote_worker_group.h"
@@ -419,12 +420,14 @@ grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerCont
     RememberWorkerDirectory(request->worker_id(), request->working_directory());
     STRATA_RETURN_IF_ERROR(store_->Heartbeat(request->worker_id(), request->job_id(), options_.worker_ttl_ms));
     if (!request->job_id().empty()) {
-      // Reconciliation: a worker holding a job that no loop here runs holds
-      // it for nobody (its gang was lost, maybe with a previous coordinator).
+      // Reconciliation: a worker holding a job that no loop here runs on it
+      // holds it for nobody (its gang was lost, maybe with a previous
+      // coordinator).
       bool in_flight;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        in_flight = jobs_in_flight_.count(request->job_id()) > 0;
+        const auto loops = jobs_in_flight_.find(request->job_id());
+        in_flight = loops != jobs_in_flight_.end() && loops->second.count(request->worker_id()) > 0;
       }
       // A cancelled job's loop is still in flight until the worker's current
       // phase returns: the worker interrupts it at its next step or layer.
@@ -494,7 +497,7 @@ void CoordinatorService::SchedulerLoop() {
           continue;
         }
         const uint64_t run = next_run_++;
-        jobs_in_flight_.insert(job.id);
+        for (const WorkerRecord& w : gang) jobs_in_flight_[job.id].insert(w.id);
         job_threads_[run] = std::thread([this, run, r = *running, gang] {
           Publish(r.id, "state", nlohmann::json{{"state", "RUNNING"}, {"worker", r.worker}}.dump());
           RunOnGang(run, r, gang);
@@ -520,7 +523,12 @@ void CoordinatorService::RunOnGang(uint64_t run, JobRecord job, std::vector<Work
   auto finish = [&] {
     for (const WorkerRecord& w : workers) release(w);
     std::lock_guard<std::mutex> lock(mu_);
-    jobs_in_flight_.erase(job.id);
+    if (auto loops = jobs_in_flight_.find(job.id); loops != jobs_in_flight_.end()) {
+      for (const WorkerRecord& w : workers) {
+        if (auto one = loops->second.find(w.id); one != loops->second.end()) loops->second.erase(one);
+      }
+      if (loops->second.empty()) jobs_in_flight_.erase(loops);
+    }
     finished_runs_.insert(run);
     cv_.notify_all();
   };
@@ -571,11 +579,15 @@ void CoordinatorService::RunOnGang(uint64_t run, JobRecord job, std::vector<Work
   } catch (const std::exception& e) {
     status = absl::InternalError(absl::StrCat("job ", job.id, " on workers ", names, ": ", e.what()));
   }
+  // Workers' messages carry what they read (paths, replies): bytes that are
+  // not UTF-8 would make the events' JSON throw here, out of the try, and
+  // the recorded error unreadable to clients (proto3 strings are UTF-8).
+  status = absl::Status(status.code(), policies::ToValidUtf8Lossy(std::string(status.message())));
 
   using nlohmann::json;
   if (status.ok()) {
     // Progress reports may have been lost (Redis down); the end is not.
-    RecordOutcome(job.id, JobState::kSucceeded, {{"iteration", std::to_string(job.iterations)}},
+    RecordOutcome(job.id, job.worker, JobState::kSucceeded, {{"iteration", std::to_string(job.iterations)}},
                   {{"state", json{{"state", "SUCCEEDED"}}.dump()}});
     std::lock_guard<std::mutex> lock(mu_);
     job_backoff_.erase(job.id);
@@ -591,13 +603,13 @@ void CoordinatorService::RunOnGang(uint64_t run, JobRecord job, std::vector<Work
     const std::string message =
         absl::StrCat("gang (", names, ") lost: ", status.message(), lost.empty() ? "" : "; not answering: ", lost,
                      "; job requeued, retried in ", retry_in.count() / 1000.0, " s");
-    RecordOutcome(job.id, JobState::kQueued, {{"worker", ""}},
+    RecordOutcome(job.id, job.worker, JobState::kQueued, {{"worker", ""}},
                   {{"log", json{{"message", message}}.dump()}, {"state", json{{"state", "QUEUED"}}.dump()}});
   } else {
     const std::string code = absl::StatusCodeToString(status.code());
-    RecordOutcome(job.id, JobState::kFailed, {{"error_code", code}, {"error_message", std::string(status.message())}},
-                  {{"state", json{{"state", "FAILED"}, {"error_code", code}, {"error", std::string(status.message())}}
-                                 .dump()}});
+    const std::string error(status.message());
+    RecordOutcome(job.id, job.worker, JobState::kFailed, {{"error_code", code}, {"error_message", error}},
+                  {{"state", json{{"state", "FAILED"}, {"error_code", code}, {"error", error}}.dump()}});
     std::lock_guard<std::mutex> lock(mu_);
     job_backoff_.erase(job.id);
   }
@@ -673,12 +685,12 @@ void CoordinatorService::BackOffAfterLoss(const std::string& job_id, const std::
   b.until = now + *retry_in;
 }
 
-void CoordinatorService::RecordOutcome(const std::string& job_id, JobState to,
+void CoordinatorService::RecordOutcome(const std::string& job_id, const std::string& workers, JobState to,
                                        const std::map<std::string, std::string>& fields,
                                        const std::vector<std::pair<std::string, std::string>>& events) {
   std::chrono::milliseconds delay(100);
   for (int attempt = 1;; ++attempt) {
-    auto moved = store_->Transition(job_id, {JobState::kRunning}, to, fields);
+    auto moved = store_->Transition(job_id, {JobState::kRunning}, to, fields, {{"worker", workers}});
     bool recorded = moved.ok();
     if (!recorded && moved.status().code() == absl::StatusCode::kFailedPrecondition) {
       // Cancelled meanwhile, or an earlier attempt landed but its reply was lost.

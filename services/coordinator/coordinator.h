@@ -106,11 +106,14 @@ class CoordinatorService final : public strata::v1::Coordinator::CallbackService
   // storm while its registration lives on.
   void BackOffAfterLoss(const std::string& job_id, const std::vector<WorkerRecord>& workers, std::string* lost,
                         std::chrono::milliseconds* retry_in);
-  // Moves a RUNNING job to `to` and publishes `events`. While Redis is
-  // unreachable it retries until the write lands (or the coordinator stops):
-  // an end that was not recorded would leave the job RUNNING and have the
-  // next coordinator run it again.
-  void RecordOutcome(const std::string& job_id, JobState to, const std::map<std::string, std::string>& fields,
+  // Moves a job RUNNING on the gang `workers` (the claim's worker field) to
+  // `to` and publishes `events`. While Redis is unreachable it retries until
+  // the write lands (or the coordinator stops): an end that was not recorded
+  // would leave the job RUNNING and have the next coordinator run it again.
+  // An attempt whose reply was lost may have landed, and the job been
+  // claimed again since: the gang condition keeps a retry off that claim.
+  void RecordOutcome(const std::string& job_id, const std::string& workers, JobState to,
+                     const std::map<std::string, std::string>& fields,
                      const std::vector<std::pair<std::string, std::string>>& events);
   // Where workers resolve relative spec paths (from registration and heartbeats).
   void RememberWorkerDirectory(const std::string& worker_id, const std::string& dir);
@@ -137,7 +140,11 @@ class CoordinatorService final : public strata::v1::Coordinator::CallbackService
   std::condition_variable cv_;
   bool stopping_ = false;
   std::set<std::string> busy_workers_;
-  std::set<std::string> jobs_in_flight_;  // ids of the jobs a loop here runs
+  // The workers of each job's loops here, by job id. A requeued job can run
+  // again on a new gang while its previous loop still waits for a hung
+  // rank's unload: that loop's end must not make the new gang's workers
+  // look orphaned, and the old gang's workers are not the new loop's.
+  std::map<std::string, std::multiset<std::string>> jobs_in_flight_;
   struct Backoff {
     int failures = 0;
     std::chrono::steady_clock::time_point until;

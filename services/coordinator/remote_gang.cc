@@ -55,7 +55,7 @@ absl::Status CheckPhaseReplies(const PhaseRequest& request, const std::vector<Ph
                                               "' differs from rank 0's '", first.text, "'"));
     }
     for (const auto& [key, value] : first.metrics) {
-      if (IsRankMeasurement(key)) continue;
+      if (IsRankMeasurement(key) || IsMeanShare(key)) continue;
       const auto it = replies[r].metrics.find(key);
       // The ranks derive global metrics from the same all-reduced sums.
       if (it == replies[r].metrics.end() || std::abs(it->second - value) > 1e-9 * (1 + std::abs(value))) {
@@ -90,21 +90,34 @@ absl::StatusOr<std::vector<T>> RemoteGang::OnEveryRank(Call call, Ending ending)
   }
   {
     std::unique_lock<std::mutex> lock(mu);
+    // A rank failed in a phase whose ranks do not wait for each other: the
+    // others' work there is for nothing, and waiting for it only delays the
+    // requeue (their unload interrupts it).
+    auto failed_alone = [&] {
+      if (ending != Ending::kWithoutCollective) return false;
+      for (size_t r = 0; r < n; ++r) {
+        if (ended[r] && !results[r].ok()) return true;
+      }
+      return false;
+    };
     cv.wait(lock, [&] { return done > 0; });
-    while (done < n && !cv.wait_for(lock, grace_, [&] { return done == n; })) {
+    while (done < n) {
+      if (cv.wait_for(lock, grace_, [&] { return done == n || failed_alone(); }) && done == n) break;
       // Still busy well after another rank ended the same phase. Where the
       // phase ends in a collective, that rank hangs: its collective would
       // have ended by now. Where it does not, the rank may just have more
       // to do (longer generations, a colder disk): it is given up only
-      // once it stops answering.
+      // once it stops answering, or once another rank failed.
       std::vector<size_t> busy;
       for (size_t r = 0; r < n; ++r) {
         if (!ended[r]) busy.push_back(r);
       }
+      const bool failed = failed_alone();
       lock.unlock();
-      bool working = ending == Ending::kWithoutCollective;
+      bool working = ending == Ending::kWithoutCollective && !failed;
       for (size_t r : busy) working = working && workers_[r]->Answers(std::chrono::seconds(1));
       if (!working) {
+        if (failed) STRATA_LOG(Info) << "a rank failed; giving up the " << busy.size() << " still working";
         for (auto& worker : workers_) worker->CancelCalls();
         lock.lock();
         break;

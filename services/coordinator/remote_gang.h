@@ -34,10 +34,11 @@ class RemoteGang final : public Gang {
   // collective timeout anyway. A rank still busy after it hangs; its call
   // is cancelled (UNAVAILABLE: the job is requeued), so such a phase never
   // waits on a hung rank for longer. Loading and the phases that end in no
-  // collective (PhaseEndsInCollective: rollout, rank 0's checkpoint and
-  // output writes) may honestly take one rank longer (generations of other
-  // lengths, a colder or slower disk): a rank still busy there is given up
-  // only when it stops answering a health check (1 s), asked once a period.
+  // collective (PhaseEndsInCollective: rollout, evaluate, rank 0's
+  // checkpoint and output writes) may honestly take one rank longer
+  // (generations of other lengths, a colder or slower disk): a rank still
+  // busy there is given up only when it stops answering a health check
+  // (1 s), asked once a period, or at once when another rank failed.
   static absl::StatusOr<std::unique_ptr<RemoteGang>> Start(std::vector<std::unique_ptr<RemoteWorkerGroup>> workers,
                                                            const std::string& spec_yaml,
                                                            std::chrono::milliseconds collective_timeout);
@@ -67,8 +68,9 @@ class RemoteGang final : public Gang {
 std::string AddressHost(const std::string& address);
 
 // Checks phase replies of every rank against each other: the global metrics
-// (all but time/* and memory/*) and the text must agree, and each phase must
-// report what the driver reads from it. INTERNAL naming the rank otherwise.
+// (all but time/*, memory/* and mean shares) and the text must agree, and
+// each phase must report what the driver reads from it. INTERNAL naming the
+// rank otherwise.
 absl::Status CheckPhaseReplies(const PhaseRequest& request, const std::vector<PhaseReply>& replies);
 
 }  // namespace strata::services

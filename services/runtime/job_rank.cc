@@ -1,10 +1,10 @@
 #include "services/runtime/job_rank.h"
 
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "base/engine_counters.h"
 #include "base/file.h"
+#include "base/interrupt.h"
 #include "base/log.h"
 #include "base/status_macros.h"
 #include "rewards/rule_rewards.h"
@@ -32,12 +33,16 @@ namespace {
 //                                   the other ranks go on into its collectives;
 //   stall@PHASE:ITERATION:SECONDS   the rank works SECONDS longer in that
 //                                   phase than the others (a slow rank that
-//                                   still answers).
+//                                   still answers); an interrupt (a cancel,
+//                                   an unload) ends that work early, as it
+//                                   would end real work.
 // PHASE is a phase's name, or save_weights: rank 0 writing a checkpoint's
-// weights in commit.
+// weights in commit. A fault point acts once per process: a job that
+// resumes after it runs the same iteration again without it.
 void ActAtFailpoint(const std::string& phase, int64_t iteration) {
   static const char* const failpoint = std::getenv("STRATA_FAILPOINT");
-  if (failpoint == nullptr) return;
+  static std::atomic<bool> acted{false};
+  if (failpoint == nullptr || acted.load()) return;
   const std::string here = absl::StrCat("@", phase, ":", iteration);
   if (absl::StrCat("kill", here) == failpoint) {
     STRATA_LOG(Warning) << "STRATA_FAILPOINT " << failpoint << ": this process ends now (SIGKILL)";
@@ -47,8 +52,18 @@ void ActAtFailpoint(const std::string& phase, int64_t iteration) {
   const std::string stall = absl::StrCat("stall", here, ":");
   int seconds = 0;
   if (absl::StartsWith(failpoint, stall) && absl::SimpleAtoi(std::string(failpoint).substr(stall.size()), &seconds)) {
+    acted.store(true);
     STRATA_LOG(Warning) << "STRATA_FAILPOINT " << failpoint << ": working " << seconds << " s longer";
-    std::this_thread::sleep_for(std::chrono::seconds(seconds));
+    const auto started = std::chrono::steady_clock::now();
+    while (std::chrono::steady_clock::now() - started < std::chrono::seconds(seconds)) {
+      if (InterruptRequested()) {
+        STRATA_LOG(Warning) << "STRATA_FAILPOINT " << failpoint << ": interrupted after "
+                            << std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()
+                            << " s";
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // stands for work between interrupt checks
+    }
   }
 }
 
@@ -133,12 +148,14 @@ std::vector<size_t> BatchIndices(size_t examples, int64_t batch, int64_t it, uin
 
 std::string CheckpointName(int64_t iteration) { return absl::StrFormat("iter-%06d", iteration); }
 
-// Writes a metrics line and flushes it to disk before the iteration counts as done.
+// Writes a metrics line to disk (fsync'ed) before the iteration counts as
+// done: a checkpoint's state.json counts the lines, and a crash must not
+// leave fewer than it says.
 absl::Status AppendLine(const std::string& path, const std::string& line) {
-  std::ofstream out(path, std::ios::app);
-  out << line << '\n';
-  out.flush();
-  if (!out) return absl::ResourceExhaustedError(absl::StrCat("cannot append to metrics file ", path));
+  absl::Status appended = AppendDurably(path, line + "\n");
+  if (!appended.ok()) {
+    return absl::Status(appended.code(), absl::StrCat("metrics file: ", appended.message()));
+  }
   return absl::OkStatus();
 }
 
@@ -204,11 +221,19 @@ struct JobRank::Data {
   size_t examples = 0;
 };
 
-std::pair<std::string, int64_t> LatestCheckpoint(const std::string& dir) {
+absl::StatusOr<std::pair<std::string, int64_t>> LatestCheckpoint(const std::string& dir) {
   std::pair<std::string, int64_t> best{"", -1};
   std::error_code ec;
-  if (!std::filesystem::is_directory(dir, ec)) return best;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+  const bool is_directory = std::filesystem::is_directory(dir, ec);
+  // Not there yet is a fresh run; there but unreadable (EACCES, a stale
+  // mount) must not pass for one.
+  if (ec && ec != std::errc::no_such_file_or_directory) {
+    return ErrnoToStatus(ec.value(), absl::StrCat("checkpoint.dir ", dir));
+  }
+  if (!is_directory) return best;
+  std::filesystem::directory_iterator entries(dir, ec);
+  if (ec) return ErrnoToStatus(ec.value(), absl::StrCat("checkpoint.dir ", dir, ": list"));
+  for (const auto& entry : entries) {
     const std::string name = entry.path().filename().string();
     if (name.rfind("iter-", 0) != 0 || name.find('.') != std::string::npos) continue;
     // state.json is written last: without it the checkpoint is incomplete.
@@ -217,6 +242,19 @@ std::pair<std::string, int64_t> LatestCheckpoint(const std::string& dir) {
     if (it > best.second) best = {entry.path().string(), it};
   }
   return best;
+}
+
+absl::Status RemoveCheckpoints(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::directory_iterator entries(dir, ec);
+  if (ec) return ErrnoToStatus(ec.value(), absl::StrCat("checkpoint.dir ", dir, ": list"));
+  for (const auto& entry : entries) {
+    if (entry.path().filename().string().rfind("iter-", 0) != 0) continue;
+    if (!RemoveTree(entry.path().string())) {
+      return absl::InternalError(absl::StrCat("checkpoint.dir: cannot remove ", entry.path().string()));
+    }
+  }
+  return absl::OkStatus();
 }
 
 JobRank::JobRank(const policies::JobSpec& spec, LocalWorkerGroup& models, const policies::Tokenizer& tokenizer,
@@ -301,7 +339,27 @@ std::vector<size_t> JobRank::ShardOf(int64_t iteration, std::vector<int64_t>* ba
 }
 
 bool PhaseEndsInCollective(const std::string& phase) {
-  return phase != "rollout" && phase != "find_checkpoint" && phase != "commit" && phase != "finish";
+  return phase != "rollout" && phase != "find_checkpoint" && phase != "evaluate" && phase != "commit" &&
+         phase != "finish";
+}
+
+constexpr char kMeanSumPrefix[] = "mean_sum/";
+constexpr char kMeanCountPrefix[] = "mean_count/";
+
+std::string MeanSumKey(const std::string& key) { return kMeanSumPrefix + key; }
+std::string MeanCountKey(const std::string& key) { return kMeanCountPrefix + key; }
+
+void AddMeanShare(const std::string& key, double sum, double count, Metrics& out) {
+  out[MeanSumKey(key)] = sum;
+  out[MeanCountKey(key)] = count;
+}
+
+bool IsMeanShare(const std::string& metric) {
+  return absl::StartsWith(metric, kMeanSumPrefix) || absl::StartsWith(metric, kMeanCountPrefix);
+}
+
+std::string MeanOfSumShare(const std::string& metric) {
+  return absl::StartsWith(metric, kMeanSumPrefix) ? metric.substr(sizeof(kMeanSumPrefix) - 1) : "";
 }
 
 absl::StatusOr<PhaseReply> JobRank::Run(const PhaseRequest& request) {
@@ -320,6 +378,7 @@ absl::StatusOr<PhaseReply> JobRank::Run(const PhaseRequest& request) {
     return reply;
   }
   if (phase == "evaluate") {
+    ActAtFailpoint(phase, request.iteration);
     STRATA_ASSIGN_OR_RETURN(reply.metrics, Evaluate());
     return reply;
   }
@@ -395,7 +454,6 @@ absl::StatusOr<policies::Metrics> JobRank::Evaluate() {
   Metrics m;
   const size_t world = static_cast<size_t>(gang_.world_size());
   const size_t me = static_cast<size_t>(gang_.rank());
-  policies::GlobalMeans means;
   if (spec_.algorithm == Algorithm::kRewardModel && !data_->eval_pairs.empty()) {
     std::vector<policies::PreferencePair> mine;
     for (size_t i = me; i < data_->eval_pairs.size(); i += world) mine.push_back(data_->eval_pairs[i]);
@@ -405,8 +463,8 @@ absl::StatusOr<policies::Metrics> JobRank::Evaluate() {
       loss = stats.loss, accuracy = stats.accuracy;
     }
     const double n = static_cast<double>(mine.size());
-    means.Add("eval/pairwise_accuracy", accuracy * n, n);
-    means.Add("eval/loss", loss * n, n);
+    AddMeanShare("eval/pairwise_accuracy", accuracy * n, n, m);
+    AddMeanShare("eval/loss", loss * n, n, m);
   } else if (data_->eval_rule) {
     // The policy is evaluated as it acts: sampled with the job's generation
     // settings (a greedy decode can sit at the rule's maximum while the
@@ -437,18 +495,27 @@ absl::StatusOr<policies::Metrics> JobRank::Evaluate() {
         count += 1;
       }
     }
-    means.Add("eval/score", total, count);
-  } else {
-    return m;
+    AddMeanShare("eval/score", total, count, m);
   }
-  STRATA_RETURN_IF_ERROR(means.Reduce(gang_, m));
   return m;
 }
 
 absl::StatusOr<PhaseReply> JobRank::FindCheckpoint(const PhaseRequest& request) {
   PhaseReply reply;
-  auto [dir, iteration] = LatestCheckpoint(spec_.checkpoint.dir);
-  if (dir.empty()) return reply;
+  STRATA_ASSIGN_OR_RETURN(auto latest, LatestCheckpoint(spec_.checkpoint.dir));
+  const auto& [dir, iteration] = latest;
+  if (dir.empty()) {
+    // The job store recorded a checkpoint that is not here: starting over
+    // would empty the metrics file and overwrite the checkpoints wherever
+    // they are.
+    if (!request.text.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the job's checkpoint ", request.text, " is not in checkpoint.dir ", spec_.checkpoint.dir,
+          " where this rank runs (", std::filesystem::current_path().string(),
+          "): every rank of a job must see one shared checkpoint.dir; not starting over from iteration 0"));
+    }
+    return reply;
+  }
   STRATA_ASSIGN_OR_RETURN(auto state_text, ReadFileToString(JoinPath(dir, "state.json")));
   STRATA_ASSIGN_OR_RETURN(CheckpointState state, ParseCheckpointState(state_text, dir, iteration));
   const std::string& owner = state.run_id;
@@ -528,6 +595,8 @@ absl::StatusOr<PhaseReply> JobRank::Commit(const PhaseRequest& request) {
       RemoveTree(final_dir);
       std::filesystem::rename(tmp_dir, final_dir, ec);
       if (ec) written = absl::InternalError(absl::StrCat("checkpoint: rename ", tmp_dir, ": ", ec.message()));
+      // The rename is the commit: on disk before the driver records it.
+      if (written.ok()) written = SyncDirectory(spec_.checkpoint.dir);
     }
   }
   STRATA_RETURN_IF_ERROR(written);

@@ -37,8 +37,8 @@ namespace strata::services {
 //                    file.
 //   rollout, score, update   one RL iteration (score takes params such as
 //                    "kl_coef"); train: one SFT or reward-model step.
-//   evaluate         eval/* metrics of the whole eval set (none configured:
-//                    no metrics).
+//   evaluate         eval/* metrics of the whole eval set as mean shares
+//                    (below; none configured: no metrics).
 //   commit           rank 0 appends `text` (the iteration's metrics line) to
 //                    the metrics file; with params["checkpoint"] = 1 every
 //                    rank writes its optimizer states into checkpoint
@@ -54,9 +54,22 @@ namespace strata::services {
 
 // Whether every rank of the gang ends `phase` in a collective, so that the
 // ranks end it within the collective timeout of each other. Rollout,
-// find_checkpoint, commit and finish do not: a driver must not take a rank
-// that is still busy there for a hung one.
+// find_checkpoint, evaluate, commit and finish do not: a driver must not
+// take a rank that is still busy there for a hung one.
 bool PhaseEndsInCollective(const std::string& phase);
+
+// A gang mean that the driver takes, not a collective: a phase that ends in
+// none (evaluate) reports each rank's sum and count as "mean_sum/<key>" and
+// "mean_count/<key>", and MergeReplies writes <key> = the ranks' sums over
+// their counts. The ranks need not meet for it, so a rank that generates
+// longer responses does not hold the others in a collective (bounded by its
+// timeout) meanwhile.
+void AddMeanShare(const std::string& key, double sum, double count, policies::Metrics& out);
+std::string MeanSumKey(const std::string& key);
+std::string MeanCountKey(const std::string& key);
+bool IsMeanShare(const std::string& metric);
+// The mean whose sum share `metric` is; "" for none.
+std::string MeanOfSumShare(const std::string& metric);
 
 struct PhaseRequest {
   std::string phase;
@@ -117,8 +130,12 @@ class JobRank {
   std::unique_ptr<policies::RlAlgorithm> algorithm_;
 };
 
-// The newest complete checkpoint under `dir` ("" if none) and its iteration.
-std::pair<std::string, int64_t> LatestCheckpoint(const std::string& dir);
+// The newest complete checkpoint under `dir` ("" if none, or no `dir`) and
+// its iteration; an error naming `dir` when it cannot be read.
+absl::StatusOr<std::pair<std::string, int64_t>> LatestCheckpoint(const std::string& dir);
+// Removes every checkpoint under `dir` (complete or not); what is not a
+// checkpoint stays.
+absl::Status RemoveCheckpoints(const std::string& dir);
 
 }  // namespace strata::services
 

@@ -79,6 +79,35 @@ absl::StatusOr<PhaseReply> MergeReplies(const std::vector<PhaseReply>& replies) 
       if (it == merged.metrics.end() || value > it->second) merged.metrics[key] = value;
     }
   }
+  // Mean shares: every rank must report the ones rank 0 does, and no other.
+  std::erase_if(merged.metrics, [](const auto& kv) { return IsMeanShare(kv.first); });
+  for (size_t r = 0; r < replies.size(); ++r) {
+    for (const auto& [key, value] : replies[r].metrics) {
+      if (IsMeanShare(key) && !replies[0].metrics.contains(key)) {
+        return absl::InternalError(absl::StrCat("rank ", r, ": malformed reply: ", key, " which rank 0 lacks"));
+      }
+    }
+  }
+  for (const auto& [key, value] : replies[0].metrics) {
+    const std::string mean = MeanOfSumShare(key);
+    if (mean.empty()) continue;
+    const std::string count_key = MeanCountKey(mean);
+    double sum = 0, count = 0;
+    for (size_t r = 0; r < replies.size(); ++r) {
+      const auto s = replies[r].metrics.find(key), c = replies[r].metrics.find(count_key);
+      if (s == replies[r].metrics.end() || c == replies[r].metrics.end()) {
+        return absl::InternalError(absl::StrCat("rank ", r, ": malformed reply: ",
+                                                s == replies[r].metrics.end() ? key : count_key, " is missing"));
+      }
+      if (!(c->second >= 0)) {
+        return absl::InternalError(absl::StrCat("rank ", r, ": malformed reply: ", count_key, " = ", c->second));
+      }
+      sum += s->second;
+      count += c->second;
+    }
+    // As a collective's sum would: a gang that counted nothing reports 0.
+    merged.metrics[mean] = sum / std::max(count, 1e-30);
+  }
   return merged;
 }
 

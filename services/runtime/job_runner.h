@@ -35,7 +35,9 @@ class Gang {
 bool IsRankMeasurement(const std::string& metric);
 
 // Rank 0's reply, with each time/* and memory/* figure the largest any rank
-// reported. INTERNAL for no replies.
+// reported, and each mean whose shares the ranks reported (AddMeanShare)
+// taken over all of them. INTERNAL for no replies, and naming the rank for a
+// share missing from its reply or a count that is negative.
 absl::StatusOr<PhaseReply> MergeReplies(const std::vector<PhaseReply>& replies);
 
 // Of several ranks' errors, the one that explains the others: a rank's own

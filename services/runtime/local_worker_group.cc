@@ -5,12 +5,15 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <numeric>
 #include <random>
+#include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "offload/device/device_memory.h"
 #include "offload/device/device_transfer.h"
@@ -770,18 +773,40 @@ std::string OptimizerFile(int rank, int world) {
   return world == 1 ? "optimizer.safetensors" : absl::StrCat("optimizer-rank", rank, "-of-", world, ".safetensors");
 }
 
-// Every optimizer file in a checkpoint's model directory, whatever the size
-// of the gang that wrote it.
-std::vector<std::string> OptimizerFiles(const std::string& dir) {
-  std::vector<std::string> out;
+// The optimizer files of a checkpoint's model directory: every rank's shard
+// of the one gang that wrote them, whatever its size. DATA_LOSS naming the
+// directory when a shard is missing or shards of two gang sizes sit
+// together (each would give some tensors' states, silently mixed).
+absl::StatusOr<std::vector<std::string>> OptimizerFiles(const std::string& dir) {
+  std::map<int, std::set<int>> ranks_by_world;  // world size -> ranks present
   std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+  std::filesystem::directory_iterator entries(dir, ec);
+  if (ec) return ErrnoToStatus(ec.value(), absl::StrCat(dir, ": list optimizer states"));
+  for (const auto& entry : entries) {
     const std::string name = entry.path().filename().string();
-    if (name == "optimizer.safetensors" || (name.rfind("optimizer-rank", 0) == 0 && name.ends_with(".safetensors"))) {
-      out.push_back(entry.path().string());
+    int rank = 0, world = 0;
+    if (name == "optimizer.safetensors") {
+      world = 1;
+    } else if (std::sscanf(name.c_str(), "optimizer-rank%d-of-%d.safetensors", &rank, &world) != 2 ||
+               name != OptimizerFile(rank, world)) {
+      continue;
     }
+    ranks_by_world[world].insert(rank);
   }
-  std::sort(out.begin(), out.end());
+  if (ranks_by_world.empty()) return absl::DataLossError(absl::StrCat(dir, ": no optimizer state"));
+  if (ranks_by_world.size() > 1) {
+    std::vector<int> sizes;
+    for (const auto& [world, ranks] : ranks_by_world) sizes.push_back(world);
+    return absl::DataLossError(absl::StrCat(dir, ": optimizer states of gangs of ", absl::StrJoin(sizes, " and "),
+                                            " ranks together; a checkpoint holds one gang's"));
+  }
+  const auto& [world, ranks] = *ranks_by_world.begin();
+  std::vector<std::string> out;
+  for (int r = 0; r < world; ++r) {
+    const std::string path = JoinPath(dir, OptimizerFile(r, world));
+    if (!ranks.contains(r)) return absl::DataLossError(absl::StrCat(path, " is missing (rank ", r, " of ", world, ")"));
+    out.push_back(path);
+  }
   return out;
 }
 
@@ -825,8 +850,7 @@ absl::Status LocalWorkerGroup::LoadCheckpoint(const std::string& dir) {
   for (auto& [name, model] : Trainable()) {
     const std::string sub = JoinPath(dir, name);
     STRATA_RETURN_IF_ERROR(model->LoadWeights(sub));
-    const std::vector<std::string> files = OptimizerFiles(sub);
-    if (files.empty()) return absl::DataLossError(absl::StrCat(sub, ": no optimizer state"));
+    STRATA_ASSIGN_OR_RETURN(const std::vector<std::string> files, OptimizerFiles(sub));
     STRATA_RETURN_IF_ERROR(model->trainer()->LoadState(files));
   }
   return absl::OkStatus();

@@ -60,7 +60,8 @@ return {'OK', redis.call('HGETALL', KEYS[1])}
 )lua";
 
 // KEYS: job, jobs:state:QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED.
-// ARGV: to, n_from, from_1..from_n, field, value, ...
+// ARGV: to, n_from, from_1..from_n, n_expect, (field, value) * n_expect,
+// field, value, ...
 constexpr char kTransitionLua[] = R"lua(
 local cur = redis.call('HGET', KEYS[1], 'state')
 if not cur then return {'NOT_FOUND'} end
@@ -73,8 +74,15 @@ for i = 3, 2 + n_from do
   if ARGV[i] == cur then allowed = true end
 end
 if not allowed then return {'STATE', cur} end
+local at = 3 + n_from
+local n_expect = tonumber(ARGV[at])
+for i = at + 1, at + 2 * n_expect, 2 do
+  if (redis.call('HGET', KEYS[1], ARGV[i]) or '') ~= ARGV[i + 1] then
+    return {'MOVED', cur, ARGV[i], redis.call('HGET', KEYS[1], ARGV[i]) or ''}
+  end
+end
 local to = ARGV[1]
-for i = 3 + n_from, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+for i = at + 1 + 2 * n_expect, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 redis.call('HSET', KEYS[1], 'state', to, 'updated_unix_ms', now)
 if to ~= cur then
   local id = redis.call('HGET', KEYS[1], 'id')
@@ -550,11 +558,21 @@ absl::StatusOr<std::pair<std::vector<JobRecord>, std::string>> JobStore::List(in
 }
 
 absl::StatusOr<JobRecord> JobStore::Transition(const std::string& id, std::vector<JobState> from, JobState to,
-                                               const std::map<std::string, std::string>& fields) {
+                                               const std::map<std::string, std::string>& fields,
+                                               const std::map<std::string, std::string>& expect) {
   STRATA_RETURN_IF_ERROR(ValidateId("job id", id));
   if (from.empty()) return absl::InvalidArgumentError("Transition: `from` lists no states");
   std::vector<std::string> args = {JobStateName(to), std::to_string(from.size())};
   for (const JobState state : from) args.push_back(JobStateName(state));
+  args.push_back(std::to_string(expect.size()));
+  for (const auto& [field, value] : expect) {
+    if (field != "worker") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Transition: field \"", absl::CHexEscape(field), "\" cannot be expected (only worker)"));
+    }
+    args.push_back(field);
+    args.push_back(value);
+  }
   for (const auto& [field, value] : fields) {
     // The state, ids, sequence and timestamps belong to the store; only
     // fields a worker or the scheduler legitimately reports may ride along.
@@ -578,6 +596,13 @@ absl::StatusOr<JobRecord> JobStore::Transition(const std::string& id, std::vecto
   STRATA_ASSIGN_OR_RETURN(auto reply, impl_->RunScript(kTransitionScript, keys, args));
   STRATA_ASSIGN_OR_RETURN(auto tag, ScriptTag(reply.get(), "transition"));
   if (tag == "NOT_FOUND") return JobNotFound(id);
+  if (tag == "MOVED" && reply->elements >= 4) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", id, " is ", ReplyString(reply->element[1]), " with ",
+                                                      ReplyString(reply->element[2]), " \"",
+                                                      ReplyString(reply->element[3]), "\", not \"",
+                                                      expect.at(ReplyString(reply->element[2])), "\"; cannot move it to ",
+                                                      JobStateName(to)));
+  }
   if ((tag == "STATE" || tag == "CORRUPT") && reply->elements >= 2 && IsStringReply(reply->element[1])) {
     const std::string current = ReplyString(reply->element[1]);
     if (tag == "CORRUPT") return absl::InternalError(absl::StrCat("job ", id, " has a bad state \"", current, "\""));

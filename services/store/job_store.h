@@ -127,12 +127,16 @@ class JobStore {
                                                                       std::optional<JobState> state);
 
   // Atomically moves the job to `to` if its state is one of `from` and not
-  // terminal; otherwise FAILED_PRECONDITION naming the current state. `fields`
-  // are written in the same step; allowed keys: worker, error_code,
-  // error_message, output_dir, iteration, iterations (INVALID_ARGUMENT for
-  // others). Returns the job as stored after the change.
+  // terminal, and its fields hold the values `expect` names (only worker:
+  // the gang a run claimed the job for, so that a run's late write cannot
+  // land on the next run's claim); otherwise FAILED_PRECONDITION naming the
+  // current state or field. `fields` are written in the same step; allowed
+  // keys: worker, error_code, error_message, output_dir, iteration,
+  // iterations (INVALID_ARGUMENT for others). Returns the job as stored
+  // after the change.
   absl::StatusOr<JobRecord> Transition(const std::string& id, std::vector<JobState> from, JobState to,
-                                       const std::map<std::string, std::string>& fields = {});
+                                       const std::map<std::string, std::string>& fields = {},
+                                       const std::map<std::string, std::string>& expect = {});
 
   // Records the last completed iteration. NOT_FOUND for an unknown job.
   // Accepted in any state: a late report from a cancelled job is still true.

@@ -99,12 +99,15 @@ std::pair<std::string, uint64_t> WorkerService::LoadedJob() {
   return {published_job_id_, published_generation_};
 }
 
+bool WorkerService::InterruptJob(uint64_t generation) {
+  std::lock_guard<std::mutex> lock(interrupt_mu_);
+  if (generation_ != generation) return false;
+  RequestInterrupt();
+  return true;
+}
+
 void WorkerService::DropOrphan(const std::string& job_id, uint64_t generation) {
-  {
-    std::lock_guard<std::mutex> lock(interrupt_mu_);
-    if (generation_ != generation) return;
-    RequestInterrupt();
-  }
+  if (!InterruptJob(generation)) return;
   std::lock_guard<std::mutex> lock(executor_mu_);
   if (executor_ == nullptr) return;
   executor_->Submit([this, job_id, generation] {
@@ -469,6 +472,13 @@ grpc::ServerUnaryReactor* WorkerService::GetStats(grpc::CallbackServerContext* c
 
 grpc::ServerUnaryReactor* WorkerService::Unload(grpc::CallbackServerContext* context, const v1::UnloadRequest* request,
                                                 v1::UnloadResponse* /*response*/) {
+  // The job's gang has ended: what this worker still does for it (a rollout
+  // its lost peer made pointless) stops at its next step, instead of
+  // keeping the worker from the next gang until it is done.
+  if (auth_.Check(context).ok()) {
+    const auto [loaded, generation] = LoadedJob();
+    if (!loaded.empty() && loaded == request->job_id()) InterruptJob(generation);
+  }
   return Submit(context, [this, request]() -> absl::Status {
     if (group_ == nullptr && rendezvous_ == nullptr) return absl::OkStatus();
     if (request->job_id() != job_id_) {

@@ -154,6 +154,9 @@ class WorkerService final : public strata::v1::Worker::CallbackService {
   void PublishStats();
   // Drops the job: its rank, models and gang, in that order.
   void DropJob();
+  // Interrupts the running operation if the job loaded as of `generation` is
+  // still loaded (false otherwise); DropJob clears the interrupt.
+  bool InterruptJob(uint64_t generation);
   // Drops a job other than `assigned` left from a lost gang, with a warning.
   void DropStaleJob(const std::string& assigned);
   // The spec of a job being loaded, with this worker's defaults filled in.

@@ -33,6 +33,27 @@ TEST(FileTest, AtomicWriteIntoMissingDirectoryFailsAndLeavesNothing) {
   EXPECT_NE(status.message().find("missing/a.txt"), std::string::npos);
 }
 
+TEST(FileTest, AppendDurablyCreatesThenAppends) {
+  testing::TempDir dir;
+  const std::string path = dir.Join("lines.jsonl");
+  ASSERT_TRUE(AppendDurably(path, "one\n").ok());
+  ASSERT_TRUE(AppendDurably(path, "two\n").ok());
+  auto text = ReadFileToString(path);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(*text, "one\ntwo\n");
+  const auto into_missing = AppendDurably(dir.Join("missing/lines.jsonl"), "x");
+  EXPECT_EQ(into_missing.code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(into_missing.message().find("missing/lines.jsonl"), std::string::npos) << into_missing;
+}
+
+TEST(FileTest, SyncDirectoryNamesWhatItCannotOpen) {
+  testing::TempDir dir;
+  EXPECT_TRUE(SyncDirectory(dir.path()).ok());
+  const auto missing = SyncDirectory(dir.Join("missing"));
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(missing.message().find("missing"), std::string::npos) << missing;
+}
+
 TEST(FileTest, ReadMissingFileIsNotFound) {
   auto text = ReadFileToString("/nonexistent/strata/file");
   EXPECT_EQ(text.status().code(), absl::StatusCode::kNotFound);

@@ -260,17 +260,20 @@ output: {dir: )", dir_.Join(out), "}\n");
   }
 
   // Restarts `workers` with STRATA_FAILPOINT=`failpoint` in their
-  // environment, then runs a 3-iteration ReMax job on a 2-rank gang into
-  // `out`: it must succeed with no gang lost on the way (no requeue logged).
+  // environment, then runs a 3-iteration ReMax job (with `overrides`) on a
+  // 2-rank gang into `out`: it must succeed with no gang lost on the way (no
+  // requeue logged).
   void ExpectTwoRankJobSucceedsWithoutRequeue(const std::string& out, const std::string& failpoint,
-                                              const std::vector<int>& workers) {
+                                              const std::vector<int>& workers,
+                                              std::vector<std::string> overrides = {}) {
     for (int i : workers) {
       workers_[static_cast<size_t>(i)]->Kill(SIGKILL);
       StartWorker(i, {"STRATA_FAILPOINT=" + failpoint});
       WaitUntilRegistered(i);
     }
     v1::Job job;
-    const grpc::Status submitted = Submit(Spec(3, out), &job, "", {"parallel.workers=2"});
+    overrides.push_back("parallel.workers=2");
+    const grpc::Status submitted = Submit(Spec(3, out), &job, "", overrides);
     ASSERT_TRUE(submitted.ok()) << submitted.error_message();
     const auto events = Watch(job.id(), Ended);
     ASSERT_FALSE(events.empty());
@@ -1050,6 +1053,33 @@ TEST_F(ServiceTest, SlowRankInARolloutIsWaitedForWhileItAnswers) {
   EXPECT_NE(coordinator_->Log().find("still working"), std::string::npos) << coordinator_->Log();
 }
 
+// Evaluation, too, ends in no collective: each rank reports its share of
+// the eval means and the coordinator adds them up, so a rank whose eval
+// prompts generate 12 s longer (past the test gang's 5 s collective
+// timeout) is waited for. (Reduced in a collective, as it was, the peer's
+// all-reduce timed out and the job was requeued, to repeat the same slow
+// evaluation.)
+TEST_F(ServiceTest, SlowRankInAnEvaluationIsWaitedForWhileItAnswers) {
+  ExpectTwoRankJobSucceedsWithoutRequeue(
+      "gangeval", "stall@evaluate:1:12", {1},
+      {"data.eval=" + testing::SourcePath("examples/tiny/data/eval_prompts.jsonl"), "eval.every=2",
+       "eval.rule=vowel_fraction", "eval.prompts=6"});
+  const auto worker_log = ReadFileToString(dir_.Join("worker1.log"));
+  ASSERT_TRUE(worker_log.ok());
+  EXPECT_NE(worker_log->find("stall@evaluate:1:12: working 12 s longer"), std::string::npos) << *worker_log;
+  // The metrics file's evaluations: the first line's (the starting policy),
+  // the second's (every 2 iterations: the slow one) and the last line's.
+  const auto metrics = ReadFileToString(dir_.Join("gangeval/metrics.jsonl"));
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  size_t evaluations = 0;
+  for (size_t at = metrics->find("\"eval/score\""); at != std::string::npos;
+       at = metrics->find("\"eval/score\"", at + 1)) {
+    ++evaluations;
+  }
+  EXPECT_EQ(evaluations, 3u) << *metrics;
+  EXPECT_EQ(metrics->find("mean_sum/"), std::string::npos) << *metrics;
+}
+
 // Rank 0 writes a checkpoint's weights 12 s slower than the disk would
 // (past the test gang's 5 s collective timeout): it writes them after the
 // ranks' last barrier, so its peer does not wait in a collective for them,
@@ -1096,6 +1126,103 @@ TEST_F(ServiceTest, RankThatHangsIsGivenUpAndTheJobRequeued) {
   EXPECT_EQ(Watch(job.id(), Ended).back().state(), v1::SUCCEEDED) << Get(job.id()).error_message() << "\n"
                                                                    << coordinator_->Log();
   EXPECT_EQ(Get(job.id()).iteration(), 8);
+}
+
+// A requeued job whose recorded checkpoint its new gang cannot see (a
+// volume not mounted there; here, moved away) fails naming it. (It started
+// over from iteration 0, emptying the metrics file the old run wrote.)
+TEST_F(ServiceTest, RequeuedJobWhoseCheckpointIsGoneFailsNamingIt) {
+  workers_[1]->Kill(SIGKILL);
+  StartWorker(1, {"STRATA_FAILPOINT=kill@update:3"});
+  WaitUntilRegistered(1);
+  v1::Job job;
+  ASSERT_TRUE(Submit(Spec(8, "gangmoved", 2), &job, "", {"parallel.workers=2"}).ok());
+  bool running = false;
+  const auto until_requeued = Watch(job.id(), [&](const v1::JobEvent& e) {
+    if (e.type() != "state") return false;
+    if (e.state() == v1::RUNNING) running = true;
+    return (running && e.state() == v1::QUEUED) || Ended(e);
+  });
+  ASSERT_FALSE(until_requeued.empty());
+  ASSERT_EQ(until_requeued.back().state(), v1::QUEUED) << coordinator_->Log();
+  std::filesystem::rename(dir_.Join("gangmoved/checkpoints"), dir_.Join("gangmoved/checkpoints.away"));
+  StartWorker(1);  // a fresh worker, without the fault point
+  WaitUntilRegistered(1);
+  const auto events = Watch(job.id(), Ended);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back().state(), v1::FAILED) << coordinator_->Log();
+  const v1::Job failed = Get(job.id());
+  EXPECT_EQ(failed.error_code(), "FAILED_PRECONDITION");
+  EXPECT_NE(failed.error_message().find("/gangmoved/checkpoints/iter-000002 is not in checkpoint.dir"),
+            std::string::npos)
+      << failed.error_message();
+  EXPECT_EQ(MetricsOf(dir_.Join("gangmoved/metrics.jsonl")).size(), 3u) << "the metrics file was started over";
+}
+
+// A rank that dies in a phase that ends in no collective ends that phase
+// for the gang at once: its peer, still working and answering, is given up,
+// and its unload interrupts the work. (Before, the coordinator waited while
+// the peer answered, up to the call's 10 min deadline, for work that was
+// thrown away.)
+TEST_F(ServiceTest, RankThatDiesInARolloutEndsThePhaseAtOnce) {
+  for (int i : {0, 1}) workers_[static_cast<size_t>(i)]->Kill(SIGKILL);
+  StartWorker(0, {"STRATA_FAILPOINT=stall@rollout:3:120"});
+  StartWorker(1, {"STRATA_FAILPOINT=kill@rollout:3"});
+  for (int i : {0, 1}) WaitUntilRegistered(i);
+  v1::Job job;
+  ASSERT_TRUE(Submit(Spec(6, "gangdies", 2), &job, "", {"parallel.workers=2"}).ok());
+  bool running = false;
+  const auto until_requeued = Watch(job.id(), [&](const v1::JobEvent& e) {
+    if (e.type() != "state") return false;
+    if (e.state() == v1::RUNNING) running = true;
+    return (running && e.state() == v1::QUEUED) || Ended(e);
+  });
+  ASSERT_FALSE(until_requeued.empty());
+  ASSERT_EQ(until_requeued.back().state(), v1::QUEUED) << coordinator_->Log();
+  StartWorker(1);  // a fresh worker, without the fault point
+  WaitUntilRegistered(1);
+  const auto events = Watch(job.id(), Ended);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back().state(), v1::SUCCEEDED) << Get(job.id()).error_message() << "\n" << coordinator_->Log();
+  EXPECT_EQ(Get(job.id()).iteration(), 6);
+  EXPECT_NE(coordinator_->Log().find("a rank failed; giving up the 1 still working"), std::string::npos)
+      << coordinator_->Log();
+  const auto survivor = ReadFileToString(dir_.Join("worker0.log"));
+  ASSERT_TRUE(survivor.ok());
+  EXPECT_NE(survivor->find("stall@rollout:3:120: interrupted after"), std::string::npos) << *survivor;
+}
+
+// A requeued job can run again on a new gang while its previous loop still
+// waits for the hung rank's unload. That loop's end must leave the new gang
+// alone. (The coordinator counted the loops of a job as one: the old loop's
+// end made the new gang's workers look orphaned to their heartbeats, they
+// dropped the job, and it stayed RUNNING with no loop.)
+TEST_F(ServiceTest, RequeuedJobSurvivesItsPreviousGangsLateUnload) {
+  v1::Job job;
+  ASSERT_TRUE(Submit(Spec(12, "gangtwice", 2), &job, "", {"parallel.workers=2"}).ok());
+  Watch(job.id(), AtIteration(2));
+  ASSERT_EQ(Get(job.id()).state(), v1::RUNNING);
+  workers_[1]->Signal(SIGSTOP);
+  // A third worker for the second gang, started while the first gang waits
+  // for its hung rank. Its rollout at iteration 6 takes 8 s longer, so that
+  // the second run is still going when the first loop ends.
+  StartWorker(2, {"STRATA_FAILPOINT=stall@rollout:6:8"});
+  WaitUntilRegistered(2);
+  int running = 0;
+  Watch(job.id(), [&](const v1::JobEvent& e) {
+    if (e.type() == "state" && e.state() == v1::RUNNING) ++running;
+    return running == 2 || Ended(e);
+  });
+  ASSERT_EQ(running, 2) << coordinator_->Log();
+  // The hung rank answers its unload now, which ends the first loop.
+  workers_[1]->Signal(SIGCONT);
+  const auto events = Watch(job.id(), Ended);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back().state(), v1::SUCCEEDED) << Get(job.id()).error_message() << "\n" << coordinator_->Log();
+  EXPECT_EQ(Get(job.id()).iteration(), 12);
+  const auto worker_log = ReadFileToString(dir_.Join("worker2.log"));
+  ASSERT_TRUE(worker_log.ok());
+  EXPECT_NE(worker_log->find("stall@rollout:6:8: working 8 s longer"), std::string::npos) << *worker_log;
 }
 
 // The coordinator opens no job file: run as an unprivileged user that
@@ -1262,8 +1389,11 @@ TEST_F(TenantTest, EachTenantSeesOnlyItsJobsAndTenantsReachNoWorker) {
 
 class MisfitWorker final : public v1::Worker::Service {
  public:
-  explicit MisfitWorker(std::string tokenizer_path, std::string working_directory)
-      : tokenizer_path_(std::move(tokenizer_path)), working_directory_(std::move(working_directory)) {}
+  // `phase_error`: every phase fails INTERNAL with it ("" for none).
+  explicit MisfitWorker(std::string tokenizer_path, std::string working_directory, std::string phase_error = "")
+      : tokenizer_path_(std::move(tokenizer_path)),
+        working_directory_(std::move(working_directory)),
+        phase_error_(std::move(phase_error)) {}
   grpc::Status LoadModels(grpc::ServerContext*, const v1::LoadModelsRequest*, v1::LoadModelsResponse* out) override {
     out->set_tokenizer_path(tokenizer_path_);
     out->set_working_directory(working_directory_);
@@ -1277,7 +1407,7 @@ class MisfitWorker final : public v1::Worker::Service {
   // Every phase answers with no metrics: fine for those that report none,
   // malformed for the score phase, which must report the objective.
   grpc::Status RunPhase(grpc::ServerContext*, const v1::PhaseRequest*, v1::PhaseReply*) override {
-    return grpc::Status::OK;
+    return phase_error_.empty() ? grpc::Status::OK : grpc::Status(grpc::StatusCode::INTERNAL, phase_error_);
   }
   grpc::Status Unload(grpc::ServerContext*, const v1::UnloadRequest*, v1::UnloadResponse*) override {
     {
@@ -1295,7 +1425,7 @@ class MisfitWorker final : public v1::Worker::Service {
   }
 
  private:
-  const std::string tokenizer_path_, working_directory_;
+  const std::string tokenizer_path_, working_directory_, phase_error_;
   std::mutex mu_;
   std::condition_variable unloaded_;
   int unloads_ = 0;
@@ -1304,24 +1434,50 @@ class MisfitWorker final : public v1::Worker::Service {
 class MisfitWorkerTest : public ServiceTest {
  protected:
   int RealWorkers() const override { return 0; }
-};
 
-TEST_F(MisfitWorkerTest, RepliesThatDoNotFitTheBatchFailTheJobNotTheCoordinator) {
-  MisfitWorker misfit(JoinPath(model_, "tokenizer.json"), dir_.path());
-  int port = 0;
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&misfit);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_NE(server, nullptr);
-  {
+  // Serves `misfit` on a free port and registers it with the coordinator.
+  std::unique_ptr<grpc::Server> Serve(MisfitWorker& misfit) {
+    int port = 0;
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&misfit);
+    std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+    EXPECT_NE(server, nullptr);
     v1::RegisterWorkerRequest request;
     request.set_worker_id("misfit");
     request.set_address(absl::StrCat("127.0.0.1:", port));
     request.set_working_directory(dir_.path());
     (*request.mutable_memory_bytes())["host"] = int64_t{8} << 30;
-    ASSERT_TRUE(RegisterWorker(request).ok());
+    EXPECT_TRUE(RegisterWorker(request).ok());
+    return server;
   }
+};
+
+// A worker's error that is not UTF-8 (a path read from disk, say) fails its
+// job with the message made readable, and nothing else. (It made the job
+// thread's event JSON throw, outside its try: the coordinator terminated,
+// and a restarted one met the same error again.)
+TEST_F(MisfitWorkerTest, AnErrorThatIsNotUtf8FailsTheJobNotTheCoordinator) {
+  MisfitWorker misfit(JoinPath(model_, "tokenizer.json"), dir_.path(), "cannot open /data/caf\xe9.jsonl");
+  auto server = Serve(misfit);
+  ASSERT_NE(server, nullptr);
+  v1::Job job;
+  ASSERT_TRUE(Submit(Spec(2, "notutf8"), &job).ok());
+  const auto events = Watch(job.id(), Ended);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back().state(), v1::FAILED) << coordinator_->Log();
+  const v1::Job failed = Get(job.id());
+  EXPECT_EQ(failed.error_code(), "INTERNAL");
+  EXPECT_NE(failed.error_message().find("cannot open /data/caf\xEF\xBF\xBD.jsonl"), std::string::npos)
+      << failed.error_message();
+  EXPECT_TRUE(coordinator_->Alive()) << coordinator_->Log();
+  server->Shutdown();
+}
+
+TEST_F(MisfitWorkerTest, RepliesThatDoNotFitTheBatchFailTheJobNotTheCoordinator) {
+  MisfitWorker misfit(JoinPath(model_, "tokenizer.json"), dir_.path());
+  auto server = Serve(misfit);
+  ASSERT_NE(server, nullptr);
   v1::Job job;
   ASSERT_TRUE(Submit(Spec(2, "misfit"), &job).ok());
   const auto events = Watch(job.id(), Ended);

@@ -165,6 +165,60 @@ TEST_F(TrainTest, ResumeRefusesADamagedStateOrMetricsFile) {
   EXPECT_EQ(*ReadFileToString(metrics), cut);
 }
 
+// A fresh run into an output.dir where an earlier run left checkpoints is
+// refused: its checkpoints would sit beside the earlier run's, and a later
+// --resume would take the newest of either run's. --overwrite starts over
+// and removes them. (A fresh run used to leave them, and a --resume after
+// it could continue the earlier run's weights under the later run's
+// metrics.)
+TEST_F(TrainTest, AFreshRunDoesNotMixWithAnEarlierRunsCheckpoints) {
+  const std::string out = dir_.Join("twice");
+  auto first = Strata({"train", spec_, "--out", out});
+  ASSERT_EQ(first.exit_code, 0) << first.error;
+  ASSERT_TRUE(IsDirectory(out + "/checkpoints/iter-000002"));
+  auto again = Strata({"train", spec_, "--out", out, "--set", "train.seed=8"});
+  EXPECT_NE(again.exit_code, 0);
+  EXPECT_NE(again.error.find("FAILED_PRECONDITION"), std::string::npos) << again.error;
+  EXPECT_NE(again.error.find("holds an earlier run's checkpoints (newest: " + out + "/checkpoints/iter-000002)"),
+            std::string::npos)
+      << again.error;
+  EXPECT_EQ(Metrics(out + "/metrics.jsonl").size(), 4u) << "the refused run wrote nothing";
+  auto overwritten =
+      Strata({"train", spec_, "--out", out, "--set", "train.seed=8", "--set", "train.iterations=2", "--overwrite"});
+  ASSERT_EQ(overwritten.exit_code, 0) << overwritten.error;
+  EXPECT_FALSE(IsDirectory(out + "/checkpoints/iter-000002"));
+  EXPECT_EQ(Metrics(out + "/metrics.jsonl").size(), 2u);
+}
+
+// A checkpoint's optimizer states are one gang's shards, all of them: a
+// missing shard, or a stray shard of another gang size beside them, fails
+// the resume with DATA_LOSS naming the file or the sizes. (Loading took
+// each tensor's state from the first file that had it, so a stray shard
+// was read silently.)
+TEST_F(TrainTest, ResumeRefusesOptimizerShardsThatAreNotOneGangs) {
+  const std::string out = dir_.Join("shards");
+  auto first = Strata({"train", spec_, "--out", out, "--workers", "2", "--set", "train.iterations=3"});
+  ASSERT_EQ(first.exit_code, 0) << first.error;
+  const std::string actor = out + "/checkpoints/iter-000002/actor";
+  const std::string rank1 = actor + "/optimizer-rank1-of-2.safetensors";
+  ASSERT_TRUE(IsRegularFile(rank1));
+  const std::string stray = actor + "/optimizer-rank0-of-3.safetensors";
+  std::filesystem::copy_file(actor + "/optimizer-rank0-of-2.safetensors", stray);
+  auto mixed = Strata({"train", spec_, "--out", out, "--resume"});
+  EXPECT_NE(mixed.exit_code, 0);
+  EXPECT_NE(mixed.error.find("DATA_LOSS"), std::string::npos) << mixed.error;
+  EXPECT_NE(mixed.error.find("optimizer states of gangs of 2 and 3 ranks together"), std::string::npos)
+      << mixed.error;
+  std::filesystem::remove(stray);
+  std::filesystem::rename(rank1, rank1 + ".moved");
+  auto missing = Strata({"train", spec_, "--out", out, "--resume"});
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_NE(missing.error.find(rank1 + " is missing (rank 1 of 2)"), std::string::npos) << missing.error;
+  std::filesystem::rename(rank1 + ".moved", rank1);
+  auto whole = Strata({"train", spec_, "--out", out, "--resume"});
+  EXPECT_EQ(whole.exit_code, 0) << whole.error;
+}
+
 INSTANTIATE_TEST_SUITE_P(Algorithms, ResumeTest, ::testing::Values("remax", "ppo", "grpo", "rloo"));
 
 // Where the models live changes memory, not the math: streaming the actor
@@ -530,9 +584,9 @@ TEST_F(TrainTest, TensorBoardCurvesMatchTheMetricsFile) {
   EXPECT_GT(checked, 4 * 5);
   EXPECT_EQ(events["scalars"]["objective/kl"].size(), 4u);  // one point per iteration, none twice
 
-  // A run that starts over replaces the curves; a truncated file is refused
-  // by the reader, naming the offset.
-  auto again = Strata({"train", spec_, "--out", dir_.Join("tb"), "--set", "train.iterations=2"});
+  // A run that starts over (--overwrite) replaces the curves; a truncated
+  // file is refused by the reader, naming the offset.
+  auto again = Strata({"train", spec_, "--out", dir_.Join("tb"), "--set", "train.iterations=2", "--overwrite"});
   ASSERT_EQ(again.exit_code, 0) << again.error;
   read = testing::RunCommand(
       {testing::ReferencePython(), testing::SourcePath("tests/e2e/read_tfevents.py"), dir_.Join("tb/tensorboard")});

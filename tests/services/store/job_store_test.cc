@@ -297,6 +297,32 @@ TEST_F(JobStoreTest, TransitionsFollowTheStateMachine) {
   EXPECT_TRUE(absl::StrContains(bad_field.status().message(), "state")) << bad_field.status();
 }
 
+// A run records its end only on its own claim: a retry whose first attempt
+// landed (its reply lost) must not move the next run's claim.
+TEST_F(JobStoreTest, ATransitionCanRequireTheGangThatClaimedTheJob) {
+  const std::string id = CreateJob("claimed");
+  ASSERT_TRUE(store_->Transition(id, {JobState::kQueued}, JobState::kRunning, {{"worker", "w0,w1"}}).ok());
+  // The first run's requeue lands; the next run claims the job on another gang.
+  ASSERT_TRUE(store_->Transition(id, {JobState::kRunning}, JobState::kQueued, {{"worker", ""}}, {{"worker", "w0,w1"}})
+                  .ok());
+  ASSERT_TRUE(store_->Transition(id, {JobState::kQueued}, JobState::kRunning, {{"worker", "w0,w2"}}).ok());
+  // The first run's retry of its requeue finds the job RUNNING on w0,w2: refused.
+  auto retry = store_->Transition(id, {JobState::kRunning}, JobState::kQueued, {{"worker", ""}}, {{"worker", "w0,w1"}});
+  EXPECT_EQ(retry.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(retry.status().message(), "RUNNING with worker \"w0,w2\", not \"w0,w1\""))
+      << retry.status();
+  auto got = store_->Get(id);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->state, JobState::kRunning);
+  EXPECT_EQ(got->worker, "w0,w2");
+  // The current run's own end is recorded.
+  auto done = store_->Transition(id, {JobState::kRunning}, JobState::kSucceeded, {}, {{"worker", "w0,w2"}});
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state, JobState::kSucceeded);
+  auto bad = store_->Transition(CreateJob("bad"), {JobState::kQueued}, JobState::kRunning, {}, {{"state", "QUEUED"}});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(JobStoreTest, CancelledIsTerminal) {
   const std::string id = CreateJob("cancel");
   ASSERT_TRUE(store_->Transition(id, {JobState::kQueued, JobState::kRunning}, JobState::kCancelled).ok());
