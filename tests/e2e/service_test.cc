@@ -303,6 +303,15 @@ output: {dir: )", dir_.Join(out), "}\n");
   }
 
   static bool Ended(const v1::JobEvent& e) { return e.type() == "state" && e.state() >= v1::SUCCEEDED; }
+  // The job's events until it went from RUNNING back to QUEUED (or ended).
+  std::vector<v1::JobEvent> WatchUntilRequeued(const std::string& id) {
+    bool running = false;
+    return Watch(id, [&](const v1::JobEvent& e) {
+      if (e.type() != "state") return false;
+      if (e.state() == v1::RUNNING) running = true;
+      return (running && e.state() == v1::QUEUED) || Ended(e);
+    });
+  }
   static std::function<bool(const v1::JobEvent&)> AtIteration(int64_t n) {
     return [n](const v1::JobEvent& e) { return (e.type() == "metrics" && e.iteration() >= n) || Ended(e); };
   }
@@ -1015,12 +1024,7 @@ TEST_F(ServiceTest, RankKilledMidJobRequeuesAndTheGangFinishes) {
   v1::Job job;
   const grpc::Status submitted = Submit(Spec(8, "gangkill", 2), &job, "", {"parallel.workers=2"});
   ASSERT_TRUE(submitted.ok()) << submitted.error_message();
-  bool running = false;
-  Watch(job.id(), [&](const v1::JobEvent& e) {
-    if (e.type() != "state") return false;
-    if (e.state() == v1::RUNNING) running = true;
-    return (running && e.state() == v1::QUEUED) || Ended(e);
-  });
+  WatchUntilRequeued(job.id());
   ASSERT_EQ(Get(job.id()).state(), v1::QUEUED) << coordinator_->Log();
   const auto died = ReadFileToString(dir_.Join("worker1.log"));
   ASSERT_TRUE(died.ok());
@@ -1114,12 +1118,7 @@ TEST_F(ServiceTest, RankThatHangsIsGivenUpAndTheJobRequeued) {
   Watch(job.id(), AtIteration(2));
   ASSERT_EQ(Get(job.id()).state(), v1::RUNNING);
   workers_[1]->Signal(SIGSTOP);
-  bool running = false;
-  const auto until_requeued = Watch(job.id(), [&](const v1::JobEvent& e) {
-    if (e.type() != "state") return false;
-    if (e.state() == v1::RUNNING) running = true;
-    return (running && e.state() == v1::QUEUED) || Ended(e);
-  });
+  const auto until_requeued = WatchUntilRequeued(job.id());
   workers_[1]->Signal(SIGCONT);
   ASSERT_FALSE(until_requeued.empty());
   EXPECT_EQ(until_requeued.back().state(), v1::QUEUED) << coordinator_->Log();
@@ -1137,12 +1136,7 @@ TEST_F(ServiceTest, RequeuedJobWhoseCheckpointIsGoneFailsNamingIt) {
   WaitUntilRegistered(1);
   v1::Job job;
   ASSERT_TRUE(Submit(Spec(8, "gangmoved", 2), &job, "", {"parallel.workers=2"}).ok());
-  bool running = false;
-  const auto until_requeued = Watch(job.id(), [&](const v1::JobEvent& e) {
-    if (e.type() != "state") return false;
-    if (e.state() == v1::RUNNING) running = true;
-    return (running && e.state() == v1::QUEUED) || Ended(e);
-  });
+  const auto until_requeued = WatchUntilRequeued(job.id());
   ASSERT_FALSE(until_requeued.empty());
   ASSERT_EQ(until_requeued.back().state(), v1::QUEUED) << coordinator_->Log();
   std::filesystem::rename(dir_.Join("gangmoved/checkpoints"), dir_.Join("gangmoved/checkpoints.away"));
@@ -1171,12 +1165,7 @@ TEST_F(ServiceTest, RankThatDiesInARolloutEndsThePhaseAtOnce) {
   for (int i : {0, 1}) WaitUntilRegistered(i);
   v1::Job job;
   ASSERT_TRUE(Submit(Spec(6, "gangdies", 2), &job, "", {"parallel.workers=2"}).ok());
-  bool running = false;
-  const auto until_requeued = Watch(job.id(), [&](const v1::JobEvent& e) {
-    if (e.type() != "state") return false;
-    if (e.state() == v1::RUNNING) running = true;
-    return (running && e.state() == v1::QUEUED) || Ended(e);
-  });
+  const auto until_requeued = WatchUntilRequeued(job.id());
   ASSERT_FALSE(until_requeued.empty());
   ASSERT_EQ(until_requeued.back().state(), v1::QUEUED) << coordinator_->Log();
   StartWorker(1);  // a fresh worker, without the fault point
@@ -1451,6 +1440,16 @@ class MisfitWorkerTest : public ServiceTest {
     EXPECT_TRUE(RegisterWorker(request).ok());
     return server;
   }
+
+  // Submits a 2-iteration job into `out` and returns it as it ended: FAILED.
+  v1::Job RunToFailure(const std::string& out) {
+    v1::Job job;
+    EXPECT_TRUE(Submit(Spec(2, out), &job).ok());
+    const auto events = Watch(job.id(), Ended);
+    EXPECT_FALSE(events.empty());
+    if (!events.empty()) EXPECT_EQ(events.back().state(), v1::FAILED) << coordinator_->Log();
+    return Get(job.id());
+  }
 };
 
 // A worker's error that is not UTF-8 (a path read from disk, say) fails its
@@ -1461,12 +1460,7 @@ TEST_F(MisfitWorkerTest, AnErrorThatIsNotUtf8FailsTheJobNotTheCoordinator) {
   MisfitWorker misfit(JoinPath(model_, "tokenizer.json"), dir_.path(), "cannot open /data/caf\xe9.jsonl");
   auto server = Serve(misfit);
   ASSERT_NE(server, nullptr);
-  v1::Job job;
-  ASSERT_TRUE(Submit(Spec(2, "notutf8"), &job).ok());
-  const auto events = Watch(job.id(), Ended);
-  ASSERT_FALSE(events.empty());
-  EXPECT_EQ(events.back().state(), v1::FAILED) << coordinator_->Log();
-  const v1::Job failed = Get(job.id());
+  const v1::Job failed = RunToFailure("notutf8");
   EXPECT_EQ(failed.error_code(), "INTERNAL");
   EXPECT_NE(failed.error_message().find("cannot open /data/caf\xEF\xBF\xBD.jsonl"), std::string::npos)
       << failed.error_message();
@@ -1478,12 +1472,7 @@ TEST_F(MisfitWorkerTest, RepliesThatDoNotFitTheBatchFailTheJobNotTheCoordinator)
   MisfitWorker misfit(JoinPath(model_, "tokenizer.json"), dir_.path());
   auto server = Serve(misfit);
   ASSERT_NE(server, nullptr);
-  v1::Job job;
-  ASSERT_TRUE(Submit(Spec(2, "misfit"), &job).ok());
-  const auto events = Watch(job.id(), Ended);
-  ASSERT_FALSE(events.empty());
-  EXPECT_EQ(events.back().state(), v1::FAILED);
-  const v1::Job failed = Get(job.id());
+  const v1::Job failed = RunToFailure("misfit");
   EXPECT_EQ(failed.error_code(), "INTERNAL");
   EXPECT_NE(failed.error_message().find("score: malformed reply: metric objective/scores is missing"),
             std::string::npos)
