@@ -590,7 +590,11 @@ absl::StatusOr<PhaseReply> JobRank::Commit(const PhaseRequest& request) {
                {"run_id", options_.run_id},
                {"world_size", gang_.world_size()},
                {"algorithm", algorithm}};
-    written = WriteFileAtomically(JoinPath(tmp_dir, "state.json"), state.dump());
+    // A rank 0 whose gang was given up (stopped, then resumed) must not
+    // publish: its Unload has set the interrupt by now, and a new gang may
+    // be writing this same checkpoint.
+    written = CheckInterrupt("checkpoint commit");
+    if (written.ok()) written = WriteFileAtomically(JoinPath(tmp_dir, "state.json"), state.dump());
     if (written.ok()) {
       RemoveTree(final_dir);
       std::filesystem::rename(tmp_dir, final_dir, ec);

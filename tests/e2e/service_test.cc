@@ -1181,6 +1181,33 @@ TEST_F(ServiceTest, RankThatDiesInARolloutEndsThePhaseAtOnce) {
   EXPECT_NE(survivor->find("stall@rollout:3:120: interrupted after"), std::string::npos) << *survivor;
 }
 
+// A rank 0 told to stop (a cancel here; the Unload of a gang given up
+// alike) while it writes a checkpoint does not publish it: state.json and
+// the rename come after an interrupt check, so a rank 0 that wakes late
+// cannot rename its copy over the checkpoint a new gang writes.
+TEST_F(ServiceTest, CheckpointInterruptedMidWriteIsNotPublished) {
+  // On both workers: whichever is picked for the one-rank job.
+  for (int i : {0, 1}) {
+    workers_[static_cast<size_t>(i)]->Kill(SIGKILL);
+    StartWorker(i, {"STRATA_FAILPOINT=stall@save_weights:1:60"});
+    WaitUntilRegistered(i);
+  }
+  v1::Job job;
+  ASSERT_TRUE(Submit(Spec(4, "cpcancel", 2), &job).ok());
+  auto logs = [&] { return workers_[0]->Log() + workers_[1]->Log(); };
+  for (auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+       logs().find("stall@save_weights:1:60: working 60 s longer") == std::string::npos &&
+       std::chrono::steady_clock::now() < until;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // polls other processes
+  }
+  v1::Job cancelled;
+  ASSERT_TRUE(Cancel(job.id(), &cancelled).ok());
+  EXPECT_TRUE(WaitUntilWorkersIdle(std::chrono::seconds(30)));
+  EXPECT_NE(logs().find("stall@save_weights:1:60: interrupted after"), std::string::npos) << logs();
+  EXPECT_EQ(Get(job.id()).state(), v1::CANCELLED);
+  EXPECT_FALSE(IsDirectory(dir_.Join("cpcancel/checkpoints/iter-000002"))) << "an interrupted commit was published";
+}
+
 // A requeued job can run again on a new gang while its previous loop still
 // waits for the hung rank's unload. That loop's end must leave the new gang
 // alone. (The coordinator counted the loops of a job as one: the old loop's
@@ -1447,7 +1474,9 @@ class MisfitWorkerTest : public ServiceTest {
     EXPECT_TRUE(Submit(Spec(2, out), &job).ok());
     const auto events = Watch(job.id(), Ended);
     EXPECT_FALSE(events.empty());
-    if (!events.empty()) EXPECT_EQ(events.back().state(), v1::FAILED) << coordinator_->Log();
+    if (!events.empty()) {
+      EXPECT_EQ(events.back().state(), v1::FAILED) << coordinator_->Log();
+    }
     return Get(job.id());
   }
 };
