@@ -30,6 +30,16 @@ void UnpackFlat(const at::Tensor& flat, std::vector<at::Tensor>& tensors) {
   }
 }
 
+bool ReduceScatterMovesLess(const std::vector<std::vector<at::Tensor>>& owned) {
+  int64_t total = 0, longest = 0;
+  for (const auto& tensors : owned) {
+    const int64_t part = TotalElements(tensors);
+    total += part;
+    longest = std::max(longest, part);
+  }
+  return static_cast<int64_t>(owned.size()) * longest < 2 * total;
+}
+
 absl::StatusOr<OwnerPartitionedBucket> PackByOwner(const std::vector<std::vector<at::Tensor>>& owned,
                                                    const at::Device& device) {
   OwnerPartitionedBucket bucket;

@@ -33,6 +33,15 @@ struct OwnerPartitionedBucket {
   int64_t part_length = 0;  // elements per rank
 };
 
+// Whether a ring reduce-scatter of that layout puts fewer bytes on the
+// wire than a ring all-reduce of the tensors themselves: it sends
+// (N-1)/N of its padded input, N x the longest part, where the all-reduce
+// sends 2(N-1)/N of the total; so, when N x longest < 2 x total. Parts are
+// whole tensors: a bucket of one tensor (an embedding) pads N-fold and is
+// cheaper all-reduced, a decoder layer's seven matrices over 8 ranks are
+// not (8 x 45M < 2 x 202M for Llama-2-7B).
+bool ReduceScatterMovesLess(const std::vector<std::vector<at::Tensor>>& owned);
+
 // Lays `owned` out on `device`. INVALID_ARGUMENT when its tensors do not
 // share one dtype. Throws as libtorch does when the device cannot hold it.
 absl::StatusOr<OwnerPartitionedBucket> PackByOwner(const std::vector<std::vector<at::Tensor>>& owned,

@@ -158,7 +158,9 @@ class C10dProcessGroup final : public ProcessGroup {
       return absl::InvalidArgumentError(
           absl::StrCat("reduce-scatter: ", owned.size(), " owner lists for ", options_.world_size, " ranks"));
     }
-    if (!Staging()) {  // Gloo: all-reduce, and each rank keeps its part
+    // Gloo has no reduce-scatter; where the by-owner padding would cost more
+    // than it saves, NCCL all-reduces too. Either way each rank keeps its part.
+    if (!Staging() || !ReduceScatterMovesLess(owned)) {
       std::vector<at::Tensor> all;
       for (const auto& tensors : owned) all.insert(all.end(), tensors.begin(), tensors.end());
       return StartAllReduceSum(std::move(all));
@@ -417,8 +419,10 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateNccl(const ProcessGroupOptio
   // A wait that outlives the timeout throws on the waiting thread (instead
   // of c10d's watchdog ending the process), so a dead rank is a status here
   // as it is with Gloo. Read when the group is built; forced, since the
-  // gang's bounded failure depends on it.
+  // gang's bounded failure depends on it. libtorch 1.x reads the name
+  // without the TORCH_ prefix.
   setenv("TORCH_NCCL_BLOCKING_WAIT", "1", /*overwrite=*/1);
+  setenv("NCCL_BLOCKING_WAIT", "1", /*overwrite=*/1);
   auto nccl = c10d::ProcessGroupNCCL::Options::create();
   nccl->timeout = options.timeout;
   auto group = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, options.rank, options.world_size, nccl);

@@ -79,5 +79,26 @@ TEST(FlatBucketTest, ABucketOfNothingHasNoBuffer) {
   EXPECT_FALSE(packed->flat.defined());
 }
 
+// Bytes on a ring's wire: reduce-scatter (N-1)/N of N x the longest part,
+// all-reduce 2(N-1)/N of the total. Shapes stand in for tensors (empty,
+// never filled).
+TEST(FlatBucketTest, ReduceScatterIsChosenOnlyWhereItMovesLess) {
+  auto parts = [](const std::vector<std::vector<int64_t>>& sizes) {
+    std::vector<std::vector<at::Tensor>> owned;
+    for (const auto& rank : sizes) {
+      owned.emplace_back();
+      for (int64_t n : rank) owned.back().push_back(at::empty({n}));
+    }
+    return owned;
+  };
+  EXPECT_TRUE(ReduceScatterMovesLess(parts({{4}, {4}})));          // balanced: half the traffic
+  EXPECT_FALSE(ReduceScatterMovesLess(parts({{8}, {}})));          // one owner of 2: as much, no gain
+  EXPECT_FALSE(ReduceScatterMovesLess(parts({{131}, {}, {}, {}, {}, {}, {}, {}})));  // an embedding over 8
+  // A Llama-2-7B decoder layer over 8 ranks, in millions: 3 MLP matrices of
+  // 45, 4 attention matrices of 16.8 (norms left out), one rank each.
+  EXPECT_TRUE(ReduceScatterMovesLess(parts({{45}, {45}, {45}, {17}, {17}, {17}, {17}, {}})));
+  EXPECT_FALSE(ReduceScatterMovesLess(parts({{}, {}})));          // nothing to move
+}
+
 }  // namespace
 }  // namespace strata::policies
