@@ -174,16 +174,6 @@ absl::Status ForTensor(const std::string& id, const absl::Status& status) {
   return absl::Status(status.code(), absl::StrCat("tensor '", id, "': ", status.message()));
 }
 
-absl::Status SyncDirectory(const std::string& dir) {
-  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd < 0) return ErrnoToStatus(errno, absl::StrCat("open ", dir));
-  const int rc = ::fsync(dir_fd);
-  const int err = errno;
-  ::close(dir_fd);
-  if (rc != 0) return ErrnoToStatus(err, absl::StrCat("fsync ", dir));
-  return absl::OkStatus();
-}
-
 absl::Status PwriteAll(int fd, std::string_view data, int64_t offset, const std::string& path) {
   size_t done = 0;
   while (done < data.size()) {
@@ -994,10 +984,9 @@ absl::Status NvmeStoreImpl::Compact() {
   }
   absl::StrAppend(&text, "end ", entries_.size(), " ", Hex64(Fnv1a64(text)), "\n");
   const std::string& dir = options_.directory;
+  // WriteFileAtomically syncs the directory after its rename, which makes
+  // every slot file's name there durable too.
   absl::Status status = WriteFileAtomically(JoinPath(dir, kManifestName), text);
-  // The rename (and every slot file's name) is durable only once the
-  // directory itself is synced.
-  if (status.ok()) status = SyncDirectory(dir);
   if (!status.ok()) {
     journal_->Abandon();
     return status;

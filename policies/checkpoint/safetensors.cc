@@ -262,17 +262,6 @@ absl::Status MakeDirectory(const std::string& dir) {
   return ErrnoToStatus(errno, absl::StrCat("mkdir ", dir));
 }
 
-// Renames are only durable once the directory itself is synced; the index
-// must not become durable before the shards it names.
-absl::Status SyncDirectory(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("open ", dir));
-  absl::Status status;
-  if (::fsync(fd) != 0) status = ErrnoToStatus(errno, absl::StrCat("fsync ", dir));
-  ::close(fd);
-  return status;
-}
-
 absl::Status RemoveIfExists(const std::string& path) {
   if (::unlink(path.c_str()) == 0 || errno == ENOENT) return absl::OkStatus();
   return ErrnoToStatus(errno, absl::StrCat("unlink ", path));
@@ -570,7 +559,6 @@ absl::Status WriteCheckpoint(const std::string& dir, std::span<const TensorToWri
     // model.safetensors takes precedence over an index, so once it is in
     // place the old sharded files are dead and can go.
     STRATA_RETURN_IF_ERROR(WriteSafetensors(single_path, tensors, metadata));
-    STRATA_RETURN_IF_ERROR(SyncDirectory(dir));
     STRATA_RETURN_IF_ERROR(RemoveIfExists(index_path));
     return RemoveStaleShards(dir, {});
   }
@@ -599,11 +587,9 @@ absl::Status WriteCheckpoint(const std::string& dir, std::span<const TensorToWri
     for (const TensorToWrite& t : shards[i]) weight_map[t.name] = name;
     shard_names.insert(name);
   }
-  STRATA_RETURN_IF_ERROR(SyncDirectory(dir));
   const Json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
   // Names were checked as UTF-8 when the shard headers were dumped.
   STRATA_RETURN_IF_ERROR(WriteFileAtomically(index_path, index.dump(2) + "\n"));
-  STRATA_RETURN_IF_ERROR(SyncDirectory(dir));
   // Only now may a stale model.safetensors go: while it exists it wins over
   // the index, so a crash before this point leaves the old checkpoint intact.
   STRATA_RETURN_IF_ERROR(RemoveIfExists(single_path));

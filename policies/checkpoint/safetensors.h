@@ -131,7 +131,8 @@ struct TensorToWrite {
   std::span<const std::byte> data;
 };
 
-// Writes one safetensors file atomically (temporary file, fsync, rename).
+// Writes one safetensors file atomically and durably (temporary file, fsync,
+// rename, fsync of the directory).
 // Tensors are packed back to back in the given order, with no padding between
 // them (Hugging Face's reader rejects gaps); put wider dtypes first if readers
 // want aligned views. The header is padded with spaces so the data buffer

@@ -346,11 +346,10 @@ bool PhaseEndsInCollective(const std::string& phase) {
 constexpr char kMeanSumPrefix[] = "mean_sum/";
 constexpr char kMeanCountPrefix[] = "mean_count/";
 
-std::string MeanSumKey(const std::string& key) { return kMeanSumPrefix + key; }
 std::string MeanCountKey(const std::string& key) { return kMeanCountPrefix + key; }
 
 void AddMeanShare(const std::string& key, double sum, double count, Metrics& out) {
-  out[MeanSumKey(key)] = sum;
+  out[kMeanSumPrefix + key] = sum;
   out[MeanCountKey(key)] = count;
 }
 

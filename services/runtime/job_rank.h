@@ -65,7 +65,6 @@ bool PhaseEndsInCollective(const std::string& phase);
 // longer responses does not hold the others in a collective (bounded by its
 // timeout) meanwhile.
 void AddMeanShare(const std::string& key, double sum, double count, policies::Metrics& out);
-std::string MeanSumKey(const std::string& key);
 std::string MeanCountKey(const std::string& key);
 bool IsMeanShare(const std::string& metric);
 // The mean whose sum share `metric` is; "" for none.
