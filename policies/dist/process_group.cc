@@ -6,6 +6,8 @@
 #define STRATA_HAVE_C10D 1
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "policies/dist/c10d_group.h"
 #endif
 #ifdef STRATA_HAVE_GLOO
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -14,9 +16,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
-#include <algorithm>
 #include <cstdlib>
-#include <deque>
 #include <exception>
 #include <limits>
 #include <thread>
@@ -25,7 +25,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "policies/dist/flat_bucket.h"
 
 namespace strata::policies {
 namespace {
@@ -59,8 +58,9 @@ absl::Status CheckTimeout(const char* what, std::chrono::milliseconds timeout) {
 
 #ifdef STRATA_HAVE_C10D
 
-// c10d's errors are exceptions whose text is all there is to go on.
-absl::Status FromException(const std::string& what, const std::exception& e) {
+}  // namespace
+
+absl::Status FromC10dException(const std::string& what, const std::exception& e) {
   const std::string message = absl::StrCat(what, ": ", e.what());
   const std::string text = e.what();
   if (absl::StrContains(text, "imed out") || absl::StrContains(text, "imeout")) {
@@ -74,6 +74,8 @@ absl::Status FromException(const std::string& what, const std::exception& e) {
   }
   return absl::InternalError(message);
 }
+
+namespace {
 
 absl::Status CheckPort(int port) {
   if (port < 0 || port > std::numeric_limits<uint16_t>::max()) {
@@ -105,212 +107,9 @@ absl::StatusOr<std::unique_ptr<Rendezvous>> OpenStore(const std::string& host, i
   try {
     return std::make_unique<RendezvousImpl>(c10::make_intrusive<c10d::TCPStore>(host, options));
   } catch (const std::exception& e) {
-    return FromException(absl::StrCat(is_server ? "host" : "join", " rendezvous at ", host, ":", port), e);
+    return FromC10dException(absl::StrCat(is_server ? "host" : "join", " rendezvous at ", host, ":", port), e);
   }
 }
-
-// A c10d backend (ProcessGroupGloo or ProcessGroupNCCL) behind
-// ProcessGroup. `device` is where the backend wants tensors: the host for
-// Gloo, which takes any; the rank's GPU for NCCL, for which host tensors are
-// staged through the device and copied back once the collective is done.
-template <typename Group>
-class C10dProcessGroup final : public ProcessGroup {
- public:
-  C10dProcessGroup(const ProcessGroupOptions& options, std::unique_ptr<Rendezvous> rendezvous,
-                   c10::intrusive_ptr<Group> group, at::Device device)
-      : options_(options), rendezvous_(std::move(rendezvous)), group_(std::move(group)), device_(device) {}
-
-  // c10d's tensor lists mean one tensor per device, so each tensor is its
-  // own collective; they are all issued before the first wait.
-  absl::Status AllReduceSum(std::vector<at::Tensor>& tensors) override {
-    STRATA_ASSIGN_OR_RETURN(std::vector<at::Tensor> staged, Stage(tensors));
-    STRATA_RETURN_IF_ERROR(Run("all-reduce", staged.size(), [&](size_t i) {
-      std::vector<at::Tensor> one = {staged[i]};
-      return group_->allreduce(one);
-    }));
-    return Unstage(staged, tensors);
-  }
-
-  absl::Status StartAllReduceSum(std::vector<at::Tensor> tensors) override {
-    if (tensors.empty()) return Nothing("all-reduce");
-    try {
-      const bool all_here = std::all_of(tensors.begin(), tensors.end(),
-                                        [&](const at::Tensor& t) { return t.device() == device_; });
-      if (!Staging() && all_here) {
-        pending_.push_back({"all-reduce", tensors, {}, group_->allreduce_coalesced(tensors)});
-        return absl::OkStatus();
-      }
-      // One flat buffer per bucket where the backend takes it (NCCL: the
-      // rank's GPU; Gloo, whose coalesced all-reduce takes host tensors
-      // only: the host): one collective, as Gloo's coalesced all-reduce is.
-      std::vector<at::Tensor> flat = {at::empty({TotalElements(tensors)}, tensors[0].options().device(device_))};
-      PackFlat(tensors, flat[0]);
-      c10::intrusive_ptr<c10d::Work> work = group_->allreduce(flat);
-      pending_.push_back({"all-reduce", std::move(tensors), flat[0], std::move(work)});
-    } catch (const std::exception& e) {
-      return Failed("all-reduce", e);
-    }
-    return absl::OkStatus();
-  }
-
-  absl::Status StartReduceScatterSum(std::vector<std::vector<at::Tensor>> owned) override {
-    if (owned.size() != static_cast<size_t>(options_.world_size)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("reduce-scatter: ", owned.size(), " owner lists for ", options_.world_size, " ranks"));
-    }
-    // Gloo has no reduce-scatter; where the by-owner padding would cost more
-    // than it saves, NCCL all-reduces too. Either way each rank keeps its part.
-    if (!Staging() || !ReduceScatterMovesLess(owned)) {
-      std::vector<at::Tensor> all;
-      for (const auto& tensors : owned) all.insert(all.end(), tensors.begin(), tensors.end());
-      return StartAllReduceSum(std::move(all));
-    }
-    try {
-      // Every rank receives an equal part of the bucket: its own tensors.
-      STRATA_ASSIGN_OR_RETURN(OwnerPartitionedBucket input, PackByOwner(owned, device_));
-      if (input.part_length == 0) return Nothing("reduce-scatter");
-      at::Tensor output = at::empty({input.part_length}, input.flat.options());
-      c10::intrusive_ptr<c10d::Work> work = group_->_reduce_scatter_base(output, input.flat);
-      pending_.push_back(
-          {"reduce-scatter", std::move(owned[static_cast<size_t>(options_.rank)]), output, std::move(work)});
-    } catch (const std::exception& e) {
-      return Failed("reduce-scatter", e);
-    }
-    return absl::OkStatus();
-  }
-
-  absl::Status WaitPending(size_t keep_in_flight) override {
-    absl::Status status;
-    while (pending_.size() > keep_in_flight) {
-      Pending& p = pending_.front();
-      try {
-        if (p.work) p.work->wait(options_.timeout);
-        if (p.flat.defined() && status.ok()) UnpackFlat(p.flat, p.tensors);
-      } catch (const std::exception& e) {
-        if (status.ok()) status = Failed(p.what, e);
-      }
-      pending_.pop_front();
-    }
-    return status;
-  }
-
-  absl::Status Broadcast(std::vector<at::Tensor>& tensors, int root) override {
-    if (root < 0 || root >= options_.world_size) {
-      return absl::InvalidArgumentError(absl::StrCat("broadcast root ", root, " is not a rank of ", options_.world_size));
-    }
-    c10d::BroadcastOptions broadcast;
-    broadcast.rootRank = root;
-    // Only the root's values matter: the others' buffers are overwritten.
-    STRATA_ASSIGN_OR_RETURN(std::vector<at::Tensor> staged, Stage(tensors, /*copy_values=*/root == options_.rank));
-    STRATA_RETURN_IF_ERROR(Run("broadcast", staged.size(), [&](size_t i) {
-      std::vector<at::Tensor> one = {staged[i]};
-      return group_->broadcast(one, broadcast);
-    }));
-    return Unstage(staged, tensors);
-  }
-
-  absl::Status Barrier() override {
-    if (!Staging()) return Run("barrier", 1, [&](size_t) { return group_->barrier(); });
-    // NCCL's barrier guesses a device from the rank; a one-element sum on
-    // this rank's GPU meets the same way without the guess.
-    std::vector<at::Tensor> one;
-    try {
-      one.push_back(at::zeros({1}, at::TensorOptions().device(device_)));
-    } catch (const std::exception& e) {
-      return Failed("barrier", e);
-    }
-    return Run("barrier", 1, [&](size_t) { return group_->allreduce(one); });
-  }
-
-  int rank() const override { return options_.rank; }
-  int world_size() const override { return options_.world_size; }
-  Backend backend() const override { return options_.backend; }
-
- private:
-  bool Staging() const { return !device_.is_cpu(); }
-
-  // A sum of no elements still counts as one for WaitPending, so that
-  // callers can pair their buckets with the sums that end.
-  absl::Status Nothing(const char* what) {
-    pending_.push_back({what, {}, {}, {}});
-    return absl::OkStatus();
-  }
-
-  // The tensors as the backend takes them: copied to its device (the
-  // rank's GPU for NCCL, the host for Gloo) where they are elsewhere; or,
-  // without `copy_values`, buffers of their shapes there to receive into.
-  absl::StatusOr<std::vector<at::Tensor>> Stage(const std::vector<at::Tensor>& tensors, bool copy_values = true) const {
-    std::vector<at::Tensor> staged;
-    staged.reserve(tensors.size());
-    try {
-      for (const at::Tensor& t : tensors) {
-        if (t.device() == device_) {
-          staged.push_back(t);
-        } else {
-          staged.push_back(copy_values ? t.to(device_) : at::empty_like(t, t.options().device(device_)));
-        }
-      }
-    } catch (const std::exception& e) {
-      return Failed("copy to the device", e);
-    }
-    return staged;
-  }
-
-  absl::Status Unstage(const std::vector<at::Tensor>& staged, std::vector<at::Tensor>& tensors) const {
-    try {
-      for (size_t i = 0; i < tensors.size(); ++i) {
-        if (!staged[i].is_same(tensors[i])) tensors[i].copy_(staged[i]);
-      }
-    } catch (const std::exception& e) {
-      return Failed("copy back from the device", e);
-    }
-    return absl::OkStatus();
-  }
-
-  absl::Status Failed(const char* what, const std::exception& e) const {
-    return FromException(absl::StrCat(what, " on rank ", options_.rank, " of ", options_.world_size, " (",
-                                      BackendName(options_.backend), ")"),
-                         e);
-  }
-
-  // Starts `count` collectives (`start(i)`), then waits for all of them.
-  // After a failure the rest are still waited for (their buffers are the
-  // caller's), each bounded by the group's timeout.
-  template <typename Start>
-  absl::Status Run(const char* what, size_t count, Start start) {
-    auto failed = [&](const std::exception& e) { return Failed(what, e); };
-    std::vector<c10::intrusive_ptr<c10d::Work>> started;
-    absl::Status status;
-    try {
-      for (size_t i = 0; i < count; ++i) started.push_back(start(i));
-    } catch (const std::exception& e) {
-      status = failed(e);
-    }
-    for (auto& work : started) {
-      try {
-        work->wait(options_.timeout);
-      } catch (const std::exception& e) {
-        if (status.ok()) status = failed(e);
-      }
-    }
-    return status;
-  }
-
-  // A started bucket: the caller's tensors, and for a staged bucket the flat
-  // device buffer summed in their place.
-  struct Pending {
-    const char* what;  // the collective, for its error
-    std::vector<at::Tensor> tensors;
-    at::Tensor flat;
-    c10::intrusive_ptr<c10d::Work> work;
-  };
-
-  const ProcessGroupOptions options_;
-  std::unique_ptr<Rendezvous> rendezvous_;  // the store outlives the group
-  c10::intrusive_ptr<Group> group_;
-  const at::Device device_;
-  std::deque<Pending> pending_;
-};
 
 #endif  // STRATA_HAVE_C10D
 
@@ -408,7 +207,8 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGloo(const ProcessGroupOptio
   gloo->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
   auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, options.rank, options.world_size, gloo);
   return std::unique_ptr<ProcessGroup>(
-      new C10dProcessGroup<c10d::ProcessGroupGloo>(options, std::move(rendezvous), std::move(group), at::kCPU));
+      new C10dProcessGroup<c10d::ProcessGroupGloo>(options, std::move(rendezvous), std::move(group), at::kCPU,
+                                                   /*has_reduce_scatter=*/false));
 }
 #endif
 
@@ -428,7 +228,8 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateNccl(const ProcessGroupOptio
   auto group = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, options.rank, options.world_size, nccl);
   const at::Device device(at::kCUDA, static_cast<at::DeviceIndex>(options.device_index));
   auto wrapped = std::unique_ptr<ProcessGroup>(
-      new C10dProcessGroup<c10d::ProcessGroupNCCL>(options, std::move(rendezvous), std::move(group), device));
+      new C10dProcessGroup<c10d::ProcessGroupNCCL>(options, std::move(rendezvous), std::move(group), device,
+                                                   /*has_reduce_scatter=*/true));
   // The communicator forms at the first collective: issue one now, so that
   // a missing rank or a bad device fails Create, not the first gradient sum.
   STRATA_RETURN_IF_ERROR(wrapped->Barrier());
@@ -478,7 +279,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Create(const Process
 #endif
     return NoBackend(options.backend);
   } catch (const std::exception& e) {
-    return FromException(absl::StrCat("process group rank ", options.rank, " of ", options.world_size, " (",
+    return FromC10dException(absl::StrCat("process group rank ", options.rank, " of ", options.world_size, " (",
                                       BackendName(options.backend), ")"),
                          e);
   }

@@ -13,6 +13,10 @@
 #include "policies/checkpoint/tensor_io.h"
 #include "tests/testutil/testutil.h"
 
+#ifdef STRATA_TEST_WITH_GLOO
+#include "tests/policies/dist/reduce_scattering_gloo.h"
+#endif
+
 namespace strata::policies {
 namespace {
 
@@ -452,6 +456,57 @@ TEST(LayerwiseTrainerTest, MicroBatchesAccumulateTheWholeBatchGradients) {
   }
 }
 
+using RankWeights = std::map<std::string, at::Tensor>;
+
+struct ShardedStepResult {
+  std::vector<RankWeights> before, after;  // each rank's weights
+  std::vector<double> grad_norms;          // each rank's last_grad_norm()
+};
+
+// One ZeRO step of a gang of two, rank r on `groups[r]`: each rank its own
+// row, weighing half of the batch, in two micro-batches (ZeRO-2 sums each).
+ShardedStepResult ShardedStep(const std::vector<std::unique_ptr<ProcessGroup>>& groups, at::ScalarType dtype,
+                              double max_grad_norm = 0.0) {
+  ShardedStepResult result;
+  result.before.resize(2);
+  result.after.resize(2);
+  result.grad_norms.resize(2);
+  const Batch batch = MakeBatch();
+  std::vector<absl::Status> statuses(2);
+  auto rank_body = [&](int rank) {
+    const size_t r = static_cast<size_t>(rank);
+    absl::Status& status = statuses[r];
+    auto model = LlamaModel::RandomInit(SmallConfig(false), LlamaHead::kLanguageModel, dtype, 3, 0.2);
+    for (auto& [name, t] : model->NamedParameters()) result.before[r][name] = t.clone();
+    auto arena = Arena();
+    ResidentLayerSource source(model->weights().layers);
+    LayerwiseTrainerOptions options = TrainerOptions();
+    options.data_parallel = groups[r].get();
+    options.max_grad_norm = max_grad_norm;
+    auto trainer = LayerwiseTrainer::Create(model->config(), LlamaHead::kLanguageModel, model->weights(), &source,
+                                            arena.get(), options);
+    if (!trainer.ok()) {
+      status = trainer.status();
+      return;
+    }
+    const at::Tensor ids = batch.ids.narrow(0, rank, 1), mask = batch.mask.narrow(0, rank, 1);
+    for (int micro = 0; micro < 2 && status.ok(); ++micro) {
+      const at::Tensor part_ids = ids.narrow(1, 0, 5 + micro * 2), part_mask = mask.narrow(1, 0, 5 + micro * 2);
+      auto quarter = [&](const at::Tensor& logits) { return NextTokenLoss(logits, part_ids) * 0.25; };
+      status = (*trainer)->ForwardBackward(part_ids, part_mask, quarter, /*sum_over_gang=*/micro == 1).status();
+    }
+    if (status.ok()) status = (*trainer)->OptimizerStep();
+    result.grad_norms[r] = (*trainer)->last_grad_norm();
+    for (auto& [name, t] : model->NamedParameters()) result.after[r][name] = t.clone();
+  };
+  std::thread other(rank_body, 1);
+  rank_body(0);
+  other.join();
+  EXPECT_TRUE(statuses[0].ok()) << statuses[0];
+  EXPECT_TRUE(statuses[1].ok()) << statuses[1];
+  return result;
+}
+
 // ZeRO-1 in a gang of two: each rank updates the tensors it holds and
 // broadcasts them in the model's dtype, one flat buffer per layer; after
 // the step both ranks' models are the same bit for bit, in fp32 and in
@@ -461,44 +516,42 @@ TEST(LayerwiseTrainerTest, ShardedStepLeavesEveryRankTheSameWeights) {
   for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
     auto groups = ProcessGroup::CreateInProcess(2, std::chrono::milliseconds(20000));
     ASSERT_TRUE(groups.ok()) << groups.status();
-    const Batch batch = MakeBatch();
-    std::vector<std::map<std::string, at::Tensor>> before(2), after(2);
-    std::vector<absl::Status> statuses(2);
-    auto rank_body = [&](int rank) {
-      absl::Status& status = statuses[static_cast<size_t>(rank)];
-      auto model = LlamaModel::RandomInit(SmallConfig(false), LlamaHead::kLanguageModel, dtype, 3, 0.2);
-      for (auto& [name, t] : model->NamedParameters()) before[static_cast<size_t>(rank)][name] = t.clone();
-      auto arena = Arena();
-      ResidentLayerSource source(model->weights().layers);
-      LayerwiseTrainerOptions options = TrainerOptions();
-      options.data_parallel = (*groups)[static_cast<size_t>(rank)].get();
-      auto trainer = LayerwiseTrainer::Create(model->config(), LlamaHead::kLanguageModel, model->weights(), &source,
-                                              arena.get(), options);
-      if (!trainer.ok()) {
-        status = trainer.status();
-        return;
-      }
-      // Each rank its own row, weighing half of the batch.
-      const at::Tensor ids = batch.ids.narrow(0, rank, 1), mask = batch.mask.narrow(0, rank, 1);
-      auto half = [&](const at::Tensor& logits) { return NextTokenLoss(logits, ids) * 0.5; };
-      status = (*trainer)->ForwardBackward(ids, mask, half).status();
-      if (status.ok()) status = (*trainer)->OptimizerStep();
-      for (auto& [name, t] : model->NamedParameters()) after[static_cast<size_t>(rank)][name] = t.clone();
-    };
-    std::thread other(rank_body, 1);
-    rank_body(0);
-    other.join();
-    ASSERT_TRUE(statuses[0].ok()) << statuses[0];
-    ASSERT_TRUE(statuses[1].ok()) << statuses[1];
+    const ShardedStepResult step = ShardedStep(*groups, dtype);
     int moved = 0;
-    for (const auto& [name, value] : after[0]) {
-      EXPECT_TRUE(before[0][name].equal(before[1][name])) << name << ": the ranks started apart";
-      EXPECT_TRUE(value.equal(after[1].at(name))) << c10::toString(dtype) << " " << name;
-      if (!value.equal(before[0][name])) ++moved;
+    for (const auto& [name, value] : step.after[0]) {
+      EXPECT_TRUE(step.before[0].at(name).equal(step.before[1].at(name))) << name << ": the ranks started apart";
+      EXPECT_TRUE(value.equal(step.after[1].at(name))) << c10::toString(dtype) << " " << name;
+      if (!value.equal(step.before[0].at(name))) ++moved;
     }
-    EXPECT_EQ(moved, static_cast<int>(after[0].size())) << c10::toString(dtype);
+    EXPECT_EQ(moved, static_cast<int>(step.after[0].size())) << c10::toString(dtype);
   }
 }
+
+#ifdef STRATA_TEST_WITH_GLOO
+// ZeRO-2 through a reduce-scatter (NCCL's branch, run on a Gloo that has
+// one): a rank receives the sums of the tensors it holds only, and the
+// gradients it borrowed for the others are left unsummed. Nothing in the
+// step may read those: clipping's global norm, the update and the weight
+// broadcast give the all-reduce branch's weights, bit for bit (two ranks
+// add a + b either way).
+TEST(LayerwiseTrainerTest, ReduceScatteredStepEqualsTheAllReducedOne) {
+  auto all_reducing = ProcessGroup::CreateInProcess(2, std::chrono::milliseconds(20000));
+  ASSERT_TRUE(all_reducing.ok()) << all_reducing.status();
+  const ShardedStepResult expected = ShardedStep(*all_reducing, at::kFloat, /*max_grad_norm=*/0.05);
+  ReduceScatteringGang gang = MakeReduceScatteringGang(2);
+  const ShardedStepResult got = ShardedStep(gang.groups, at::kFloat, /*max_grad_norm=*/0.05);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_GT(gang.backends[static_cast<size_t>(rank)]->calls, 0) << "rank " << rank << " never reduce-scattered";
+  }
+  EXPECT_GT(expected.grad_norms[0], 0.05);  // the clipping acted
+  for (size_t rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(got.grad_norms[rank], expected.grad_norms[rank]) << "rank " << rank;
+    for (const auto& [name, value] : expected.after[rank]) {
+      EXPECT_TRUE(got.after[rank].at(name).equal(value)) << "rank " << rank << " " << name;
+    }
+  }
+}
+#endif
 
 }  // namespace
 }  // namespace strata::policies
