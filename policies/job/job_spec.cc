@@ -541,22 +541,33 @@ int64_t RowsPerIteration(const JobSpec& spec) {
   return spec.train.batch_size;
 }
 
+int64_t RowsPerRank(const JobSpec& spec) {
+  const int64_t workers = std::max<int64_t>(spec.parallel.workers, 1);
+  const int64_t prompts = (spec.train.batch_size + workers - 1) / workers;
+  return RowsPerIteration(spec) / std::max<int64_t>(spec.train.batch_size, 1) * prompts;
+}
+
 absl::Status CheckJobLimits(const JobSpec& spec, const JobLimits& limits, const std::string& who) {
-  const int64_t rows = RowsPerIteration(spec);
+  const int64_t rows = RowsPerRank(spec);
+  // "rows (train.batch_size B over parallel.workers N x group.samples_per_prompt S)"
+  const bool group = spec.algorithm == Algorithm::kGrpo || spec.algorithm == Algorithm::kRloo;
+  const std::string counted = absl::StrCat(
+      rows, " rows (train.batch_size ", spec.train.batch_size,
+      spec.parallel.workers > 1 ? absl::StrCat(" over parallel.workers ", spec.parallel.workers) : "",
+      group ? absl::StrCat(" x group.samples_per_prompt ", spec.group.samples_per_prompt) : "", ")");
   if (limits.max_rows > 0 && rows > limits.max_rows) {
-    const bool group = spec.algorithm == Algorithm::kGrpo || spec.algorithm == Algorithm::kRloo;
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "spec key '", group ? "group.samples_per_prompt" : "train.batch_size", "': an iteration would decode ", rows,
-        " rows (train.batch_size ", spec.train.batch_size, group ? " x group.samples_per_prompt " : "",
-        group ? absl::StrCat(spec.group.samples_per_prompt) : "", "); ", who, " at most ", limits.max_rows));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("spec key '", group ? "group.samples_per_prompt" : "train.batch_size",
+                     "': an iteration would decode ", counted, " on each worker; ", who, " at most ", limits.max_rows,
+                     " (more parallel.workers spread them)"));
   }
   // Activations, logits and the KV cache grow with tokens, not rows.
   const int64_t per_row = spec.data.max_prompt_tokens + std::max(spec.generation.max_new_tokens,
                                                                   spec.data.max_response_tokens);
   if (limits.max_tokens > 0 && rows > limits.max_tokens / std::max<int64_t>(per_row, 1)) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "spec keys 'data.max_prompt_tokens' + 'generation.max_new_tokens' (", per_row, " tokens a row) x ", rows,
-        " rows an iteration exceed what ", who, " (", limits.max_tokens, " tokens)"));
+        "spec keys 'data.max_prompt_tokens' + 'generation.max_new_tokens' (", per_row, " tokens a row) x ", counted,
+        " on each worker exceed what ", who, " (", limits.max_tokens, " tokens)"));
   }
   if (limits.max_host_mib > 0 && spec.memory.host_mib > limits.max_host_mib) {
     return absl::ResourceExhaustedError(absl::StrCat("spec key 'memory.host_mib' (", spec.memory.host_mib,

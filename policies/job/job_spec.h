@@ -152,6 +152,9 @@ struct JobSpec {
 // responses each gets (ReMax: a sample and the greedy one; GRPO/RLOO:
 // group.samples_per_prompt; SFT and PPO: one; a preference pair: two).
 int64_t RowsPerIteration(const JobSpec& spec);
+// The most of those one rank of the gang decodes: row i of the global
+// batch goes to rank i mod parallel.workers, a prompt's responses with it.
+int64_t RowsPerRank(const JobSpec& spec);
 
 // The learning-rate multiplier of `iteration` (0-based) under train's
 // schedule: warmup ramps to 1 (iteration i of W uses (i + 1) / W), then
@@ -160,10 +163,11 @@ int64_t RowsPerIteration(const JobSpec& spec);
 // continues the schedule exactly.
 double LearningRateScale(const TrainSpec& train, int64_t iteration);
 
-// What a service accepts from a spec, whatever the spec says; 0 = no limit.
+// What one worker accepts from a spec, whatever the spec says; 0 = no
+// limit. Rows and tokens count one rank's share: a gang spreads the batch.
 struct JobLimits {
-  int64_t max_rows = 0;        // RowsPerIteration
-  int64_t max_tokens = 0;      // RowsPerIteration x (data.max_prompt_tokens + generation.max_new_tokens)
+  int64_t max_rows = 0;        // RowsPerRank
+  int64_t max_tokens = 0;      // RowsPerRank x (data.max_prompt_tokens + generation.max_new_tokens)
   int64_t max_host_mib = 0;    // memory.host_mib
   int64_t max_device_mib = 0;  // memory.device_mib
 };

@@ -8,6 +8,7 @@
 #include "absl/strings/str_split.h"
 #include "base/file.h"
 #include "base/status_macros.h"
+#include "policies/dist/tensor_dealer.h"
 
 namespace strata::policies {
 namespace {
@@ -136,6 +137,9 @@ struct ModelShape {
   int64_t head_width = 0;  // vocabulary, or num_labels for a scalar head
   int64_t vocab = 0;
   int64_t layer_params = 0, resident_params = 0, params = 0;
+  // Parameters whose optimizer state and gradients one rank keeps: all of
+  // them, or with ZeRO over several ranks the fullest rank's whole tensors.
+  int64_t shard_params = 0;
   std::string dtype;
   const offload::ModelPlacement* placement = nullptr;
 
@@ -152,7 +156,7 @@ struct ModelShape {
   }
 };
 
-ModelShape ShapeOf(const PlannedModel& m, const offload::ModelPlacement& placement) {
+ModelShape ShapeOf(const PlannedModel& m, const offload::ModelPlacement& placement, int64_t workers) {
   const LlamaConfig& c = m.config;
   ModelShape s;
   s.model = &m;
@@ -169,6 +173,9 @@ ModelShape ShapeOf(const PlannedModel& m, const offload::ModelPlacement& placeme
   s.layer_params = c.LayerParameters();
   s.resident_params = ResidentParameters(c, m.scalar_head);
   s.params = s.resident_params + s.L * s.layer_params;
+  const bool sharded = workers > 1 && placement.optimizer != offload::Tier::kDevice;
+  s.shard_params =
+      sharded ? FullestShard(c.TrainedTensorElements(m.scalar_head), static_cast<int>(workers)) : s.params;
   s.placement = &placement;
   return s;
 }
@@ -290,7 +297,7 @@ class CostModel {
   }
   // One optimizer step over a rank's shard, and the new weights written home.
   double OptimizerStep(const ModelShape& s, int64_t workers) const {
-    const double shard = static_cast<double>(s.params) / static_cast<double>(workers);
+    const double shard = static_cast<double>(s.shard_params);
     double t = 0;
     switch (s.placement->optimizer) {
       case offload::Tier::kDevice: t = shard / f_.device_adam_params_per_s; break;
@@ -338,7 +345,7 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
     out.placement[m.role] = m.spec.placement;
     out.trainable[m.role] = m.trainable;
   }
-  for (const auto& m : models) shapes[m.role] = ShapeOf(m, out.placement[m.role]);
+  for (const auto& m : models) shapes[m.role] = ShapeOf(m, out.placement[m.role], workers);
   auto has = [&](const char* role) { return shapes.count(role) > 0; };
 
   // State that lives through every phase.
@@ -371,7 +378,7 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
     double step_scratch = 0.0;
     if (s.model->trainable) {
       const double params = static_cast<double>(s.params);
-      const double shard = params / static_cast<double>(workers);
+      const double shard = static_cast<double>(s.shard_params);
       // Gradient buffers: every parameter's; with several ranks (ZeRO-2) the
       // held share plus, borrowed, the others' share of two layers (one
       // summing while the next is made); with step_in_backward only the

@@ -341,6 +341,23 @@ int64_t LlamaConfig::LayerParameters() const {
   return attn + mlp + 2 * h;
 }
 
+std::vector<int64_t> LlamaConfig::TrainedTensorElements(bool scalar_head) const {
+  const int64_t h = hidden_size, i = intermediate_size;
+  const int64_t q = num_attention_heads * head_dim, kv = num_key_value_heads * head_dim;
+  std::vector<int64_t> out = {vocab_size * h, h};
+  if (scalar_head) {
+    out.push_back(num_labels * h);
+  } else if (!tie_word_embeddings) {
+    out.push_back(vocab_size * h);
+  }
+  std::vector<int64_t> layer = {h, q * h, kv * h, kv * h};
+  if (qkv_bias) layer.insert(layer.end(), {q, kv, kv});
+  if (qk_norm) layer.insert(layer.end(), {head_dim, head_dim});
+  layer.insert(layer.end(), {h * q, h, i * h, i * h, h * i});
+  for (int64_t l = 0; l < num_hidden_layers; ++l) out.insert(out.end(), layer.begin(), layer.end());
+  return out;
+}
+
 int64_t LlamaConfig::NumParameters() const {
   const int64_t embed = vocab_size * hidden_size;
   return embed * (tie_word_embeddings ? 1 : 2) + num_hidden_layers * LayerParameters() + hidden_size;

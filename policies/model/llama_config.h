@@ -85,6 +85,11 @@ struct LlamaConfig {
   // Parameter count of the decoder stack with embeddings and, unless tied,
   // the LM head.
   int64_t NumParameters() const;
+  // Elements of each tensor the layer-wise trainer trains, in the order it
+  // meets them (and ZeRO deals them out): the embedding, the final norm,
+  // the untied LM head or the scalar head, then every layer's tensors in
+  // LlamaLayerWeights::Named() order.
+  std::vector<int64_t> TrainedTensorElements(bool scalar_head) const;
 };
 
 }  // namespace strata::policies

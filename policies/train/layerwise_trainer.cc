@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #include "policies/checkpoint/safetensors.h"
 #include "policies/checkpoint/tensor_io.h"
 #include "policies/dist/flat_bucket.h"
+#include "policies/dist/tensor_dealer.h"
 
 namespace strata::policies {
 namespace {
@@ -163,9 +165,9 @@ class LayerwiseTrainerImpl final : public LayerwiseTrainer {
   std::vector<ParamState> params_;
   std::vector<std::vector<size_t>> layer_params_;  // params_ index per layer tensor
   // ZeRO-1 and 2: the optimizer and the gradients are sharded over the
-  // gang; parameters dealt so far per rank (floats), to balance the next one.
+  // gang, whole tensors dealt out as they are met.
   bool sharded_ = false;
-  std::vector<int64_t> dealt_;
+  std::optional<TensorDealer> dealer_;
   int64_t num_parameters_ = 0;
 };
 
@@ -182,9 +184,7 @@ absl::Status LayerwiseTrainerImpl::AllocateState(ParamState& state, const at::Te
   state.dtype = value.scalar_type();
   num_parameters_ += state.numel;
   if (sharded_) {
-    // To the rank with the fewest parameters so far (the lowest on a tie).
-    state.owner = static_cast<int>(std::min_element(dealt_.begin(), dealt_.end()) - dealt_.begin());
-    dealt_[static_cast<size_t>(state.owner)] += state.numel;
+    state.owner = dealer_->Deal(state.numel);
     state.held = state.owner == options_.data_parallel->rank();
   }
   if (options_.optimizer == offload::Tier::kDevice) {
@@ -252,7 +252,7 @@ absl::StatusOr<std::unique_ptr<LayerwiseTrainer>> LayerwiseTrainer::Create(const
   trainer->adam_ = std::move(adam);
   if (trainer->data_parallel() && options.optimizer != offload::Tier::kDevice) {
     trainer->sharded_ = true;
-    trainer->dealt_.assign(static_cast<size_t>(options.data_parallel->world_size()), 0);
+    trainer->dealer_.emplace(options.data_parallel->world_size());
   }
   if (options.optimizer == offload::Tier::kNvme) {
     if (nvme == nullptr) return absl::InvalidArgumentError("an NVMe optimizer needs an NVMe store");

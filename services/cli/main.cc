@@ -212,9 +212,11 @@ struct ServerCommands {
     worker->add_option("--allow-path", wk.allow_paths, "another directory job paths may use (repeatable)");
     worker->add_option("--max-host-mib", wk.max_host_mib, "largest memory.host_mib accepted (default 90% of RAM)")
         ->check(CLI::NonNegativeNumber);
-    worker->add_option("--max-rows", wk.max_rows, "most rows (prompts x responses) an iteration may decode")
+    worker->add_option("--max-rows", wk.max_rows,
+                       "most rows (prompts x responses) an iteration may decode on this worker")
         ->check(CLI::PositiveNumber);
-    worker->add_option("--max-tokens", wk.max_tokens, "most tokens (rows x (prompt + new tokens)) an iteration may hold")
+    worker->add_option("--max-tokens", wk.max_tokens,
+                       "most tokens (rows x (prompt + new tokens)) an iteration may hold on this worker")
         ->check(CLI::PositiveNumber);
     worker->add_option("--device-budget-mib", wk.device_budget_mib, "device budget for jobs that name none");
     worker->add_option("--id", wk.worker_id, "worker id (default worker-<listen>)");
@@ -303,7 +305,8 @@ struct ReportCommands {
     plan->add_option("--fit", plan_options.fit,
                      "search placements that fit this hardware: device=80GiB,host=128GiB,nvme=2TiB (device=cpu: "
                      "compute on the CPU)");
-    plan->add_option("--workers", plan_options.workers, "data-parallel ranks (default: the spec's parallel.workers)")
+    plan->add_option("--workers", plan_options.workers,
+                     "data-parallel ranks, as if the spec set parallel.workers (and so written by --write)")
         ->check(CLI::PositiveNumber);
     plan->add_option("--figures", plan_options.figures,
                      "`strata bench figures` output (default: $STRATA_FIGURES, ~/.cache/strata/figures.json, else "

@@ -123,13 +123,17 @@ absl::StatusOr<std::string> RunPlan(const PlanOptions& options) {
   json all = json::array();
   std::string text = absl::StrFormat("figures: %s%s\n", figures.source.empty() ? "built in" : figures.source,
                                      figures.machine.empty() ? "" : absl::StrCat(" (", figures.machine, ")"));
+  // --workers plans the spec as if it said so: checked as `train` would
+  // check it, and written with the rest of a fit.
+  std::vector<std::string> overrides = options.overrides;
+  if (options.workers > 0) overrides.push_back(absl::StrCat("parallel.workers=", options.workers));
   for (const auto& path : options.specs) {
     STRATA_ASSIGN_OR_RETURN(auto yaml, ReadFileToString(path));
-    STRATA_ASSIGN_OR_RETURN(auto applied, policies::ApplyOverrides(yaml, options.overrides, path));
+    STRATA_ASSIGN_OR_RETURN(auto applied, policies::ApplyOverrides(yaml, overrides, path));
     STRATA_ASSIGN_OR_RETURN(auto spec, policies::ParseJobSpec(applied, {}, path));
     STRATA_ASSIGN_OR_RETURN(auto models, policies::JobModels(spec));
     STRATA_ASSIGN_OR_RETURN(auto states, policies::PlanModelStates(spec));
-    const int64_t workers = options.workers > 0 ? options.workers : spec.parallel.workers;
+    const int64_t workers = spec.parallel.workers;
     if (options.fit.empty()) hardware.cpu_device = spec.memory.device == "cpu";
     json j{{"spec", path}, {"algorithm", policies::AlgorithmName(spec.algorithm)}, {"workers", workers}};
     for (const auto& m : states.models) {
@@ -181,9 +185,9 @@ absl::StatusOr<std::string> RunPlan(const PlanOptions& options) {
         return absl::ResourceExhaustedError(absl::StrCat(path, ": nothing fits ", options.fit, " (", fit.binding_tier,
                                                          " binds); ", options.write, " not written"));
       }
-      std::vector<std::string> overrides = options.overrides;
-      for (auto& o : policies::PredictionOverrides(fit.chosen)) overrides.push_back(std::move(o));
-      STRATA_ASSIGN_OR_RETURN(auto chosen_yaml, policies::ApplyOverrides(yaml, overrides, path));
+      std::vector<std::string> chosen = overrides;
+      for (auto& o : policies::PredictionOverrides(fit.chosen)) chosen.push_back(std::move(o));
+      STRATA_ASSIGN_OR_RETURN(auto chosen_yaml, policies::ApplyOverrides(yaml, chosen, path));
       STRATA_RETURN_IF_ERROR(WriteFileAtomically(options.write, chosen_yaml));
       text += absl::StrFormat("  wrote %s\n", options.write);
     }

@@ -1,6 +1,7 @@
 #include "services/coordinator/coordinator.h"
 
 #include <chrono>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -68,14 +69,11 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::JobEvent> {
       pending_ = std::move(*events);
       next_ = 0;
       if (!pending_.empty()) return WriteNext();
-      if (ended_) return Finish(grpc::Status::OK);
-      // Caught up: a terminal job has nothing more to say.
+      // Caught up: a terminal job has nothing more to say once its final
+      // state event is out (writing it ends the stream).
       auto job = service_->store_->Get(job_id_);
       if (!job.ok()) return Finish(ToGrpcStatus(job.status()));
-      if (IsTerminal(job->state)) {
-        ended_ = true;
-        return Read();  // one more read picks up the final events
-      }
+      if (IsTerminal(job->state) && FinalEventWaitIsOver(*job)) return Finish(grpc::Status::OK);
       service_->Park(job_id_, this);
     });
   }
@@ -120,6 +118,22 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::JobEvent> {
     StartWrite(&event_);
   }
 
+  // A job's end is recorded before its final state event is appended: a
+  // watcher that catches up in between waits for that event (Publish, or
+  // the scheduler's sweep of parked watchers, wakes it), so that the stream
+  // does not end without the state it ended in. Bounded, for a coordinator
+  // that died in between, or a caller resuming after the final event.
+  bool FinalEventWaitIsOver(const JobRecord& job) {
+    constexpr int64_t kFinalEventWaitMs = 5000;
+    const auto now = std::chrono::steady_clock::now();
+    if (!terminal_seen_.has_value()) terminal_seen_ = now;
+    const int64_t unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                std::chrono::system_clock::now().time_since_epoch())
+                                .count();
+    const int64_t since_end_ms = unix_ms - job.updated_unix_ms;  // Redis's clock: one deployment's
+    return since_end_ms >= kFinalEventWaitMs || now - *terminal_seen_ >= std::chrono::milliseconds(kFinalEventWaitMs);
+  }
+
   CoordinatorService* const service_;
   const std::string job_id_;
   std::string last_;
@@ -128,7 +142,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::JobEvent> {
   v1::JobEvent event_;
   const Caller caller_;
   bool allowed_ = false;  // the caller may see the job (checked on the first read)
-  bool ended_ = false;
+  std::optional<std::chrono::steady_clock::time_point> terminal_seen_;
   bool stop_after_write_ = false;
   std::atomic<bool> cancelled_{false};
 };

@@ -28,6 +28,7 @@
 #include "strata/v1/coordinator.grpc.pb.h"
 #include "strata/v1/worker.grpc.pb.h"
 #include "services/runtime/job_runner.h"
+#include "services/store/job_store.h"
 #include "tests/testutil/child_process.h"
 #include "tests/testutil/redis_server.h"
 #include "tests/testutil/testutil.h"
@@ -1446,6 +1447,63 @@ class MisfitWorker final : public v1::Worker::Service {
   std::condition_variable unloaded_;
   int unloads_ = 0;
 };
+
+// A coordinator with no workers: jobs stay QUEUED until a test moves them.
+class NoWorkerServiceTest : public ServiceTest {
+ protected:
+  int RealWorkers() const override { return 0; }
+};
+
+// A job's end is recorded before its final state event is appended. A
+// watcher that caught up in between used to end the stream without that
+// state (seen under load: a job watched to its end "ended" QUEUED). Here the
+// end is recorded straight in Redis, with no event: the stream must stay
+// open (given a second to end, the old coordinator ended it at once), then
+// end with the event once it is appended.
+TEST_F(NoWorkerServiceTest, AWatchWaitsForTheFinalEventOfAJobThatJustEnded) {
+  v1::Job job;
+  ASSERT_TRUE(Submit(Spec(2, "ends-quietly"), &job).ok());
+  services::JobStoreOptions options;
+  options.redis_url = redis_->url();
+  auto store = services::JobStore::Connect(options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->Transition(job.id(), {services::JobState::kQueued}, services::JobState::kFailed).ok());
+
+  std::mutex mu;
+  std::condition_variable changed;
+  std::vector<v1::JobEvent> events;
+  bool ended = false;
+  grpc::ClientContext context;
+  services::AddBearer(&context, kToken);
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  std::thread watcher([&] {
+    v1::WatchJobRequest request;
+    request.set_job_id(job.id());
+    auto reader = stub_->WatchJob(&context, request);
+    v1::JobEvent e;
+    while (reader->Read(&e)) {
+      std::lock_guard<std::mutex> lock(mu);
+      events.push_back(e);
+      changed.notify_all();
+    }
+    EXPECT_TRUE(reader->Finish().ok());
+    std::lock_guard<std::mutex> lock(mu);
+    ended = true;
+    changed.notify_all();
+  });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(changed.wait_for(lock, std::chrono::seconds(30), [&] { return !events.empty() || ended; }));
+    ASSERT_FALSE(events.empty());
+    EXPECT_EQ(events[0].state(), v1::QUEUED);
+    EXPECT_FALSE(changed.wait_for(lock, std::chrono::seconds(1), [&] { return ended; }))
+        << "the stream ended without the final state";
+  }
+  ASSERT_TRUE((*store)->AppendEvent(job.id(), "state", R"({"state": "FAILED"})").ok());
+  watcher.join();
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[1].state(), v1::FAILED);
+}
 
 class MisfitWorkerTest : public ServiceTest {
  protected:

@@ -526,7 +526,8 @@ TEST_P(DataParallelTest, UnevenShardsMakeTheSamePassesOnEveryRank) {
   ExpectSameTraining("whole", "micro", 3, /*weights=*/false, /*compared_iterations=*/1);
 }
 
-INSTANTIATE_TEST_SUITE_P(Algorithms, DataParallelTest, ::testing::Values("sft", "reward_model", "remax", "ppo"));
+INSTANTIATE_TEST_SUITE_P(Algorithms, DataParallelTest,
+                         ::testing::Values("sft", "reward_model", "remax", "ppo", "grpo", "rloo"));
 
 TEST_F(TrainTest, BadSpecsFailWithTheKeyNamed) {
   auto unknown = Strata({"train", spec_, "--out", dir_.Join("x"), "--set", "train.iteratons=2"});

@@ -207,5 +207,38 @@ TEST(JobSpecTest, PpoNeedsACriticOrRewardModel) {
             std::string::npos);
 }
 
+// A worker's row limits count its own rank's share: rank 0 takes
+// ceil(batch / workers) prompts, each with all its responses.
+TEST(JobSpecTest, RowLimitsCountOneRanksShare) {
+  auto spec = ParseJobSpec(kRemax, {"algorithm=grpo", "train.batch_size=5", "group.samples_per_prompt=4",
+                                    "parallel.workers=2"},
+                           "job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(RowsPerIteration(*spec), 20);
+  EXPECT_EQ(RowsPerRank(*spec), 12);  // 3 prompts x 4
+  JobLimits limits;
+  limits.max_rows = 12;
+  EXPECT_TRUE(CheckJobLimits(*spec, limits, "this worker accepts").ok());
+  limits.max_rows = 11;
+  const absl::Status refused = CheckJobLimits(*spec, limits, "this worker accepts");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.message().find("'group.samples_per_prompt': an iteration would decode 12 rows (train.batch_size "
+                                   "5 over parallel.workers 2 x group.samples_per_prompt 4) on each worker"),
+            absl::string_view::npos)
+      << refused;
+  // Tokens likewise: 12 rows of (prompt + new tokens).
+  limits.max_rows = 0;
+  const int64_t per_row =
+      spec->data.max_prompt_tokens + std::max(spec->generation.max_new_tokens, spec->data.max_response_tokens);
+  limits.max_tokens = 12 * per_row;
+  EXPECT_TRUE(CheckJobLimits(*spec, limits, "this worker accepts").ok());
+  limits.max_tokens = 12 * per_row - 1;
+  EXPECT_EQ(CheckJobLimits(*spec, limits, "this worker accepts").code(), absl::StatusCode::kResourceExhausted);
+  // ReMax decodes a sample and the greedy response of each prompt.
+  auto remax = ParseJobSpec(kRemax, {"train.batch_size=7", "parallel.workers=3"}, "job.yaml");
+  ASSERT_TRUE(remax.ok()) << remax.status();
+  EXPECT_EQ(RowsPerRank(*remax), 6);
+}
+
 }  // namespace
 }  // namespace strata::policies

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "base/file.h"
+#include "policies/dist/tensor_dealer.h"
 #include "gtest/gtest.h"
 #include "tests/testutil/testutil.h"
 
@@ -177,6 +178,30 @@ TEST(MemoryPlanTest, ShardedOptimizerStatesShrinkPerRank) {
   EXPECT_GT(ratio, 8.0 / 16.0);
   EXPECT_LT(ratio, 10.0 / 16.0 - 0.02) << ratio;
   EXPECT_LT(two.peak[0], one.peak[0]);  // half the rows' activations
+}
+
+// Ranks hold whole tensors (TensorDealer, as the trainer deals them), so
+// the fullest rank's NVMe optimizer states are 12 bytes for each parameter
+// of its deal: more than an even 1/N of the model once tensors are few per
+// rank.
+TEST(MemoryPlanTest, ShardedStatesAreTheFullestRanksDeal) {
+  const JobSpec spec = Spec("ppo", {"models.actor.placement.optimizer=nvme", "models.critic.placement.optimizer=nvme"});
+  auto models = JobModels(spec);
+  ASSERT_TRUE(models.ok()) << models.status();
+  const JobPrediction one = PredictJob(spec, *models, Figures(), 1);
+  for (int workers : {2, 8}) {
+    int64_t left = 0;  // parameters whose states leave the fullest rank
+    for (const PlannedModel& m : *models) {
+      if (!m.trainable) continue;
+      const std::vector<int64_t> tensors = m.config.TrainedTensorElements(m.scalar_head);
+      int64_t params = 0;
+      for (int64_t t : tensors) params += t;
+      left += params - FullestShard(tensors, workers);
+      if (workers == 8) EXPECT_GT(FullestShard(tensors, 8), params / 8) << m.role << ": 4 layers over 8 ranks";
+    }
+    const JobPrediction many = PredictJob(spec, *models, Figures(), workers);
+    EXPECT_EQ(one.peak[2] - many.peak[2], 12 * left) << workers << " workers";
+  }
 }
 
 TEST(MemoryPlanTest, FitPicksAPlacementThatFitsAndWritesItBack) {

@@ -360,6 +360,33 @@ TEST(LlamaCheckpointTest, FamilyTensorsSaveAndLoadUnderHfNames) {
   }
 }
 
+// The element counts the planner deals out as ZeRO shards are the model's
+// tensors in the trainer's order: embedding, norm, head, then each layer's
+// Named() tensors, for every family's layout and head.
+TEST(LlamaConfigTest, TrainedTensorElementsAreTheModelsTensorsInTheTrainersOrder) {
+  for (ModelFamily family : {ModelFamily::kLlama, ModelFamily::kQwen2, ModelFamily::kQwen3}) {
+    for (const auto& [head, tied] : {std::pair{LlamaHead::kLanguageModel, false},
+                                     std::pair{LlamaHead::kLanguageModel, true}, std::pair{LlamaHead::kScalar, false}}) {
+      LlamaConfig c = TinyConfig();
+      c.family = family;
+      c.qkv_bias = family == ModelFamily::kQwen2;
+      c.qk_norm = family == ModelFamily::kQwen3;
+      c.tie_word_embeddings = tied;
+      c.num_labels = 3;
+      auto model = LlamaModel::RandomInit(c, head, at::kFloat, 3);
+      LlamaWeights w = model->weights();
+      std::vector<int64_t> expected = {w.embed_tokens.numel(), w.norm.numel()};
+      if (w.lm_head.defined()) expected.push_back(w.lm_head.numel());
+      if (w.score.defined()) expected.push_back(w.score.numel());
+      for (LlamaLayerWeights& layer : w.layers) {
+        for (const auto& [name, tensor] : layer.Named()) expected.push_back(tensor->numel());
+      }
+      EXPECT_EQ(c.TrainedTensorElements(head == LlamaHead::kScalar), expected)
+          << "family " << static_cast<int>(family) << ", tied " << tied << ", scalar " << (head == LlamaHead::kScalar);
+    }
+  }
+}
+
 TEST(LlamaConfigTest, JsonRoundTripsAndGqaDefaults) {
   auto parsed = LlamaConfig::FromJson(
       R"({"hidden_size": 64, "num_attention_heads": 8, "vocab_size": 10, "intermediate_size": 8,

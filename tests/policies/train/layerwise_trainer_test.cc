@@ -9,6 +9,7 @@
 #include "offload/device/device_memory.h"
 #include "offload/tiers/placement.h"
 #include "policies/dist/process_group.h"
+#include "policies/dist/tensor_dealer.h"
 #include "policies/checkpoint/safetensors.h"
 #include "policies/checkpoint/tensor_io.h"
 #include "tests/testutil/testutil.h"
@@ -461,6 +462,7 @@ using RankWeights = std::map<std::string, at::Tensor>;
 struct ShardedStepResult {
   std::vector<RankWeights> before, after;  // each rank's weights
   std::vector<double> grad_norms;          // each rank's last_grad_norm()
+  std::vector<int64_t> state_bytes;        // each rank's optimizer_state_bytes()
 };
 
 // One ZeRO step of a gang of two, rank r on `groups[r]`: each rank its own
@@ -471,6 +473,7 @@ ShardedStepResult ShardedStep(const std::vector<std::unique_ptr<ProcessGroup>>& 
   result.before.resize(2);
   result.after.resize(2);
   result.grad_norms.resize(2);
+  result.state_bytes.resize(2);
   const Batch batch = MakeBatch();
   std::vector<absl::Status> statuses(2);
   auto rank_body = [&](int rank) {
@@ -497,6 +500,7 @@ ShardedStepResult ShardedStep(const std::vector<std::unique_ptr<ProcessGroup>>& 
     }
     if (status.ok()) status = (*trainer)->OptimizerStep();
     result.grad_norms[r] = (*trainer)->last_grad_norm();
+    result.state_bytes[r] = (*trainer)->optimizer_state_bytes();
     for (auto& [name, t] : model->NamedParameters()) result.after[r][name] = t.clone();
   };
   std::thread other(rank_body, 1);
@@ -524,6 +528,11 @@ TEST(LayerwiseTrainerTest, ShardedStepLeavesEveryRankTheSameWeights) {
       if (!value.equal(step.before[0].at(name))) ++moved;
     }
     EXPECT_EQ(moved, static_cast<int>(step.after[0].size())) << c10::toString(dtype);
+    // Each rank holds master weights and moments (12 bytes a parameter) of
+    // what TensorDealer deals it, which is what the memory planner counts.
+    TensorDealer dealer(2);
+    for (int64_t elements : SmallConfig(false).TrainedTensorElements(/*scalar_head=*/false)) dealer.Deal(elements);
+    EXPECT_EQ(step.state_bytes, (std::vector<int64_t>{12 * dealer.dealt()[0], 12 * dealer.dealt()[1]}));
   }
 }
 
