@@ -164,6 +164,9 @@ struct TrainCommands {
     train_cmd->add_option("--workers", train.workers,
                           "data-parallel ranks in this process (replaces parallel.workers)")
         ->check(CLI::PositiveNumber);
+    train_cmd->add_option("--collective-timeout-ms", train.collective_timeout_ms,
+                          "how long the ranks wait in a collective for a slow or stuck rank (at least 1000)")
+        ->check(CLI::Range(1000, 24 * 3600 * 1000));
     train_cmd->add_option("--set", train.overrides, "override a spec field: key.path=value (repeatable)");
     train_cmd->callback([&] { run = [&] { return Finish("train", strata::services::RunTrain(train)); }; });
   }

@@ -18,6 +18,10 @@ struct TrainRequest {
   bool resume = false;
   bool overwrite = false;              // --overwrite: a fresh run removes earlier checkpoints
   int workers = 0;                     // --workers: replaces parallel.workers (0: keep)
+  // --collective-timeout-ms: bounds forming the gang and each collective.
+  // A rank's phase may run this much longer than another's before the
+  // collective that ends it fails (a long scoring pass on a larger shard).
+  int collective_timeout_ms = 60000;
 };
 
 // Returns a one-line summary for stdout; progress goes to stderr.

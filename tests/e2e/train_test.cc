@@ -529,6 +529,27 @@ TEST_P(DataParallelTest, UnevenShardsMakeTheSamePassesOnEveryRank) {
 INSTANTIATE_TEST_SUITE_P(Algorithms, DataParallelTest,
                          ::testing::Values("sft", "reward_model", "remax", "ppo", "grpo", "rloo"));
 
+// In `strata train --workers N` the ranks wait in a collective at most
+// --collective-timeout-ms for a slower rank: one rank scoring 4 s longer
+// (a larger shard, longer rollouts) fails a 1 s bound and passes a 20 s
+// one.
+TEST_F(TrainTest, CollectiveTimeoutBoundsHowFarTheRanksMayDrift) {
+  auto run = [&](const std::string& out, const std::string& timeout_ms) {
+    auto result = testing::RunCommand({"/usr/bin/env", "STRATA_FAILPOINT=stall@score:0:4", testing::StrataBinary(),
+                                       "train", spec_, "--out", dir_.Join(out), "--workers", "2",
+                                       "--collective-timeout-ms", timeout_ms, "--set", "train.iterations=1"});
+    EXPECT_TRUE(result.ok()) << result.status();
+    return result.ok() ? *result : testing::CommandResult{};
+  };
+  auto tight = run("tight", "1000");
+  EXPECT_NE(tight.exit_code, 0);
+  // The waiting rank's deadline, or its peer's closed connection once that
+  // rank gave up: either names the collective.
+  EXPECT_NE(tight.error.find("all-reduce on rank"), std::string::npos) << tight.error;
+  auto loose = run("loose", "20000");
+  EXPECT_EQ(loose.exit_code, 0) << loose.error;
+}
+
 TEST_F(TrainTest, BadSpecsFailWithTheKeyNamed) {
   auto unknown = Strata({"train", spec_, "--out", dir_.Join("x"), "--set", "train.iteratons=2"});
   EXPECT_NE(unknown.exit_code, 0);
