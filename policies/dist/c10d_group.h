@@ -1,8 +1,8 @@
 // The c10d group behind ProcessGroup (process_group.cc builds it over Gloo
 // or NCCL). Internal to policies/dist: it is a header so that a test can
-// put a CPU backend with a reduce-scatter behind it, which no c10d backend
-// on the CPU has, and run ZeRO-2's reduce-scatter branch without a GPU.
-// The includer brings the c10d backend's own header.
+// put a CPU backend with a reduce-scatter behind it (libtorch 1.13's Gloo
+// has none) and run ZeRO-2's reduce-scatter branch without a GPU. The
+// includer brings the c10d backend's own header.
 #ifndef STRATA_POLICIES_DIST_C10D_GROUP_H_
 #define STRATA_POLICIES_DIST_C10D_GROUP_H_
 
@@ -87,7 +87,8 @@ class C10dProcessGroup final : public ProcessGroup {
       return absl::InvalidArgumentError(
           absl::StrCat("reduce-scatter: ", owned.size(), " owner lists for ", options_.world_size, " ranks"));
     }
-    // Gloo has no reduce-scatter; where the by-owner padding would cost more
+    // Gloo all-reduces (1.13's has no reduce-scatter; a later one's is an
+    // all-reduce underneath); where the by-owner padding would cost more
     // than it saves, NCCL all-reduces too. Either way each rank keeps its part.
     if (!has_reduce_scatter_ || !ReduceScatterMovesLess(owned)) {
       std::vector<at::Tensor> all;
@@ -199,8 +200,8 @@ class C10dProcessGroup final : public ProcessGroup {
 
   absl::Status Failed(const char* what, const std::exception& e) const {
     return FromC10dException(absl::StrCat(what, " on rank ", options_.rank, " of ", options_.world_size, " (",
-                                      BackendName(options_.backend), ")"),
-                         e);
+                                          BackendName(options_.backend), ")"),
+                             e);
   }
 
   // Starts `count` collectives (`start(i)`), then waits for all of them.

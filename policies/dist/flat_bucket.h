@@ -1,8 +1,8 @@
 // How a bucket of tensors travels as one flat buffer: the tensors one after
 // another, and, for ZeRO-2's reduce-scatter, each rank's tensors in a part
 // of their own. Pure tensor code: the process group packs with it on every
-// backend, and the tests check the layouts by hand on the CPU, where no
-// real backend has a reduce-scatter to run them through.
+// backend, and the tests check the layouts by hand on the CPU, where
+// libtorch 1.13's Gloo has no reduce-scatter to run them through.
 #ifndef STRATA_POLICIES_DIST_FLAT_BUCKET_H_
 #define STRATA_POLICIES_DIST_FLAT_BUCKET_H_
 

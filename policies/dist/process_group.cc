@@ -280,8 +280,8 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Create(const Process
     return NoBackend(options.backend);
   } catch (const std::exception& e) {
     return FromC10dException(absl::StrCat("process group rank ", options.rank, " of ", options.world_size, " (",
-                                      BackendName(options.backend), ")"),
-                         e);
+                                          BackendName(options.backend), ")"),
+                             e);
   }
 }
 

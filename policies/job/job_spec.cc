@@ -270,6 +270,12 @@ absl::Status JobSpec::Validate() const {
   STRATA_RETURN_IF_ERROR(need("data.train", data.train));
   if (train.iterations < 1) return KeyError("train.iterations", absl::StrCat("must be >= 1, got ", train.iterations));
   if (train.batch_size < 1) return KeyError("train.batch_size", absl::StrCat("must be >= 1, got ", train.batch_size));
+  // Far past any machine, and products of these counts cannot overflow
+  // (the service's row limits multiply them).
+  constexpr int64_t kMaxCount = int64_t{1} << 24;
+  if (train.batch_size > kMaxCount) {
+    return KeyError("train.batch_size", absl::StrCat("must be <= ", kMaxCount, ", got ", train.batch_size));
+  }
   if (!(train.lr >= 0)) return KeyError("train.lr", absl::StrCat("must be >= 0, got ", train.lr));
   if (!(train.weight_decay >= 0)) return KeyError("train.weight_decay", "must be >= 0");
   if (!(train.max_grad_norm >= 0)) return KeyError("train.max_grad_norm", "must be >= 0 (0: no clipping)");
@@ -341,6 +347,9 @@ absl::Status JobSpec::Validate() const {
   }
   if (!(ppo.critic_lr >= 0)) return KeyError("ppo.critic_lr", "must be >= 0");
   if (group.samples_per_prompt < 2) return KeyError("group.samples_per_prompt", "must be >= 2");
+  if (group.samples_per_prompt > kMaxCount) {
+    return KeyError("group.samples_per_prompt", absl::StrCat("must be <= ", kMaxCount));
+  }
   for (const auto& [key, name] : {std::pair{"remax.kl_estimator", remax.kl_estimator},
                                   std::pair{"ppo.kl_estimator", ppo.kl_estimator},
                                   std::pair{"group.kl_estimator", group.kl_estimator}}) {
@@ -551,14 +560,17 @@ absl::Status CheckJobLimits(const JobSpec& spec, const JobLimits& limits, const 
   const int64_t rows = RowsPerRank(spec);
   // "rows (train.batch_size B over parallel.workers N x group.samples_per_prompt S)"
   const bool group = spec.algorithm == Algorithm::kGrpo || spec.algorithm == Algorithm::kRloo;
+  const int64_t responses = RowsPerIteration(spec) / std::max<int64_t>(spec.train.batch_size, 1);
   const std::string counted = absl::StrCat(
       rows, " rows (train.batch_size ", spec.train.batch_size,
       spec.parallel.workers > 1 ? absl::StrCat(" over parallel.workers ", spec.parallel.workers) : "",
-      group ? absl::StrCat(" x group.samples_per_prompt ", spec.group.samples_per_prompt) : "", ")");
+      group ? absl::StrCat(" x group.samples_per_prompt ", spec.group.samples_per_prompt)
+            : (responses > 1 ? absl::StrCat(" x ", responses, " responses") : ""),
+      ")");
   if (limits.max_rows > 0 && rows > limits.max_rows) {
     return absl::ResourceExhaustedError(
         absl::StrCat("spec key '", group ? "group.samples_per_prompt" : "train.batch_size",
-                     "': an iteration would decode ", counted, " on each worker; ", who, " at most ", limits.max_rows,
+                     "': an iteration would decode ", counted, " on a worker; ", who, " at most ", limits.max_rows,
                      " (more parallel.workers spread them)"));
   }
   // Activations, logits and the KV cache grow with tokens, not rows.
@@ -567,7 +579,7 @@ absl::Status CheckJobLimits(const JobSpec& spec, const JobLimits& limits, const 
   if (limits.max_tokens > 0 && rows > limits.max_tokens / std::max<int64_t>(per_row, 1)) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "spec keys 'data.max_prompt_tokens' + 'generation.max_new_tokens' (", per_row, " tokens a row) x ", counted,
-        " on each worker exceed what ", who, " (", limits.max_tokens, " tokens)"));
+        " on a worker exceed what ", who, " (", limits.max_tokens, " tokens)"));
   }
   if (limits.max_host_mib > 0 && spec.memory.host_mib > limits.max_host_mib) {
     return absl::ResourceExhaustedError(absl::StrCat("spec key 'memory.host_mib' (", spec.memory.host_mib,

@@ -167,7 +167,8 @@ double LearningRateScale(const TrainSpec& train, int64_t iteration);
 // limit. Rows and tokens count one rank's share: a gang spreads the batch.
 struct JobLimits {
   int64_t max_rows = 0;        // RowsPerRank
-  int64_t max_tokens = 0;      // RowsPerRank x (data.max_prompt_tokens + generation.max_new_tokens)
+  int64_t max_tokens = 0;      // RowsPerRank x (data.max_prompt_tokens + the longer of generation.max_new_tokens
+                               // and data.max_response_tokens)
   int64_t max_host_mib = 0;    // memory.host_mib
   int64_t max_device_mib = 0;  // memory.device_mib
 };

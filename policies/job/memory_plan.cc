@@ -309,11 +309,18 @@ class CostModel {
     const double layers = static_cast<double>(s.L * s.LayerBytes());
     if (s.placement->weights == offload::Tier::kNvme) t += layers / f_.nvme_write_bytes_per_s;
     t += Copy(static_cast<double>(s.params) * (4.0 + s.E));  // norm, clip, write back
-    if (workers > 1) {
-      // The gradient sum, then the updated weights from each shard's owner.
-      t += (static_cast<double>(s.params) * 4.0 + static_cast<double>(s.params) * s.E) / f_.allreduce_bytes_per_s;
-    }
+    // Sharded, the updated weights come from each shard's owner.
+    if (Sharded(s, workers)) t += static_cast<double>(s.params) * s.E / f_.allreduce_bytes_per_s;
     return t;
+  }
+  // One sum of the gradients over the gang: every micro-batch's when the
+  // optimizer is sharded (ZeRO-2 keeps no other rank's gradients between
+  // them), else once a step.
+  double GradientSum(const ModelShape& s, int64_t workers) const {
+    return workers > 1 ? static_cast<double>(s.params) * 4.0 / f_.allreduce_bytes_per_s : 0.0;
+  }
+  static bool Sharded(const ModelShape& s, int64_t workers) {
+    return workers > 1 && s.placement->optimizer != offload::Tier::kDevice;
   }
 
  private:
@@ -450,8 +457,9 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
   // `steps` gradient steps of `step_rows` rows each, at `tokens` per row.
   auto update = [&](const ModelShape& s, int64_t steps, int64_t step_rows, int64_t tokens) {
     const auto [count, size] = Micro(step_rows, micro);
+    const double sums = (CostModel::Sharded(s, workers) ? count : 1) * cost.GradientSum(s, workers);
     phases["update"].Pass(window(s) + UpdateBytes(s, size, tokens),
-                          steps * (count * cost.ForwardBackward(s, size, tokens) + cost.OptimizerStep(s, workers)));
+                          steps * (count * cost.ForwardBackward(s, size, tokens) + sums + cost.OptimizerStep(s, workers)));
   };
   switch (spec.algorithm) {
     case Algorithm::kSft:

@@ -73,10 +73,16 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::JobEvent> {
       // state event is out (writing it ends the stream).
       auto job = service_->store_->Get(job_id_);
       if (!job.ok()) return Finish(ToGrpcStatus(job.status()));
-      if (IsTerminal(job->state) && FinalEventWaitIsOver(*job)) return Finish(grpc::Status::OK);
-      service_->Park(job_id_, this);
+      if (IsTerminal(job->state)) {
+        auto finished = FinalEventIsOut();
+        if (!finished.ok()) return Finish(ToGrpcStatus(finished.status()));
+        if (*finished) return Finish(grpc::Status::OK);
+      }
+      if (!service_->Park(job_id_, this)) Finish(grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled"));
     });
   }
+
+  bool cancelled() const { return cancelled_.load(); }
 
   void Wake() { Read(); }
 
@@ -121,17 +127,22 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::JobEvent> {
   // A job's end is recorded before its final state event is appended: a
   // watcher that catches up in between waits for that event (Publish, or
   // the scheduler's sweep of parked watchers, wakes it), so that the stream
-  // does not end without the state it ended in. Bounded, for a coordinator
-  // that died in between, or a caller resuming after the final event.
-  bool FinalEventWaitIsOver(const JobRecord& job) {
-    constexpr int64_t kFinalEventWaitMs = 5000;
+  // does not end without the state it ended in. The caller has every event
+  // by now: if the newest is a terminal state, it was written (to this
+  // caller or, resuming, to an earlier stream). The wait is bounded for a
+  // coordinator that died between the two.
+  absl::StatusOr<bool> FinalEventIsOut() {
+    STRATA_ASSIGN_OR_RETURN(auto last, service_->store_->LastEvent(job_id_));
+    if (last.has_value() && last->type == "state") {
+      nlohmann::json j = nlohmann::json::parse(last->json, nullptr, false);
+      if (j.is_object() && j.contains("state") && j["state"].is_string()) {
+        auto state = ParseJobState(j["state"].get<std::string>());
+        if (state.ok() && IsTerminal(*state)) return true;
+      }
+    }
     const auto now = std::chrono::steady_clock::now();
     if (!terminal_seen_.has_value()) terminal_seen_ = now;
-    const int64_t unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                                std::chrono::system_clock::now().time_since_epoch())
-                                .count();
-    const int64_t since_end_ms = unix_ms - job.updated_unix_ms;  // Redis's clock: one deployment's
-    return since_end_ms >= kFinalEventWaitMs || now - *terminal_seen_ >= std::chrono::milliseconds(kFinalEventWaitMs);
+    return now - *terminal_seen_ >= std::chrono::seconds(5);
   }
 
   CoordinatorService* const service_;
@@ -749,9 +760,13 @@ void CoordinatorService::Publish(const std::string& job_id, const std::string& t
   WakeWatchers(job_id);
 }
 
-void CoordinatorService::Park(const std::string& job_id, WatchReactor* reactor) {
+bool CoordinatorService::Park(const std::string& job_id, WatchReactor* reactor) {
   std::lock_guard<std::mutex> lock(watch_mu_);
+  // A cancel that came after the reactor last looked found nothing parked
+  // to finish (OnCancel unparks under this lock): the reactor finishes.
+  if (reactor->cancelled()) return false;
   parked_.emplace(job_id, reactor);
+  return true;
 }
 
 bool CoordinatorService::Unpark(const std::string& job_id, WatchReactor* reactor) {

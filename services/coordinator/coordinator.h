@@ -46,8 +46,9 @@ struct CoordinatorOptions {
   int heartbeat_interval_ms = 1000;
   // How often the scheduler looks for queued jobs and idle workers.
   int scheduler_interval_ms = 200;
-  // Most rows (prompts x responses) an iteration may decode or score, and
-  // most tokens across them (rows x (prompt + new tokens)).
+  // Most rows (prompts x responses) an iteration may decode or score on one
+  // worker (its rank's share of the batch), and most tokens across them
+  // (rows x (prompt + new or response tokens)).
   int64_t max_rollout_rows = 4096;
   int64_t max_rollout_tokens = int64_t{4} << 20;
   // Bounds forming a job's gang and each of its collectives: a rank that
@@ -121,7 +122,8 @@ class CoordinatorService final : public strata::v1::Coordinator::CallbackService
   // Appends an event and wakes the job's watchers.
   void Publish(const std::string& job_id, const std::string& type, const std::string& json);
   // Watchers waiting for a job's next event.
-  void Park(const std::string& job_id, WatchReactor* reactor);
+  // False, parking nothing, for a reactor already cancelled.
+  bool Park(const std::string& job_id, WatchReactor* reactor);
   bool Unpark(const std::string& job_id, WatchReactor* reactor);
   void WakeWatchers(const std::string& job_id);
   void WakeAllWatchers();

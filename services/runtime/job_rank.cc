@@ -52,7 +52,10 @@ void ActAtFailpoint(const std::string& phase, int64_t iteration) {
   const std::string stall = absl::StrCat("stall", here, ":");
   int seconds = 0;
   if (absl::StartsWith(failpoint, stall) && absl::SimpleAtoi(std::string(failpoint).substr(stall.size()), &seconds)) {
-    acted.store(true);
+    // Claimed, not just marked: the ranks of an in-process gang reach it
+    // together, and only one of them stalls.
+    bool unclaimed = false;
+    if (!acted.compare_exchange_strong(unclaimed, true)) return;
     STRATA_LOG(Warning) << "STRATA_FAILPOINT " << failpoint << ": working " << seconds << " s longer";
     const auto started = std::chrono::steady_clock::now();
     while (std::chrono::steady_clock::now() - started < std::chrono::seconds(seconds)) {

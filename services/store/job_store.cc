@@ -734,6 +734,26 @@ absl::StatusOr<std::vector<JobEventRecord>> JobStore::ReadEvents(const std::stri
   return events;
 }
 
+absl::StatusOr<std::optional<JobEventRecord>> JobStore::LastEvent(const std::string& id) {
+  STRATA_RETURN_IF_ERROR(ValidateId("job id", id));
+  STRATA_ASSIGN_OR_RETURN(auto exists, impl_->Command({"EXISTS", impl_->JobKey(id)}));
+  if (exists->type != REDIS_REPLY_INTEGER) return impl_->Unexpected("EXISTS");
+  if (exists->integer == 0) return JobNotFound(id);
+  STRATA_ASSIGN_OR_RETURN(auto reply,
+                          impl_->Command({"XREVRANGE", impl_->JobKey(id) + ":events", "+", "-", "COUNT", "1"}));
+  // [[entry_id, [field, value, ...]]], or [] for no events
+  const redisReply* r = reply.get();
+  if (r->type != REDIS_REPLY_ARRAY || r->elements > 1) return impl_->Unexpected("XREVRANGE");
+  if (r->elements == 0) return std::optional<JobEventRecord>();
+  const redisReply* entry = r->element[0];
+  if (entry->type != REDIS_REPLY_ARRAY || entry->elements != 2 || !IsStringReply(entry->element[0])) {
+    return impl_->Unexpected("XREVRANGE");
+  }
+  STRATA_ASSIGN_OR_RETURN(auto fields, HashFromReply(entry->element[1], "event of job " + id));
+  return std::optional<JobEventRecord>(
+      JobEventRecord{ReplyString(entry->element[0]), Field(fields, "type"), Field(fields, "json")});
+}
+
 absl::StatusOr<std::vector<JobRecord>> JobStore::ListByState(JobState state) {
   STRATA_ASSIGN_OR_RETURN(auto reply, impl_->Command({"ZRANGE", impl_->StateKey(state), "0", "-1"}));
   std::vector<std::string> ids;

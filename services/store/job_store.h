@@ -161,6 +161,9 @@ class JobStore {
   absl::StatusOr<std::vector<JobEventRecord>> ReadEvents(const std::string& id, const std::string& after_id, int count,
                                                          int block_ms);
 
+  // The newest event of the job, if any. NOT_FOUND for an unknown job.
+  absl::StatusOr<std::optional<JobEventRecord>> LastEvent(const std::string& id);
+
   // Every job in `state`, oldest first (coordinator restart recovery).
   absl::StatusOr<std::vector<JobRecord>> ListByState(JobState state);
   // How many jobs are in each state ("QUEUED" -> 3, ...), every state named.

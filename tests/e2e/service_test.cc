@@ -1457,9 +1457,10 @@ class NoWorkerServiceTest : public ServiceTest {
 // A job's end is recorded before its final state event is appended. A
 // watcher that caught up in between used to end the stream without that
 // state (seen under load: a job watched to its end "ended" QUEUED). Here the
-// end is recorded straight in Redis, with no event: the stream must stay
-// open (given a second to end, the old coordinator ended it at once), then
-// end with the event once it is appended.
+// end is recorded straight in Redis, with no event, once the watcher has
+// caught up: the stream must stay open (given a second to end, the old
+// coordinator ended it at the scheduler's next sweep of parked watchers),
+// then end with the event once it is appended.
 TEST_F(NoWorkerServiceTest, AWatchWaitsForTheFinalEventOfAJobThatJustEnded) {
   v1::Job job;
   ASSERT_TRUE(Submit(Spec(2, "ends-quietly"), &job).ok());
@@ -1467,7 +1468,6 @@ TEST_F(NoWorkerServiceTest, AWatchWaitsForTheFinalEventOfAJobThatJustEnded) {
   options.redis_url = redis_->url();
   auto store = services::JobStore::Connect(options);
   ASSERT_TRUE(store.ok()) << store.status();
-  ASSERT_TRUE((*store)->Transition(job.id(), {services::JobState::kQueued}, services::JobState::kFailed).ok());
 
   std::mutex mu;
   std::condition_variable changed;
@@ -1496,6 +1496,11 @@ TEST_F(NoWorkerServiceTest, AWatchWaitsForTheFinalEventOfAJobThatJustEnded) {
     ASSERT_TRUE(changed.wait_for(lock, std::chrono::seconds(30), [&] { return !events.empty() || ended; }));
     ASSERT_FALSE(events.empty());
     EXPECT_EQ(events[0].state(), v1::QUEUED);
+  }
+  // The watcher has caught up: the job ends, its event not yet appended.
+  ASSERT_TRUE((*store)->Transition(job.id(), {services::JobState::kQueued}, services::JobState::kFailed).ok());
+  {
+    std::unique_lock<std::mutex> lock(mu);
     EXPECT_FALSE(changed.wait_for(lock, std::chrono::seconds(1), [&] { return ended; }))
         << "the stream ended without the final state";
   }

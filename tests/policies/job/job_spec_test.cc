@@ -223,7 +223,7 @@ TEST(JobSpecTest, RowLimitsCountOneRanksShare) {
   const absl::Status refused = CheckJobLimits(*spec, limits, "this worker accepts");
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(refused.message().find("'group.samples_per_prompt': an iteration would decode 12 rows (train.batch_size "
-                                   "5 over parallel.workers 2 x group.samples_per_prompt 4) on each worker"),
+                                   "5 over parallel.workers 2 x group.samples_per_prompt 4) on a worker"),
             absl::string_view::npos)
       << refused;
   // Tokens likewise: 12 rows of (prompt + new tokens).

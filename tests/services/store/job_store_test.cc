@@ -377,6 +377,9 @@ TEST_F(JobStoreTest, ConcurrentTransitionsHaveExactlyOneWinner) {
 
 TEST_F(JobStoreTest, EventsAppendAndResumeAfterId) {
   const std::string id = CreateJob("events");
+  auto no_event = store_->LastEvent(id);
+  ASSERT_TRUE(no_event.ok()) << no_event.status();
+  EXPECT_FALSE(no_event->has_value());
   std::vector<std::string> event_ids;
   for (int i = 0; i < 5; ++i) {
     auto event_id = store_->AppendEvent(id, "metrics", absl::StrCat(R"({"iteration":)", i, "}"));
@@ -397,6 +400,13 @@ TEST_F(JobStoreTest, EventsAppendAndResumeAfterId) {
   auto none = store_->ReadEvents(id, event_ids.back(), 100, 0);
   ASSERT_TRUE(none.ok()) << none.status();
   EXPECT_TRUE(none->empty());
+  auto last = store_->LastEvent(id);
+  ASSERT_TRUE(last.ok()) << last.status();
+  ASSERT_TRUE(last->has_value());
+  EXPECT_EQ((*last)->id, event_ids.back());
+  EXPECT_EQ((*last)->type, "metrics");
+  EXPECT_EQ((*last)->json, R"({"iteration":4})");
+  EXPECT_EQ(store_->LastEvent("job-000000000000").status().code(), absl::StatusCode::kNotFound);
 
   EXPECT_EQ(store_->AppendEvent("job-000000000000", "metrics", "{}").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(store_->ReadEvents("job-000000000000", "", 10, 0).status().code(), absl::StatusCode::kNotFound);
