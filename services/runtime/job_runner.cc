@@ -111,15 +111,16 @@ absl::StatusOr<PhaseReply> MergeReplies(const std::vector<PhaseReply>& replies) 
   return merged;
 }
 
-absl::Status FirstCause(const std::vector<absl::Status>& statuses) {
-  absl::Status consequence;
+absl::Status FirstCause(const std::vector<absl::Status>& statuses, bool ranks_share_a_process) {
+  absl::Status consequence, deadline;
   for (const absl::Status& s : statuses) {
     if (s.ok()) continue;
     const bool knock_on = s.code() == absl::StatusCode::kDeadlineExceeded || s.code() == absl::StatusCode::kUnavailable;
     if (!knock_on) return s;
     if (consequence.ok()) consequence = s;
+    if (deadline.ok() && s.code() == absl::StatusCode::kDeadlineExceeded) deadline = s;
   }
-  return consequence;
+  return ranks_share_a_process && !deadline.ok() ? deadline : consequence;
 }
 
 absl::Status RunJob(const policies::JobSpec& spec, Gang& gang, const JobRunOptions& options) {

@@ -40,10 +40,13 @@ bool IsRankMeasurement(const std::string& metric);
 // share missing from its reply or a count that is negative.
 absl::StatusOr<PhaseReply> MergeReplies(const std::vector<PhaseReply>& replies);
 
-// Of several ranks' errors, the one that explains the others: a rank's own
-// failure rather than the DEADLINE_EXCEEDED / UNAVAILABLE it caused
-// elsewhere.
-absl::Status FirstCause(const std::vector<absl::Status>& statuses);
+// Of several ranks' errors (in rank order), the one that explains the
+// others: a rank's own failure rather than the DEADLINE_EXCEEDED /
+// UNAVAILABLE it caused elsewhere; else the first of those. Ranks that
+// share a process (`strata train --workers N`) cannot have died, so there
+// a closed connection (UNAVAILABLE) follows a peer's deadline, which is
+// the cause.
+absl::Status FirstCause(const std::vector<absl::Status>& statuses, bool ranks_share_a_process = false);
 
 struct JobRunOptions {
   // Continue from the newest checkpoint this run may continue, if any.

@@ -77,7 +77,7 @@ absl::StatusOr<PhaseReply> LocalGang::Run(const PhaseRequest& request) {
     statuses.push_back(reply.status());
     if (reply.ok()) ok.push_back(*reply);
   }
-  STRATA_RETURN_IF_ERROR(FirstCause(statuses));
+  STRATA_RETURN_IF_ERROR(FirstCause(statuses, /*ranks_share_a_process=*/true));
   return MergeReplies(ok);
 }
 

@@ -1,5 +1,6 @@
 // How the driver merges the ranks' phase replies: rank 0's global metrics,
-// the largest per-rank measurement, and means whose shares each rank sent.
+// the largest per-rank measurement, and means whose shares each rank sent;
+// and which of the ranks' errors it reports.
 #include "services/runtime/job_runner.h"
 
 #include "gtest/gtest.h"
@@ -71,6 +72,24 @@ TEST(MergeRepliesTest, EvaluationEndsInNoCollective) {
   EXPECT_FALSE(PhaseEndsInCollective("rollout"));
   EXPECT_TRUE(PhaseEndsInCollective("score"));
   EXPECT_TRUE(PhaseEndsInCollective("update"));
+}
+
+TEST(FirstCauseTest, ARanksOwnErrorExplainsTheOthersTimeouts) {
+  const absl::Status own = absl::DataLossError("rank 1: disk full");
+  EXPECT_EQ(FirstCause({absl::OkStatus(), absl::OkStatus()}), absl::OkStatus());
+  EXPECT_EQ(FirstCause({absl::DeadlineExceededError("rank 0 waited"), own, absl::UnavailableError("rank 2")}), own);
+  EXPECT_EQ(FirstCause({absl::DeadlineExceededError("rank 0 waited"), own}, /*ranks_share_a_process=*/true), own);
+}
+
+// Workers in other processes: a dead one's UNAVAILABLE may be the cause of
+// the others' timeouts, so the first in rank order is reported. Ranks of
+// one process cannot die: a closed connection follows a peer's deadline.
+TEST(FirstCauseTest, InOneProcessTheDeadlineIsTheCause) {
+  const absl::Status closed = absl::UnavailableError("rank 0: connection closed by peer");
+  const absl::Status deadline = absl::DeadlineExceededError("rank 1: all-reduce timed out");
+  EXPECT_EQ(FirstCause({closed, deadline}), closed);
+  EXPECT_EQ(FirstCause({closed, deadline}, /*ranks_share_a_process=*/true), deadline);
+  EXPECT_EQ(FirstCause({closed, absl::UnavailableError("rank 1")}, /*ranks_share_a_process=*/true), closed);
 }
 
 }  // namespace
