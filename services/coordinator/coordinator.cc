@@ -160,6 +160,11 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::JobEvent> {
 
 namespace {
 
+// Gang losses in a row, before an iteration and with every worker
+// answering, after which a job fails instead of going back to the queue:
+// about 8 s of retries at the backoff's 0.5, 1, 2, 4 s.
+constexpr int kMaxLossesWithAllAnswering = 5;
+
 // Who may call: the tenants' tokens and the worker token, or in
 // single-token mode one token that is both admin and worker.
 std::map<std::string, Caller> AuthenticatedCallers(const CoordinatorOptions& options) {
@@ -496,6 +501,7 @@ void CoordinatorService::SchedulerLoop() {
         // Reserve a gang of idle workers under the lock, then claim the job.
         const int64_t size = GangSize(job);
         std::vector<WorkerRecord> gang;
+        uint64_t run = 0;
         {
           std::lock_guard<std::mutex> guard(mu_);
           const auto now = std::chrono::steady_clock::now();
@@ -507,7 +513,8 @@ void CoordinatorService::SchedulerLoop() {
             if (!busy_workers_.count(worker.id)) gang.push_back(worker);
           }
           if (static_cast<int64_t>(gang.size()) < size) continue;  // stays QUEUED until enough are free
-          for (const WorkerRecord& w : gang) busy_workers_.insert(w.id);
+          run = next_run_++;
+          for (const WorkerRecord& w : gang) busy_workers_[w.id] = run;
         }
         std::string ids;
         for (const WorkerRecord& w : gang) ids += (ids.empty() ? "" : ",") + w.id;
@@ -521,7 +528,6 @@ void CoordinatorService::SchedulerLoop() {
           for (const WorkerRecord& w : gang) busy_workers_.erase(w.id);
           continue;
         }
-        const uint64_t run = next_run_++;
         for (const WorkerRecord& w : gang) jobs_in_flight_[job.id].insert(w.id);
         job_threads_[run] = std::thread([this, run, r = *running, gang] {
           Publish(r.id, "state", nlohmann::json{{"state", "RUNNING"}, {"worker", r.worker}}.dump());
@@ -542,7 +548,9 @@ void CoordinatorService::SchedulerLoop() {
 void CoordinatorService::RunOnGang(uint64_t run, JobRecord job, std::vector<WorkerRecord> workers) {
   auto release = [&](const WorkerRecord& worker) {
     std::lock_guard<std::mutex> lock(mu_);
-    busy_workers_.erase(worker.id);
+    if (auto held = busy_workers_.find(worker.id); held != busy_workers_.end() && held->second == run) {
+      busy_workers_.erase(held);
+    }
     cv_.notify_all();
   };
   auto finish = [&] {
@@ -560,6 +568,7 @@ void CoordinatorService::RunOnGang(uint64_t run, JobRecord job, std::vector<Work
   std::string names;
   for (const WorkerRecord& w : workers) names += (names.empty() ? "" : ", ") + w.id;
   std::unique_ptr<RemoteGang> gang;  // set once every rank has joined
+  bool progressed = false;           // an iteration completed in this run
   auto run_job = [&]() -> absl::Status {
     auto spec = policies::ParseJobSpec(job.spec_yaml, {}, absl::StrCat("job ", job.id));
     if (!spec.ok()) return spec.status();
@@ -581,6 +590,7 @@ void CoordinatorService::RunOnGang(uint64_t run, JobRecord job, std::vector<Work
     run.resume = true;  // a requeued job continues from its last checkpoint
     run.own_checkpoint = job.checkpoint_dir;
     run.on_metrics = [&](const nlohmann::json& line) {
+      progressed = true;
       Publish(job.id, "metrics", line.dump());
       if (auto seconds = line.find("time/iteration_s"); seconds != line.end() && seconds->is_number()) {
         ServiceMetrics::Global().CountIteration(job.algorithm, seconds->get<double>());
@@ -625,11 +635,34 @@ void CoordinatorService::RunOnGang(uint64_t run, JobRecord job, std::vector<Work
     std::string lost;
     std::chrono::milliseconds retry_in{0};
     BackOffAfterLoss(job.id, workers, &lost, &retry_in);
-    const std::string message =
-        absl::StrCat("gang (", names, ") lost: ", status.message(), lost.empty() ? "" : "; not answering: ", lost,
-                     "; job requeued, retried in ", retry_in.count() / 1000.0, " s");
-    RecordOutcome(job.id, job.worker, JobState::kQueued, {{"worker", ""}},
-                  {{"log", json{{"message", message}}.dump()}, {"state", json{{"state", "QUEUED"}}.dump()}});
+    // Every worker answering, yet the gang failed again and again before an
+    // iteration: no worker was lost, so another try is the same try (ranks
+    // that cannot reach rank 0's rendezvous address, a port blocked between
+    // them). Fail the job with the cause rather than requeue it for ever.
+    int losses = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      Backoff& b = job_backoff_[job.id];
+      b.losses_with_all_answering = progressed || !lost.empty() ? 0 : b.losses_with_all_answering;
+      if (lost.empty()) ++b.losses_with_all_answering;
+      losses = b.losses_with_all_answering;
+    }
+    if (losses >= kMaxLossesWithAllAnswering) {
+      const std::string code = absl::StatusCodeToString(status.code());
+      const std::string error = absl::StrCat(
+          "gang (", names, ") failed ", losses, " times in a row before an iteration, every worker answering: ",
+          status.message(), "; check that the workers reach each other (rank 0's address, the ports c10d picks)");
+      RecordOutcome(job.id, job.worker, JobState::kFailed, {{"error_code", code}, {"error_message", error}},
+                    {{"state", json{{"state", "FAILED"}, {"error_code", code}, {"error", error}}.dump()}});
+      std::lock_guard<std::mutex> lock(mu_);
+      job_backoff_.erase(job.id);
+    } else {
+      const std::string message =
+          absl::StrCat("gang (", names, ") lost: ", status.message(), lost.empty() ? "" : "; not answering: ", lost,
+                       "; job requeued, retried in ", retry_in.count() / 1000.0, " s");
+      RecordOutcome(job.id, job.worker, JobState::kQueued, {{"worker", ""}},
+                    {{"log", json{{"message", message}}.dump()}, {"state", json{{"state", "QUEUED"}}.dump()}});
+    }
   } else {
     const std::string code = absl::StatusCodeToString(status.code());
     const std::string error(status.message());

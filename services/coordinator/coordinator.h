@@ -141,7 +141,10 @@ class CoordinatorService final : public strata::v1::Coordinator::CallbackService
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;
-  std::set<std::string> busy_workers_;
+  // The run (job loop) that holds each busy worker. A loop frees only the
+  // workers it still holds: it frees each as its unload returns, and once
+  // more at its end, when one may already serve another run.
+  std::map<std::string, uint64_t> busy_workers_;
   // The workers of each job's loops here, by job id. A requeued job can run
   // again on a new gang while its previous loop still waits for a hung
   // rank's unload: that loop's end must not make the new gang's workers
@@ -150,6 +153,9 @@ class CoordinatorService final : public strata::v1::Coordinator::CallbackService
   struct Backoff {
     int failures = 0;
     std::chrono::steady_clock::time_point until;
+    // Jobs: runs lost in a row, without an iteration done, while every
+    // worker of the gang still answered (no worker was lost).
+    int losses_with_all_answering = 0;
   };
   std::map<std::string, Backoff> job_backoff_;     // jobs requeued after a lost gang
   std::map<std::string, Backoff> worker_backoff_;  // workers that stopped answering

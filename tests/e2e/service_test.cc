@@ -20,6 +20,7 @@
 
 #include "services/coordinator/service_bench.h"
 #include "gtest/gtest.h"
+#include <grpcpp/health_check_service_interface.h>
 #include "absl/strings/strip.h"
 #include "base/file.h"
 #include "services/rpc/auth.h"
@@ -1213,7 +1214,8 @@ TEST_F(ServiceTest, CheckpointInterruptedMidWriteIsNotPublished) {
 // waits for the hung rank's unload. That loop's end must leave the new gang
 // alone. (The coordinator counted the loops of a job as one: the old loop's
 // end made the new gang's workers look orphaned to their heartbeats, they
-// dropped the job, and it stayed RUNNING with no loop.)
+// dropped the job, and it stayed RUNNING with no loop. Then it freed the
+// worker the two gangs share, which another job could take.)
 TEST_F(ServiceTest, RequeuedJobSurvivesItsPreviousGangsLateUnload) {
   v1::Job job;
   ASSERT_TRUE(Submit(Spec(12, "gangtwice", 2), &job, "", {"parallel.workers=2"}).ok());
@@ -1231,12 +1233,19 @@ TEST_F(ServiceTest, RequeuedJobSurvivesItsPreviousGangsLateUnload) {
     return running == 2 || Ended(e);
   });
   ASSERT_EQ(running, 2) << coordinator_->Log();
+  // A second two-worker job waits: one worker is free once the hung rank
+  // unloads, the other two run the requeued job. (The first loop's end used
+  // to free its whole gang again, the worker the second run shares with it
+  // included; this job then took that worker, whose job was dropped.)
+  v1::Job next;
+  ASSERT_TRUE(Submit(Spec(2, "gangnext", 2), &next, "", {"parallel.workers=2"}).ok());
   // The hung rank answers its unload now, which ends the first loop.
   workers_[1]->Signal(SIGCONT);
   const auto events = Watch(job.id(), Ended);
   ASSERT_FALSE(events.empty());
   EXPECT_EQ(events.back().state(), v1::SUCCEEDED) << Get(job.id()).error_message() << "\n" << coordinator_->Log();
   EXPECT_EQ(Get(job.id()).iteration(), 12);
+  EXPECT_EQ(Watch(next.id(), Ended).back().state(), v1::SUCCEEDED) << Get(next.id()).error_message();
   const auto worker_log = ReadFileToString(dir_.Join("worker2.log"));
   ASSERT_TRUE(worker_log.ok());
   EXPECT_NE(worker_log->find("stall@rollout:6:8: working 8 s longer"), std::string::npos) << *worker_log;
@@ -1407,16 +1416,21 @@ TEST_F(TenantTest, EachTenantSeesOnlyItsJobsAndTenantsReachNoWorker) {
 class MisfitWorker final : public v1::Worker::Service {
  public:
   // `phase_error`: every phase fails INTERNAL with it ("" for none).
-  explicit MisfitWorker(std::string tokenizer_path, std::string working_directory, std::string phase_error = "")
+  // `start_error`: StartRank fails UNAVAILABLE with it, as a rank that
+  // cannot reach rank 0's rendezvous does ("" for none).
+  explicit MisfitWorker(std::string tokenizer_path, std::string working_directory, std::string phase_error = "",
+                        std::string start_error = "")
       : tokenizer_path_(std::move(tokenizer_path)),
         working_directory_(std::move(working_directory)),
-        phase_error_(std::move(phase_error)) {}
+        phase_error_(std::move(phase_error)),
+        start_error_(std::move(start_error)) {}
   grpc::Status LoadModels(grpc::ServerContext*, const v1::LoadModelsRequest*, v1::LoadModelsResponse* out) override {
     out->set_tokenizer_path(tokenizer_path_);
     out->set_working_directory(working_directory_);
     return grpc::Status::OK;
   }
   grpc::Status StartRank(grpc::ServerContext*, const v1::StartRankRequest*, v1::LoadModelsResponse* out) override {
+    if (!start_error_.empty()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, start_error_);
     out->set_tokenizer_path(tokenizer_path_);
     out->set_working_directory(working_directory_);
     return grpc::Status::OK;
@@ -1442,7 +1456,7 @@ class MisfitWorker final : public v1::Worker::Service {
   }
 
  private:
-  const std::string tokenizer_path_, working_directory_, phase_error_;
+  const std::string tokenizer_path_, working_directory_, phase_error_, start_error_;
   std::mutex mu_;
   std::condition_variable unloaded_;
   int unloads_ = 0;
@@ -1518,6 +1532,8 @@ class MisfitWorkerTest : public ServiceTest {
   std::unique_ptr<grpc::Server> Serve(MisfitWorker& misfit) {
     int port = 0;
     grpc::ServerBuilder builder;
+    // Answers health checks, as a live worker does.
+    grpc::EnableDefaultHealthCheckService(true);
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     builder.RegisterService(&misfit);
     std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -1582,6 +1598,51 @@ TEST_F(MisfitWorkerTest, RepliesThatDoNotFitTheBatchFailTheJobNotTheCoordinator)
 
 // The coordinator and the workers serve Prometheus metrics: a scrape passes
 // promtool's checks before and after a job, and the job's figures move.
+// A gang that fails before its first iteration while every worker still
+// answers (here a rank reports rank 0's rendezvous unreachable, as it would
+// from an address other hosts cannot reach) has lost no worker: another try
+// is the same try. After five the job FAILS naming the cause, where it went
+// back to the queue for ever.
+TEST_F(MisfitWorkerTest, AGangThatCannotFormFailsInsteadOfRequeuingForEver) {
+  MisfitWorker misfit(JoinPath(model_, "tokenizer.json"), dir_.path(), "",
+                      "join rendezvous at 10.255.255.1:29500: Connection refused");
+  auto server = Serve(misfit);
+  // The misfit's heartbeats, which keep it registered through the retries.
+  std::mutex mu;
+  std::condition_variable stop;
+  bool done = false;
+  std::thread heartbeats([&] {
+    std::unique_lock<std::mutex> lock(mu);
+    while (!stop.wait_for(lock, std::chrono::milliseconds(500), [&] { return done; })) {
+      v1::HeartbeatRequest request;
+      request.set_worker_id("misfit");
+      v1::HeartbeatResponse response;
+      grpc::ClientContext context;
+      services::AddBearer(&context, kToken);
+      (void)stub_->Heartbeat(&context, request, &response);
+    }
+  });
+  v1::Job job;
+  ASSERT_TRUE(Submit(Spec(2, "noform"), &job).ok());
+  const auto events = Watch(job.id(), Ended);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    done = true;
+  }
+  stop.notify_all();
+  heartbeats.join();
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back().state(), v1::FAILED) << coordinator_->Log();
+  int requeues = 0;
+  for (const auto& e : events) requeues += e.type() == "state" && e.state() == v1::QUEUED;
+  EXPECT_EQ(requeues, 1 + 4);  // submitted, then four requeues before the fifth loss
+  const v1::Job failed = Get(job.id());
+  EXPECT_EQ(failed.error_code(), "UNAVAILABLE");
+  EXPECT_NE(failed.error_message().find("failed 5 times in a row"), std::string::npos) << failed.error_message();
+  EXPECT_NE(failed.error_message().find("10.255.255.1:29500: Connection refused"), std::string::npos)
+      << failed.error_message();
+}
+
 class MetricsTest : public ServiceTest {
  protected:
   bool ServeMetrics() const override { return true; }
