@@ -497,13 +497,42 @@ void CoordinatorService::SchedulerLoop() {
     if (queued.ok() && workers.ok()) {
       std::sort(queued->begin(), queued->end(),
                 [](const JobRecord& a, const JobRecord& b) { return a.created_unix_ms < b.created_unix_ms; });
+      {
+        std::lock_guard<std::mutex> guard(mu_);
+        std::erase_if(told_waiting_, [&](const auto& told) {
+          return std::none_of(queued->begin(), queued->end(), [&](const JobRecord& j) { return j.id == told.first; });
+        });
+      }
       for (const JobRecord& job : *queued) {
         // Reserve a gang of idle workers under the lock, then claim the job.
         const int64_t size = GangSize(job);
+        const int64_t registered = static_cast<int64_t>(workers->size());
+        if (registered < size) {
+          // Submit checked a gang's count; workers that left since (or none
+          // yet, for a job of one) leave the job waiting: say so once for
+          // each count, not silently.
+          bool tell = false;
+          {
+            std::lock_guard<std::mutex> guard(mu_);
+            auto [told, added] = told_waiting_.emplace(job.id, registered);
+            tell = added || told->second != registered;
+            told->second = registered;
+          }
+          if (tell) {
+            Publish(job.id, "log",
+                    nlohmann::json{{"message", absl::StrCat("waiting: the job needs ", size,
+                                                            size == 1 ? " worker" : " workers",
+                                                            " (spec key 'parallel.workers'); ", registered,
+                                                            registered == 1 ? " is" : " are", " registered")}}
+                        .dump());
+          }
+          continue;
+        }
         std::vector<WorkerRecord> gang;
         uint64_t run = 0;
         {
           std::lock_guard<std::mutex> guard(mu_);
+          told_waiting_.erase(job.id);
           const auto now = std::chrono::steady_clock::now();
           if (auto b = job_backoff_.find(job.id); b != job_backoff_.end() && b->second.until > now) continue;
           for (const WorkerRecord& worker : *workers) {

@@ -158,6 +158,9 @@ class CoordinatorService final : public strata::v1::Coordinator::CallbackService
     int losses_with_all_answering = 0;
   };
   std::map<std::string, Backoff> job_backoff_;     // jobs requeued after a lost gang
+  // Queued jobs told they wait for more registered workers, and the count
+  // they were told, so that each count is said once.
+  std::map<std::string, int64_t> told_waiting_;
   std::map<std::string, Backoff> worker_backoff_;  // workers that stopped answering
   std::map<std::string, std::string> worker_directories_;
   std::map<std::string, std::map<std::string, int64_t>> worker_memory_;  // tier -> bytes, by worker

@@ -1468,6 +1468,33 @@ class NoWorkerServiceTest : public ServiceTest {
   int RealWorkers() const override { return 0; }
 };
 
+// Submit checks that enough workers are registered; workers that leave
+// afterwards leave a gang job waiting, which it now says (it sat QUEUED
+// with no word). Two registered ghosts take the job, fail to start it, are
+// deregistered, and the job waits for two workers with none registered.
+TEST_F(NoWorkerServiceTest, AGangJobSaysWhenTooFewWorkersRemainRegistered) {
+  for (const char* id : {"ghost-a", "ghost-b"}) {
+    auto port = testing::RedisServer::FreePort();
+    ASSERT_TRUE(port.ok());
+    v1::RegisterWorkerRequest ghost;
+    ghost.set_worker_id(id);
+    ghost.set_address(absl::StrCat("127.0.0.1:", *port));
+    ASSERT_TRUE(RegisterWorker(ghost).ok());
+  }
+  v1::Job job;
+  ASSERT_TRUE(Submit(Spec(2, "waits"), &job, "", {"parallel.workers=2"}).ok());
+  const auto events = Watch(job.id(), [](const v1::JobEvent& e) {
+    return (e.type() == "log" && e.json().find("are registered") != std::string::npos) || Ended(e);
+  });
+  ASSERT_FALSE(events.empty());
+  EXPECT_NE(
+      events.back().json().find("waiting: the job needs 2 workers (spec key 'parallel.workers'); 0 are registered"),
+      std::string::npos)
+      << events.back().json();
+  v1::Job cancelled;
+  EXPECT_TRUE(Cancel(job.id(), &cancelled).ok());
+}
+
 // A job's end is recorded before its final state event is appended. A
 // watcher that caught up in between used to end the stream without that
 // state (seen under load: a job watched to its end "ended" QUEUED). Here the
@@ -1496,6 +1523,7 @@ TEST_F(NoWorkerServiceTest, AWatchWaitsForTheFinalEventOfAJobThatJustEnded) {
     auto reader = stub_->WatchJob(&context, request);
     v1::JobEvent e;
     while (reader->Read(&e)) {
+      if (e.type() != "state") continue;  // the scheduler says it waits for a worker
       std::lock_guard<std::mutex> lock(mu);
       events.push_back(e);
       changed.notify_all();
