@@ -478,6 +478,16 @@ int64_t GangSize(const JobRecord& job) {
 
 }  // namespace
 
+void CoordinatorService::TellWaiting(const std::string& job_id, const std::string& message) {
+  {
+    std::lock_guard<std::mutex> guard(mu_);
+    auto [told, added] = told_waiting_.emplace(job_id, message);
+    if (!added && told->second == message) return;
+    told->second = message;
+  }
+  Publish(job_id, "log", nlohmann::json{{"message", message}}.dump());
+}
+
 void CoordinatorService::SchedulerLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
@@ -503,31 +513,29 @@ void CoordinatorService::SchedulerLoop() {
           return std::none_of(queued->begin(), queued->end(), [&](const JobRecord& j) { return j.id == told.first; });
         });
       }
+      // An older gang job that has some free workers but waits for busy ones
+      // holds the free ones: younger jobs of fewer workers would otherwise
+      // take each worker as it frees, and the gang job could wait for ever.
+      const JobRecord* holder = nullptr;
+      int64_t holder_size = 0;
       for (const JobRecord& job : *queued) {
-        // Reserve a gang of idle workers under the lock, then claim the job.
         const int64_t size = GangSize(job);
         const int64_t registered = static_cast<int64_t>(workers->size());
         if (registered < size) {
           // Submit checked a gang's count; workers that left since (or none
-          // yet, for a job of one) leave the job waiting: say so once for
-          // each count, not silently.
-          bool tell = false;
-          {
-            std::lock_guard<std::mutex> guard(mu_);
-            auto [told, added] = told_waiting_.emplace(job.id, registered);
-            tell = added || told->second != registered;
-            told->second = registered;
-          }
-          if (tell) {
-            Publish(job.id, "log",
-                    nlohmann::json{{"message", absl::StrCat("waiting: the job needs ", size,
-                                                            size == 1 ? " worker" : " workers",
-                                                            " (spec key 'parallel.workers'); ", registered,
-                                                            registered == 1 ? " is" : " are", " registered")}}
-                        .dump());
-          }
+          // yet, for a job of one) leave the job waiting, and it holds no
+          // worker: more may never register.
+          TellWaiting(job.id, absl::StrCat("waiting: the job needs ", size, size == 1 ? " worker" : " workers",
+                                           " (spec key 'parallel.workers'); ", registered,
+                                           registered == 1 ? " is" : " are", " registered"));
           continue;
         }
+        if (holder != nullptr) {
+          TellWaiting(job.id, absl::StrCat("waiting: queued behind job ", holder->id, ", which is older and needs ",
+                                           holder_size, " workers; the free ones are held for it"));
+          continue;
+        }
+        // Reserve a gang of idle workers under the lock, then claim the job.
         std::vector<WorkerRecord> gang;
         uint64_t run = 0;
         {
@@ -541,7 +549,13 @@ void CoordinatorService::SchedulerLoop() {
             if (b != worker_backoff_.end() && b->second.until > now) continue;
             if (!busy_workers_.count(worker.id)) gang.push_back(worker);
           }
-          if (static_cast<int64_t>(gang.size()) < size) continue;  // stays QUEUED until enough are free
+          if (static_cast<int64_t>(gang.size()) < size) {  // stays QUEUED until enough are free
+            if (!gang.empty()) {
+              holder = &job;
+              holder_size = size;
+            }
+            continue;
+          }
           run = next_run_++;
           for (const WorkerRecord& w : gang) busy_workers_[w.id] = run;
         }

@@ -100,6 +100,8 @@ class CoordinatorService final : public strata::v1::Coordinator::CallbackService
   // gets (another tenant's job ids are not confirmed to exist).
   absl::StatusOr<JobRecord> GetVisible(const Caller& caller, const std::string& id);
   void SchedulerLoop();
+  // Publishes a queued job's reason to wait, once per reason.
+  void TellWaiting(const std::string& job_id, const std::string& message);
   void RunOnGang(uint64_t run, JobRecord job, std::vector<WorkerRecord> workers);
   // A gang was lost: workers that no longer answer are deregistered and kept
   // out of gangs for a while, and the job waits before it is scheduled again
@@ -158,9 +160,10 @@ class CoordinatorService final : public strata::v1::Coordinator::CallbackService
     int losses_with_all_answering = 0;
   };
   std::map<std::string, Backoff> job_backoff_;     // jobs requeued after a lost gang
-  // Queued jobs told they wait for more registered workers, and the count
-  // they were told, so that each count is said once.
-  std::map<std::string, int64_t> told_waiting_;
+  // Queued jobs told why they wait (too few registered workers, or behind
+  // an older gang job), and what they were told, so that each reason is
+  // said once.
+  std::map<std::string, std::string> told_waiting_;
   std::map<std::string, Backoff> worker_backoff_;  // workers that stopped answering
   std::map<std::string, std::string> worker_directories_;
   std::map<std::string, std::map<std::string, int64_t>> worker_memory_;  // tier -> bytes, by worker

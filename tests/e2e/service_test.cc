@@ -1251,6 +1251,30 @@ TEST_F(ServiceTest, RequeuedJobSurvivesItsPreviousGangsLateUnload) {
   EXPECT_NE(worker_log->find("stall@rollout:6:8: working 8 s longer"), std::string::npos) << *worker_log;
 }
 
+// A gang job waits for busy workers while one is free: a younger job of
+// one worker must not take it (it would, each time a worker frees, and the
+// gang job would wait for ever); it waits behind, and runs after.
+TEST_F(ServiceTest, YoungerJobWaitsBehindAnOlderGangJobInsteadOfTakingItsWorkers) {
+  v1::Job long_job, gang_job, small_job;
+  ASSERT_TRUE(Submit(Spec(500, "holder_long"), &long_job).ok());
+  Watch(long_job.id(), AtIteration(1));
+  ASSERT_TRUE(Submit(Spec(2, "holder_gang"), &gang_job, "", {"parallel.workers=2"}).ok());
+  ASSERT_TRUE(Submit(Spec(2, "holder_small"), &small_job).ok());
+  bool told = false;
+  Watch(small_job.id(), [&](const v1::JobEvent& e) {
+    told = e.type() == "log" && e.json().find("queued behind job " + gang_job.id()) != std::string::npos;
+    return told || Ended(e);
+  });
+  ASSERT_TRUE(told) << "the younger job ran on the gang job's free worker\n" << coordinator_->Log();
+  EXPECT_EQ(Get(small_job.id()).state(), v1::QUEUED);
+  EXPECT_EQ(Get(gang_job.id()).state(), v1::QUEUED);
+  v1::Job cancelled;
+  ASSERT_TRUE(Cancel(long_job.id(), &cancelled).ok());
+  // The gang job takes both workers first; the small job runs after it.
+  EXPECT_EQ(Watch(gang_job.id(), Ended).back().state(), v1::SUCCEEDED) << Get(gang_job.id()).error_message();
+  EXPECT_EQ(Watch(small_job.id(), Ended).back().state(), v1::SUCCEEDED) << Get(small_job.id()).error_message();
+}
+
 // The coordinator opens no job file: run as an unprivileged user that
 // cannot enter the directory holding the model, the data and the outputs
 // (the workers run as root and can), it still runs the job to SUCCEEDED.
