@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/file.h"
+#include "base/interrupt.h"
 #include "base/status_macros.h"
 #include "policies/model/layer_source.h"
 #include "policies/checkpoint/safetensors.h"
@@ -233,6 +234,8 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
   const LlamaConfig& c = config;
 
   auto load = [&](const std::string& name, std::vector<int64_t> shape) -> absl::StatusOr<at::Tensor> {
+    // A large model takes minutes to read: a cancelled job's load stops here.
+    STRATA_RETURN_IF_ERROR(CheckInterrupt("while loading a model"));
     STRATA_ASSIGN_OR_RETURN(auto view, ckpt.Get(name));
     auto tensor = ToTensorWithShape(view, shape, dtype);
     ReleaseMappedPages(view.data);  // copied out: the file's pages need not stay resident

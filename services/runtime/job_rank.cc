@@ -36,8 +36,9 @@ namespace {
 //                                   still answers); an interrupt (a cancel,
 //                                   an unload) ends that work early, as it
 //                                   would end real work.
-// PHASE is a phase's name, or save_weights: rank 0 writing a checkpoint's
-// weights in commit. A fault point acts once per process: a job that
+// PHASE is a phase's name; save_weights: rank 0 writing a checkpoint's
+// weights in commit; or load (ITERATION 0): a rank's start, once its
+// models are loaded. A fault point acts once per process: a job that
 // resumes after it runs the same iteration again without it.
 void ActAtFailpoint(const std::string& phase, int64_t iteration) {
   static const char* const failpoint = std::getenv("STRATA_FAILPOINT");
@@ -274,6 +275,10 @@ absl::StatusOr<std::unique_ptr<JobRank>> JobRank::Create(const policies::JobSpec
                                                    ") exceeds train.batch_size (", spec.train.batch_size,
                                                    "): every rank needs a share of the batch"));
   }
+  // The models are loaded; what follows reads the data (and, on resume,
+  // the checkpoint). A cancelled load stops here at the latest.
+  ActAtFailpoint("load", 0);
+  STRATA_RETURN_IF_ERROR(CheckInterrupt("while the rank loads"));
   std::unique_ptr<JobRank> rank(new JobRank(spec, models, tokenizer, gang, std::move(options)));
   rank->metrics_path_ =
       rank->options_.metrics_path.empty() ? JoinPath(spec.output_dir, "metrics.jsonl") : rank->options_.metrics_path;

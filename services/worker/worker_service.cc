@@ -225,6 +225,13 @@ void WorkerService::PublishStats() {
   published_monitor_ = group_ != nullptr ? &group_->device_monitor() : &offload::DeviceMemoryMonitor::Install();
 }
 
+void WorkerService::PublishLoading() {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  published_job_id_ = job_id_;
+  std::lock_guard<std::mutex> generation_lock(interrupt_mu_);
+  published_generation_ = generation_;
+}
+
 absl::Status WorkerService::LoadModelsOnWorkThread(const v1::LoadModelsRequest& request,
                                                    v1::LoadModelsResponse* response) {
   if (request.job_id().empty()) return absl::InvalidArgumentError("job_id: empty");
@@ -279,6 +286,9 @@ grpc::ServerUnaryReactor* WorkerService::StartRank(grpc::CallbackServerContext* 
     // store, with its port) would otherwise live on beside no job, out of
     // Unload's reach, until the next job came.
     absl::Cleanup drop_on_failure = [this] { DropJob(); };
+    // Loading a large model takes minutes: a cancel must reach it.
+    job_id_ = request->job_id();
+    PublishLoading();
     STRATA_ASSIGN_OR_RETURN(auto spec, ParseSpec(request->job_id(), request->spec_yaml()));
     policies::ProcessGroupOptions options;
     options.rank = request->rank();
@@ -309,7 +319,6 @@ grpc::ServerUnaryReactor* WorkerService::StartRank(grpc::CallbackServerContext* 
     rank_options.run_id = request->job_id();
     STRATA_ASSIGN_OR_RETURN(rank_, JobRank::Create(spec, *group_, group_->tokenizer(), *gang_, rank_options));
     std::move(drop_on_failure).Cancel();
-    job_id_ = request->job_id();
     spec_yaml_ = request->spec_yaml();
     response->set_tokenizer_path(group_->tokenizer_path());
     response->set_working_directory(std::filesystem::current_path().string());

@@ -64,8 +64,9 @@ class WorkerService final : public strata::v1::Worker::CallbackService {
   // destroy the service only after the server.
   void Shutdown();
 
-  // What heartbeats report: the loaded job ("" when idle) and a number that
-  // changes whenever a job is dropped or loaded.
+  // What heartbeats report: the loaded job, or the job whose rank is
+  // loading ("" when idle), and a number that changes whenever a job is
+  // dropped or loaded.
   std::pair<std::string, uint64_t> LoadedJob();
   // Stops and drops `job_id` if it is still what was loaded as of
   // `generation`: the running operation is interrupted at its next decoding
@@ -152,6 +153,9 @@ class WorkerService final : public strata::v1::Worker::CallbackService {
                                       strata::v1::LoadModelsResponse* response);
   // Publishes the loaded job and its current phase's peaks for GetStats.
   void PublishStats();
+  // Publishes the job whose rank is loading, so that a cancel (through the
+  // heartbeat) or an unload reaches the load; PublishStats ends that.
+  void PublishLoading();
   // Drops the job: its rank, models and gang, in that order.
   void DropJob();
   // Interrupts the running operation if the job loaded as of `generation` is

@@ -1275,6 +1275,34 @@ TEST_F(ServiceTest, YoungerJobWaitsBehindAnOlderGangJobInsteadOfTakingItsWorkers
   EXPECT_EQ(Watch(small_job.id(), Ended).back().state(), v1::SUCCEEDED) << Get(small_job.id()).error_message();
 }
 
+// A cancel reaches a gang while its ranks load their models (minutes for
+// a large model): worker 1's load takes 60 s longer, and the cancel ends it
+// at once instead of after the load. The loading worker reports the job,
+// so the heartbeat's cancel and the unload reach it.
+TEST_F(ServiceTest, CancelReachesARankWhileItLoads) {
+  workers_[1]->Kill(SIGKILL);
+  StartWorker(1, {"STRATA_FAILPOINT=stall@load:0:60"});
+  WaitUntilRegistered(1);
+  v1::Job job;
+  ASSERT_TRUE(Submit(Spec(2, "cancelload", 2), &job, "", {"parallel.workers=2"}).ok());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (HeldJob(1) != job.id() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // polls other processes
+  }
+  ASSERT_EQ(HeldJob(1), job.id()) << "the loading worker does not report the job it loads";
+  v1::Job cancelled;
+  ASSERT_TRUE(Cancel(job.id(), &cancelled).ok());
+  EXPECT_TRUE(WaitUntilWorkersIdle(std::chrono::seconds(20))) << "still held: " << HeldJob(0) << ", " << HeldJob(1);
+  EXPECT_EQ(Get(job.id()).state(), v1::CANCELLED);
+  const auto log = ReadFileToString(dir_.Join("worker1.log"));
+  ASSERT_TRUE(log.ok());
+  EXPECT_NE(log->find("stall@load:0:60: interrupted after"), std::string::npos) << *log;
+  // Both workers take the next gang.
+  v1::Job next;
+  ASSERT_TRUE(Submit(Spec(2, "afterload", 2), &next, "", {"parallel.workers=2"}).ok());
+  EXPECT_EQ(Watch(next.id(), Ended).back().state(), v1::SUCCEEDED) << Get(next.id()).error_message();
+}
+
 // The coordinator opens no job file: run as an unprivileged user that
 // cannot enter the directory holding the model, the data and the outputs
 // (the workers run as root and can), it still runs the job to SUCCEEDED.

@@ -245,6 +245,20 @@ TEST(LlamaCheckpointTest, MissingTensorIsNamed) {
   EXPECT_NE(loaded.status().message().find("score.weight"), std::string::npos) << loaded.status();
 }
 
+// A cancelled job's load gives up at the next tensor, and loads normally
+// once the request is cleared.
+TEST(LlamaCheckpointTest, InterruptStopsALoad) {
+  testing::TempDir dir;
+  auto model = LlamaModel::RandomInit(TinyConfig(), LlamaHead::kLanguageModel, at::kFloat, 1);
+  ASSERT_TRUE(model->Save(dir.path()).ok());
+  RequestInterrupt();
+  auto stopped = LlamaModel::Load(dir.path(), LlamaHead::kLanguageModel, at::kFloat);
+  ClearInterrupt();
+  EXPECT_EQ(stopped.status().code(), absl::StatusCode::kCancelled) << stopped.status();
+  EXPECT_NE(stopped.status().message().find("while loading a model"), std::string::npos) << stopped.status();
+  EXPECT_TRUE(LlamaModel::Load(dir.path(), LlamaHead::kLanguageModel, at::kFloat).ok());
+}
+
 TEST(LlamaCheckpointTest, WrongShapeIsNamedWithBothShapes) {
   testing::TempDir dir;
   LlamaConfig c = TinyConfig();
