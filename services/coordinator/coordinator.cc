@@ -47,6 +47,18 @@ void ToProto(const JobRecord& r, v1::Job* job) {
   job->set_output_dir(r.output_dir);
 }
 
+namespace {
+
+// The state a "state" event announces (nullopt for any other event, or
+// JSON without a known state).
+std::optional<JobState> AnnouncedState(const JobEventRecord& e, const nlohmann::json& j) {
+  if (e.type != "state" || !j.is_object() || !j.contains("state") || !j["state"].is_string()) return std::nullopt;
+  auto state = ParseJobState(j["state"].get<std::string>());
+  return state.ok() ? std::optional<JobState>(*state) : std::nullopt;
+}
+
+}  // namespace
+
 // Streams a job's events: reads what Redis has after the client's last event,
 // writes them one by one, and when it has caught up parks until the job
 // publishes more. Exactly one step (a read on the executor, a write, or
@@ -109,17 +121,13 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::JobEvent> {
     event_.set_id(e.id);
     event_.set_type(e.type);
     event_.set_json(e.json);
-    nlohmann::json j = nlohmann::json::parse(e.json, nullptr, false);
-    if (!j.is_discarded() && j.is_object()) {
-      if (j.contains("iteration") && j["iteration"].is_number_integer())
-        event_.set_iteration(j["iteration"].get<int64_t>());
-      if (e.type == "state" && j.contains("state") && j["state"].is_string()) {
-        auto state = ParseJobState(j["state"].get<std::string>());
-        if (state.ok()) {
-          event_.set_state(ToProtoState(*state));
-          if (IsTerminal(*state)) stop_after_write_ = true;
-        }
-      }
+    const nlohmann::json j = nlohmann::json::parse(e.json, nullptr, false);
+    if (j.is_object() && j.contains("iteration") && j["iteration"].is_number_integer()) {
+      event_.set_iteration(j["iteration"].get<int64_t>());
+    }
+    if (const auto state = AnnouncedState(e, j)) {
+      event_.set_state(ToProtoState(*state));
+      if (IsTerminal(*state)) stop_after_write_ = true;
     }
     StartWrite(&event_);
   }
@@ -133,12 +141,9 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::JobEvent> {
   // coordinator that died between the two.
   absl::StatusOr<bool> FinalEventIsOut() {
     STRATA_ASSIGN_OR_RETURN(auto last, service_->store_->LastEvent(job_id_));
-    if (last.has_value() && last->type == "state") {
-      nlohmann::json j = nlohmann::json::parse(last->json, nullptr, false);
-      if (j.is_object() && j.contains("state") && j["state"].is_string()) {
-        auto state = ParseJobState(j["state"].get<std::string>());
-        if (state.ok() && IsTerminal(*state)) return true;
-      }
+    if (last.has_value()) {
+      const auto state = AnnouncedState(*last, nlohmann::json::parse(last->json, nullptr, false));
+      if (state.has_value() && IsTerminal(*state)) return true;
     }
     const auto now = std::chrono::steady_clock::now();
     if (!terminal_seen_.has_value()) terminal_seen_ = now;
@@ -663,6 +668,13 @@ void CoordinatorService::RunOnGang(uint64_t run, JobRecord job, std::vector<Work
   status = absl::Status(status.code(), policies::ToValidUtf8Lossy(std::string(status.message())));
 
   using nlohmann::json;
+  auto fail = [&](absl::StatusCode code_of_failure, const std::string& error) {
+    const std::string code = absl::StatusCodeToString(code_of_failure);
+    RecordOutcome(job.id, job.worker, JobState::kFailed, {{"error_code", code}, {"error_message", error}},
+                  {{"state", json{{"state", "FAILED"}, {"error_code", code}, {"error", error}}.dump()}});
+    std::lock_guard<std::mutex> lock(mu_);
+    job_backoff_.erase(job.id);
+  };
   if (status.ok()) {
     // Progress reports may have been lost (Redis down); the end is not.
     RecordOutcome(job.id, job.worker, JobState::kSucceeded, {{"iteration", std::to_string(job.iterations)}},
@@ -686,19 +698,14 @@ void CoordinatorService::RunOnGang(uint64_t run, JobRecord job, std::vector<Work
     {
       std::lock_guard<std::mutex> lock(mu_);
       Backoff& b = job_backoff_[job.id];
-      b.losses_with_all_answering = progressed || !lost.empty() ? 0 : b.losses_with_all_answering;
-      if (lost.empty()) ++b.losses_with_all_answering;
+      b.losses_with_all_answering = lost.empty() ? (progressed ? 0 : b.losses_with_all_answering) + 1 : 0;
       losses = b.losses_with_all_answering;
     }
     if (losses >= kMaxLossesWithAllAnswering) {
-      const std::string code = absl::StatusCodeToString(status.code());
-      const std::string error = absl::StrCat(
-          "gang (", names, ") failed ", losses, " times in a row before an iteration, every worker answering: ",
-          status.message(), "; check that the workers reach each other (rank 0's address, the ports c10d picks)");
-      RecordOutcome(job.id, job.worker, JobState::kFailed, {{"error_code", code}, {"error_message", error}},
-                    {{"state", json{{"state", "FAILED"}, {"error_code", code}, {"error", error}}.dump()}});
-      std::lock_guard<std::mutex> lock(mu_);
-      job_backoff_.erase(job.id);
+      fail(status.code(),
+           absl::StrCat("gang (", names, ") failed ", losses,
+                        " times in a row before an iteration, every worker answering: ", status.message(),
+                        "; check that the workers reach each other (rank 0's address, the ports c10d picks)"));
     } else {
       const std::string message =
           absl::StrCat("gang (", names, ") lost: ", status.message(), lost.empty() ? "" : "; not answering: ", lost,
@@ -707,12 +714,7 @@ void CoordinatorService::RunOnGang(uint64_t run, JobRecord job, std::vector<Work
                     {{"log", json{{"message", message}}.dump()}, {"state", json{{"state", "QUEUED"}}.dump()}});
     }
   } else {
-    const std::string code = absl::StatusCodeToString(status.code());
-    const std::string error(status.message());
-    RecordOutcome(job.id, job.worker, JobState::kFailed, {{"error_code", code}, {"error_message", error}},
-                  {{"state", json{{"state", "FAILED"}, {"error_code", code}, {"error", error}}.dump()}});
-    std::lock_guard<std::mutex> lock(mu_);
-    job_backoff_.erase(job.id);
+    fail(status.code(), std::string(status.message()));
   }
   // The job's state is recorded first: a rank that hangs answers Unload only
   // at its deadline, and the requeued job must not wait for it. Each worker
