@@ -12,6 +12,7 @@
 #include "policies/job/memory_plan.h"
 #include "policies/tokenizer/unicode.h"
 #include "services/runtime/job_runner.h"
+#include "services/coordinator/gang_plan.h"
 #include "services/coordinator/remote_gang.h"
 #include "services/coordinator/remote_worker_group.h"
 #include "services/rpc/wire.h"
@@ -510,60 +511,55 @@ void CoordinatorService::SchedulerLoop() {
     auto queued = store_->ListByState(JobState::kQueued);
     auto workers = store_->ListWorkers();
     if (queued.ok() && workers.ok()) {
-      std::sort(queued->begin(), queued->end(),
-                [](const JobRecord& a, const JobRecord& b) { return a.created_unix_ms < b.created_unix_ms; });
+      // Stable: jobs submitted in the same millisecond keep their order.
+      std::stable_sort(queued->begin(), queued->end(),
+                       [](const JobRecord& a, const JobRecord& b) { return a.created_unix_ms < b.created_unix_ms; });
+      std::vector<QueuedGangJob> jobs;
+      for (const JobRecord& job : *queued) jobs.push_back({job.id, job.tenant, GangSize(job)});
+      std::map<std::string, const WorkerRecord*> by_id;
+      for (const WorkerRecord& w : *workers) by_id[w.id] = &w;
+      // Plan under the lock (the busy and kept-out workers are its state) and
+      // mark the chosen workers busy; claim the jobs in Redis after it.
+      GangPlan plan;
+      std::vector<uint64_t> runs(jobs.size(), 0);
       {
         std::lock_guard<std::mutex> guard(mu_);
+        const auto now = std::chrono::steady_clock::now();
+        for (QueuedGangJob& job : jobs) {
+          auto b = job_backoff_.find(job.id);
+          job.backing_off = b != job_backoff_.end() && b->second.until > now;
+        }
+        std::vector<SchedulableWorker> states;
+        for (const WorkerRecord& w : *workers) {
+          auto b = worker_backoff_.find(w.id);
+          states.push_back({w.id, busy_workers_.count(w.id)                               ? WorkerState::kBusy
+                                  : b != worker_backoff_.end() && b->second.until > now ? WorkerState::kKeptOut
+                                                                                        : WorkerState::kFree});
+        }
+        plan = PlanGangs(jobs, states);
+        // What a job was told is forgotten once it says nothing new or has
+        // left the queue, so that the next reason to wait is told again.
         std::erase_if(told_waiting_, [&](const auto& told) {
-          return std::none_of(queued->begin(), queued->end(), [&](const JobRecord& j) { return j.id == told.first; });
+          return std::none_of(plan.decisions.begin(), plan.decisions.end(), [&](const GangDecision& d) {
+            return d.job_id == told.first && !d.waiting.empty();
+          });
         });
+        for (size_t i = 0; i < jobs.size(); ++i) {
+          const GangDecision& decision = plan.decisions[i];
+          if (decision.gang.empty()) continue;
+          runs[i] = next_run_++;
+          for (const std::string& w : decision.gang) busy_workers_[w] = runs[i];
+        }
+        held_workers_ = plan.held;
       }
-      // An older gang job that has some free workers but waits for busy ones
-      // holds the free ones: younger jobs of fewer workers would otherwise
-      // take each worker as it frees, and the gang job could wait for ever.
-      const JobRecord* holder = nullptr;
-      int64_t holder_size = 0;
-      for (const JobRecord& job : *queued) {
-        const int64_t size = GangSize(job);
-        const int64_t registered = static_cast<int64_t>(workers->size());
-        if (registered < size) {
-          // Submit checked a gang's count; workers that left since (or none
-          // yet, for a job of one) leave the job waiting, and it holds no
-          // worker: more may never register.
-          TellWaiting(job.id, absl::StrCat("waiting: the job needs ", size, size == 1 ? " worker" : " workers",
-                                           " (spec key 'parallel.workers'); ", registered,
-                                           registered == 1 ? " is" : " are", " registered"));
-          continue;
-        }
-        if (holder != nullptr) {
-          TellWaiting(job.id, absl::StrCat("waiting: queued behind job ", holder->id, ", which is older and needs ",
-                                           holder_size, " workers; the free ones are held for it"));
-          continue;
-        }
-        // Reserve a gang of idle workers under the lock, then claim the job.
+      for (size_t i = 0; i < jobs.size(); ++i) {
+        const JobRecord& job = (*queued)[i];
+        const GangDecision& decision = plan.decisions[i];
+        if (!decision.waiting.empty()) TellWaiting(job.id, decision.waiting);
+        if (decision.gang.empty()) continue;  // stays QUEUED
+        const uint64_t run = runs[i];
         std::vector<WorkerRecord> gang;
-        uint64_t run = 0;
-        {
-          std::lock_guard<std::mutex> guard(mu_);
-          told_waiting_.erase(job.id);
-          const auto now = std::chrono::steady_clock::now();
-          if (auto b = job_backoff_.find(job.id); b != job_backoff_.end() && b->second.until > now) continue;
-          for (const WorkerRecord& worker : *workers) {
-            if (static_cast<int64_t>(gang.size()) == size) break;
-            auto b = worker_backoff_.find(worker.id);
-            if (b != worker_backoff_.end() && b->second.until > now) continue;
-            if (!busy_workers_.count(worker.id)) gang.push_back(worker);
-          }
-          if (static_cast<int64_t>(gang.size()) < size) {  // stays QUEUED until enough are free
-            if (!gang.empty()) {
-              holder = &job;
-              holder_size = size;
-            }
-            continue;
-          }
-          run = next_run_++;
-          for (const WorkerRecord& w : gang) busy_workers_[w.id] = run;
-        }
+        for (const std::string& id : decision.gang) gang.push_back(*by_id.at(id));
         std::string ids;
         for (const WorkerRecord& w : gang) ids += (ids.empty() ? "" : ",") + w.id;
         auto running = store_->Transition(job.id, {JobState::kQueued}, JobState::kRunning, {{"worker", ids}});
@@ -726,7 +722,7 @@ void CoordinatorService::RunOnGang(uint64_t run, JobRecord job, std::vector<Work
 std::map<std::string, int64_t> CoordinatorService::WorkerStateCounts() {
   auto workers = store_->ListWorkers();
   if (!workers.ok()) return {};
-  std::map<std::string, int64_t> counts = {{"idle", 0}, {"busy", 0}, {"backoff", 0}};
+  std::map<std::string, int64_t> counts = {{"idle", 0}, {"busy", 0}, {"backoff", 0}, {"held", 0}};
   std::lock_guard<std::mutex> lock(mu_);
   const auto now = std::chrono::steady_clock::now();
   for (const WorkerRecord& worker : *workers) {
@@ -735,6 +731,8 @@ std::map<std::string, int64_t> CoordinatorService::WorkerStateCounts() {
       ++counts["busy"];
     } else if (b != worker_backoff_.end() && b->second.until > now) {
       ++counts["backoff"];
+    } else if (held_workers_.count(worker.id)) {
+      ++counts["held"];
     } else {
       ++counts["idle"];
     }

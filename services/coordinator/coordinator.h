@@ -164,6 +164,8 @@ class CoordinatorService final : public strata::v1::Coordinator::CallbackService
   // an older gang job), and what they were told, so that each reason is
   // said once.
   std::map<std::string, std::string> told_waiting_;
+  // Free workers an older queued gang job holds (as of the last scheduling pass).
+  std::set<std::string> held_workers_;
   std::map<std::string, Backoff> worker_backoff_;  // workers that stopped answering
   std::map<std::string, std::string> worker_directories_;
   std::map<std::string, std::map<std::string, int64_t>> worker_memory_;  // tier -> bytes, by worker

@@ -99,7 +99,7 @@ class ScrapeTimeFigures final : public prometheus::Collectable {
       for (const auto& [state, n] : counts) AddValue(out.back(), static_cast<double>(n), {{"state", state}});
     };
     by_state(jobs, "strata_jobs", "Jobs in the job store by state.");
-    by_state(workers, "strata_workers", "Registered workers by state (idle, busy, backoff).");
+    by_state(workers, "strata_workers", "Registered workers by state (idle, busy, backoff, held).");
     return out;
   }
 

@@ -21,6 +21,7 @@
 #include "services/coordinator/service_bench.h"
 #include "gtest/gtest.h"
 #include <grpcpp/health_check_service_interface.h>
+#include "absl/strings/numbers.h"
 #include "absl/strings/strip.h"
 #include "base/file.h"
 #include "services/rpc/auth.h"
@@ -189,13 +190,13 @@ output: {dir: )", dir_.Join(out), "}\n");
   }
 
   grpc::Status Submit(const std::string& spec, v1::Job* job, const std::string& request_id = "",
-                      std::vector<std::string> overrides = {}) {
+                      std::vector<std::string> overrides = {}, const std::string& token = kToken) {
     v1::SubmitJobRequest request;
     request.set_spec_yaml(spec);
     request.set_request_id(request_id);
     for (const auto& o : overrides) request.add_overrides(o);
     grpc::ClientContext context;
-    Auth(&context);
+    Auth(&context, token);
     return stub_->SubmitJob(&context, request, job);
   }
 
@@ -207,12 +208,12 @@ output: {dir: )", dir_.Join(out), "}\n");
     return stub_->CancelJob(&context, request, job);
   }
 
-  v1::Job Get(const std::string& id) {
+  v1::Job Get(const std::string& id, const std::string& token = kToken) {
     v1::GetJobRequest request;
     request.set_job_id(id);
     v1::Job job;
     grpc::ClientContext context;
-    Auth(&context);
+    Auth(&context, token);
     EXPECT_TRUE(stub_->GetJob(&context, request, &job).ok());
     return job;
   }
@@ -220,14 +221,14 @@ output: {dir: )", dir_.Join(out), "}\n");
   // Reads the job's events until `stop` says so or the job ends; returns
   // them. No sleeping: the stream delivers events as they happen.
   std::vector<v1::JobEvent> Watch(const std::string& id, const std::function<bool(const v1::JobEvent&)>& stop,
-                                  std::string after = "") {
+                                  std::string after = "", const std::string& token = kToken) {
     std::vector<v1::JobEvent> events;
     for (int attempt = 0; attempt < 20; ++attempt) {
       v1::WatchJobRequest request;
       request.set_job_id(id);
       request.set_after_event_id(after);
       grpc::ClientContext context;
-      services::AddBearer(&context, kToken);
+      services::AddBearer(&context, token);
       context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
       auto reader = stub_->WatchJob(&context, request);
       v1::JobEvent e;
@@ -281,6 +282,54 @@ output: {dir: )", dir_.Join(out), "}\n");
     ASSERT_FALSE(events.empty());
     EXPECT_EQ(events.back().state(), v1::SUCCEEDED) << Get(job.id()).error_message() << "\n" << coordinator_->Log();
     EXPECT_EQ(Count(events, "log"), 0) << "a rank was given up: " << coordinator_->Log();
+  }
+
+  // Two workers: a long job of one runs, an older gang job of two waits
+  // with one worker free, and a younger job of one (submitted with
+  // `younger_token`) must wait behind it, told so once, instead of taking
+  // that worker (it would, each time a worker freed, and the gang job could
+  // wait for ever); it runs after the gang job. `named`: whether the
+  // younger job's owner may see the gang job's id.
+  void ExpectYoungerJobWaitsBehindTheGangJob(const std::string& older_token, const std::string& younger_token,
+                                             bool named) {
+    v1::Job long_job, gang_job, small_job;
+    ASSERT_TRUE(Submit(Spec(500, "holder_long"), &long_job, "", {}, older_token).ok());
+    Watch(long_job.id(), AtIteration(1), "", older_token);
+    ASSERT_TRUE(Submit(Spec(2, "holder_gang"), &gang_job, "", {"parallel.workers=2"}, older_token).ok());
+    ASSERT_TRUE(Submit(Spec(2, "holder_small"), &small_job, "", {}, younger_token).ok());
+    std::string told;
+    Watch(
+        small_job.id(),
+        [&](const v1::JobEvent& e) {
+          if (e.type() == "log" && e.json().find("queued behind") != std::string::npos) told = e.json();
+          return !told.empty() || Ended(e);
+        },
+        "", younger_token);
+    ASSERT_FALSE(told.empty()) << "the younger job ran on the gang job's free worker\n" << coordinator_->Log();
+    EXPECT_EQ(told.find(gang_job.id()) != std::string::npos, named) << told;
+    EXPECT_EQ(Get(small_job.id(), younger_token).state(), v1::QUEUED);
+    EXPECT_EQ(Get(gang_job.id(), older_token).state(), v1::QUEUED);
+    v1::Job cancelled;
+    ASSERT_TRUE(Cancel(long_job.id(), &cancelled, older_token).ok());
+    const auto gang_events = Watch(gang_job.id(), Ended, "", older_token);
+    EXPECT_EQ(gang_events.back().state(), v1::SUCCEEDED) << Get(gang_job.id(), older_token).error_message();
+    const auto small_events = Watch(small_job.id(), Ended, "", younger_token);
+    EXPECT_EQ(small_events.back().state(), v1::SUCCEEDED) << Get(small_job.id(), younger_token).error_message();
+    // The small job started only once the gang job had ended (event ids
+    // begin with Redis's clock in milliseconds).
+    auto started_ms = [](const std::vector<v1::JobEvent>& events) {
+      int64_t ms = -1;
+      for (const auto& e : events) {
+        if (e.type() == "state" && e.state() == v1::RUNNING && ms < 0) {
+          EXPECT_TRUE(absl::SimpleAtoi(e.id().substr(0, e.id().find('-')), &ms)) << e.id();
+        }
+      }
+      return ms;
+    };
+    int64_t gang_ended_ms = -1;
+    ASSERT_TRUE(absl::SimpleAtoi(gang_events.back().id().substr(0, gang_events.back().id().find('-')),
+                                 &gang_ended_ms));
+    EXPECT_GE(started_ms(small_events), gang_ended_ms);
   }
 
   // Polls the worker processes until none holds a job (true) or `limit`
@@ -1251,28 +1300,8 @@ TEST_F(ServiceTest, RequeuedJobSurvivesItsPreviousGangsLateUnload) {
   EXPECT_NE(worker_log->find("stall@rollout:6:8: working 8 s longer"), std::string::npos) << *worker_log;
 }
 
-// A gang job waits for busy workers while one is free: a younger job of
-// one worker must not take it (it would, each time a worker frees, and the
-// gang job would wait for ever); it waits behind, and runs after.
 TEST_F(ServiceTest, YoungerJobWaitsBehindAnOlderGangJobInsteadOfTakingItsWorkers) {
-  v1::Job long_job, gang_job, small_job;
-  ASSERT_TRUE(Submit(Spec(500, "holder_long"), &long_job).ok());
-  Watch(long_job.id(), AtIteration(1));
-  ASSERT_TRUE(Submit(Spec(2, "holder_gang"), &gang_job, "", {"parallel.workers=2"}).ok());
-  ASSERT_TRUE(Submit(Spec(2, "holder_small"), &small_job).ok());
-  bool told = false;
-  Watch(small_job.id(), [&](const v1::JobEvent& e) {
-    told = e.type() == "log" && e.json().find("queued behind job " + gang_job.id()) != std::string::npos;
-    return told || Ended(e);
-  });
-  ASSERT_TRUE(told) << "the younger job ran on the gang job's free worker\n" << coordinator_->Log();
-  EXPECT_EQ(Get(small_job.id()).state(), v1::QUEUED);
-  EXPECT_EQ(Get(gang_job.id()).state(), v1::QUEUED);
-  v1::Job cancelled;
-  ASSERT_TRUE(Cancel(long_job.id(), &cancelled).ok());
-  // The gang job takes both workers first; the small job runs after it.
-  EXPECT_EQ(Watch(gang_job.id(), Ended).back().state(), v1::SUCCEEDED) << Get(gang_job.id()).error_message();
-  EXPECT_EQ(Watch(small_job.id(), Ended).back().state(), v1::SUCCEEDED) << Get(small_job.id()).error_message();
+  ExpectYoungerJobWaitsBehindTheGangJob(kToken, kToken, /*named=*/true);
 }
 
 // A cancel reaches a gang while its ranks load their models (minutes for
@@ -1285,10 +1314,17 @@ TEST_F(ServiceTest, CancelReachesARankWhileItLoads) {
   WaitUntilRegistered(1);
   v1::Job job;
   ASSERT_TRUE(Submit(Spec(2, "cancelload", 2), &job, "", {"parallel.workers=2"}).ok());
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (HeldJob(1) != job.id() && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // polls other processes
+  // Cancelled once worker 1 is in its long load (earlier, the cancel would
+  // end the load before the fault point, which the log check below needs).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  auto stalled = [&] {
+    const auto log = ReadFileToString(dir_.Join("worker1.log"));
+    return log.ok() && log->find("stall@load:0:60: working 60 s longer") != std::string::npos;
+  };
+  while (!stalled() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // polls a file another process writes
   }
+  ASSERT_TRUE(stalled()) << coordinator_->Log();
   ASSERT_EQ(HeldJob(1), job.id()) << "the loading worker does not report the job it loads";
   v1::Job cancelled;
   ASSERT_TRUE(Cancel(job.id(), &cancelled).ok());
@@ -1407,6 +1443,12 @@ class TenantTest : public ServiceTest {
     return job.state();
   }
 };
+
+// A tenant's job that waits behind another tenant's gang job is told so
+// without that job's id (tenants see only their own jobs).
+TEST_F(TenantTest, AJobWaitingBehindAnotherTenantsGangJobIsNotToldItsId) {
+  ExpectYoungerJobWaitsBehindTheGangJob(kAlice, kBob, /*named=*/false);
+}
 
 TEST_F(TenantTest, EachTenantSeesOnlyItsJobsAndTenantsReachNoWorker) {
   v1::Job a1, a2, b1;

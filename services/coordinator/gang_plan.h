@@ -1,0 +1,58 @@
+// One scheduling pass, decided without I/O: which queued jobs start on
+// which free workers, and what the others are told while they wait. The
+// coordinator gathers the state under its lock, plans, marks the chosen
+// workers busy, and claims the jobs in Redis afterwards.
+//
+// The policy: oldest job first. A job starts when enough free workers are
+// left for it. A gang job (two workers or more) that cannot start yet, for
+// lack of free workers or while it waits out its backoff after a lost
+// gang, holds the free workers it would take: younger jobs of fewer
+// workers would otherwise take each worker as it frees, and the gang job
+// could wait for ever. It holds only while enough workers answer (busy or
+// free) to form its gang; workers kept out after they stopped answering
+// may never come back, and a job waiting for them holds nothing.
+#ifndef STRATA_SERVICES_COORDINATOR_GANG_PLAN_H_
+#define STRATA_SERVICES_COORDINATOR_GANG_PLAN_H_
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace strata::services {
+
+struct QueuedGangJob {
+  std::string id;
+  std::string tenant;        // a waiting job is told another tenant's job id never
+  int64_t workers = 1;       // parallel.workers
+  bool backing_off = false;  // requeued after a lost gang, its backoff not yet over
+};
+
+enum class WorkerState {
+  kFree,
+  kBusy,     // in a gang of this coordinator
+  kKeptOut,  // stopped answering; out of gangs until its backoff ends
+};
+
+struct SchedulableWorker {
+  std::string id;
+  WorkerState state = WorkerState::kFree;
+};
+
+struct GangDecision {
+  std::string job_id;
+  std::vector<std::string> gang;  // the workers in rank order; empty while the job waits
+  std::string waiting;            // why it waits, to tell its watchers; "" for no news
+};
+
+struct GangPlan {
+  std::vector<GangDecision> decisions;  // one per job, in the jobs' order
+  std::set<std::string> held;           // free workers held for an older gang job
+};
+
+// `jobs` oldest first; `workers` in the order ranks are handed out.
+GangPlan PlanGangs(const std::vector<QueuedGangJob>& jobs, const std::vector<SchedulableWorker>& workers);
+
+}  // namespace strata::services
+
+#endif  // STRATA_SERVICES_COORDINATOR_GANG_PLAN_H_
