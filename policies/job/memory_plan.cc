@@ -140,6 +140,9 @@ struct ModelShape {
   // Parameters whose optimizer state and gradients one rank keeps: all of
   // them, or with ZeRO over several ranks the fullest rank's whole tensors.
   int64_t shard_params = 0;
+  // ZeRO: the optimizer state is sharded over the gang (several ranks, and
+  // an optimizer off the device).
+  bool sharded = false;
   std::string dtype;
   const offload::ModelPlacement* placement = nullptr;
 
@@ -173,9 +176,9 @@ ModelShape ShapeOf(const PlannedModel& m, const offload::ModelPlacement& placeme
   s.layer_params = c.LayerParameters();
   s.resident_params = ResidentParameters(c, m.scalar_head);
   s.params = s.resident_params + s.L * s.layer_params;
-  const bool sharded = workers > 1 && placement.optimizer != offload::Tier::kDevice;
+  s.sharded = workers > 1 && placement.optimizer != offload::Tier::kDevice;
   s.shard_params =
-      sharded ? FullestShard(c.TrainedTensorElements(m.scalar_head), static_cast<int>(workers)) : s.params;
+      s.sharded ? FullestShard(c.TrainedTensorElements(m.scalar_head), static_cast<int>(workers)) : s.params;
   s.placement = &placement;
   return s;
 }
@@ -296,7 +299,7 @@ class CostModel {
     return WithStream(compute, 2.0 * Stream(s), /*decoding=*/false) + head + grads;
   }
   // One optimizer step over a rank's shard, and the new weights written home.
-  double OptimizerStep(const ModelShape& s, int64_t workers) const {
+  double OptimizerStep(const ModelShape& s) const {
     const double shard = static_cast<double>(s.shard_params);
     double t = 0;
     switch (s.placement->optimizer) {
@@ -310,7 +313,7 @@ class CostModel {
     if (s.placement->weights == offload::Tier::kNvme) t += layers / f_.nvme_write_bytes_per_s;
     t += Copy(static_cast<double>(s.params) * (4.0 + s.E));  // norm, clip, write back
     // Sharded, the updated weights come from each shard's owner.
-    if (Sharded(s, workers)) t += static_cast<double>(s.params) * s.E / f_.allreduce_bytes_per_s;
+    if (s.sharded) t += static_cast<double>(s.params) * s.E / f_.allreduce_bytes_per_s;
     return t;
   }
   // One sum of the gradients over the gang: every micro-batch's when the
@@ -318,9 +321,6 @@ class CostModel {
   // them), else once a step.
   double GradientSum(const ModelShape& s, int64_t workers) const {
     return workers > 1 ? static_cast<double>(s.params) * 4.0 / f_.allreduce_bytes_per_s : 0.0;
-  }
-  static bool Sharded(const ModelShape& s, int64_t workers) {
-    return workers > 1 && s.placement->optimizer != offload::Tier::kDevice;
   }
 
  private:
@@ -457,9 +457,9 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
   // `steps` gradient steps of `step_rows` rows each, at `tokens` per row.
   auto update = [&](const ModelShape& s, int64_t steps, int64_t step_rows, int64_t tokens) {
     const auto [count, size] = Micro(step_rows, micro);
-    const double sums = (CostModel::Sharded(s, workers) ? count : 1) * cost.GradientSum(s, workers);
+    const double sums = (s.sharded ? count : 1) * cost.GradientSum(s, workers);
     phases["update"].Pass(window(s) + UpdateBytes(s, size, tokens),
-                          steps * (count * cost.ForwardBackward(s, size, tokens) + sums + cost.OptimizerStep(s, workers)));
+                          steps * (count * cost.ForwardBackward(s, size, tokens) + sums + cost.OptimizerStep(s)));
   };
   switch (spec.algorithm) {
     case Algorithm::kSft:
