@@ -25,6 +25,17 @@ echo "build.sh: $(g++ --version | head -1); cmake $(cmake --version | head -1 | 
 # NCCL's header and library come with the nvidia-nccl wheel beside torch.
 nccl_root="$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null || true)"
 echo "build.sh: NCCL from ${nccl_root:-nowhere}"
+# ProcessGroupNCCL::Options holds NCCL's ncclConfig_t, allocated by our code
+# (Options::create is inline) and filled by libtorch_cuda: the header we
+# compile with must be the NCCL torch runs with, or the layouts differ.
+if [[ -n "$nccl_root" && -f "$nccl_root/include/nccl.h" ]]; then
+  header_nccl="$(awk '/^#define NCCL_(MAJOR|MINOR|PATCH) /{printf "%s%s", sep, $3; sep="."}' "$nccl_root/include/nccl.h")"
+  torch_nccl="$(python3 -c 'import torch; print(".".join(map(str, torch.cuda.nccl.version())))' 2>/dev/null || echo unknown)"
+  echo "build.sh: nccl.h is $header_nccl, torch runs NCCL $torch_nccl"
+  if [[ "$header_nccl" != "$torch_nccl" ]]; then
+    echo "build.sh: WARNING: nccl.h $header_nccl is not torch's NCCL $torch_nccl; the NCCL group's options may be laid out differently" >&2
+  fi
+fi
 export PATH="$prefix/usr/bin:$PATH"  # protoc
 export PKG_CONFIG_PATH="$multiarch/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
 export PKG_CONFIG_SYSROOT_DIR="$prefix"

@@ -218,6 +218,7 @@ class C10dProcessGroup final : public ProcessGroup {
       status = failed(e);
     }
     for (auto& work : started) {
+      if (!work) continue;  // ran synchronously (torch 2.x returns no work for asyncOp=false)
       try {
         work->wait(options_.timeout);
       } catch (const std::exception& e) {

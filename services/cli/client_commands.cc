@@ -61,6 +61,8 @@ json JobJson(const v1::Job& job) {
          {"iterations", job.iterations()},
          {"worker", job.worker()},
          {"output_dir", job.output_dir()},
+         {"continues", job.continues()},
+         {"continued_by", job.continued_by()},
          {"created_unix_ms", job.created_unix_ms()},
          {"updated_unix_ms", job.updated_unix_ms()}};
   j["error"] = job.error_code().empty() ? json(nullptr)
@@ -71,13 +73,15 @@ json JobJson(const v1::Job& job) {
 }  // namespace
 
 absl::StatusOr<std::string> RunSubmit(const ClientOptions& options, const std::string& spec_path,
-                                      const std::vector<std::string>& overrides, const std::string& request_id) {
+                                      const std::vector<std::string>& overrides, const std::string& request_id,
+                                      const std::string& continue_job_id) {
   STRATA_ASSIGN_OR_RETURN(auto spec, ReadFileToString(spec_path));
   STRATA_ASSIGN_OR_RETURN(auto client, Connect(options));
   v1::SubmitJobRequest request;
   request.set_spec_yaml(spec);
   for (const auto& o : overrides) request.add_overrides(o);
   request.set_request_id(request_id);
+  request.set_continue_job_id(continue_job_id);
   v1::Job job;
   grpc::ClientContext context;
   client.Prepare(&context);

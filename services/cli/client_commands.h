@@ -21,8 +21,11 @@ struct ClientOptions {
   int deadline_ms = 30000;
 };
 
+// `continue_job_id`: an ended (FAILED or CANCELLED) job this one continues
+// from its newest checkpoint; "" for a fresh job.
 absl::StatusOr<std::string> RunSubmit(const ClientOptions& client, const std::string& spec_path,
-                                      const std::vector<std::string>& overrides, const std::string& request_id);
+                                      const std::vector<std::string>& overrides, const std::string& request_id,
+                                      const std::string& continue_job_id = "");
 absl::StatusOr<std::string> RunJobs(const ClientOptions& client, const std::string& state, int page_size, bool all);
 absl::StatusOr<std::string> RunStatus(const ClientOptions& client, const std::string& job_id, bool json);
 absl::StatusOr<std::string> RunCancel(const ClientOptions& client, const std::string& job_id);

@@ -238,6 +238,7 @@ struct ClientCommands {
   strata::services::ClientOptions client;
   std::string submit_spec;
   std::string submit_request_id;
+  std::string submit_continue;
   std::vector<std::string> submit_overrides;
   std::string jobs_state;
   int jobs_page = 20;
@@ -259,10 +260,14 @@ struct ClientCommands {
     submit->add_option("spec", submit_spec, "job spec (YAML)")->required();
     submit->add_option("--set", submit_overrides, "override a spec field: key.path=value (repeatable)");
     submit->add_option("--request-id", submit_request_id, "idempotency key: a retry returns the same job");
+    submit->add_option("--continue", submit_continue,
+                       "continue this ended (FAILED or CANCELLED) job from its newest checkpoint; the spec names "
+                       "the same checkpoint.dir");
     add_client_flags(submit);
     submit->callback([&] {
       run = [&] {
-        return Finish("submit", strata::services::RunSubmit(client, submit_spec, submit_overrides, submit_request_id));
+        return Finish("submit", strata::services::RunSubmit(client, submit_spec, submit_overrides, submit_request_id,
+                                                                      submit_continue));
       };
     });
     auto* jobs = app.add_subcommand("jobs", "List jobs, newest first");

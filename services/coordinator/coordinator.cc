@@ -46,6 +46,8 @@ void ToProto(const JobRecord& r, v1::Job* job) {
   job->set_worker(r.worker);
   job->set_spec_yaml(r.spec_yaml);
   job->set_output_dir(r.output_dir);
+  job->set_continues(r.continues);
+  job->set_continued_by(r.continued_by);
 }
 
 namespace {
@@ -324,6 +326,28 @@ absl::Status CoordinatorService::Submit(const Caller& caller, const v1::SubmitJo
   job.iterations = spec.train.iterations;
   job.request_id = request.request_id();
   job.tenant = caller.tenant;
+  if (!request.continue_job_id().empty()) {
+    // A job that ended before its end (a failure, a cancel) continues in a
+    // new job from its newest checkpoint, which that job records as its own
+    // to resume: it fails, naming the checkpoint, if its ranks do not find
+    // it, rather than start over. The store checks the ended state and
+    // claims the continuation (once) atomically with the creation.
+    STRATA_ASSIGN_OR_RETURN(auto ended, GetVisible(caller, request.continue_job_id()));
+    if (ended.tenant != caller.tenant) {
+      return absl::FailedPreconditionError(absl::StrCat("job ", ended.id, " belongs to tenant '", ended.tenant,
+                                                        "'; only its tenant can continue it"));
+    }
+    if (ended.checkpoint_dir.empty() &&
+        (ended.state == JobState::kFailed || ended.state == JobState::kCancelled)) {
+      return absl::FailedPreconditionError(absl::StrCat("job ", ended.id,
+                                                        " recorded no checkpoint: there is nothing to continue "
+                                                        "(checkpoint.every sets how often a job writes one)"));
+    }
+    job.continues = ended.id;
+    job.checkpoint_dir = ended.checkpoint_dir;
+    job.checkpoint_iteration = ended.checkpoint_iteration;
+    job.iteration = ended.checkpoint_iteration;
+  }
   bool created = false;
   STRATA_ASSIGN_OR_RETURN(auto stored, store_->Create(job, &created));
   if (created) Publish(stored.id, "state", nlohmann::json{{"state", "QUEUED"}}.dump());
@@ -617,12 +641,22 @@ void CoordinatorService::RunOnGang(uint64_t run, JobRecord job, std::vector<Work
     auto spec = policies::ParseJobSpec(job.spec_yaml, {}, absl::StrCat("job ", job.id));
     if (!spec.ok()) return spec.status();
     STRATA_ASSIGN_OR_RETURN(auto channel_credentials, MakeChannelCredentials(options_.worker_tls));
+    // The ended jobs this one continues, each continuing the one before:
+    // their checkpoints sit in the same checkpoint.dir, and the ranks may
+    // resume any of them.
+    std::vector<std::string> resumable;
+    for (std::string id = job.continues; !id.empty() && resumable.size() < 1000;) {
+      resumable.push_back(id);
+      STRATA_ASSIGN_OR_RETURN(auto ended, store_->Get(id));
+      id = ended.continues;
+    }
     std::vector<std::unique_ptr<RemoteWorkerGroup>> ranks;
     for (const WorkerRecord& worker : workers) {
       RemoteWorkerOptions remote;
       remote.address = worker.address;
       remote.token = options_.worker_token.empty() ? options_.token : options_.worker_token;
       remote.job_id = job.id;
+      remote.resumable_run_ids = resumable;
       STRATA_ASSIGN_OR_RETURN(auto rank, RemoteWorkerGroup::Create(remote, channel_credentials));
       ranks.push_back(std::move(rank));
     }

@@ -195,6 +195,7 @@ absl::StatusOr<RemoteWorkerGroup::Loaded> RemoteWorkerGroup::StartRank(const std
   request.set_rendezvous_host(rendezvous_host);
   request.set_rendezvous_port(rendezvous_port);
   request.set_timeout_ms(timeout.count());
+  for (const std::string& id : options_.resumable_run_ids) request.add_resumable_run_ids(id);
   v1::LoadModelsResponse response;
   STRATA_RETURN_IF_ERROR(Call("StartRank", &v1::Worker::Stub::StartRank, options_.work_timeout, request, &response));
   return Loaded{response.tokenizer_path(), response.working_directory()};

@@ -37,6 +37,8 @@ struct RemoteWorkerOptions {
   std::string address;
   // The job whose models the worker holds; sent with every call.
   std::string job_id;
+  // Ended jobs whose checkpoints this job continues (StartRank).
+  std::vector<std::string> resumable_run_ids;
   // Sent as "authorization: Bearer <token>"; "" sends no credentials.
   std::string token;
   // Deadline of calls that run model work: LoadModels, Rollout, Score,

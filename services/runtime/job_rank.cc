@@ -1,5 +1,7 @@
 #include "services/runtime/job_rank.h"
 
+#include <algorithm>
+
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -527,11 +529,16 @@ absl::StatusOr<PhaseReply> JobRank::FindCheckpoint(const PhaseRequest& request) 
   STRATA_ASSIGN_OR_RETURN(CheckpointState state, ParseCheckpointState(state_text, dir, iteration));
   const std::string& owner = state.run_id;
   const bool known_own = owner.empty() && !request.text.empty() && SameFile(dir, request.text);
-  if (!options_.run_id.empty() && owner != options_.run_id && !known_own) {
+  const bool continued = std::find(options_.resumable_run_ids.begin(), options_.resumable_run_ids.end(), owner) !=
+                         options_.resumable_run_ids.end();
+  if (!options_.run_id.empty() && owner != options_.run_id && !known_own && !continued) {
     return absl::FailedPreconditionError(absl::StrCat(
         "checkpoint.dir ", spec_.checkpoint.dir, " holds checkpoints of ",
         owner.empty() ? std::string("an earlier run") : absl::StrCat("job ", owner), " (newest: ", dir,
-        "); give job ", options_.run_id, " its own output.dir, or remove that run's outputs"));
+        "); give job ", options_.run_id, " its own output.dir, or remove that run's outputs",
+        owner.empty() ? std::string()
+                      : absl::StrCat(", or continue job ", owner, " from them (`strata submit --continue ", owner,
+                                     "` once it has ended)")));
   }
   reply.text = dir;
   reply.metrics["iteration"] = static_cast<double>(iteration);

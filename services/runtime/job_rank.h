@@ -87,6 +87,9 @@ struct JobRankOptions {
   std::string metrics_path;
   // Names this run in its checkpoints (the service uses the job id).
   std::string run_id;
+  // Other runs whose checkpoints this one may resume: the ended jobs it
+  // continues.
+  std::vector<std::string> resumable_run_ids;
 };
 
 class JobRank {

@@ -41,16 +41,27 @@ constexpr char kNowLua[] =
 enum ScriptId { kCreateScript, kTransitionScript, kProgressScript, kCheckpointScript, kAppendEventScript,
                 kRegisterWorkerScript, kHeartbeatScript, kListWorkersScript, kNumScripts };
 
-// KEYS: job, request, jobs, jobs:state:QUEUED, jobs:seq.
-// ARGV: id, has_request ("1"/"0"), field, value, ...
+// KEYS: job, request, jobs, jobs:state:QUEUED, jobs:seq, the continued job
+// (the job itself when none).
+// ARGV: id, has_request ("1"/"0"), continued job id or "", field, value, ...
+// A continued job must have ended FAILED or CANCELLED and not be continued
+// yet; it is marked continued_by in the same step, so it is continued once.
 constexpr char kCreateLua[] = R"lua(
 if ARGV[2] == '1' then
   local existing = redis.call('GET', KEYS[2])
   if existing then return {'EXISTS', existing} end
 end
+if ARGV[3] ~= '' then
+  local ended = redis.call('HGET', KEYS[6], 'state')
+  if not ended then return {'CONTINUE_NOT_FOUND'} end
+  if ended ~= 'FAILED' and ended ~= 'CANCELLED' then return {'CONTINUE_STATE', ended} end
+  local by = redis.call('HGET', KEYS[6], 'continued_by')
+  if by and by ~= '' then return {'CONTINUED', by} end
+end
 if redis.call('EXISTS', KEYS[1]) == 1 then return {'COLLISION'} end
 local seq = redis.call('INCR', KEYS[5])
-for i = 3, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+for i = 4, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+if ARGV[3] ~= '' then redis.call('HSET', KEYS[6], 'continued_by', ARGV[1]) end
 redis.call('HSET', KEYS[1], 'id', ARGV[1], 'state', 'QUEUED', 'seq', tostring(seq), 'created_unix_ms', now,
            'updated_unix_ms', now, 'error_code', '', 'error_message', '')
 redis.call('ZADD', KEYS[3], seq, ARGV[1])
@@ -255,6 +266,8 @@ absl::StatusOr<JobRecord> JobFromReply(const redisReply* reply, const std::strin
   job.request_id = Field(hash, "request_id");
   job.tenant = Field(hash, "tenant");
   job.checkpoint_dir = Field(hash, "checkpoint_dir");
+  job.continues = Field(hash, "continues");
+  job.continued_by = Field(hash, "continued_by");
   for (const auto& [field, out] : {std::pair<const char*, int64_t*>{"iteration", &job.iteration},
                                    {"iterations", &job.iterations},
                                    {"created_unix_ms", &job.created_unix_ms},
@@ -481,7 +494,9 @@ absl::StatusOr<JobRecord> JobStore::Create(JobRecord job, bool* created) {
       {"tenant", job.tenant},
       {"checkpoint_dir", job.checkpoint_dir},
       {"checkpoint_iteration", std::to_string(job.checkpoint_iteration)},
+      {"continues", job.continues},
   };
+  if (!job.continues.empty()) STRATA_RETURN_IF_ERROR(ValidateId("continued job id", job.continues));
   // Tenants' idempotency keys live apart: one tenant's request id never
   // returns another's job.
   const std::string request_key =
@@ -490,18 +505,30 @@ absl::StatusOr<JobRecord> JobStore::Create(JobRecord job, bool* created) {
   // refuses to overwrite, and a few fresh draws make a repeat vanishingly rare.
   for (int attempt = 0; attempt < 5; ++attempt) {
     const std::string id = NewJobId();
-    std::vector<std::string> args = {id, has_request ? "1" : "0"};
+    std::vector<std::string> args = {id, has_request ? "1" : "0", job.continues};
     for (const auto& [field, value] : fields) {
       args.push_back(field);
       args.push_back(value);
     }
     auto reply = impl_->RunScript(kCreateScript,
                                   {impl_->JobKey(id), request_key, impl_->Key("jobs"),
-                                   impl_->StateKey(JobState::kQueued), impl_->Key("jobs:seq")},
+                                   impl_->StateKey(JobState::kQueued), impl_->Key("jobs:seq"),
+                                   impl_->JobKey(job.continues.empty() ? id : job.continues)},
                                   args);
     if (!reply.ok()) return reply.status();
     STRATA_ASSIGN_OR_RETURN(auto tag, ScriptTag(reply->get(), "create"));
     if (tag == "COLLISION") continue;
+    if (tag == "CONTINUE_NOT_FOUND") return JobNotFound(job.continues);
+    if ((tag == "CONTINUE_STATE" || tag == "CONTINUED") && (*reply)->elements >= 2 &&
+        IsStringReply((*reply)->element[1])) {
+      const std::string detail = ReplyString((*reply)->element[1]);
+      return absl::FailedPreconditionError(
+          tag == "CONTINUED"
+              ? absl::StrCat("job ", job.continues, " is continued already, by job ", detail,
+                             " (an ended job is continued once; continue ", detail, " if it ended too)")
+              : absl::StrCat("job ", job.continues, " is ", detail,
+                             "; only a FAILED or CANCELLED job can be continued (cancel a running one first)"));
+    }
     if (tag == "EXISTS") {
       if ((*reply)->elements < 2 || !IsStringReply((*reply)->element[1])) return impl_->Unexpected("create");
       const std::string existing = ReplyString((*reply)->element[1]);

@@ -59,6 +59,8 @@ struct JobRecord {
   std::string tenant;      // who owns it ("" in single-token deployments)
   std::string checkpoint_dir;  // latest recorded checkpoint (highest iteration)
   int64_t checkpoint_iteration = 0;
+  std::string continues;     // the ended job whose checkpoints this one continues
+  std::string continued_by;  // set on an ended job once a new job continues it
 };
 
 struct JobEventRecord {

@@ -317,6 +317,7 @@ grpc::ServerUnaryReactor* WorkerService::StartRank(grpc::CallbackServerContext* 
     STRATA_ASSIGN_OR_RETURN(group_, LocalWorkerGroup::Create(spec, gang_.get()));
     JobRankOptions rank_options;
     rank_options.run_id = request->job_id();
+    rank_options.resumable_run_ids.assign(request->resumable_run_ids().begin(), request->resumable_run_ids().end());
     STRATA_ASSIGN_OR_RETURN(rank_, JobRank::Create(spec, *group_, group_->tokenizer(), *gang_, rank_options));
     std::move(drop_on_failure).Cancel();
     spec_yaml_ = request->spec_yaml();

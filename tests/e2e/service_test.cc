@@ -1339,6 +1339,64 @@ TEST_F(ServiceTest, CancelReachesARankWhileItLoads) {
   EXPECT_EQ(Watch(next.id(), Ended).back().state(), v1::SUCCEEDED) << Get(next.id()).error_message();
 }
 
+// A cancelled job (or a failed one) is not the end of its training: a new
+// job continues it from its newest checkpoint, once, instead of starting
+// over (the ended job's checkpoints are another job's, which a fresh job
+// with the same checkpoint.dir refuses to touch).
+TEST_F(ServiceTest, AnEndedJobContinuesFromItsCheckpointInANewJob) {
+  v1::Job first;
+  ASSERT_TRUE(Submit(Spec(12, "contd", 2), &first).ok());
+  Watch(first.id(), AtIteration(5));  // checkpoints at 2 and 4 are recorded by now
+  v1::Job cancelled;
+  ASSERT_TRUE(Cancel(first.id(), &cancelled).ok());
+  ASSERT_TRUE(WaitUntilWorkersIdle(std::chrono::seconds(20)));
+  auto submit_continuing = [&](const std::string& id, v1::Job* job) {
+    v1::SubmitJobRequest request;
+    request.set_spec_yaml(Spec(12, "contd", 2));
+    request.set_continue_job_id(id);
+    grpc::ClientContext context;
+    Auth(&context);
+    return stub_->SubmitJob(&context, request, job);
+  };
+  // A fresh job on the same outputs would take over another job's
+  // checkpoints: it fails, and says how to continue instead.
+  v1::Job fresh;
+  ASSERT_TRUE(Submit(Spec(12, "contd", 2), &fresh).ok());
+  const auto fresh_end = Watch(fresh.id(), Ended);
+  ASSERT_EQ(fresh_end.back().state(), v1::FAILED);
+  EXPECT_NE(Get(fresh.id()).error_message().find("strata submit --continue " + first.id()), std::string::npos)
+      << Get(fresh.id()).error_message();
+
+  // Through the CLI, as a user would.
+  testing::WriteTextFile(dir_.Join("contd.yaml"), Spec(12, "contd", 2));
+  auto submitted = testing::RunCommand({testing::StrataBinary(), "submit", dir_.Join("contd.yaml"), "--continue",
+                                        first.id(), "--addr", coordinator_addr_, "--token-file", dir_.Join("token")});
+  ASSERT_TRUE(submitted.ok());
+  ASSERT_EQ(submitted->exit_code, 0) << submitted->error;
+  const v1::Job next = Get(std::string(absl::StripAsciiWhitespace(submitted->output)));
+  EXPECT_EQ(next.continues(), first.id());
+  EXPECT_GE(next.iteration(), 4);
+  const auto events = Watch(next.id(), Ended);
+  ASSERT_EQ(events.back().state(), v1::SUCCEEDED) << Get(next.id()).error_message() << "\n" << coordinator_->Log();
+  EXPECT_EQ(Get(next.id()).iteration(), 12);
+  // It resumed: its first iteration is the checkpoint's, not 0.
+  int64_t first_iteration = -1;
+  for (const auto& e : events) {
+    if (e.type() == "metrics" && first_iteration < 0) first_iteration = e.iteration();
+  }
+  EXPECT_GE(first_iteration, 4);
+  // One metrics line per iteration: the ended job's up to its checkpoint,
+  // then the new job's.
+  EXPECT_EQ(MetricsOf(dir_.Join("contd/metrics.jsonl")).size(), 12u);
+  EXPECT_EQ(Get(first.id()).continued_by(), next.id());
+  EXPECT_EQ(Get(first.id()).state(), v1::CANCELLED);
+  // Once: a second continuation is refused, naming the first.
+  v1::Job again;
+  const grpc::Status twice = submit_continuing(first.id(), &again);
+  EXPECT_EQ(twice.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(twice.error_message().find(next.id()), std::string::npos) << twice.error_message();
+}
+
 // The coordinator opens no job file: run as an unprivileged user that
 // cannot enter the directory holding the model, the data and the outputs
 // (the workers run as root and can), it still runs the job to SUCCEEDED.

@@ -197,7 +197,9 @@ TEST(MemoryPlanTest, ShardedStatesAreTheFullestRanksDeal) {
       int64_t params = 0;
       for (int64_t t : tensors) params += t;
       left += params - FullestShard(tensors, workers);
-      if (workers == 8) EXPECT_GT(FullestShard(tensors, 8), params / 8) << m.role << ": 4 layers over 8 ranks";
+      if (workers == 8) {
+        EXPECT_GT(FullestShard(tensors, 8), params / 8) << m.role << ": 4 layers over 8 ranks";
+      }
     }
     const JobPrediction many = PredictJob(spec, *models, Figures(), workers);
     EXPECT_EQ(one.peak[2] - many.peak[2], 12 * left) << workers << " workers";

@@ -344,6 +344,46 @@ TEST_F(JobStoreTest, CancelledIsTerminal) {
   EXPECT_FALSE(IsTerminal(JobState::kRunning));
 }
 
+// A job that ended FAILED or CANCELLED is continued by at most one new job,
+// claimed in the same step that creates it; a queued, running or
+// succeeded job is not continued, and nor is one that does not exist.
+TEST_F(JobStoreTest, AnEndedJobIsContinuedOnce) {
+  const std::string running = CreateJob("running");
+  ASSERT_TRUE(store_->Transition(running, {JobState::kQueued}, JobState::kRunning).ok());
+  JobRecord next = NewJob("next");
+  next.continues = running;
+  auto refused = store_->Create(next, nullptr);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "is RUNNING")) << refused.status();
+
+  ASSERT_TRUE(store_->Transition(running, {JobState::kRunning}, JobState::kFailed).ok());
+  next.checkpoint_dir = "/tmp/out/running/checkpoints/iter-000002";
+  next.checkpoint_iteration = 2;
+  auto first = store_->Create(next, nullptr);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->continues, running);
+  EXPECT_EQ(first->checkpoint_dir, next.checkpoint_dir);
+  EXPECT_EQ(first->checkpoint_iteration, 2);
+  EXPECT_EQ(first->state, JobState::kQueued);
+  auto ended = store_->Get(running);
+  ASSERT_TRUE(ended.ok());
+  EXPECT_EQ(ended->continued_by, first->id);
+  EXPECT_EQ(ended->state, JobState::kFailed);  // an ended job's state never changes
+
+  auto second = store_->Create(next, nullptr);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition) << second.status();
+  EXPECT_TRUE(absl::StrContains(second.status().message(), "continued already, by job " + first->id))
+      << second.status();
+
+  next.continues = "job-doesnotexist";
+  EXPECT_EQ(store_->Create(next, nullptr).status().code(), absl::StatusCode::kNotFound);
+  const std::string succeeded = CreateJob("done");
+  ASSERT_TRUE(store_->Transition(succeeded, {JobState::kQueued}, JobState::kRunning).ok());
+  ASSERT_TRUE(store_->Transition(succeeded, {JobState::kRunning}, JobState::kSucceeded).ok());
+  next.continues = succeeded;
+  EXPECT_EQ(store_->Create(next, nullptr).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_F(JobStoreTest, ConcurrentTransitionsHaveExactlyOneWinner) {
   const std::string id = CreateJob("contended");
   constexpr int kThreads = 16;
