@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <optional>
+#include <tuple>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -328,22 +329,31 @@ absl::Status CoordinatorService::Submit(const Caller& caller, const v1::SubmitJo
   job.tenant = caller.tenant;
   if (!request.continue_job_id().empty()) {
     // A job that ended before its end (a failure, a cancel) continues in a
-    // new job from its newest checkpoint, which that job records as its own
-    // to resume: it fails, naming the checkpoint, if its ranks do not find
-    // it, rather than start over. The store checks the ended state and
-    // claims the continuation (once) atomically with the creation.
+    // new job from its newest checkpoint, which the new job may resume as
+    // its own (with those of the jobs the ended one continued). The store
+    // checks the ended state and claims the continuation (once) atomically
+    // with the creation.
     STRATA_ASSIGN_OR_RETURN(auto ended, GetVisible(caller, request.continue_job_id()));
     if (ended.tenant != caller.tenant) {
       return absl::FailedPreconditionError(absl::StrCat("job ", ended.id, " belongs to tenant '", ended.tenant,
                                                         "'; only its tenant can continue it"));
     }
-    if (ended.checkpoint_dir.empty() &&
-        (ended.state == JobState::kFailed || ended.state == JobState::kCancelled)) {
-      return absl::FailedPreconditionError(absl::StrCat("job ", ended.id,
-                                                        " recorded no checkpoint: there is nothing to continue "
-                                                        "(checkpoint.every sets how often a job writes one)"));
+    // It writes where the ended job wrote: its metrics file goes on from
+    // the checkpoint's line, and its checkpoints join the ended job's.
+    STRATA_ASSIGN_OR_RETURN(auto ended_spec,
+                            policies::ParseJobSpec(ended.spec_yaml, {}, absl::StrCat("job ", ended.id)));
+    for (const auto& [key, now, then] : {std::tuple<const char*, std::string, std::string>{
+                                             "output.dir", spec.output_dir, ended_spec.output_dir},
+                                         {"checkpoint.dir", spec.checkpoint.dir, ended_spec.checkpoint.dir}}) {
+      if (now != then) {
+        return absl::InvalidArgumentError(absl::StrCat("spec key '", key, "' is '", now, "' where job ", ended.id,
+                                                       " had '", then, "': a job continues where the job it "
+                                                       "continues wrote"));
+      }
     }
     job.continues = ended.id;
+    job.resumable_run_ids = ended.resumable_run_ids;
+    job.resumable_run_ids.insert(job.resumable_run_ids.begin(), ended.id);
     job.checkpoint_dir = ended.checkpoint_dir;
     job.checkpoint_iteration = ended.checkpoint_iteration;
     job.iteration = ended.checkpoint_iteration;
@@ -540,6 +550,8 @@ void CoordinatorService::SchedulerLoop() {
                        [](const JobRecord& a, const JobRecord& b) { return a.created_unix_ms < b.created_unix_ms; });
       std::vector<QueuedGangJob> jobs;
       for (const JobRecord& job : *queued) jobs.push_back({job.id, job.tenant, GangSize(job)});
+      std::set<std::string> held_by_workers;  // jobs the workers' heartbeats name
+      for (const WorkerRecord& w : *workers) held_by_workers.insert(w.job_id);
       std::map<std::string, const WorkerRecord*> by_id;
       for (const WorkerRecord& w : *workers) by_id[w.id] = &w;
       // Plan under the lock (the busy and kept-out workers are its state) and
@@ -549,9 +561,14 @@ void CoordinatorService::SchedulerLoop() {
       {
         std::lock_guard<std::mutex> guard(mu_);
         const auto now = std::chrono::steady_clock::now();
-        for (QueuedGangJob& job : jobs) {
+        for (size_t i = 0; i < jobs.size(); ++i) {
+          QueuedGangJob& job = jobs[i];
           auto b = job_backoff_.find(job.id);
           job.backing_off = b != job_backoff_.end() && b->second.until > now;
+          // A continuation starts once the run it continues has stopped: a
+          // cancelled or failed run is recorded before its ranks stop.
+          const std::string& ended = (*queued)[i].continues;
+          if (!ended.empty() && (jobs_in_flight_.count(ended) || held_by_workers.count(ended))) job.waits_for = ended;
         }
         std::vector<SchedulableWorker> states;
         for (const WorkerRecord& w : *workers) {
@@ -641,22 +658,13 @@ void CoordinatorService::RunOnGang(uint64_t run, JobRecord job, std::vector<Work
     auto spec = policies::ParseJobSpec(job.spec_yaml, {}, absl::StrCat("job ", job.id));
     if (!spec.ok()) return spec.status();
     STRATA_ASSIGN_OR_RETURN(auto channel_credentials, MakeChannelCredentials(options_.worker_tls));
-    // The ended jobs this one continues, each continuing the one before:
-    // their checkpoints sit in the same checkpoint.dir, and the ranks may
-    // resume any of them.
-    std::vector<std::string> resumable;
-    for (std::string id = job.continues; !id.empty() && resumable.size() < 1000;) {
-      resumable.push_back(id);
-      STRATA_ASSIGN_OR_RETURN(auto ended, store_->Get(id));
-      id = ended.continues;
-    }
     std::vector<std::unique_ptr<RemoteWorkerGroup>> ranks;
     for (const WorkerRecord& worker : workers) {
       RemoteWorkerOptions remote;
       remote.address = worker.address;
       remote.token = options_.worker_token.empty() ? options_.token : options_.worker_token;
       remote.job_id = job.id;
-      remote.resumable_run_ids = resumable;
+      remote.resumable_run_ids = job.resumable_run_ids;
       STRATA_ASSIGN_OR_RETURN(auto rank, RemoteWorkerGroup::Create(remote, channel_credentials));
       ranks.push_back(std::move(rank));
     }

@@ -14,6 +14,11 @@ GangPlan PlanGangs(const std::vector<QueuedGangJob>& jobs, const std::vector<Sch
   for (const QueuedGangJob& job : jobs) {
     GangDecision& decision = plan.decisions.emplace_back();
     decision.job_id = job.id;
+    if (!job.waits_for.empty()) {
+      decision.waiting = absl::StrCat("waiting: job ", job.waits_for,
+                                      ", which this job continues, is still stopping on its workers");
+      continue;
+    }
     if (registered < job.workers) {
       // Submit checked a gang's count; workers that left since (or none yet,
       // for a job of one) leave the job waiting, and it holds nothing: more

@@ -26,6 +26,9 @@ struct QueuedGangJob {
   std::string tenant;        // a waiting job is told another tenant's job id never
   int64_t workers = 1;       // parallel.workers
   bool backing_off = false;  // requeued after a lost gang, its backoff not yet over
+  // The ended job this one continues, while that job's run still stops on
+  // its workers (it may still write its checkpoint.dir): the job waits.
+  std::string waits_for;
 };
 
 enum class WorkerState {

@@ -537,8 +537,8 @@ absl::StatusOr<PhaseReply> JobRank::FindCheckpoint(const PhaseRequest& request) 
         owner.empty() ? std::string("an earlier run") : absl::StrCat("job ", owner), " (newest: ", dir,
         "); give job ", options_.run_id, " its own output.dir, or remove that run's outputs",
         owner.empty() ? std::string()
-                      : absl::StrCat(", or continue job ", owner, " from them (`strata submit --continue ", owner,
-                                     "` once it has ended)")));
+                      : absl::StrCat(", or, if job ", owner, " ended FAILED or CANCELLED, continue it from them "
+                                     "(`strata submit --continue ", owner, "`)")));
   }
   reply.text = dir;
   reply.metrics["iteration"] = static_cast<double>(iteration);

@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "base/log.h"
 #include "base/status_macros.h"
 #include "services/store/redis_client.h"
@@ -268,6 +269,8 @@ absl::StatusOr<JobRecord> JobFromReply(const redisReply* reply, const std::strin
   job.checkpoint_dir = Field(hash, "checkpoint_dir");
   job.continues = Field(hash, "continues");
   job.continued_by = Field(hash, "continued_by");
+  const std::string resumable = Field(hash, "resumable_run_ids");
+  if (!resumable.empty()) job.resumable_run_ids = absl::StrSplit(resumable, ',');
   for (const auto& [field, out] : {std::pair<const char*, int64_t*>{"iteration", &job.iteration},
                                    {"iterations", &job.iterations},
                                    {"created_unix_ms", &job.created_unix_ms},
@@ -495,8 +498,10 @@ absl::StatusOr<JobRecord> JobStore::Create(JobRecord job, bool* created) {
       {"checkpoint_dir", job.checkpoint_dir},
       {"checkpoint_iteration", std::to_string(job.checkpoint_iteration)},
       {"continues", job.continues},
+      {"resumable_run_ids", absl::StrJoin(job.resumable_run_ids, ",")},
   };
   if (!job.continues.empty()) STRATA_RETURN_IF_ERROR(ValidateId("continued job id", job.continues));
+  for (const std::string& run : job.resumable_run_ids) STRATA_RETURN_IF_ERROR(ValidateId("resumable run id", run));
   // Tenants' idempotency keys live apart: one tenant's request id never
   // returns another's job.
   const std::string request_key =

@@ -60,6 +60,9 @@ struct JobRecord {
   std::string checkpoint_dir;  // latest recorded checkpoint (highest iteration)
   int64_t checkpoint_iteration = 0;
   std::string continues;     // the ended job whose checkpoints this one continues
+  // Every run whose checkpoints this one may resume: `continues` and the
+  // jobs it continued, newest first.
+  std::vector<std::string> resumable_run_ids;
   std::string continued_by;  // set on an ended job once a new job continues it
 };
 

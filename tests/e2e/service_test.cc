@@ -1345,32 +1345,37 @@ TEST_F(ServiceTest, CancelReachesARankWhileItLoads) {
 // with the same checkpoint.dir refuses to touch).
 TEST_F(ServiceTest, AnEndedJobContinuesFromItsCheckpointInANewJob) {
   v1::Job first;
-  ASSERT_TRUE(Submit(Spec(12, "contd", 2), &first).ok());
+  ASSERT_TRUE(Submit(Spec(500, "contd", 2), &first).ok());
   Watch(first.id(), AtIteration(5));  // checkpoints at 2 and 4 are recorded by now
   v1::Job cancelled;
   ASSERT_TRUE(Cancel(first.id(), &cancelled).ok());
-  ASSERT_TRUE(WaitUntilWorkersIdle(std::chrono::seconds(20)));
+  // The continuation runs 6 iterations past where the ended job got (its
+  // run may finish one more while it stops).
+  const int iterations = static_cast<int>(Get(first.id()).iteration()) + 6;
   auto submit_continuing = [&](const std::string& id, v1::Job* job) {
     v1::SubmitJobRequest request;
-    request.set_spec_yaml(Spec(12, "contd", 2));
+    request.set_spec_yaml(Spec(iterations, "contd", 2));
     request.set_continue_job_id(id);
     grpc::ClientContext context;
     Auth(&context);
     return stub_->SubmitJob(&context, request, job);
   };
-  // A fresh job on the same outputs would take over another job's
-  // checkpoints: it fails, and says how to continue instead.
-  v1::Job fresh;
-  ASSERT_TRUE(Submit(Spec(12, "contd", 2), &fresh).ok());
-  const auto fresh_end = Watch(fresh.id(), Ended);
-  ASSERT_EQ(fresh_end.back().state(), v1::FAILED);
-  EXPECT_NE(Get(fresh.id()).error_message().find("strata submit --continue " + first.id()), std::string::npos)
-      << Get(fresh.id()).error_message();
-
-  // Through the CLI, as a user would.
-  testing::WriteTextFile(dir_.Join("contd.yaml"), Spec(12, "contd", 2));
-  auto submitted = testing::RunCommand({testing::StrataBinary(), "submit", dir_.Join("contd.yaml"), "--continue",
-                                        first.id(), "--addr", coordinator_addr_, "--token-file", dir_.Join("token")});
+  auto cli_continue = [&](const std::string& spec_file) {
+    return testing::RunCommand({testing::StrataBinary(), "submit", spec_file, "--continue", first.id(), "--addr",
+                                coordinator_addr_, "--token-file", dir_.Join("token")});
+  };
+  // Elsewhere it would not continue anything: refused, and the ended job
+  // stays free to continue.
+  testing::WriteTextFile(dir_.Join("elsewhere.yaml"), Spec(iterations, "contd-elsewhere", 2));
+  auto elsewhere = cli_continue(dir_.Join("elsewhere.yaml"));
+  ASSERT_TRUE(elsewhere.ok());
+  EXPECT_NE(elsewhere->exit_code, 0);
+  EXPECT_NE(elsewhere->error.find("INVALID_ARGUMENT"), std::string::npos) << elsewhere->error;
+  EXPECT_NE(elsewhere->error.find("output.dir"), std::string::npos) << elsewhere->error;
+  // Through the CLI, as a user would, at once: the new job waits for the
+  // cancelled run to stop on its worker before it starts.
+  testing::WriteTextFile(dir_.Join("contd.yaml"), Spec(iterations, "contd", 2));
+  auto submitted = cli_continue(dir_.Join("contd.yaml"));
   ASSERT_TRUE(submitted.ok());
   ASSERT_EQ(submitted->exit_code, 0) << submitted->error;
   const v1::Job next = Get(std::string(absl::StripAsciiWhitespace(submitted->output)));
@@ -1378,7 +1383,7 @@ TEST_F(ServiceTest, AnEndedJobContinuesFromItsCheckpointInANewJob) {
   EXPECT_GE(next.iteration(), 4);
   const auto events = Watch(next.id(), Ended);
   ASSERT_EQ(events.back().state(), v1::SUCCEEDED) << Get(next.id()).error_message() << "\n" << coordinator_->Log();
-  EXPECT_EQ(Get(next.id()).iteration(), 12);
+  EXPECT_EQ(Get(next.id()).iteration(), iterations);
   // It resumed: its first iteration is the checkpoint's, not 0.
   int64_t first_iteration = -1;
   for (const auto& e : events) {
@@ -1387,7 +1392,7 @@ TEST_F(ServiceTest, AnEndedJobContinuesFromItsCheckpointInANewJob) {
   EXPECT_GE(first_iteration, 4);
   // One metrics line per iteration: the ended job's up to its checkpoint,
   // then the new job's.
-  EXPECT_EQ(MetricsOf(dir_.Join("contd/metrics.jsonl")).size(), 12u);
+  EXPECT_EQ(MetricsOf(dir_.Join("contd/metrics.jsonl")).size(), static_cast<size_t>(iterations));
   EXPECT_EQ(Get(first.id()).continued_by(), next.id());
   EXPECT_EQ(Get(first.id()).state(), v1::CANCELLED);
   // Once: a second continuation is refused, naming the first.
@@ -1395,6 +1400,14 @@ TEST_F(ServiceTest, AnEndedJobContinuesFromItsCheckpointInANewJob) {
   const grpc::Status twice = submit_continuing(first.id(), &again);
   EXPECT_EQ(twice.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_NE(twice.error_message().find(next.id()), std::string::npos) << twice.error_message();
+  // A fresh job on the same outputs would take over other jobs'
+  // checkpoints: it fails, naming the newest's job, and says how to
+  // continue one.
+  v1::Job fresh;
+  ASSERT_TRUE(Submit(Spec(iterations + 2, "contd", 2), &fresh).ok());
+  ASSERT_EQ(Watch(fresh.id(), Ended).back().state(), v1::FAILED);
+  EXPECT_NE(Get(fresh.id()).error_message().find("strata submit --continue " + next.id()), std::string::npos)
+      << Get(fresh.id()).error_message();
 }
 
 // The coordinator opens no job file: run as an unprivileged user that

@@ -97,5 +97,19 @@ TEST(PlanGangsTest, SeveralHoldersInAgeOrder) {
   EXPECT_NE(plan.decisions[2].waiting.find("queued behind job first"), std::string::npos);
 }
 
+// A job that continues an ended one waits until that job's run has stopped
+// on its workers (it may still write the checkpoints the new job resumes),
+// holding nothing meanwhile.
+TEST(PlanGangsTest, AContinuationWaitsForTheRunItContinuesToStop) {
+  QueuedGangJob continuation = Job("next", 2);
+  continuation.waits_for = "ended";
+  const auto plan = PlanGangs({continuation, Job("small", 1)}, {{"w0", kFree}, {"w1", kFree}});
+  EXPECT_TRUE(plan.decisions[0].gang.empty());
+  EXPECT_EQ(plan.decisions[0].waiting,
+            "waiting: job ended, which this job continues, is still stopping on its workers");
+  EXPECT_EQ(plan.decisions[1].gang, (Gang{"w0"}));
+  EXPECT_TRUE(plan.held.empty());
+}
+
 }  // namespace
 }  // namespace strata::services

@@ -359,9 +359,18 @@ TEST_F(JobStoreTest, AnEndedJobIsContinuedOnce) {
   ASSERT_TRUE(store_->Transition(running, {JobState::kRunning}, JobState::kFailed).ok());
   next.checkpoint_dir = "/tmp/out/running/checkpoints/iter-000002";
   next.checkpoint_iteration = 2;
+  next.resumable_run_ids = {running, "job-older"};
+  next.request_id = "continue-1";
   auto first = store_->Create(next, nullptr);
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_EQ(first->continues, running);
+  EXPECT_EQ(first->resumable_run_ids, next.resumable_run_ids);
+  // A retry of the same request (its reply was lost) is the same job, not
+  // a second continuation.
+  auto retried = store_->Create(next, nullptr);
+  ASSERT_TRUE(retried.ok()) << retried.status();
+  EXPECT_EQ(retried->id, first->id);
+  next.request_id.clear();
   EXPECT_EQ(first->checkpoint_dir, next.checkpoint_dir);
   EXPECT_EQ(first->checkpoint_iteration, 2);
   EXPECT_EQ(first->state, JobState::kQueued);
