@@ -448,9 +448,17 @@ grpc::ServerUnaryReactor* CoordinatorService::ListCheckpoints(grpc::CallbackServ
                                                               const v1::ListCheckpointsRequest* request,
                                                               v1::ListCheckpointsResponse* response) {
   return Handle(context, [this, request, response](const Caller& caller) -> absl::Status {
-    if (auto job = GetVisible(caller, request->job_id()); !job.ok()) return job.status();
-    STRATA_ASSIGN_OR_RETURN(auto list, store_->ListCheckpoints(request->job_id()));
-    for (const auto& [iteration, dir] : list) {
+    STRATA_ASSIGN_OR_RETURN(auto job, GetVisible(caller, request->job_id()));
+    // The jobs it continues first, oldest first: a later job's checkpoint
+    // of the same iteration replaces an earlier one's on disk.
+    std::map<int64_t, std::string> by_iteration;
+    std::vector<std::string> runs(job.resumable_run_ids.rbegin(), job.resumable_run_ids.rend());
+    runs.push_back(job.id);
+    for (const std::string& run : runs) {
+      STRATA_ASSIGN_OR_RETURN(auto list, store_->ListCheckpoints(run));
+      for (const auto& [iteration, dir] : list) by_iteration[iteration] = dir;
+    }
+    for (const auto& [iteration, dir] : by_iteration) {
       auto* c = response->add_checkpoints();
       c->set_iteration(iteration);
       c->set_dir(dir);

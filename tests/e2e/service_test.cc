@@ -1381,6 +1381,23 @@ TEST_F(ServiceTest, AnEndedJobContinuesFromItsCheckpointInANewJob) {
   const v1::Job next = Get(std::string(absl::StripAsciiWhitespace(submitted->output)));
   EXPECT_EQ(next.continues(), first.id());
   EXPECT_GE(next.iteration(), 4);
+  // Its checkpoints include those it may resume, the ended job's.
+  auto checkpoint_iterations = [&](const std::string& id) {
+    v1::ListCheckpointsRequest request;
+    request.set_job_id(id);
+    v1::ListCheckpointsResponse response;
+    grpc::ClientContext context;
+    Auth(&context);
+    EXPECT_TRUE(stub_->ListCheckpoints(&context, request, &response).ok());
+    std::vector<int64_t> out;
+    for (const auto& c : response.checkpoints()) out.push_back(c.iteration());
+    return out;
+  };
+  const std::vector<int64_t> inherited = checkpoint_iterations(first.id());
+  ASSERT_GE(inherited.size(), 2u);
+  const std::vector<int64_t> listed = checkpoint_iterations(next.id());
+  ASSERT_GE(listed.size(), inherited.size());
+  EXPECT_TRUE(std::equal(inherited.begin(), inherited.end(), listed.begin())) << listed.size();
   const auto events = Watch(next.id(), Ended);
   ASSERT_EQ(events.back().state(), v1::SUCCEEDED) << Get(next.id()).error_message() << "\n" << coordinator_->Log();
   EXPECT_EQ(Get(next.id()).iteration(), iterations);
