@@ -47,7 +47,7 @@ void ToProto(const JobRecord& r, v1::Job* job) {
   job->set_worker(r.worker);
   job->set_spec_yaml(r.spec_yaml);
   job->set_output_dir(r.output_dir);
-  job->set_continues(r.continues);
+  job->set_continues(r.continues());
   job->set_continued_by(r.continued_by);
 }
 
@@ -351,7 +351,6 @@ absl::Status CoordinatorService::Submit(const Caller& caller, const v1::SubmitJo
                                                        "continues wrote"));
       }
     }
-    job.continues = ended.id;
     job.resumable_run_ids = ended.resumable_run_ids;
     job.resumable_run_ids.insert(job.resumable_run_ids.begin(), ended.id);
     job.checkpoint_dir = ended.checkpoint_dir;
@@ -557,7 +556,12 @@ void CoordinatorService::SchedulerLoop() {
       std::stable_sort(queued->begin(), queued->end(),
                        [](const JobRecord& a, const JobRecord& b) { return a.created_unix_ms < b.created_unix_ms; });
       std::vector<QueuedGangJob> jobs;
-      for (const JobRecord& job : *queued) jobs.push_back({job.id, job.tenant, GangSize(job)});
+      for (const JobRecord& job : *queued) {
+        QueuedGangJob& planned = jobs.emplace_back();
+        planned.id = job.id;
+        planned.tenant = job.tenant;
+        planned.workers = GangSize(job);
+      }
       std::set<std::string> held_by_workers;  // jobs the workers' heartbeats name
       for (const WorkerRecord& w : *workers) held_by_workers.insert(w.job_id);
       std::map<std::string, const WorkerRecord*> by_id;
@@ -575,16 +579,11 @@ void CoordinatorService::SchedulerLoop() {
           job.backing_off = b != job_backoff_.end() && b->second.until > now;
           // A continuation starts once the run it continues has stopped: a
           // cancelled or failed run is recorded before its ranks stop.
-          const std::string& ended = (*queued)[i].continues;
+          const std::string ended = (*queued)[i].continues();
           if (!ended.empty() && (jobs_in_flight_.count(ended) || held_by_workers.count(ended))) job.waits_for = ended;
         }
         std::vector<SchedulableWorker> states;
-        for (const WorkerRecord& w : *workers) {
-          auto b = worker_backoff_.find(w.id);
-          states.push_back({w.id, busy_workers_.count(w.id)                               ? WorkerState::kBusy
-                                  : b != worker_backoff_.end() && b->second.until > now ? WorkerState::kKeptOut
-                                                                                        : WorkerState::kFree});
-        }
+        for (const WorkerRecord& w : *workers) states.push_back({w.id, StateOfWorkerLocked(w.id, now)});
         plan = PlanGangs(jobs, states);
         // What a job was told is forgotten once it says nothing new or has
         // left the queue, so that the next reason to wait is told again.
@@ -776,18 +775,20 @@ std::map<std::string, int64_t> CoordinatorService::WorkerStateCounts() {
   std::lock_guard<std::mutex> lock(mu_);
   const auto now = std::chrono::steady_clock::now();
   for (const WorkerRecord& worker : *workers) {
-    auto b = worker_backoff_.find(worker.id);
-    if (busy_workers_.count(worker.id)) {
-      ++counts["busy"];
-    } else if (b != worker_backoff_.end() && b->second.until > now) {
-      ++counts["backoff"];
-    } else if (held_workers_.count(worker.id)) {
-      ++counts["held"];
-    } else {
-      ++counts["idle"];
+    switch (StateOfWorkerLocked(worker.id, now)) {
+      case WorkerState::kBusy: ++counts["busy"]; break;
+      case WorkerState::kKeptOut: ++counts["backoff"]; break;
+      case WorkerState::kFree: ++counts[held_workers_.count(worker.id) ? "held" : "idle"]; break;
     }
   }
   return counts;
+}
+
+WorkerState CoordinatorService::StateOfWorkerLocked(const std::string& id,
+                                                    std::chrono::steady_clock::time_point now) const {
+  if (busy_workers_.count(id)) return WorkerState::kBusy;
+  auto b = worker_backoff_.find(id);
+  return b != worker_backoff_.end() && b->second.until > now ? WorkerState::kKeptOut : WorkerState::kFree;
 }
 
 namespace {

@@ -17,6 +17,7 @@
 #include <string>
 #include <thread>
 
+#include "services/coordinator/gang_plan.h"
 #include "services/rpc/auth.h"
 #include "services/rpc/executor.h"
 #include "services/store/job_store.h"
@@ -139,6 +140,9 @@ class CoordinatorService final : public strata::v1::Coordinator::CallbackService
   // Registered workers as idle, busy (in a gang here) or backing off, for
   // strata_workers{state}.
   std::map<std::string, int64_t> WorkerStateCounts();
+  // In a gang of this coordinator, kept out after it stopped answering, or
+  // free (mu_ held).
+  WorkerState StateOfWorkerLocked(const std::string& id, std::chrono::steady_clock::time_point now) const;
 
   std::mutex mu_;
   std::condition_variable cv_;

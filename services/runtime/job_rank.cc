@@ -1,7 +1,6 @@
 #include "services/runtime/job_rank.h"
 
 #include <algorithm>
-
 #include <atomic>
 #include <chrono>
 #include <csignal>

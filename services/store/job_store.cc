@@ -267,7 +267,6 @@ absl::StatusOr<JobRecord> JobFromReply(const redisReply* reply, const std::strin
   job.request_id = Field(hash, "request_id");
   job.tenant = Field(hash, "tenant");
   job.checkpoint_dir = Field(hash, "checkpoint_dir");
-  job.continues = Field(hash, "continues");
   job.continued_by = Field(hash, "continued_by");
   const std::string resumable = Field(hash, "resumable_run_ids");
   if (!resumable.empty()) job.resumable_run_ids = absl::StrSplit(resumable, ',');
@@ -497,10 +496,9 @@ absl::StatusOr<JobRecord> JobStore::Create(JobRecord job, bool* created) {
       {"tenant", job.tenant},
       {"checkpoint_dir", job.checkpoint_dir},
       {"checkpoint_iteration", std::to_string(job.checkpoint_iteration)},
-      {"continues", job.continues},
       {"resumable_run_ids", absl::StrJoin(job.resumable_run_ids, ",")},
   };
-  if (!job.continues.empty()) STRATA_RETURN_IF_ERROR(ValidateId("continued job id", job.continues));
+  const std::string continued = job.continues();
   for (const std::string& run : job.resumable_run_ids) STRATA_RETURN_IF_ERROR(ValidateId("resumable run id", run));
   // Tenants' idempotency keys live apart: one tenant's request id never
   // returns another's job.
@@ -510,7 +508,7 @@ absl::StatusOr<JobRecord> JobStore::Create(JobRecord job, bool* created) {
   // refuses to overwrite, and a few fresh draws make a repeat vanishingly rare.
   for (int attempt = 0; attempt < 5; ++attempt) {
     const std::string id = NewJobId();
-    std::vector<std::string> args = {id, has_request ? "1" : "0", job.continues};
+    std::vector<std::string> args = {id, has_request ? "1" : "0", continued};
     for (const auto& [field, value] : fields) {
       args.push_back(field);
       args.push_back(value);
@@ -518,20 +516,20 @@ absl::StatusOr<JobRecord> JobStore::Create(JobRecord job, bool* created) {
     auto reply = impl_->RunScript(kCreateScript,
                                   {impl_->JobKey(id), request_key, impl_->Key("jobs"),
                                    impl_->StateKey(JobState::kQueued), impl_->Key("jobs:seq"),
-                                   impl_->JobKey(job.continues.empty() ? id : job.continues)},
+                                   impl_->JobKey(continued.empty() ? id : continued)},
                                   args);
     if (!reply.ok()) return reply.status();
     STRATA_ASSIGN_OR_RETURN(auto tag, ScriptTag(reply->get(), "create"));
     if (tag == "COLLISION") continue;
-    if (tag == "CONTINUE_NOT_FOUND") return JobNotFound(job.continues);
+    if (tag == "CONTINUE_NOT_FOUND") return JobNotFound(continued);
     if ((tag == "CONTINUE_STATE" || tag == "CONTINUED") && (*reply)->elements >= 2 &&
         IsStringReply((*reply)->element[1])) {
       const std::string detail = ReplyString((*reply)->element[1]);
       return absl::FailedPreconditionError(
           tag == "CONTINUED"
-              ? absl::StrCat("job ", job.continues, " is continued already, by job ", detail,
+              ? absl::StrCat("job ", continued, " is continued already, by job ", detail,
                              " (an ended job is continued once; continue ", detail, " if it ended too)")
-              : absl::StrCat("job ", job.continues, " is ", detail,
+              : absl::StrCat("job ", continued, " is ", detail,
                              "; only a FAILED or CANCELLED job can be continued (cancel a running one first)"));
     }
     if (tag == "EXISTS") {

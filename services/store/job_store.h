@@ -59,11 +59,13 @@ struct JobRecord {
   std::string tenant;      // who owns it ("" in single-token deployments)
   std::string checkpoint_dir;  // latest recorded checkpoint (highest iteration)
   int64_t checkpoint_iteration = 0;
-  std::string continues;     // the ended job whose checkpoints this one continues
-  // Every run whose checkpoints this one may resume: `continues` and the
-  // jobs it continued, newest first.
+  // Every run whose checkpoints this one may resume: the ended job it
+  // continues and the jobs that one continued, newest first.
   std::vector<std::string> resumable_run_ids;
   std::string continued_by;  // set on an ended job once a new job continues it
+
+  // The ended job this one continues ("" for a fresh job).
+  std::string continues() const { return resumable_run_ids.empty() ? std::string() : resumable_run_ids.front(); }
 };
 
 struct JobEventRecord {

@@ -11,7 +11,12 @@ constexpr WorkerState kBusy = WorkerState::kBusy;
 constexpr WorkerState kKeptOut = WorkerState::kKeptOut;
 
 QueuedGangJob Job(const std::string& id, int64_t workers, bool backing_off = false, const std::string& tenant = "") {
-  return QueuedGangJob{id, tenant, workers, backing_off};
+  QueuedGangJob job;
+  job.id = id;
+  job.tenant = tenant;
+  job.workers = workers;
+  job.backing_off = backing_off;
+  return job;
 }
 
 TEST(PlanGangsTest, OldestFirstOnFreeWorkersInRankOrder) {

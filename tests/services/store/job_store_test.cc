@@ -351,7 +351,7 @@ TEST_F(JobStoreTest, AnEndedJobIsContinuedOnce) {
   const std::string running = CreateJob("running");
   ASSERT_TRUE(store_->Transition(running, {JobState::kQueued}, JobState::kRunning).ok());
   JobRecord next = NewJob("next");
-  next.continues = running;
+  next.resumable_run_ids = {running};
   auto refused = store_->Create(next, nullptr);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
   EXPECT_TRUE(absl::StrContains(refused.status().message(), "is RUNNING")) << refused.status();
@@ -363,7 +363,7 @@ TEST_F(JobStoreTest, AnEndedJobIsContinuedOnce) {
   next.request_id = "continue-1";
   auto first = store_->Create(next, nullptr);
   ASSERT_TRUE(first.ok()) << first.status();
-  EXPECT_EQ(first->continues, running);
+  EXPECT_EQ(first->continues(), running);
   EXPECT_EQ(first->resumable_run_ids, next.resumable_run_ids);
   // A retry of the same request (its reply was lost) is the same job, not
   // a second continuation.
@@ -384,12 +384,12 @@ TEST_F(JobStoreTest, AnEndedJobIsContinuedOnce) {
   EXPECT_TRUE(absl::StrContains(second.status().message(), "continued already, by job " + first->id))
       << second.status();
 
-  next.continues = "job-doesnotexist";
+  next.resumable_run_ids = {"job-doesnotexist"};
   EXPECT_EQ(store_->Create(next, nullptr).status().code(), absl::StatusCode::kNotFound);
   const std::string succeeded = CreateJob("done");
   ASSERT_TRUE(store_->Transition(succeeded, {JobState::kQueued}, JobState::kRunning).ok());
   ASSERT_TRUE(store_->Transition(succeeded, {JobState::kRunning}, JobState::kSucceeded).ok());
-  next.continues = succeeded;
+  next.resumable_run_ids = {succeeded};
   EXPECT_EQ(store_->Create(next, nullptr).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
