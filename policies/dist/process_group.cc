@@ -56,6 +56,15 @@ absl::Status CheckTimeout(const char* what, std::chrono::milliseconds timeout) {
   return absl::OkStatus();
 }
 
+absl::Status NoBackend(Backend backend) {
+  if (backend == Backend::kNccl) {
+    return absl::UnimplementedError(
+        "this build has no NCCL (c10d's GPU backend, in a CUDA PyTorch): use parallel.backend: gloo");
+  }
+  return absl::UnimplementedError(
+      "this build has no Gloo (c10d's CPU backend): a job of one rank runs, more need a build with libgloo-dev");
+}
+
 #ifdef STRATA_HAVE_C10D
 
 }  // namespace
@@ -139,6 +148,9 @@ absl::StatusOr<std::vector<std::unique_ptr<ProcessGroup>>> ProcessGroup::CreateI
     groups[0] = Solo();
     return groups;
   }
+  // Refused before the rendezvous: ranks that fail one by one after it
+  // leave the others waiting on a store nobody serves.
+  if (!Available(in_process.backend)) return NoBackend(in_process.backend);
   STRATA_ASSIGN_OR_RETURN(auto host, Rendezvous::Host("127.0.0.1", 0, ranks, in_process.timeout));
   const int port = host->port();
   std::vector<absl::Status> statuses(static_cast<size_t>(ranks));
@@ -189,15 +201,6 @@ absl::Status ProcessGroupOptions::Validate() const {
 }
 
 namespace {
-absl::Status NoBackend(Backend backend) {
-  if (backend == Backend::kNccl) {
-    return absl::UnimplementedError(
-        "this build has no NCCL (c10d's GPU backend, in a CUDA PyTorch): use parallel.backend: gloo");
-  }
-  return absl::UnimplementedError(
-      "this build has no Gloo (c10d's CPU backend): a job of one rank runs, more need a build with libgloo-dev");
-}
-
 #ifdef STRATA_HAVE_GLOO
 absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGloo(const ProcessGroupOptions& options,
                                                          std::unique_ptr<Rendezvous> rendezvous,
