@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -261,6 +262,31 @@ absl::Status RemoveCheckpoints(const std::string& dir) {
   }
   return absl::OkStatus();
 }
+
+namespace {
+// A checkpoint being written is "iter-N.tmp" until rank 0 renames it.
+constexpr char kUnfinishedSuffix[] = ".tmp";
+
+// Removes what a run that stopped mid-checkpoint left (a crash, a kill -9):
+// never a checkpoint anyone resumes, and as big as a whole one. Returns how
+// many it removed.
+absl::StatusOr<int> RemoveUnfinishedCheckpoints(const std::string& dir) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) return 0;
+  std::filesystem::directory_iterator entries(dir, ec);
+  if (ec) return ErrnoToStatus(ec.value(), absl::StrCat("checkpoint.dir ", dir, ": list"));
+  int removed = 0;
+  for (const auto& entry : entries) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("iter-", 0) != 0 || !absl::EndsWith(name, kUnfinishedSuffix)) continue;
+    if (!RemoveTree(entry.path().string())) {
+      return absl::InternalError(absl::StrCat("checkpoint.dir: cannot remove ", entry.path().string()));
+    }
+    ++removed;
+  }
+  return removed;
+}
+}  // namespace
 
 JobRank::JobRank(const policies::JobSpec& spec, LocalWorkerGroup& models, const policies::Tokenizer& tokenizer,
                  policies::ProcessGroup& gang, JobRankOptions options)
@@ -559,6 +585,12 @@ absl::Status JobRank::Start(const PhaseRequest& request) {
     }
     STRATA_ASSIGN_OR_RETURN(tensorboard_, TensorBoardWriter::Open(JoinPath(spec_.output_dir, "tensorboard"),
                                                                   /*fresh=*/request.text.empty()));
+    // Before this gang's first commit, so never one of its own.
+    STRATA_ASSIGN_OR_RETURN(const int removed, RemoveUnfinishedCheckpoints(spec_.checkpoint.dir));
+    if (removed > 0) {
+      STRATA_LOG(Info) << "checkpoint.dir " << spec_.checkpoint.dir << ": removed " << removed
+                       << " checkpoint(s) an earlier run left half-written";
+    }
   }
   return gang_.Barrier();
 }
@@ -579,7 +611,16 @@ absl::StatusOr<PhaseReply> JobRank::Commit(const PhaseRequest& request) {
   // wait there for them, and a slow disk would outlast the collective
   // timeout. The driver records the checkpoint once rank 0 has replied.
   const std::string final_dir = JoinPath(spec_.checkpoint.dir, CheckpointName(request.iteration + 1));
-  const std::string tmp_dir = final_dir + ".tmp";
+  const std::string tmp_dir = final_dir + kUnfinishedSuffix;
+  // A commit that fails (a rank lost, a full disk) leaves no half-written
+  // copy of the model behind; removed before the reply, so before any new
+  // gang could write one under the same name. Not when interrupted: this
+  // gang has been given up and a new one may be writing it by now (the
+  // next gang's Start removes what is left).
+  bool committed = false;
+  absl::Cleanup remove_unfinished = [&] {
+    if (gang_.rank() == 0 && !committed && !InterruptRequested()) RemoveTree(tmp_dir);
+  };
   std::error_code ec;
   if (gang_.rank() == 0) {
     RemoveTree(tmp_dir);
@@ -612,6 +653,7 @@ absl::StatusOr<PhaseReply> JobRank::Commit(const PhaseRequest& request) {
       RemoveTree(final_dir);
       std::filesystem::rename(tmp_dir, final_dir, ec);
       if (ec) written = absl::InternalError(absl::StrCat("checkpoint: rename ", tmp_dir, ": ", ec.message()));
+      committed = !ec;
       // The rename is the commit: on disk before the driver records it.
       if (written.ok()) written = SyncDirectory(spec_.checkpoint.dir);
     }

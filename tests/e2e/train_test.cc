@@ -172,6 +172,29 @@ TEST_F(TrainTest, ResumeRefusesADamagedStateOrMetricsFile) {
   EXPECT_EQ(*ReadFileToString(metrics), cut);
 }
 
+// A run killed while it writes a checkpoint leaves it half-written under
+// its temporary name; the next run on that checkpoint.dir removes it as it
+// starts (here a resumed run that ends at that iteration, so it never writes
+// that checkpoint again), and resumes from the last complete one.
+TEST_F(TrainTest, ACheckpointCutShortIsRemovedByTheNextRun) {
+  const std::string out = dir_.Join("cut");
+  // A checkpoint after every iteration but the last; killed writing the third.
+  auto killed = testing::RunCommand({"/usr/bin/env", "STRATA_FAILPOINT=kill@save_weights:2", testing::StrataBinary(),
+                                     "train", spec_, "--out", out, "--set", "checkpoint.every=1"});
+  ASSERT_TRUE(killed.ok()) << killed.status();
+  EXPECT_NE(killed->exit_code, 0);
+  const std::string unfinished = out + "/checkpoints/iter-000003.tmp";
+  ASSERT_TRUE(std::filesystem::is_directory(unfinished)) << killed->error;
+  auto resumed = Strata({"train", spec_, "--out", out, "--resume", "--set", "checkpoint.every=1", "--set",
+                         "train.iterations=3"});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.error;
+  EXPECT_NE(resumed.error.find("removed 1 checkpoint(s) an earlier run left half-written"), std::string::npos)
+      << resumed.error;
+  EXPECT_FALSE(std::filesystem::exists(unfinished));
+  EXPECT_TRUE(std::filesystem::exists(out + "/checkpoints/iter-000002/state.json"));
+  EXPECT_EQ(Metrics(out + "/metrics.jsonl").size(), 3u);
+}
+
 // A fresh run into an output.dir where an earlier run left checkpoints is
 // refused: its checkpoints would sit beside the earlier run's, and a later
 // --resume would take the newest of either run's. --overwrite starts over
