@@ -64,6 +64,7 @@ json JobJson(const v1::Job& job) {
          {"continues", job.continues()},
          {"continued_by", job.continued_by()},
          {"created_unix_ms", job.created_unix_ms()},
+         {"started_unix_ms", job.started_unix_ms()},
          {"updated_unix_ms", job.updated_unix_ms()}};
   j["error"] = job.error_code().empty() ? json(nullptr)
                                         : json{{"code", job.error_code()}, {"message", job.error_message()}};

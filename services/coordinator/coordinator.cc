@@ -44,6 +44,7 @@ void ToProto(const JobRecord& r, v1::Job* job) {
   job->set_error_message(r.error_message);
   job->set_created_unix_ms(r.created_unix_ms);
   job->set_updated_unix_ms(r.updated_unix_ms);
+  job->set_started_unix_ms(r.started_unix_ms);
   job->set_worker(r.worker);
   job->set_spec_yaml(r.spec_yaml);
   job->set_output_dir(r.output_dir);
@@ -611,9 +612,11 @@ void CoordinatorService::SchedulerLoop() {
         std::string ids;
         for (const WorkerRecord& w : gang) ids += (ids.empty() ? "" : ",") + w.id;
         auto running = store_->Transition(job.id, {JobState::kQueued}, JobState::kRunning, {{"worker", ids}});
-        if (running.ok() && running->iteration == 0 && running->checkpoint_dir.empty()) {
+        // Once a job, at its first start: a requeue's wait is not a queue's,
+        // and a continuation that starts from inherited checkpoints is new.
+        if (running.ok() && running->started_unix_ms == running->updated_unix_ms) {
           ServiceMetrics::Global().ObserveQueueWait(
-              static_cast<double>(running->updated_unix_ms - running->created_unix_ms) / 1000.0);
+              static_cast<double>(running->started_unix_ms - running->created_unix_ms) / 1000.0);
         }
         std::lock_guard<std::mutex> guard(mu_);
         if (!running.ok()) {  // cancelled or taken meanwhile

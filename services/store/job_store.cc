@@ -96,6 +96,7 @@ end
 local to = ARGV[1]
 for i = at + 1 + 2 * n_expect, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 redis.call('HSET', KEYS[1], 'state', to, 'updated_unix_ms', now)
+if to == 'RUNNING' then redis.call('HSETNX', KEYS[1], 'started_unix_ms', now) end
 if to ~= cur then
   local id = redis.call('HGET', KEYS[1], 'id')
   local seq = redis.call('HGET', KEYS[1], 'seq')
@@ -274,6 +275,7 @@ absl::StatusOr<JobRecord> JobFromReply(const redisReply* reply, const std::strin
                                    {"iterations", &job.iterations},
                                    {"created_unix_ms", &job.created_unix_ms},
                                    {"updated_unix_ms", &job.updated_unix_ms},
+                                   {"started_unix_ms", &job.started_unix_ms},
                                    {"checkpoint_iteration", &job.checkpoint_iteration}}) {
     STRATA_RETURN_IF_ERROR(ParseInt(hash, field, what, out));
   }

@@ -54,6 +54,7 @@ struct JobRecord {
   std::string error_message;
   int64_t created_unix_ms = 0;  // Redis server clock
   int64_t updated_unix_ms = 0;
+  int64_t started_unix_ms = 0;  // its first start (RUNNING); 0 before it
   std::string worker;      // worker running it, if any
   std::string request_id;  // client's idempotency key, if any (unique per tenant)
   std::string tenant;      // who owns it ("" in single-token deployments)

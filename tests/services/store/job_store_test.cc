@@ -297,6 +297,24 @@ TEST_F(JobStoreTest, TransitionsFollowTheStateMachine) {
   EXPECT_TRUE(absl::StrContains(bad_field.status().message(), "state")) << bad_field.status();
 }
 
+// A job's first start is kept through a requeue: the queue-wait metric
+// counts a job once, from its submission to that start.
+TEST_F(JobStoreTest, TheFirstStartIsKeptThroughARequeue) {
+  const std::string id = CreateJob("starts");
+  auto queued = store_->Get(id);
+  ASSERT_TRUE(queued.ok()) << queued.status();
+  EXPECT_EQ(queued->started_unix_ms, 0);
+  auto first = store_->Transition(id, {JobState::kQueued}, JobState::kRunning, {{"worker", "a"}});
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->started_unix_ms, first->updated_unix_ms);
+  EXPECT_GE(first->started_unix_ms, first->created_unix_ms);
+  ASSERT_TRUE(store_->Transition(id, {JobState::kRunning}, JobState::kQueued, {{"worker", ""}}).ok());
+  auto again = store_->Transition(id, {JobState::kQueued}, JobState::kRunning, {{"worker", "b"}});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->started_unix_ms, first->started_unix_ms);
+  EXPECT_EQ(again->worker, "b");
+}
+
 // A run records its end only on its own claim: a retry whose first attempt
 // landed (its reply lost) must not move the next run's claim.
 TEST_F(JobStoreTest, ATransitionCanRequireTheGangThatClaimedTheJob) {
