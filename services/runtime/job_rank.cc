@@ -543,10 +543,18 @@ absl::StatusOr<PhaseReply> JobRank::FindCheckpoint(const PhaseRequest& request) 
     // would empty the metrics file and overwrite the checkpoints wherever
     // they are.
     if (!request.text.empty()) {
+      const std::string continued =
+          options_.resumable_run_ids.empty()
+              ? std::string()
+              : absl::StrCat(" (the job continues job ", options_.resumable_run_ids.front(),
+                             "; if its checkpoints were removed, submit the spec as a new job, without --continue, "
+                             "to start over)");
       return absl::FailedPreconditionError(absl::StrCat(
           "the job's checkpoint ", request.text, " is not in checkpoint.dir ", spec_.checkpoint.dir,
           " where this rank runs (", std::filesystem::current_path().string(),
-          "): every rank of a job must see one shared checkpoint.dir; not starting over from iteration 0"));
+          "): it was removed, or this rank does not see the checkpoint.dir the others share; not starting over "
+          "from iteration 0",
+          continued));
     }
     return reply;
   }

@@ -1427,6 +1427,37 @@ TEST_F(ServiceTest, AnEndedJobContinuesFromItsCheckpointInANewJob) {
       << Get(fresh.id()).error_message();
 }
 
+// A continuation whose inherited checkpoints were removed does not start
+// over (that would empty the ended job's metrics file): it fails, naming
+// the checkpoint and the job it continues, and says how to start over.
+TEST_F(ServiceTest, AContinuationWhoseCheckpointsWereRemovedFailsSayingHowToStartOver) {
+  v1::Job first;
+  ASSERT_TRUE(Submit(Spec(500, "contgone", 2), &first).ok());
+  Watch(first.id(), AtIteration(3));  // the checkpoint at 2 is recorded by now
+  v1::Job cancelled;
+  ASSERT_TRUE(Cancel(first.id(), &cancelled).ok());
+  ASSERT_TRUE(WaitUntilWorkersIdle(std::chrono::seconds(30)));
+  const size_t lines = MetricsOf(dir_.Join("contgone/metrics.jsonl")).size();
+  ASSERT_GE(lines, 3u);
+  ASSERT_TRUE(RemoveTree(dir_.Join("contgone/checkpoints")));
+  v1::SubmitJobRequest request;
+  request.set_spec_yaml(Spec(500, "contgone", 2));
+  request.set_continue_job_id(first.id());
+  v1::Job next;
+  grpc::ClientContext context;
+  Auth(&context);
+  ASSERT_TRUE(stub_->SubmitJob(&context, request, &next).ok());
+  ASSERT_EQ(Watch(next.id(), Ended).back().state(), v1::FAILED);
+  const v1::Job failed = Get(next.id());
+  EXPECT_EQ(failed.error_code(), "FAILED_PRECONDITION");
+  EXPECT_NE(failed.error_message().find("/contgone/checkpoints/iter-0000"), std::string::npos)
+      << failed.error_message();
+  EXPECT_NE(failed.error_message().find("the job continues job " + first.id()), std::string::npos)
+      << failed.error_message();
+  EXPECT_NE(failed.error_message().find("without --continue"), std::string::npos) << failed.error_message();
+  EXPECT_EQ(MetricsOf(dir_.Join("contgone/metrics.jsonl")).size(), lines) << "the metrics file was started over";
+}
+
 // The coordinator opens no job file: run as an unprivileged user that
 // cannot enter the directory holding the model, the data and the outputs
 // (the workers run as root and can), it still runs the job to SUCCEEDED.
