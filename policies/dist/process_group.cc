@@ -126,6 +126,10 @@ absl::StatusOr<std::unique_ptr<Rendezvous>> OpenStore(const std::string& host, i
 
 const char* BackendName(Backend backend) { return backend == Backend::kNccl ? "nccl" : "gloo"; }
 
+absl::Status ProcessGroup::CheckAvailable(Backend backend) {
+  return Available(backend) ? absl::OkStatus() : NoBackend(backend);
+}
+
 std::unique_ptr<ProcessGroup> ProcessGroup::Solo() { return std::make_unique<SoloProcessGroup>(); }
 
 absl::StatusOr<std::vector<std::unique_ptr<ProcessGroup>>> ProcessGroup::CreateInProcess(
@@ -148,9 +152,7 @@ absl::StatusOr<std::vector<std::unique_ptr<ProcessGroup>>> ProcessGroup::CreateI
     groups[0] = Solo();
     return groups;
   }
-  // Refused before the rendezvous: ranks that fail one by one after it
-  // leave the others waiting on a store nobody serves.
-  if (!Available(in_process.backend)) return NoBackend(in_process.backend);
+  STRATA_RETURN_IF_ERROR(CheckAvailable(in_process.backend));
   STRATA_ASSIGN_OR_RETURN(auto host, Rendezvous::Host("127.0.0.1", 0, ranks, in_process.timeout));
   const int port = host->port();
   std::vector<absl::Status> statuses(static_cast<size_t>(ranks));
@@ -269,7 +271,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Create(const Process
                                                                    std::unique_ptr<Rendezvous> rendezvous) {
   STRATA_RETURN_IF_ERROR(options.Validate());
   if (rendezvous == nullptr) return absl::InvalidArgumentError("process group needs a rendezvous");
-  if (!Available(options.backend)) return NoBackend(options.backend);
+  STRATA_RETURN_IF_ERROR(CheckAvailable(options.backend));
   auto* rendezvous_impl = static_cast<RendezvousImpl*>(rendezvous.get());
   // One group per store: keys of a later group must not meet this one's.
   auto store = c10::make_intrusive<c10d::PrefixStore>("strata", rendezvous_impl->store());

@@ -100,6 +100,10 @@ class ProcessGroup {
       int ranks, std::chrono::milliseconds timeout);  // Gloo
   // True when Create can build multi-rank groups of `backend` in this build.
   static bool Available(Backend backend = Backend::kGloo);
+  // OK where Available; else UNIMPLEMENTED saying what the build lacks.
+  // Checked before a rendezvous: a rank that fails after joining leaves
+  // the others retrying a store nobody serves.
+  static absl::Status CheckAvailable(Backend backend);
   virtual ~ProcessGroup() = default;
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;

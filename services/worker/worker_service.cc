@@ -305,6 +305,7 @@ grpc::ServerUnaryReactor* WorkerService::StartRank(grpc::CallbackServerContext* 
       STRATA_ASSIGN_OR_RETURN(auto own, policies::Rendezvous::Host("127.0.0.1", 0, 1, options.timeout));
       STRATA_ASSIGN_OR_RETURN(gang_, policies::ProcessGroup::Create(options, std::move(own)));
     } else {
+      STRATA_RETURN_IF_ERROR(policies::ProcessGroup::CheckAvailable(options.backend));
       if (options.rank == 0 && rendezvous == nullptr) {
         return absl::FailedPreconditionError("rank 0 starts after OpenRendezvous");
       }

@@ -5,6 +5,7 @@
 #include <future>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace strata::policies {
@@ -198,6 +199,23 @@ TEST(ProcessGroupTest, WithoutNcclTheBackendIsUnimplemented) {
   ASSERT_FALSE(groups.ok());
   EXPECT_EQ(groups.status().code(), absl::StatusCode::kUnimplemented) << groups.status();
   EXPECT_NE(groups.status().message().find("gloo"), absl::string_view::npos) << groups.status();
+  // What a worker checks before it joins a rendezvous: the same answer.
+  EXPECT_EQ(ProcessGroup::CheckAvailable(Backend::kNccl).code(), absl::StatusCode::kUnimplemented);
+}
+
+// The check each rank makes before a rendezvous agrees with Available, and
+// says what a build lacks (run where there is no Gloo: the GPU machine's).
+TEST(ProcessGroupTest, CheckAvailableAgreesWithAvailable) {
+  for (const Backend backend : {Backend::kGloo, Backend::kNccl}) {
+    const absl::Status status = ProcessGroup::CheckAvailable(backend);
+    EXPECT_EQ(status.ok(), ProcessGroup::Available(backend)) << status;
+    if (!status.ok()) {
+      EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented);
+      EXPECT_NE(status.message().find(absl::StrCat("this build has no ", backend == Backend::kGloo ? "Gloo" : "NCCL")),
+                absl::string_view::npos)
+          << status;
+    }
+  }
 }
 
 // NCCL on one GPU (world size 1): host tensors go through the device and
