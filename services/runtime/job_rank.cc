@@ -264,27 +264,41 @@ absl::Status RemoveCheckpoints(const std::string& dir) {
 }
 
 namespace {
-// A checkpoint being written is "iter-N.tmp" until rank 0 renames it.
-constexpr char kUnfinishedSuffix[] = ".tmp";
+// A checkpoint being written is "iter-N.tmp-G" until rank 0 renames it; G
+// names the gang writing it, so no other gang ever writes into it.
+constexpr char kUnfinishedMark[] = ".tmp-";
 
-// Removes what a run that stopped mid-checkpoint left (a crash, a kill -9):
-// never a checkpoint anyone resumes, and as big as a whole one. Returns how
-// many it removed.
-absl::StatusOr<int> RemoveUnfinishedCheckpoints(const std::string& dir) {
+// Removes what runs that stopped mid-checkpoint left (a crash, a kill -9,
+// an interrupted commit): never a checkpoint anyone resumes, and as big as
+// a whole one. A writer still at work on one (a gang given up, not yet
+// stopped) cannot publish it afterwards: its directory is gone and is not
+// made again (CheckpointSubdirectory). What cannot be removed is left, with
+// a warning: it does not stop a run. Returns how many were removed.
+int RemoveUnfinishedCheckpoints(const std::string& dir) {
   std::error_code ec;
-  if (!std::filesystem::is_directory(dir, ec)) return 0;
   std::filesystem::directory_iterator entries(dir, ec);
-  if (ec) return ErrnoToStatus(ec.value(), absl::StrCat("checkpoint.dir ", dir, ": list"));
+  if (ec) return 0;  // no checkpoint.dir yet; one that cannot be listed fails in FindCheckpoint
   int removed = 0;
   for (const auto& entry : entries) {
     const std::string name = entry.path().filename().string();
-    if (name.rfind("iter-", 0) != 0 || !absl::EndsWith(name, kUnfinishedSuffix)) continue;
-    if (!RemoveTree(entry.path().string())) {
-      return absl::InternalError(absl::StrCat("checkpoint.dir: cannot remove ", entry.path().string()));
+    // ".tmp" alone: the name before gangs marked theirs.
+    if (name.rfind("iter-", 0) != 0 || name.find(".tmp") == std::string::npos) continue;
+    if (RemoveTree(entry.path().string())) {
+      ++removed;
+    } else {
+      STRATA_LOG(Warning) << "checkpoint.dir: cannot remove " << entry.path().string() << ", left half-written";
     }
-    ++removed;
   }
   return removed;
+}
+
+// A name for this gang's unfinished checkpoints, from rank 0 to all.
+absl::StatusOr<std::string> AgreeOnGangMark(policies::ProcessGroup& gang) {
+  at::Tensor mark = at::zeros({1}, at::kLong);
+  if (gang.rank() == 0) mark.fill_(static_cast<int64_t>(std::random_device{}() & 0x7fffffff));
+  std::vector<at::Tensor> tensors = {mark};
+  STRATA_RETURN_IF_ERROR(gang.Broadcast(tensors, 0));
+  return absl::StrFormat("%s%08x", kUnfinishedMark, tensors[0].item<int64_t>());
 }
 }  // namespace
 
@@ -547,8 +561,8 @@ absl::StatusOr<PhaseReply> JobRank::FindCheckpoint(const PhaseRequest& request) 
           options_.resumable_run_ids.empty()
               ? std::string()
               : absl::StrCat(" (the job continues job ", options_.resumable_run_ids.front(),
-                             "; if its checkpoints were removed, submit the spec as a new job, without --continue, "
-                             "to start over)");
+                             ": if the checkpoints in checkpoint.dir were removed, submit the spec as a new job, "
+                             "without --continue, to start over)");
       return absl::FailedPreconditionError(absl::StrCat(
           "the job's checkpoint ", request.text, " is not in checkpoint.dir ", spec_.checkpoint.dir,
           " where this rank runs (", std::filesystem::current_path().string(),
@@ -594,12 +608,12 @@ absl::Status JobRank::Start(const PhaseRequest& request) {
     STRATA_ASSIGN_OR_RETURN(tensorboard_, TensorBoardWriter::Open(JoinPath(spec_.output_dir, "tensorboard"),
                                                                   /*fresh=*/request.text.empty()));
     // Before this gang's first commit, so never one of its own.
-    STRATA_ASSIGN_OR_RETURN(const int removed, RemoveUnfinishedCheckpoints(spec_.checkpoint.dir));
-    if (removed > 0) {
+    if (const int removed = RemoveUnfinishedCheckpoints(spec_.checkpoint.dir); removed > 0) {
       STRATA_LOG(Info) << "checkpoint.dir " << spec_.checkpoint.dir << ": removed " << removed
                        << " checkpoint(s) an earlier run left half-written";
     }
   }
+  STRATA_ASSIGN_OR_RETURN(unfinished_mark_, AgreeOnGangMark(gang_));
   return gang_.Barrier();
 }
 
@@ -619,15 +633,13 @@ absl::StatusOr<PhaseReply> JobRank::Commit(const PhaseRequest& request) {
   // wait there for them, and a slow disk would outlast the collective
   // timeout. The driver records the checkpoint once rank 0 has replied.
   const std::string final_dir = JoinPath(spec_.checkpoint.dir, CheckpointName(request.iteration + 1));
-  const std::string tmp_dir = final_dir + kUnfinishedSuffix;
-  // A commit that fails (a rank lost, a full disk) leaves no half-written
-  // copy of the model behind; removed before the reply, so before any new
-  // gang could write one under the same name. Not when interrupted: this
-  // gang has been given up and a new one may be writing it by now (the
-  // next gang's Start removes what is left).
+  const std::string tmp_dir = final_dir + unfinished_mark_;
+  // A commit that fails (a rank lost, a full disk, an interrupt) leaves no
+  // half-written copy of the model behind. The name is this gang's own, so
+  // this removes nothing another gang writes.
   bool committed = false;
   absl::Cleanup remove_unfinished = [&] {
-    if (gang_.rank() == 0 && !committed && !InterruptRequested()) RemoveTree(tmp_dir);
+    if (gang_.rank() == 0 && !committed) RemoveTree(tmp_dir);
   };
   std::error_code ec;
   if (gang_.rank() == 0) {

@@ -126,6 +126,9 @@ class JobRank {
   policies::ProcessGroup& gang_;
   const JobRankOptions options_;
   std::string metrics_path_;
+  // Ends the names of this gang's checkpoints while they are written
+  // (".tmp-" and a mark rank 0 drew at Start).
+  std::string unfinished_mark_;
   // Rank 0's curves in <output.dir>/tensorboard, one event per metrics line.
   std::unique_ptr<TensorBoardWriter> tensorboard_;
   std::unique_ptr<Data> data_;

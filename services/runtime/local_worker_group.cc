@@ -822,7 +822,9 @@ namespace {
 absl::StatusOr<std::string> CheckpointSubdirectory(const std::string& dir, const std::string& name) {
   const std::string sub = JoinPath(dir, name);
   std::error_code ec;
-  std::filesystem::create_directories(sub, ec);
+  // Not create_directories: a checkpoint directory a later run removed
+  // (RemoveUnfinishedCheckpoints) must stay gone, not come back in part.
+  std::filesystem::create_directory(sub, ec);
   if (ec) return absl::PermissionDeniedError(absl::StrCat("checkpoint: cannot create ", sub, ": ", ec.message()));
   return sub;
 }

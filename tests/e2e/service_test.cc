@@ -1257,6 +1257,10 @@ TEST_F(ServiceTest, CheckpointInterruptedMidWriteIsNotPublished) {
   EXPECT_NE(logs().find("stall@save_weights:1:60: interrupted after"), std::string::npos) << logs();
   EXPECT_EQ(Get(job.id()).state(), v1::CANCELLED);
   EXPECT_FALSE(IsDirectory(dir_.Join("cpcancel/checkpoints/iter-000002"))) << "an interrupted commit was published";
+  // Nor left half-written: its rank 0 removed its own copy.
+  for (const auto& entry : std::filesystem::directory_iterator(dir_.Join("cpcancel/checkpoints"))) {
+    EXPECT_EQ(entry.path().filename().string().find(".tmp"), std::string::npos) << entry.path();
+  }
 }
 
 // A requeued job can run again on a new gang while its previous loop still

@@ -183,8 +183,12 @@ TEST_F(TrainTest, ACheckpointCutShortIsRemovedByTheNextRun) {
                                      "train", spec_, "--out", out, "--set", "checkpoint.every=1"});
   ASSERT_TRUE(killed.ok()) << killed.status();
   EXPECT_NE(killed->exit_code, 0);
-  const std::string unfinished = out + "/checkpoints/iter-000003.tmp";
-  ASSERT_TRUE(std::filesystem::is_directory(unfinished)) << killed->error;
+  // iter-000003.tmp-<the gang's mark>
+  std::string unfinished;
+  for (const auto& entry : std::filesystem::directory_iterator(out + "/checkpoints")) {
+    if (entry.path().filename().string().rfind("iter-000003.tmp-", 0) == 0) unfinished = entry.path().string();
+  }
+  ASSERT_FALSE(unfinished.empty()) << killed->error;
   auto resumed = Strata({"train", spec_, "--out", out, "--resume", "--set", "checkpoint.every=1", "--set",
                          "train.iterations=3"});
   ASSERT_EQ(resumed.exit_code, 0) << resumed.error;
