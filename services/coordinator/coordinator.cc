@@ -85,15 +85,25 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::JobEvent> {
       if (!events.ok()) return Finish(ToGrpcStatus(events.status()));
       pending_ = std::move(*events);
       next_ = 0;
-      if (!pending_.empty()) return WriteNext();
+      if (!pending_.empty()) {
+        reread_ = false;
+        return WriteNext();
+      }
       // Caught up: a terminal job has nothing more to say once its final
       // state event is out (writing it ends the stream).
       auto job = service_->store_->Get(job_id_);
       if (!job.ok()) return Finish(ToGrpcStatus(job.status()));
       if (IsTerminal(job->state)) {
-        auto finished = FinalEventIsOut();
-        if (!finished.ok()) return Finish(ToGrpcStatus(finished.status()));
-        if (*finished) return Finish(grpc::Status::OK);
+        auto last = service_->store_->LastEvent(job_id_);
+        if (!last.ok()) return Finish(ToGrpcStatus(last.status()));
+        // Appended since the read above (the final state event, as a rule):
+        // read it before deciding anything. Once: a client's after-id past
+        // the newest event must not spin here.
+        if (last->has_value() && (*last)->id != last_ && !reread_) {
+          reread_ = true;
+          return Read();
+        }
+        if (FinalEventIsOut(*last)) return Finish(grpc::Status::OK);
       }
       if (!service_->Park(job_id_, this)) Finish(grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled"));
     });
@@ -140,12 +150,13 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::JobEvent> {
   // A job's end is recorded before its final state event is appended: a
   // watcher that catches up in between waits for that event (Publish, or
   // the scheduler's sweep of parked watchers, wakes it), so that the stream
-  // does not end without the state it ended in. The caller has every event
-  // by now: if the newest is a terminal state, it was written (to this
-  // caller or, resuming, to an earlier stream). The wait is bounded for a
-  // coordinator that died between the two.
-  absl::StatusOr<bool> FinalEventIsOut() {
-    STRATA_ASSIGN_OR_RETURN(auto last, service_->store_->LastEvent(job_id_));
+  // does not end without the state it ended in. `last`, the job's newest
+  // event, is the caller's newest too (Read checks): if it is a terminal
+  // state, it was written (to this caller or, resuming, to an earlier
+  // stream). The wait is bounded for a coordinator that died between the
+  // two. (Before Read compared the ids, a final event appended between its
+  // read and this check ended the stream unwritten.)
+  bool FinalEventIsOut(const std::optional<JobEventRecord>& last) {
     if (last.has_value()) {
       const auto state = AnnouncedState(*last, nlohmann::json::parse(last->json, nullptr, false));
       if (state.has_value() && IsTerminal(*state)) return true;
@@ -165,6 +176,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::JobEvent> {
   bool allowed_ = false;  // the caller may see the job (checked on the first read)
   std::optional<std::chrono::steady_clock::time_point> terminal_seen_;
   bool stop_after_write_ = false;
+  bool reread_ = false;  // caught up, read again for an event newer than last_
   std::atomic<bool> cancelled_{false};
 };
 

@@ -813,6 +813,10 @@ absl::StatusOr<std::vector<std::string>> OptimizerFiles(const std::string& dir) 
 }  // namespace
 
 absl::Status LocalWorkerGroup::SaveCheckpoint(const std::string& dir) {
+  // The directory is the caller's to name; its parts are made below it.
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::PermissionDeniedError(absl::StrCat("checkpoint: cannot create ", dir, ": ", ec.message()));
   if (gang_->rank() == 0) STRATA_RETURN_IF_ERROR(SaveWeights(dir));
   return SaveOptimizerStates(dir);
 }
