@@ -626,7 +626,7 @@ void CoordinatorService::SchedulerLoop() {
         auto running = store_->Transition(job.id, {JobState::kQueued}, JobState::kRunning, {{"worker", ids}});
         // Once a job, at its first start: a requeue's wait is not a queue's,
         // and a continuation that starts from inherited checkpoints is new.
-        if (running.ok() && running->started_unix_ms == running->updated_unix_ms) {
+        if (running.ok() && running->first_start) {
           ServiceMetrics::Global().ObserveQueueWait(
               static_cast<double>(running->started_unix_ms - running->created_unix_ms) / 1000.0);
         }

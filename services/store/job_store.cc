@@ -96,14 +96,15 @@ end
 local to = ARGV[1]
 for i = at + 1 + 2 * n_expect, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 redis.call('HSET', KEYS[1], 'state', to, 'updated_unix_ms', now)
-if to == 'RUNNING' then redis.call('HSETNX', KEYS[1], 'started_unix_ms', now) end
+local first_start = 0
+if to == 'RUNNING' then first_start = redis.call('HSETNX', KEYS[1], 'started_unix_ms', now) end
 if to ~= cur then
   local id = redis.call('HGET', KEYS[1], 'id')
   local seq = redis.call('HGET', KEYS[1], 'seq')
   redis.call('ZREM', KEYS[slot[cur]], id)
   redis.call('ZADD', KEYS[slot[to]], seq, id)
 end
-return {'OK', redis.call('HGETALL', KEYS[1])}
+return {'OK', redis.call('HGETALL', KEYS[1]), first_start}
 )lua";
 
 // KEYS: job. ARGV: iteration.
@@ -646,8 +647,12 @@ absl::StatusOr<JobRecord> JobStore::Transition(const std::string& id, std::vecto
                          ? " (a finished job never changes state)"
                          : absl::StrCat(" (allowed only from ", absl::StrJoin(allowed, ", "), ")")));
   }
-  if (tag != "OK" || reply->elements < 2) return impl_->Unexpected("transition");
-  return JobFromReply(reply->element[1], "job " + id);
+  if (tag != "OK" || reply->elements < 3 || reply->element[2]->type != REDIS_REPLY_INTEGER) {
+    return impl_->Unexpected("transition");
+  }
+  STRATA_ASSIGN_OR_RETURN(JobRecord job, JobFromReply(reply->element[1], "job " + id));
+  job.first_start = reply->element[2]->integer == 1;
+  return job;
 }
 
 absl::Status JobStore::SetProgress(const std::string& id, int64_t iteration) {

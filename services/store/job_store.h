@@ -55,6 +55,9 @@ struct JobRecord {
   int64_t created_unix_ms = 0;  // Redis server clock
   int64_t updated_unix_ms = 0;
   int64_t started_unix_ms = 0;  // its first start (RUNNING); 0 before it
+  // Not stored: true on the record Transition returns when that transition
+  // was the job's first start.
+  bool first_start = false;
   std::string worker;      // worker running it, if any
   std::string request_id;  // client's idempotency key, if any (unique per tenant)
   std::string tenant;      // who owns it ("" in single-token deployments)

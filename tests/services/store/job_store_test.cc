@@ -306,6 +306,7 @@ TEST_F(JobStoreTest, TheFirstStartIsKeptThroughARequeue) {
   EXPECT_EQ(queued->started_unix_ms, 0);
   auto first = store_->Transition(id, {JobState::kQueued}, JobState::kRunning, {{"worker", "a"}});
   ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(first->first_start);
   EXPECT_EQ(first->started_unix_ms, first->updated_unix_ms);
   EXPECT_GE(first->started_unix_ms, first->created_unix_ms);
   // Back-dated, so that a start that overwrote it would show within the
@@ -316,6 +317,7 @@ TEST_F(JobStoreTest, TheFirstStartIsKeptThroughARequeue) {
   auto again = store_->Transition(id, {JobState::kQueued}, JobState::kRunning, {{"worker", "b"}});
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->started_unix_ms, 1);
+  EXPECT_FALSE(again->first_start);
   EXPECT_EQ(again->worker, "b");
 }
 
