@@ -643,7 +643,8 @@ absl::StatusOr<PhaseReply> JobRank::Commit(const PhaseRequest& request) {
   };
   std::error_code ec;
   if (gang_.rank() == 0) {
-    RemoveTree(tmp_dir);
+    // No earlier copy to clear: the name is this gang's, and a failed
+    // commit of it removed its own.
     std::filesystem::create_directories(tmp_dir, ec);
     if (ec) return absl::PermissionDeniedError(absl::StrCat("checkpoint.dir: cannot create ", tmp_dir));
   }
