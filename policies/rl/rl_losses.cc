@@ -158,12 +158,18 @@ PpoPolicyLoss PpoClippedLoss(const at::Tensor& logprobs, const at::Tensor& old_l
 PpoValueLoss PpoValueLossClipped(const at::Tensor& values, const at::Tensor& old_values, const at::Tensor& returns,
                                  const at::Tensor& mask, double clip_range) {
   const at::Tensor old = old_values.detach();
-  const at::Tensor clipped = old + (values - old).clamp(-clip_range, clip_range);
+  const at::Tensor change = values - old;
+  const at::Tensor clipped = old + change.clamp(-clip_range, clip_range);
   const at::Tensor loss1 = (values - returns.detach()).pow(2);
   const at::Tensor loss2 = (clipped - returns.detach()).pow(2);
   PpoValueLoss out;
   out.loss = 0.5 * MaskedMean(at::maximum(loss1, loss2), mask);
-  out.clipfrac = MaskedMean(loss2.gt(loss1).to(at::kFloat), mask).detach();
+  // Counted where the clip moved the value and its loss was the larger.
+  // Not loss2 > loss1 alone: where nothing is clipped, old + (v - old) may
+  // differ from v in the last bit, and such tokens would be counted at
+  // random (another CPU's rounding, another gang size).
+  const at::Tensor active = change.abs().gt(clip_range).logical_and(loss2.gt(loss1));
+  out.clipfrac = MaskedMean(active.to(at::kFloat), mask).detach();
   return out;
 }
 

@@ -78,7 +78,7 @@ PpoPolicyLoss PpoClippedLoss(const at::Tensor& logprobs, const at::Tensor& old_l
 
 struct PpoValueLoss {
   at::Tensor loss;
-  at::Tensor clipfrac;
+  at::Tensor clipfrac;  // fraction of counted tokens where the clipped loss was taken
 };
 // 0.5 * mean(max((v - R)^2, (clip(v, v_old - c, v_old + c) - R)^2)).
 PpoValueLoss PpoValueLossClipped(const at::Tensor& values, const at::Tensor& old_values, const at::Tensor& returns,

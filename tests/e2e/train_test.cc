@@ -20,6 +20,7 @@
 #include "offload/host/host_arena.h"
 #include "policies/dist/process_group.h"
 #include "services/runtime/job_runner.h"
+#include "tests/e2e/run_metrics.h"
 #include "tests/testutil/testutil.h"
 
 namespace strata {
@@ -71,20 +72,8 @@ memory: {host_mib: 256}
     return result.ok() ? *result : testing::CommandResult{};
   }
 
-  // Metrics lines without wall-clock and memory figures, which vary run to run.
-  static std::vector<json> Metrics(const std::string& path) {
-    std::ifstream in(path);
-    std::vector<json> lines;
-    for (std::string line; std::getline(in, line);) {
-      json j = json::parse(line);
-      for (auto it = j.begin(); it != j.end();) {
-        const std::string key = it.key();
-        it = services::IsRankMeasurement(key) ? j.erase(it) : std::next(it);
-      }
-      lines.push_back(j);
-    }
-    return lines;
-  }
+  // What the spec's PPO clip fractions count: 4 responses, two epochs.
+  static constexpr testing::CountedTokens kPpoCounted = {.sequences = 4, .ppo_epochs = 2};
 
   testing::TempDir dir_;
   std::string model_, spec_;
@@ -112,13 +101,13 @@ TEST_P(ResumeTest, ResumedRunReproducesUninterruptedMetrics) {
   ASSERT_EQ(whole.exit_code, 0) << whole.error;
   auto first = train({spec_, "--out", dir_.Join("split"), "--set", algorithm, "--set", "train.iterations=3"});
   ASSERT_EQ(first.exit_code, 0) << first.error;
-  ASSERT_EQ(Metrics(dir_.Join("split/metrics.jsonl")).size(), 3u);
+  ASSERT_EQ(testing::RunMetrics(dir_.Join("split/metrics.jsonl")).size(), 3u);
   auto resumed = train({spec_, "--out", dir_.Join("split"), "--set", algorithm, "--resume"});
   ASSERT_EQ(resumed.exit_code, 0) << resumed.error;
   EXPECT_NE(resumed.error.find("resuming from"), std::string::npos) << resumed.error;
 
-  const auto want = Metrics(dir_.Join("whole/metrics.jsonl"));
-  const auto got = Metrics(dir_.Join("split/metrics.jsonl"));
+  const auto want = testing::RunMetrics(dir_.Join("whole/metrics.jsonl"));
+  const auto got = testing::RunMetrics(dir_.Join("split/metrics.jsonl"));
   ASSERT_EQ(want.size(), 4u);
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "iteration " << i;
@@ -196,7 +185,7 @@ TEST_F(TrainTest, ACheckpointCutShortIsRemovedByTheNextRun) {
       << resumed.error;
   EXPECT_FALSE(std::filesystem::exists(unfinished));
   EXPECT_TRUE(std::filesystem::exists(out + "/checkpoints/iter-000002/state.json"));
-  EXPECT_EQ(Metrics(out + "/metrics.jsonl").size(), 3u);
+  EXPECT_EQ(testing::RunMetrics(out + "/metrics.jsonl").size(), 3u);
 }
 
 // A fresh run into an output.dir where an earlier run left checkpoints is
@@ -216,12 +205,12 @@ TEST_F(TrainTest, AFreshRunDoesNotMixWithAnEarlierRunsCheckpoints) {
   EXPECT_NE(again.error.find("holds an earlier run's checkpoints (newest: " + out + "/checkpoints/iter-000002)"),
             std::string::npos)
       << again.error;
-  EXPECT_EQ(Metrics(out + "/metrics.jsonl").size(), 4u) << "the refused run wrote nothing";
+  EXPECT_EQ(testing::RunMetrics(out + "/metrics.jsonl").size(), 4u) << "the refused run wrote nothing";
   auto overwritten =
       Strata({"train", spec_, "--out", out, "--set", "train.seed=8", "--set", "train.iterations=2", "--overwrite"});
   ASSERT_EQ(overwritten.exit_code, 0) << overwritten.error;
   EXPECT_FALSE(IsDirectory(out + "/checkpoints/iter-000002"));
-  EXPECT_EQ(Metrics(out + "/metrics.jsonl").size(), 2u);
+  EXPECT_EQ(testing::RunMetrics(out + "/metrics.jsonl").size(), 2u);
 }
 
 // A checkpoint's optimizer states are one gang's shards, all of them: a
@@ -275,7 +264,7 @@ TEST_F(TrainTest, PlacementChangesMemoryNotMetrics) {
   if (can_pin) args.insert(args.end(), {"--set", "memory.pin_host=true"});
   auto streamed = Strata(args);
   ASSERT_EQ(streamed.exit_code, 0) << streamed.error;
-  EXPECT_EQ(Metrics(dir_.Join("streamed/metrics.jsonl")), Metrics(dir_.Join("resident/metrics.jsonl")));
+  EXPECT_EQ(testing::RunMetrics(dir_.Join("streamed/metrics.jsonl")), testing::RunMetrics(dir_.Join("resident/metrics.jsonl")));
   std::ifstream a(dir_.Join("resident/metrics.jsonl")), b(dir_.Join("streamed/metrics.jsonl"));
   std::string la, lb;
   std::getline(a, la);
@@ -307,13 +296,9 @@ TEST_F(TrainTest, RunsOnTheGpu_CUDA) {
 // one rank does with the same global batch and seed. Not bit for bit: a
 // rank sums its half of each batch and the all-reduce adds the halves, so
 // float32 sums are taken in another order (and generation runs at another
-// batch shape). Each such sum differs by a few float32 ulps: about 1e-6 of a
-// token's log-prob (|log p| up to ~10), so up to ~1e-4 in a sequence's sum
-// of log-prob differences (KL, rewards with a KL term) over its <= 8 tokens,
-// and ~1e-7 relative elsewhere. The tolerance is 1e-4 + 1e-4 x |value|;
-// measured here the largest difference is 4e-7, and 3.4e-5 (objective/kl)
-// in the service's two-worker run. For weights see below (measured: at
-// most 0.16% of the update, reward model; 0.01% otherwise).
+// batch shape); tests/e2e/run_metrics.h derives the metrics' tolerances.
+// For weights see below (measured: at most 0.16% of the update, reward
+// model; 0.01% otherwise).
 class DataParallelTest : public TrainTest, public ::testing::WithParamInterface<std::string> {
  protected:
   void SetUp() override {
@@ -321,37 +306,28 @@ class DataParallelTest : public TrainTest, public ::testing::WithParamInterface<
     TrainTest::SetUp();
   }
 
-  static bool Close(double a, double b) { return std::abs(a - b) <= 1e-4 + 1e-4 * std::abs(a); }
-
   // Runs `first` and `second` (output directories) computed the same
   // training: the same metrics within float32 reduction-order noise, and
   // (with `weights`) weights that differ by far less than training moved them.
-  // `compared_iterations`: how many iterations' metrics to compare (all: -1).
+  // `compared_iterations`: how many iterations' metrics to compare (all: -1);
+  // `counted`: what a clip fraction counts (another batch size than the spec's).
   void ExpectSameTraining(const std::string& first, const std::string& second, int iterations, bool weights = true,
-                          int compared_iterations = -1) {
-    const auto want = Metrics(dir_.Join(first + "/metrics.jsonl"));
-    const auto got = Metrics(dir_.Join(second + "/metrics.jsonl"));
+                          int compared_iterations = -1, testing::CountedTokens counted = kPpoCounted) {
+    const auto want = testing::RunMetrics(dir_.Join(first + "/metrics.jsonl"));
+    const auto got = testing::RunMetrics(dir_.Join(second + "/metrics.jsonl"));
     ASSERT_EQ(want.size(), static_cast<size_t>(iterations));
-    ASSERT_EQ(got.size(), want.size());
-    for (size_t i = 0; i < (compared_iterations < 0 ? want.size() : static_cast<size_t>(compared_iterations)); ++i) {
-      ASSERT_EQ(got[i].size(), want[i].size()) << got[i].dump() << " vs " << want[i].dump();
-      for (const auto& [key, value] : want[i].items()) {
-        ASSERT_TRUE(got[i].contains(key)) << key;
-        // A clip fraction counts tokens: float noise may move one across the
-        // clip boundary.
-        const double tolerance = key.find("clipfrac") != std::string::npos ? 0.05 : -1;
-        if (tolerance > 0) {
-          EXPECT_NEAR(value.get<double>(), got[i][key].get<double>(), tolerance) << "iteration " << i << " " << key;
-        } else {
-          EXPECT_PRED2(Close, value.get<double>(), got[i][key].get<double>()) << "iteration " << i << " " << key;
-        }
-      }
-    }
+    testing::ExpectSameMetrics(want, got, counted, second, compared_iterations);
     if (!weights) return;
     // The trained models agree: per tensor, the two runs' weights differ by
-    // under 1% of how far training moved them. (An elementwise bound would be
-    // wrong: where a gradient is ~0, Adam's step m / sqrt(v) is the sign of
-    // float32 noise, up to lr either way, in both runs alike.)
+    // under 10% of how far training moved them. Where an element's gradient
+    // is float noise (terms that cancel), Adam's step m / sqrt(v) is that
+    // noise's sign, up to lr either way, so the two runs step apart there; if
+    // a share f of a tensor's elements is such, the ratio is about 2 sqrt(f)
+    // (measured: 0.16% on one Intel CPU, 2% for the embedding on an AMD EPYC,
+    // a few of its rarely used rows). A gang that trained on other gradients
+    // (a missing sum, a wrong shard) flips most elements' signs: tens of %.
+    // An elementwise bound would prove nothing: every Adam step is at most
+    // about lr per element, whatever the gradient.
     auto a = policies::SafetensorsFile::Open(dir_.Join(first + "/model.safetensors"));
     auto b = policies::SafetensorsFile::Open(dir_.Join(second + "/model.safetensors"));
     auto start = policies::SafetensorsFile::Open(JoinPath(model_, "model.safetensors"));
@@ -373,7 +349,7 @@ class DataParallelTest : public TrainTest, public ::testing::WithParamInterface<
       if (moved == 0) continue;  // untrained (a frozen part)
       const double apart = (*x - *y).norm().item<double>() / moved;
       worst = std::max(worst, apart);
-      EXPECT_LT(apart, 1e-2) << view.name;
+      EXPECT_LT(apart, 0.1) << view.name;
       ++compared;
     }
     EXPECT_GT(compared, 10);
@@ -466,16 +442,8 @@ TEST_F(TrainTest, DataParallelShardsAnNvmeOptimizerToo) {
   ASSERT_EQ(one.exit_code, 0) << one.error;
   auto two = run("two", "2");
   ASSERT_EQ(two.exit_code, 0) << two.error;
-  const auto want = Metrics(dir_.Join("one/metrics.jsonl"));
-  const auto got = Metrics(dir_.Join("two/metrics.jsonl"));
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < want.size(); ++i) {
-    for (const auto& [key, value] : want[i].items()) {
-      ASSERT_TRUE(got[i].contains(key)) << key;
-      const double a = value.get<double>(), b = got[i][key].get<double>();
-      EXPECT_LE(std::abs(a - b), 1e-4 + 1e-4 * std::abs(a)) << "iteration " << i << " " << key;
-    }
-  }
+  testing::ExpectSameMetrics(testing::RunMetrics(dir_.Join("one/metrics.jsonl")),
+                             testing::RunMetrics(dir_.Join("two/metrics.jsonl")), kPpoCounted);
   auto first_line = [&](const std::string& out) {
     std::ifstream in(dir_.Join(out + "/metrics.jsonl"));
     std::string line;
@@ -515,16 +483,12 @@ TEST_F(TrainTest, ResumeReshardsTheOptimizerAcrossGangSizes) {
     auto resumed = run(out, then, {"--resume"});
     ASSERT_EQ(resumed.exit_code, 0) << resumed.error;
     EXPECT_NE(resumed.error.find("resuming from"), std::string::npos) << resumed.error;
-    const auto want = Metrics(dir_.Join("whole/metrics.jsonl"));
-    const auto got = Metrics(dir_.Join(out + "/metrics.jsonl"));
-    ASSERT_EQ(got.size(), want.size());
-    for (size_t i = 0; i < want.size(); ++i) {
-      for (const auto& [key, value] : want[i].items()) {
-        ASSERT_TRUE(got[i].contains(key)) << key;
-        const double a = value.get<double>(), b = got[i][key].get<double>();
-        EXPECT_LE(std::abs(a - b), 1e-4 + 1e-4 * std::abs(a)) << out << " iteration " << i << " " << key;
-      }
-    }
+    // Against one rank throughout: a run whose part ran on two ranks
+    // differs by reduction-order noise, and its clip fractions by a few
+    // tokens (tests/e2e/run_metrics.h).
+    testing::ExpectSameMetrics(testing::RunMetrics(dir_.Join("whole/metrics.jsonl")),
+                               testing::RunMetrics(dir_.Join(out + "/metrics.jsonl")),
+                               kPpoCounted, out);
   }
   // The two-rank checkpoint holds one optimizer file per rank.
   EXPECT_TRUE(IsRegularFile(dir_.Join("split21/checkpoints/iter-000002/actor/optimizer-rank0-of-2.safetensors")));
@@ -565,7 +529,8 @@ TEST_P(DataParallelTest, UnevenShardsMakeTheSamePassesOnEveryRank) {
   set.back() = "train.micro_batch_size=1";
   auto micro = Train("micro", "2", set);
   ASSERT_EQ(micro.exit_code, 0) << micro.error;
-  ExpectSameTraining("whole", "micro", 3, /*weights=*/false, /*compared_iterations=*/1);
+  ExpectSameTraining("whole", "micro", 3, /*weights=*/false, /*compared_iterations=*/1,
+                     {.sequences = 3, .ppo_epochs = 2});
 }
 
 INSTANTIATE_TEST_SUITE_P(Algorithms, DataParallelTest,
@@ -717,7 +682,7 @@ TEST_F(TrainTest, EachFamilyTrainsStreamedAsItDoesResident) {
                           "models.actor.placement.optimizer=nvme", "--set", "models.reference.placement.weights=nvme",
                           "--set", "memory.nvme_dir=" + JoinPath(dir, "nvme")});
     ASSERT_EQ(streamed.exit_code, 0) << streamed.error;
-    EXPECT_EQ(Metrics(JoinPath(dir, "streamed/metrics.jsonl")), Metrics(JoinPath(dir, "resident/metrics.jsonl")));
+    EXPECT_EQ(testing::RunMetrics(JoinPath(dir, "streamed/metrics.jsonl")), testing::RunMetrics(JoinPath(dir, "resident/metrics.jsonl")));
     const json written = json::parse(*ReadFileToString(JoinPath(dir, "streamed/config.json")));
     EXPECT_EQ(written["model_type"], family);
     EXPECT_EQ(written["architectures"][0].get<std::string>().rfind(family == "mistral" ? "Mistral" : "Qwen", 0), 0u)
@@ -744,7 +709,7 @@ TEST_F(TrainTest, QwenAndLlama3RecipesRunTheirChain) {
     for (const char* stage : {"sft", "reward", "remax", "ppo"}) {
       const json config = json::parse(*ReadFileToString(dir_.Join(absl::StrCat("out/", family, "/", stage, "/config.json"))));
       EXPECT_EQ(config["model_type"], family == std::string("qwen3") ? "qwen3" : "llama") << stage;
-      EXPECT_EQ(Metrics(dir_.Join(absl::StrCat("out/", family, "/", stage, "/metrics.jsonl"))).size(), 2u) << stage;
+      EXPECT_EQ(testing::RunMetrics(dir_.Join(absl::StrCat("out/", family, "/", stage, "/metrics.jsonl"))).size(), 2u) << stage;
     }
     EXPECT_TRUE(IsRegularFile(dir_.Join(absl::StrCat("out/", family, "/remax_vs_ppo.png"))));
   }

@@ -132,6 +132,23 @@ TEST(RlLossesTest, PpoValueLossTakesTheWorseOfClippedAndUnclipped) {
   EXPECT_NEAR(out.clipfrac.item<float>(), 0.0f, 1e-6);
 }
 
+// A value inside the clip range is not clipped, even where old + (v - old)
+// rounds away from v and makes the "clipped" loss larger by an ulp (such
+// tokens used to be counted, differently on another CPU or gang size).
+TEST(RlLossesTest, ValueClipFractionIgnoresRounding) {
+  const float v = -0.31392282247543335f, o = 1.4580206871032715f, r = 1.9602583646774292f;
+  const volatile float through_old = o + (v - o);
+  ASSERT_NE(through_old, v) << "the case needs a value that does not survive old + (v - old)";
+  ASSERT_GT((through_old - r) * (through_old - r), (v - r) * (v - r));
+  const auto out = PpoValueLossClipped(T({v}, {1, 1}), T({o}, {1, 1}), T({r}, {1, 1}), T({1.0f}, {1, 1}), 10.0);
+  EXPECT_EQ(out.clipfrac.item<float>(), 0.0f);
+  // Clipped and taken: v moved 2 from old (clip 0.5) towards a return of
+  // 3, so the clipped loss (0.5 - 3)^2 is the larger; 0.1 is not clipped.
+  const auto clipped = PpoValueLossClipped(T({2.0f, 0.1f}, {1, 2}), T({0.0f, 0.0f}, {1, 2}),
+                                           T({3.0f, 0.0f}, {1, 2}), T({1.0f, 1.0f}, {1, 2}), 0.5);
+  EXPECT_NEAR(clipped.clipfrac.item<float>(), 0.5f, 1e-6);
+}
+
 TEST(RlLossesTest, CrossEntropyByHand) {
   EXPECT_NEAR(CrossEntropyLoss(T({-1.0f, -3.0f, -100.0f}, {1, 3}), T({1, 1, 0}, {1, 3})).item<float>(), 2.0f, 1e-6);
 }
