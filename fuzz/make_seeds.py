@@ -106,26 +106,6 @@ def main():
                                                  "world_size": 2, "algorithm": {"kl_coef": 0.05}}))
     put("checkpoint_state", "legacy", json.dumps({"metrics_lines": 2}))
 
-    # Wire messages: a type byte, then the message (protoc --encode).
-    messages = [
-        (0, "RolloutResponse", 'rollouts { prompt_index: 0 response: [5, 6, 2] logprobs { shape: 3 '
-                               'data: "\\000\\000\\200\\277\\000\\000\\000\\300\\000\\000\\100\\300" } }'),
-        (2, "ScoreResponse", 'rewards { shape: 1 data: "\\000\\000\\200\\077" } '
-                             'reference_logprobs { shape: 2 data: "\\000\\000\\200\\277\\000\\000\\000\\300" }'),
-        (4, "TrainSftRequest", 'job_id: "job-1" prompts { ROWS } responses { ROWS }'),
-        (5, "PreferenceBatch", 'job_id: "job-1" prompts { ROWS } chosen { ROWS } rejected { ROWS }'),
-        (6, "Tensor", 'shape: [1, 2] data: "\\000\\000\\200\\077\\000\\000\\000\\100"'),
-    ]
-    for kind, name, text in messages:
-        text = text.replace("ROWS", "rows { ids: [1, 5, 6] } rows { ids: [2] }")
-        try:
-            raw = subprocess.run(["protoc", "--encode=strata.v1." + name, "-I", os.path.join(ROOT, "proto"),
-                                  "strata/v1/worker.proto"], input=text.encode(), check=True,
-                                 capture_output=True).stdout
-        except subprocess.CalledProcessError as e:
-            print("skipped wire seed %s: %s" % (name, e.stderr.decode().strip()))
-            continue
-        put("wire", name, bytes([kind]) + raw)
     for target in sorted(os.listdir(CORPUS)):
         print("%-18s %d seeds" % (target, len(os.listdir(os.path.join(CORPUS, target)))))
 

@@ -1,9 +1,9 @@
-// The interface between an RL algorithm and the processes that hold the
-// models. Only token ids and per-token floats cross it, never weights, so
-// the same algorithm runs against in-process workers (LocalWorkerGroup:
-// tests, `strata train`) and remote ones (RemoteWorkerGroup: the
-// coordinator). Implementations hold the actor, reference, reward model
-// (or rule) and critic under the job's placements.
+// The interface between an RL algorithm and the models of one rank. Only
+// token ids and per-token floats cross it, never weights. The implementation
+// (LocalWorkerGroup) holds the actor, reference, reward model (or rule) and
+// critic under the job's placements; a remote rank runs the same algorithm
+// in its own process (services/runtime/job_rank.h), so nothing remote
+// implements this.
 #ifndef STRATA_POLICIES_RL_WORKER_GROUP_H_
 #define STRATA_POLICIES_RL_WORKER_GROUP_H_
 

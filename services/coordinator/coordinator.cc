@@ -15,7 +15,7 @@
 #include "services/runtime/job_runner.h"
 #include "services/coordinator/gang_plan.h"
 #include "services/coordinator/remote_gang.h"
-#include "services/coordinator/remote_worker_group.h"
+#include "services/coordinator/remote_rank.h"
 #include "services/rpc/wire.h"
 #include "services/telemetry/service_metrics.h"
 
@@ -680,14 +680,14 @@ void CoordinatorService::RunOnGang(uint64_t run, JobRecord job, std::vector<Work
     auto spec = policies::ParseJobSpec(job.spec_yaml, {}, absl::StrCat("job ", job.id));
     if (!spec.ok()) return spec.status();
     STRATA_ASSIGN_OR_RETURN(auto channel_credentials, MakeChannelCredentials(options_.worker_tls));
-    std::vector<std::unique_ptr<RemoteWorkerGroup>> ranks;
+    std::vector<std::unique_ptr<RemoteRank>> ranks;
     for (const WorkerRecord& worker : workers) {
-      RemoteWorkerOptions remote;
+      RemoteRankOptions remote;
       remote.address = worker.address;
       remote.token = options_.worker_token.empty() ? options_.token : options_.worker_token;
       remote.job_id = job.id;
       remote.resumable_run_ids = job.resumable_run_ids;
-      STRATA_ASSIGN_OR_RETURN(auto rank, RemoteWorkerGroup::Create(remote, channel_credentials));
+      STRATA_ASSIGN_OR_RETURN(auto rank, RemoteRank::Create(remote, channel_credentials));
       ranks.push_back(std::move(rank));
     }
     STRATA_ASSIGN_OR_RETURN(gang, RemoteGang::Start(std::move(ranks), job.spec_yaml,
@@ -825,10 +825,10 @@ void CoordinatorService::BackOffAfterLoss(const std::string& job_id, const std::
   std::vector<std::thread> probes;
   for (size_t i = 0; i < workers.size() && credentials.ok(); ++i) {
     probes.emplace_back([&, i] {
-      RemoteWorkerOptions remote;
+      RemoteRankOptions remote;
       remote.address = workers[i].address;
       remote.job_id = job_id;
-      auto worker = RemoteWorkerGroup::Create(remote, *credentials);
+      auto worker = RemoteRank::Create(remote, *credentials);
       answers[i] = worker.ok() && (*worker)->Answers(std::chrono::seconds(1));
     });
   }

@@ -1,6 +1,7 @@
 // The Coordinator gRPC service: accepts jobs, keeps them in Redis, schedules
-// each on a registered worker, runs the job's loop against that worker
-// (RemoteWorkerGroup), streams events to watchers, and recovers: a worker
+// each on a gang of registered workers, drives the job's loop phase by phase
+// on its ranks (RemoteGang over RemoteRank), streams events to watchers, and
+// recovers: a worker
 // lost mid-job sends the job back to the queue (it resumes from its last
 // checkpoint), and a restarted coordinator requeues the RUNNING jobs it
 // finds.

@@ -138,7 +138,7 @@ absl::StatusOr<std::vector<T>> RemoteGang::OnEveryRank(Call call, Ending ending)
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<RemoteGang>> RemoteGang::Start(std::vector<std::unique_ptr<RemoteWorkerGroup>> workers,
+absl::StatusOr<std::unique_ptr<RemoteGang>> RemoteGang::Start(std::vector<std::unique_ptr<RemoteRank>> workers,
                                                               const std::string& spec_yaml,
                                                               std::chrono::milliseconds collective_timeout) {
   if (workers.empty()) return absl::InvalidArgumentError("a gang needs at least one worker");
@@ -153,7 +153,7 @@ absl::StatusOr<std::unique_ptr<RemoteGang>> RemoteGang::Start(std::vector<std::u
     host = AddressHost(gang->workers_[0]->options().address);
   }
   // Loading, after the group forms, ends in no collective.
-  auto started = gang->OnEveryRank<RemoteWorkerGroup::Loaded>(
+  auto started = gang->OnEveryRank<RemoteRank::Loaded>(
       [&](size_t r) {
         return gang->workers_[r]->StartRank(spec_yaml, static_cast<int>(r), world, host, port, collective_timeout);
       },
@@ -186,14 +186,6 @@ void RemoteGang::Unload(const std::function<void(int)>& unloaded) {
     });
   }
   for (auto& t : threads) t.join();
-}
-
-std::map<std::string, int64_t> RemoteGang::calls() const {
-  std::map<std::string, int64_t> total;
-  for (const auto& worker : workers_) {
-    for (const auto& [method, n] : worker->calls()) total[method] += n;
-  }
-  return total;
 }
 
 }  // namespace strata::services

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "services/coordinator/remote_worker_group.h"
+#include "services/coordinator/remote_rank.h"
 #include "services/runtime/job_runner.h"
 
 namespace strata::services {
@@ -39,7 +39,7 @@ class RemoteGang final : public Gang {
   // (generations of other lengths, a colder or slower disk): a rank still
   // busy there is given up only when it stops answering a health check
   // (1 s), asked once a period, or at once when another rank failed.
-  static absl::StatusOr<std::unique_ptr<RemoteGang>> Start(std::vector<std::unique_ptr<RemoteWorkerGroup>> workers,
+  static absl::StatusOr<std::unique_ptr<RemoteGang>> Start(std::vector<std::unique_ptr<RemoteRank>> workers,
                                                            const std::string& spec_yaml,
                                                            std::chrono::milliseconds collective_timeout);
 
@@ -48,11 +48,8 @@ class RemoteGang final : public Gang {
   // logged); `unloaded(r)` is called as rank r's call returns.
   void Unload(const std::function<void(int)>& unloaded = nullptr);
 
-  // Calls made so far over every rank, by method.
-  std::map<std::string, int64_t> calls() const;
-
  private:
-  RemoteGang(std::vector<std::unique_ptr<RemoteWorkerGroup>> workers, std::chrono::milliseconds grace)
+  RemoteGang(std::vector<std::unique_ptr<RemoteRank>> workers, std::chrono::milliseconds grace)
       : workers_(std::move(workers)), grace_(grace) {}
   // Whether a phase's ranks meet in a collective at its end.
   enum class Ending { kInCollective, kWithoutCollective };
@@ -60,7 +57,7 @@ class RemoteGang final : public Gang {
   template <typename T, typename Call>
   absl::StatusOr<std::vector<T>> OnEveryRank(Call call, Ending ending);
 
-  std::vector<std::unique_ptr<RemoteWorkerGroup>> workers_;
+  std::vector<std::unique_ptr<RemoteRank>> workers_;
   const std::chrono::milliseconds grace_;  // after a rank failed, for the others
 };
 

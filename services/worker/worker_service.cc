@@ -39,19 +39,6 @@ grpc::ServerUnaryReactor* FinishNow(grpc::ServerUnaryReactor* reactor, const grp
   return reactor;
 }
 
-// The training calls differ only in the batch type and the group's method.
-template <typename Request, typename Batch>
-std::function<absl::Status(LocalWorkerGroup&)> TrainCall(
-    const Request* request, v1::TrainResponse* response,
-    absl::StatusOr<policies::TrainStats> (LocalWorkerGroup::*method)(const std::vector<Batch>&)) {
-  return [request, response, method](LocalWorkerGroup& group) -> absl::Status {
-    STRATA_ASSIGN_OR_RETURN(auto batch, FromProto(*request));
-    STRATA_ASSIGN_OR_RETURN(auto stats, (group.*method)(batch));
-    ToProto(stats, response);
-    return absl::OkStatus();
-  };
-}
-
 }  // namespace
 
 WorkerService::WorkerService(WorkerServiceOptions options)
@@ -90,7 +77,6 @@ void WorkerService::DropJob() {
   gang_.reset();
   rendezvous_.reset();
   job_id_.clear();
-  spec_yaml_.clear();
   phase_.clear();
 }
 
@@ -180,7 +166,7 @@ grpc::ServerUnaryReactor* WorkerService::SubmitForJob(grpc::CallbackServerContex
   return Submit(context, [this, job_id, work = std::move(work)]() -> absl::Status {
     if (group_ == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "worker ", options_.worker_id, " has no job loaded (call for job ", job_id, "); LoadModels first"));
+          "worker ", options_.worker_id, " has no job loaded (call for job ", job_id, "); StartRank first"));
     }
     if (job_id != job_id_) {
       return absl::FailedPreconditionError(
@@ -232,32 +218,6 @@ void WorkerService::PublishLoading() {
   published_generation_ = generation_;
 }
 
-absl::Status WorkerService::LoadModelsOnWorkThread(const v1::LoadModelsRequest& request,
-                                                   v1::LoadModelsResponse* response) {
-  if (request.job_id().empty()) return absl::InvalidArgumentError("job_id: empty");
-  if (group_ != nullptr && job_id_ != request.job_id()) {
-    return absl::FailedPreconditionError(absl::StrCat("worker ", options_.worker_id, " holds job ", job_id_,
-                                                      "; unload it before loading job ", request.job_id()));
-  }
-  if (group_ != nullptr && spec_yaml_ == request.spec_yaml()) {
-    // A retry of a load whose reply was lost: the models are already there.
-    response->set_tokenizer_path(group_->tokenizer_path());
-    response->set_working_directory(std::filesystem::current_path().string());
-    return absl::OkStatus();
-  }
-  // Free the old models before the new ones are allocated.
-  DropJob();
-  STRATA_ASSIGN_OR_RETURN(auto spec, ParseSpec(request.job_id(), request.spec_yaml()));
-  STRATA_ASSIGN_OR_RETURN(auto group, LocalWorkerGroup::Create(spec));
-  group_ = std::move(group);
-  job_id_ = request.job_id();
-  spec_yaml_ = request.spec_yaml();
-  response->set_tokenizer_path(group_->tokenizer_path());
-  response->set_working_directory(std::filesystem::current_path().string());
-  STRATA_LOG(Info) << "worker " << options_.worker_id << " loaded job " << job_id_;
-  return absl::OkStatus();
-}
-
 grpc::ServerUnaryReactor* WorkerService::OpenRendezvous(grpc::CallbackServerContext* context,
                                                         const v1::OpenRendezvousRequest* request,
                                                         v1::OpenRendezvousResponse* response) {
@@ -276,7 +236,7 @@ grpc::ServerUnaryReactor* WorkerService::OpenRendezvous(grpc::CallbackServerCont
 
 grpc::ServerUnaryReactor* WorkerService::StartRank(grpc::CallbackServerContext* context,
                                                    const v1::StartRankRequest* request,
-                                                   v1::LoadModelsResponse* response) {
+                                                   v1::StartRankResponse* response) {
   return Submit(context, [this, request, response]() -> absl::Status {
     if (request->job_id().empty()) return absl::InvalidArgumentError("job_id: empty");
     DropStaleJob(request->job_id());
@@ -321,7 +281,6 @@ grpc::ServerUnaryReactor* WorkerService::StartRank(grpc::CallbackServerContext* 
     rank_options.resumable_run_ids.assign(request->resumable_run_ids().begin(), request->resumable_run_ids().end());
     STRATA_ASSIGN_OR_RETURN(rank_, JobRank::Create(spec, *group_, group_->tokenizer(), *gang_, rank_options));
     std::move(drop_on_failure).Cancel();
-    spec_yaml_ = request->spec_yaml();
     response->set_tokenizer_path(group_->tokenizer_path());
     response->set_working_directory(std::filesystem::current_path().string());
     STRATA_LOG(Info) << "worker " << options_.worker_id << " is rank " << options.rank << " of "
@@ -364,101 +323,6 @@ grpc::ServerUnaryReactor* WorkerService::RunPhase(grpc::CallbackServerContext* c
     response->set_text(reply.text);
     return absl::OkStatus();
   });
-}
-
-grpc::ServerUnaryReactor* WorkerService::LoadModels(grpc::CallbackServerContext* context,
-                                                    const v1::LoadModelsRequest* request,
-                                                    v1::LoadModelsResponse* response) {
-  return Submit(context, [this, request, response] { return LoadModelsOnWorkThread(*request, response); });
-}
-
-grpc::ServerUnaryReactor* WorkerService::Rollout(grpc::CallbackServerContext* context,
-                                                 const v1::RolloutRequest* request, v1::RolloutResponse* response) {
-  return SubmitForJob(context, request->job_id(), [request, response](LocalWorkerGroup& group) -> absl::Status {
-    STRATA_ASSIGN_OR_RETURN(auto rollouts, group.Generate(FromProto(*request)));
-    for (const auto& r : rollouts) ToProto(r, response->add_rollouts());
-    return absl::OkStatus();
-  });
-}
-
-grpc::ServerUnaryReactor* WorkerService::Score(grpc::CallbackServerContext* context, const v1::ScoreRequest* request,
-                                               v1::ScoreResponse* response) {
-  return SubmitForJob(context, request->job_id(), [request, response](LocalWorkerGroup& group) -> absl::Status {
-    std::vector<policies::Rollout> rollouts;
-    policies::ScoreRequest what;
-    STRATA_RETURN_IF_ERROR(FromProto(*request, &rollouts, &what));
-    STRATA_ASSIGN_OR_RETURN(auto scores, group.Score(rollouts, what));
-    ToProto(scores, response);
-    return absl::OkStatus();
-  });
-}
-
-grpc::ServerUnaryReactor* WorkerService::Update(grpc::CallbackServerContext* context, const v1::UpdateRequest* request,
-                                                v1::UpdateResponse* response) {
-  return SubmitForJob(context, request->job_id(), [request, response](LocalWorkerGroup& group) -> absl::Status {
-    STRATA_ASSIGN_OR_RETURN(auto update, FromProto(*request));
-    STRATA_ASSIGN_OR_RETURN(auto stats, group.Update(update));
-    ToProto(stats, response);
-    return absl::OkStatus();
-  });
-}
-
-grpc::ServerUnaryReactor* WorkerService::TrainSft(grpc::CallbackServerContext* context,
-                                                  const v1::TrainSftRequest* request, v1::TrainResponse* response) {
-  return SubmitForJob(context, request->job_id(), TrainCall(request, response, &LocalWorkerGroup::TrainSft));
-}
-
-grpc::ServerUnaryReactor* WorkerService::TrainRewardModel(grpc::CallbackServerContext* context,
-                                                          const v1::PreferenceBatch* request,
-                                                          v1::TrainResponse* response) {
-  return SubmitForJob(context, request->job_id(), TrainCall(request, response, &LocalWorkerGroup::TrainRewardModel));
-}
-
-grpc::ServerUnaryReactor* WorkerService::EvaluateRewardModel(grpc::CallbackServerContext* context,
-                                                             const v1::PreferenceBatch* request,
-                                                             v1::TrainResponse* response) {
-  return SubmitForJob(context, request->job_id(),
-                      TrainCall(request, response, &LocalWorkerGroup::EvaluateRewardModel));
-}
-
-grpc::ServerUnaryReactor* WorkerService::BeginPhase(grpc::CallbackServerContext* context,
-                                                    const v1::BeginPhaseRequest* request, v1::PhaseMemory* response) {
-  // Answers with the peaks of the phase it ends (empty for the first).
-  return SubmitForJob(context, request->job_id(), [this, request, response](LocalWorkerGroup& group) -> absl::Status {
-    ToProto(group.BeginPhase(request->phase()), response);
-    phase_ = request->phase();
-    return absl::OkStatus();
-  });
-}
-
-grpc::ServerUnaryReactor* WorkerService::GetPhaseMemory(grpc::CallbackServerContext* context,
-                                                        const v1::BeginPhaseRequest* request,
-                                                        v1::PhaseMemory* response) {
-  return SubmitForJob(context, request->job_id(), [request, response](LocalWorkerGroup& group) -> absl::Status {
-    ToProto(group.PhaseMemory(request->phase()), response);
-    return absl::OkStatus();
-  });
-}
-
-grpc::ServerUnaryReactor* WorkerService::SaveCheckpoint(grpc::CallbackServerContext* context,
-                                                        const v1::CheckpointRequest* request,
-                                                        v1::CheckpointResponse* /*response*/) {
-  return SubmitForJob(context, request->job_id(),
-                      [request](LocalWorkerGroup& group) { return group.SaveCheckpoint(request->dir()); });
-}
-
-grpc::ServerUnaryReactor* WorkerService::LoadCheckpoint(grpc::CallbackServerContext* context,
-                                                        const v1::CheckpointRequest* request,
-                                                        v1::CheckpointResponse* /*response*/) {
-  return SubmitForJob(context, request->job_id(),
-                      [request](LocalWorkerGroup& group) { return group.LoadCheckpoint(request->dir()); });
-}
-
-grpc::ServerUnaryReactor* WorkerService::SaveOutput(grpc::CallbackServerContext* context,
-                                                    const v1::CheckpointRequest* request,
-                                                    v1::CheckpointResponse* /*response*/) {
-  return SubmitForJob(context, request->job_id(),
-                      [request](LocalWorkerGroup& group) { return group.SaveOutput(request->dir()); });
 }
 
 grpc::ServerUnaryReactor* WorkerService::GetStats(grpc::CallbackServerContext* context,

@@ -88,48 +88,12 @@ class WorkerService final : public strata::v1::Worker::CallbackService {
   // the request's timeout. Drops a stale job as OpenRendezvous does.
   grpc::ServerUnaryReactor* StartRank(grpc::CallbackServerContext* context,
                                       const strata::v1::StartRankRequest* request,
-                                      strata::v1::LoadModelsResponse* response) override;
-  // One phase on this rank; FAILED_PRECONDITION before StartRank.
+                                      strata::v1::StartRankResponse* response) override;
+  // One phase on this rank: FAILED_PRECONDITION before StartRank and for a
+  // job id other than the loaded one, INTERNAL (the exception's message)
+  // when libtorch throws.
   grpc::ServerUnaryReactor* RunPhase(grpc::CallbackServerContext* context, const strata::v1::PhaseRequest* request,
                                      strata::v1::PhaseReply* response) override;
-  // Parses the spec (policies::ParseJobSpec) and loads its models.
-  // FAILED_PRECONDITION while another job is loaded; the same job id with the
-  // same spec is a no-op (a retried call), with a different spec a reload.
-  grpc::ServerUnaryReactor* LoadModels(grpc::CallbackServerContext* context,
-                                       const strata::v1::LoadModelsRequest* request,
-                                       strata::v1::LoadModelsResponse* response) override;
-  // The calls below fail with FAILED_PRECONDITION before LoadModels and for a
-  // job id other than the loaded one, and with INTERNAL (the exception's
-  // message) when libtorch throws.
-  grpc::ServerUnaryReactor* Rollout(grpc::CallbackServerContext* context, const strata::v1::RolloutRequest* request,
-                                    strata::v1::RolloutResponse* response) override;
-  grpc::ServerUnaryReactor* Score(grpc::CallbackServerContext* context, const strata::v1::ScoreRequest* request,
-                                  strata::v1::ScoreResponse* response) override;
-  grpc::ServerUnaryReactor* Update(grpc::CallbackServerContext* context, const strata::v1::UpdateRequest* request,
-                                   strata::v1::UpdateResponse* response) override;
-  grpc::ServerUnaryReactor* TrainSft(grpc::CallbackServerContext* context, const strata::v1::TrainSftRequest* request,
-                                     strata::v1::TrainResponse* response) override;
-  grpc::ServerUnaryReactor* TrainRewardModel(grpc::CallbackServerContext* context,
-                                             const strata::v1::PreferenceBatch* request,
-                                             strata::v1::TrainResponse* response) override;
-  grpc::ServerUnaryReactor* EvaluateRewardModel(grpc::CallbackServerContext* context,
-                                                const strata::v1::PreferenceBatch* request,
-                                                strata::v1::TrainResponse* response) override;
-  grpc::ServerUnaryReactor* BeginPhase(grpc::CallbackServerContext* context,
-                                       const strata::v1::BeginPhaseRequest* request,
-                                       strata::v1::PhaseMemory* response) override;
-  grpc::ServerUnaryReactor* GetPhaseMemory(grpc::CallbackServerContext* context,
-                                           const strata::v1::BeginPhaseRequest* request,
-                                           strata::v1::PhaseMemory* response) override;
-  grpc::ServerUnaryReactor* SaveCheckpoint(grpc::CallbackServerContext* context,
-                                           const strata::v1::CheckpointRequest* request,
-                                           strata::v1::CheckpointResponse* response) override;
-  grpc::ServerUnaryReactor* LoadCheckpoint(grpc::CallbackServerContext* context,
-                                           const strata::v1::CheckpointRequest* request,
-                                           strata::v1::CheckpointResponse* response) override;
-  grpc::ServerUnaryReactor* SaveOutput(grpc::CallbackServerContext* context,
-                                       const strata::v1::CheckpointRequest* request,
-                                       strata::v1::CheckpointResponse* response) override;
   // Answered on the callback thread: worker id, the loaded job ("" when
   // idle), device bytes now, and peak bytes per tier of the current phase as
   // of the last finished operation.
@@ -149,8 +113,6 @@ class WorkerService final : public strata::v1::Worker::CallbackService {
                                          std::function<absl::Status(LocalWorkerGroup&)> work);
   // Runs one queued call's work: auth already checked; exceptions become INTERNAL.
   absl::Status RunWork(grpc::CallbackServerContext* context, const std::function<absl::Status()>& work);
-  absl::Status LoadModelsOnWorkThread(const strata::v1::LoadModelsRequest& request,
-                                      strata::v1::LoadModelsResponse* response);
   // Publishes the loaded job and its current phase's peaks for GetStats.
   void PublishStats();
   // Publishes the job whose rank is loading, so that a cancel (through the
@@ -180,7 +142,6 @@ class WorkerService final : public strata::v1::Worker::CallbackService {
   std::unique_ptr<LocalWorkerGroup> group_;
   std::unique_ptr<JobRank> rank_;
   std::string job_id_;
-  std::string spec_yaml_;
   std::string phase_;
 
   // What GetStats reports, copied from the work thread's state.

@@ -33,6 +33,7 @@
 #include "services/store/job_store.h"
 #include "tests/testutil/child_process.h"
 #include "tests/testutil/redis_server.h"
+#include "tests/e2e/run_metrics.h"
 #include "tests/testutil/testutil.h"
 
 namespace strata {
@@ -995,26 +996,11 @@ TEST_F(ServiceTest, FiftyConcurrentClientsSeeNoErrors) {
 // A worker that loads any job and then answers Rollout with rows that do not
 // match the batch (one rollout for every batch), as a buggy or hostile
 // worker might.
-// Metrics lines of a job's output, without wall-clock and memory figures.
-std::vector<json> MetricsOf(const std::string& path) {
-  std::vector<json> lines;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) {
-    json j = json::parse(line);
-    for (auto it = j.begin(); it != j.end();) {
-      const std::string key = it.key();
-      it = services::IsRankMeasurement(key) ? j.erase(it) : std::next(it);
-    }
-    lines.push_back(j);
-  }
-  return lines;
-}
 
 // parallel.workers: 2 runs the job on both worker processes as one gang
 // (Gloo over loopback between them) and computes what one worker does: the
-// same metrics within float32 reduction-order noise (see
-// tests/e2e/train_test.cc, DataParallelTest, for the tolerance), for each
-// kind of training job.
+// same metrics within float32 reduction-order noise (tests/e2e/run_metrics.h
+// derives the tolerances), for each kind of training job.
 class GangTest : public ServiceTest, public ::testing::WithParamInterface<std::string> {};
 
 TEST_P(GangTest, TwoWorkerGangMatchesOneWorker) {
@@ -1033,17 +1019,10 @@ TEST_P(GangTest, TwoWorkerGangMatchesOneWorker) {
   ASSERT_TRUE(Submit(Spec(3, "gang2", 2), &two, "", set).ok());
   ASSERT_EQ(Watch(two.id(), Ended).back().state(), v1::SUCCEEDED) << Get(two.id()).error_message();
   EXPECT_NE(Get(two.id()).worker().find(','), std::string::npos) << Get(two.id()).worker();
-  const auto want = MetricsOf(dir_.Join("gang1/metrics.jsonl"));
-  const auto got = MetricsOf(dir_.Join("gang2/metrics.jsonl"));
+  const auto want = testing::RunMetrics(dir_.Join("gang1/metrics.jsonl"));
+  const auto got = testing::RunMetrics(dir_.Join("gang2/metrics.jsonl"));
   ASSERT_EQ(want.size(), 3u);
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < want.size(); ++i) {
-    ASSERT_EQ(got[i].size(), want[i].size()) << got[i].dump();
-    for (const auto& [key, value] : want[i].items()) {
-      const double a = value.get<double>(), b = got[i][key].get<double>();
-      EXPECT_LE(std::abs(a - b), 1e-4 + 1e-4 * std::abs(a)) << "iteration " << i << " " << key;
-    }
-  }
+  testing::ExpectSameMetrics(want, got, {.sequences = 4, .ppo_epochs = 2});
   EXPECT_TRUE(IsRegularFile(dir_.Join("gang2/model.safetensors")));
   // Each rank checkpointed its half of the optimizer states.
   const std::string model_dir = algorithm == "reward_model" ? "reward" : "actor";
@@ -1201,7 +1180,7 @@ TEST_F(ServiceTest, RequeuedJobWhoseCheckpointIsGoneFailsNamingIt) {
   EXPECT_NE(failed.error_message().find("/gangmoved/checkpoints/iter-000002 is not in checkpoint.dir"),
             std::string::npos)
       << failed.error_message();
-  EXPECT_EQ(MetricsOf(dir_.Join("gangmoved/metrics.jsonl")).size(), 3u) << "the metrics file was started over";
+  EXPECT_EQ(testing::RunMetrics(dir_.Join("gangmoved/metrics.jsonl")).size(), 3u) << "the metrics file was started over";
 }
 
 // A rank that dies in a phase that ends in no collective ends that phase
@@ -1413,7 +1392,7 @@ TEST_F(ServiceTest, AnEndedJobContinuesFromItsCheckpointInANewJob) {
   EXPECT_GE(first_iteration, 4);
   // One metrics line per iteration: the ended job's up to its checkpoint,
   // then the new job's.
-  EXPECT_EQ(MetricsOf(dir_.Join("contd/metrics.jsonl")).size(), static_cast<size_t>(iterations));
+  EXPECT_EQ(testing::RunMetrics(dir_.Join("contd/metrics.jsonl")).size(), static_cast<size_t>(iterations));
   EXPECT_EQ(Get(first.id()).continued_by(), next.id());
   EXPECT_EQ(Get(first.id()).state(), v1::CANCELLED);
   // Once: a second continuation is refused, naming the first.
@@ -1441,7 +1420,7 @@ TEST_F(ServiceTest, AContinuationWhoseCheckpointsWereRemovedFailsSayingHowToStar
   v1::Job cancelled;
   ASSERT_TRUE(Cancel(first.id(), &cancelled).ok());
   ASSERT_TRUE(WaitUntilWorkersIdle(std::chrono::seconds(30)));
-  const size_t lines = MetricsOf(dir_.Join("contgone/metrics.jsonl")).size();
+  const size_t lines = testing::RunMetrics(dir_.Join("contgone/metrics.jsonl")).size();
   ASSERT_GE(lines, 3u);
   ASSERT_TRUE(RemoveTree(dir_.Join("contgone/checkpoints")));
   v1::SubmitJobRequest request;
@@ -1459,7 +1438,7 @@ TEST_F(ServiceTest, AContinuationWhoseCheckpointsWereRemovedFailsSayingHowToStar
   EXPECT_NE(failed.error_message().find("the job continues job " + first.id()), std::string::npos)
       << failed.error_message();
   EXPECT_NE(failed.error_message().find("without --continue"), std::string::npos) << failed.error_message();
-  EXPECT_EQ(MetricsOf(dir_.Join("contgone/metrics.jsonl")).size(), lines) << "the metrics file was started over";
+  EXPECT_EQ(testing::RunMetrics(dir_.Join("contgone/metrics.jsonl")).size(), lines) << "the metrics file was started over";
 }
 
 // The coordinator opens no job file: run as an unprivileged user that
@@ -1501,7 +1480,7 @@ TEST_F(ServiceTest, CoordinatorWithoutAccessToJobFilesRunsTheJob) {
   EXPECT_EQ(Watch(job.id(), Ended).back().state(), v1::SUCCEEDED) << Get(job.id()).error_message() << "\n"
                                                                    << coordinator_->Log();
   EXPECT_TRUE(IsRegularFile(dir_.Join("nofiles/model.safetensors")));
-  EXPECT_EQ(MetricsOf(dir_.Join("nofiles/metrics.jsonl")).size(), 2u);
+  EXPECT_EQ(testing::RunMetrics(dir_.Join("nofiles/metrics.jsonl")).size(), 2u);
 }
 
 // Tenants: a tokens file maps tokens to tenants (one an admin), and the
@@ -1641,12 +1620,7 @@ class MisfitWorker final : public v1::Worker::Service {
         working_directory_(std::move(working_directory)),
         phase_error_(std::move(phase_error)),
         start_error_(std::move(start_error)) {}
-  grpc::Status LoadModels(grpc::ServerContext*, const v1::LoadModelsRequest*, v1::LoadModelsResponse* out) override {
-    out->set_tokenizer_path(tokenizer_path_);
-    out->set_working_directory(working_directory_);
-    return grpc::Status::OK;
-  }
-  grpc::Status StartRank(grpc::ServerContext*, const v1::StartRankRequest*, v1::LoadModelsResponse* out) override {
+  grpc::Status StartRank(grpc::ServerContext*, const v1::StartRankRequest*, v1::StartRankResponse* out) override {
     if (!start_error_.empty()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, start_error_);
     out->set_tokenizer_path(tokenizer_path_);
     out->set_working_directory(working_directory_);

@@ -1,16 +1,14 @@
-// The worker API end to end: the wire format, the WorkerService on a real
-// gRPC server, and RemoteWorkerGroup, which must be indistinguishable from
-// a LocalWorkerGroup to the algorithms.
+// The worker API end to end: the WorkerService on a real gRPC server and
+// the coordinator's handle on it (RemoteRank). A remote rank must run a
+// job's phases exactly as an in-process JobRank does.
 #include <ATen/ATen.h>
 #include <grpcpp/grpcpp.h>
 
-#include <bit>
-#include <cmath>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -18,10 +16,11 @@
 #include "policies/job/job_spec.h"
 #include "policies/model/llama.h"
 #include "base/status_macros.h"
-#include "policies/rl/rl_algorithms.h"
+#include "policies/dist/process_group.h"
+#include "services/runtime/job_rank.h"
 #include "services/runtime/job_runner.h"
 #include "services/runtime/local_worker_group.h"
-#include "services/coordinator/remote_worker_group.h"
+#include "services/coordinator/remote_rank.h"
 #include "services/rpc/wire.h"
 #include "services/worker/worker_service.h"
 #include "tests/testutil/testutil.h"
@@ -29,267 +28,9 @@
 namespace strata::services {
 namespace {
 
-namespace v1 = strata::v1;
 using ::testing::HasSubstr;
 
-// Bit patterns, so -0.0, infinities and NaN payloads count.
-std::vector<uint32_t> Bits(const std::vector<float>& values) {
-  std::vector<uint32_t> out;
-  for (float v : values) out.push_back(std::bit_cast<uint32_t>(v));
-  return out;
-}
-std::vector<std::vector<uint32_t>> Bits(const std::vector<std::vector<float>>& rows) {
-  std::vector<std::vector<uint32_t>> out;
-  for (const auto& r : rows) out.push_back(Bits(r));
-  return out;
-}
-
-auto Tie(const policies::Rollout& r) {
-  return std::make_tuple(r.prompt_index, r.prompt, r.response, Bits(r.logprobs), r.greedy);
-}
-std::vector<decltype(Tie(policies::Rollout{}))> Tie(const std::vector<policies::Rollout>& rollouts) {
-  std::vector<decltype(Tie(policies::Rollout{}))> out;
-  for (const auto& r : rollouts) out.push_back(Tie(r));
-  return out;
-}
-
-policies::Rollout SomeRollout(int64_t index, bool greedy) {
-  return {index, {1, 50, 60}, {70, 80, 2}, {-0.5f, -0.0f, -std::numeric_limits<float>::infinity()}, greedy};
-}
-
-TEST(WireTest, FloatRowRoundTripsBitForBit) {
-  const std::vector<float> values = {0.0f, -0.0f, 1.5f, -3.25e-30f, std::numeric_limits<float>::denorm_min(),
-                                     std::numeric_limits<float>::infinity(), std::nanf("7"), 3.4e38f};
-  v1::Tensor t;
-  ToProto(values, &t);
-  EXPECT_EQ(t.dtype(), "F32");
-  ASSERT_EQ(t.shape_size(), 1);
-  EXPECT_EQ(t.shape(0), 8);
-  EXPECT_EQ(t.data().size(), 32u);
-  // Little-endian on the wire: 1.5f is 0x3FC00000.
-  EXPECT_EQ(t.data().substr(8, 4), std::string("\x00\x00\xc0\x3f", 4));
-  auto back = FromProto(t, "x");
-  ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(Bits(*back), Bits(values));
-
-  ToProto(std::vector<float>{}, &t);
-  back = FromProto(t, "x");
-  ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_TRUE(back->empty());
-}
-
-TEST(WireTest, BadTensorIsInvalidArgumentNamingTheField) {
-  v1::Tensor good;
-  ToProto(std::vector<float>{1, 2, 3}, &good);
-
-  v1::Tensor wrong_dtype = good;
-  wrong_dtype.set_dtype("F16");
-  auto s = FromProto(wrong_dtype, "advantages[4]").status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("advantages[4]"));
-  EXPECT_THAT(std::string(s.message()), HasSubstr("F16"));
-
-  v1::Tensor short_data = good;
-  short_data.mutable_data()->pop_back();
-  s = FromProto(short_data, "values[0]").status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("values[0]"));
-
-  v1::Tensor long_shape = good;
-  long_shape.set_shape(0, 4);  // 12 bytes for 4 elements
-  EXPECT_EQ(FromProto(long_shape, "x").status().code(), absl::StatusCode::kInvalidArgument);
-
-  v1::Tensor two_d = good;
-  two_d.add_shape(1);
-  EXPECT_EQ(FromProto(two_d, "x").status().code(), absl::StatusCode::kInvalidArgument);
-
-  v1::Tensor negative = good;
-  negative.set_shape(0, -3);
-  EXPECT_EQ(FromProto(negative, "x").status().code(), absl::StatusCode::kInvalidArgument);
-
-  // Nested in a message, the path to the tensor is named.
-  policies::PolicyUpdate reinforce;
-  reinforce.rollouts = {SomeRollout(0, false), SomeRollout(1, false)};
-  reinforce.advantages = {{1, 2, 3}, {4, 5, 6}};
-  v1::UpdateRequest update;
-  ToProto(reinforce, &update);
-  update.mutable_rollouts(1)->mutable_logprobs()->mutable_data()->append("x");
-  s = FromProto(update).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("rollouts[1].logprobs"));
-
-  v1::ScoreResponse scores;
-  ToProto(policies::Scores{{1, 2}, {{1}, {2}}, {{3}, {4}}, {}}, &scores);
-  scores.mutable_values(1)->set_dtype("I32");
-  s = FromProto(scores).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("values[1]"));
-}
-
-TEST(WireTest, RolloutRequestRoundTrips) {
-  policies::RolloutRequest request;
-  request.prompts = {{1, 2, 3}, {}, {4}};
-  request.sampling.greedy = true;
-  request.sampling.temperature = 0.7;
-  request.sampling.top_k = 40;
-  request.sampling.top_p = 0.9;
-  request.sampling.max_new_tokens = 17;
-  request.sampling.stop_at_eos = false;
-  request.sampling.seed = 0xfedcba9876543210ull;
-  request.samples_per_prompt = 4;
-  request.with_greedy = true;
-  v1::RolloutRequest wire;
-  ToProto(request, &wire);
-  const policies::RolloutRequest back = FromProto(wire);
-  EXPECT_EQ(back.prompts, request.prompts);
-  EXPECT_EQ(back.sampling.greedy, true);
-  EXPECT_EQ(back.sampling.temperature, 0.7);
-  EXPECT_EQ(back.sampling.top_k, 40);
-  EXPECT_EQ(back.sampling.top_p, 0.9);
-  EXPECT_EQ(back.sampling.max_new_tokens, 17);
-  EXPECT_EQ(back.sampling.stop_at_eos, false);
-  EXPECT_EQ(back.sampling.seed, 0xfedcba9876543210ull);
-  EXPECT_EQ(back.samples_per_prompt, 4);
-  EXPECT_EQ(back.with_greedy, true);
-}
-
-TEST(WireTest, RolloutsRoundTrip) {
-  v1::RolloutResponse wire;
-  const std::vector<policies::Rollout> rollouts = {SomeRollout(0, false), SomeRollout(3, true),
-                                                   policies::Rollout{2, {5}, {}, {}, false}};
-  for (const auto& r : rollouts) ToProto(r, wire.add_rollouts());
-  std::vector<policies::Rollout> back;
-  for (const auto& r : wire.rollouts()) {
-    auto one = FromProto(r, "r");
-    ASSERT_TRUE(one.ok()) << one.status();
-    back.push_back(*one);
-  }
-  EXPECT_EQ(Tie(back), Tie(rollouts));
-  // A sender that leaves logprobs unset means "none".
-  v1::Rollout bare;
-  bare.add_response(9);
-  auto none = FromProto(bare, "r");
-  ASSERT_TRUE(none.ok()) << none.status();
-  EXPECT_TRUE(none->logprobs.empty());
-}
-
-TEST(WireTest, ScoreRequestAndScoresRoundTrip) {
-  const std::vector<policies::Rollout> rollouts = {SomeRollout(0, false), SomeRollout(1, true)};
-  for (const policies::ScoreRequest what : {policies::ScoreRequest{true, false, true, false},
-                                            policies::ScoreRequest{false, true, false, true}}) {
-    v1::ScoreRequest wire;
-    ToProto(rollouts, what, &wire);
-    std::vector<policies::Rollout> back;
-    policies::ScoreRequest back_what{!what.rewards, !what.reference_logprobs, !what.values, !what.actor_logprobs};
-    ASSERT_TRUE(FromProto(wire, &back, &back_what).ok());
-    EXPECT_EQ(Tie(back), Tie(rollouts));
-    EXPECT_EQ(std::tie(back_what.rewards, back_what.reference_logprobs, back_what.values, back_what.actor_logprobs),
-              std::tie(what.rewards, what.reference_logprobs, what.values, what.actor_logprobs));
-  }
-
-  const policies::Scores scores{{0.25f, -1.0f}, {{-1.0f, -2.0f}, {}}, {{0.5f}, {0.75f, 1.0f}}, {{-0.125f}, {-3.0f}}};
-  v1::ScoreResponse wire;
-  ToProto(scores, &wire);
-  auto back = FromProto(wire);
-  ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(Bits(back->rewards), Bits(scores.rewards));
-  EXPECT_EQ(Bits(back->reference_logprobs), Bits(scores.reference_logprobs));
-  EXPECT_EQ(Bits(back->values), Bits(scores.values));
-  EXPECT_EQ(Bits(back->actor_logprobs), Bits(scores.actor_logprobs));
-}
-
-TEST(WireTest, PolicyUpdateAndStatsRoundTrip) {
-  policies::PolicyUpdate update;
-  update.rollouts = {SomeRollout(0, false), SomeRollout(1, false)};
-  update.advantages = {{0.1f, 0.2f, 0.3f}, {-0.1f, -0.2f, -0.3f}};
-  update.objective = policies::PolicyObjective::kPpo;
-  update.old_logprobs = {{-1, -2, -3}, {-4, -5, -6}};
-  update.returns = {{1, 1, 1}, {2, 2, 2}};
-  update.old_values = {{0.5f, 0.5f, 0.5f}, {0.25f, 0.25f, 0.25f}};
-  update.clip_range = 0.1;
-  update.value_clip = 0.3;
-  update.epochs = 3;
-  update.minibatches = 2;
-  update.shuffle_seed = 99;
-  v1::UpdateRequest wire;
-  ToProto(update, &wire);
-  EXPECT_EQ(wire.objective(), v1::POLICY_OBJECTIVE_PPO);
-  auto back = FromProto(wire);
-  ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(Tie(back->rollouts), Tie(update.rollouts));
-  EXPECT_EQ(Bits(back->advantages), Bits(update.advantages));
-  EXPECT_EQ(back->objective, policies::PolicyObjective::kPpo);
-  EXPECT_EQ(Bits(back->old_logprobs), Bits(update.old_logprobs));
-  EXPECT_EQ(Bits(back->returns), Bits(update.returns));
-  EXPECT_EQ(Bits(back->old_values), Bits(update.old_values));
-  EXPECT_EQ(std::tie(back->clip_range, back->value_clip, back->epochs, back->minibatches, back->shuffle_seed),
-            std::tie(update.clip_range, update.value_clip, update.epochs, update.minibatches, update.shuffle_seed));
-
-  update.objective = policies::PolicyObjective::kReinforce;
-  ToProto(update, &wire);
-  back = FromProto(wire);
-  ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(back->objective, policies::PolicyObjective::kReinforce);
-
-  wire.set_objective(static_cast<v1::PolicyObjective>(7));  // from a newer client
-  EXPECT_EQ(FromProto(wire).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(FromProto(wire).status().message()), HasSubstr("objective"));
-
-  const policies::UpdateStats stats{0.5, 1.5, 0.25, 0.125, 0.0625};
-  v1::UpdateResponse stats_wire;
-  ToProto(stats, &stats_wire);
-  const policies::UpdateStats stats_back = FromProto(stats_wire);
-  EXPECT_EQ(std::tie(stats_back.policy_loss, stats_back.value_loss, stats_back.clipfrac, stats_back.value_clipfrac,
-                     stats_back.approx_kl),
-            std::tie(stats.policy_loss, stats.value_loss, stats.clipfrac, stats.value_clipfrac, stats.approx_kl));
-}
-
-TEST(WireTest, TrainingBatchesAndStatsRoundTrip) {
-  const std::vector<policies::TextPair> sft = {{{1, 2}, {3, 4, 2}}, {{1}, {}}};
-  v1::TrainSftRequest sft_wire;
-  ToProto(sft, &sft_wire);
-  auto sft_back = FromProto(sft_wire);
-  ASSERT_TRUE(sft_back.ok()) << sft_back.status();
-  ASSERT_EQ(sft_back->size(), sft.size());
-  for (size_t i = 0; i < sft.size(); ++i) {
-    EXPECT_EQ((*sft_back)[i].prompt, sft[i].prompt);
-    EXPECT_EQ((*sft_back)[i].response, sft[i].response);
-  }
-  sft_wire.mutable_responses()->add_rows();
-  auto s = FromProto(sft_wire).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("responses"));
-
-  const std::vector<policies::PreferencePair> prefs = {{{1, 2}, {3}, {4, 5}}, {{1}, {6, 2}, {}}};
-  v1::PreferenceBatch pref_wire;
-  ToProto(prefs, &pref_wire);
-  auto pref_back = FromProto(pref_wire);
-  ASSERT_TRUE(pref_back.ok()) << pref_back.status();
-  ASSERT_EQ(pref_back->size(), prefs.size());
-  for (size_t i = 0; i < prefs.size(); ++i) {
-    EXPECT_EQ((*pref_back)[i].prompt, prefs[i].prompt);
-    EXPECT_EQ((*pref_back)[i].chosen, prefs[i].chosen);
-    EXPECT_EQ((*pref_back)[i].rejected, prefs[i].rejected);
-  }
-  pref_wire.mutable_rejected()->mutable_rows()->RemoveLast();
-  s = FromProto(pref_wire).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("rejected"));
-
-  v1::TrainResponse train_wire;
-  ToProto(policies::TrainStats{0.75, 0.5}, &train_wire);
-  const policies::TrainStats train_back = FromProto(train_wire);
-  EXPECT_EQ(train_back.loss, 0.75);
-  EXPECT_EQ(train_back.accuracy, 0.5);
-
-  policies::MemoryStats memory;
-  memory.peak_bytes = {{"device", 1ll << 40}, {"host", 12345}, {"nvme", 0}};
-  v1::PhaseMemory memory_wire;
-  ToProto(memory, &memory_wire);
-  EXPECT_EQ(FromProto(memory_wire).peak_bytes, memory.peak_bytes);
-}
-
-TEST(WireTest, StatusCodesMapOneToOneBothWays) {
+TEST(WireStatusTest, StatusCodesMapOneToOneBothWays) {
   EXPECT_TRUE(ToGrpcStatus(absl::OkStatus()).ok());
   EXPECT_TRUE(FromGrpcStatus(grpc::Status::OK).ok());
   for (int code = 1; code <= 16; ++code) {
@@ -376,14 +117,19 @@ output: {dir: )" + dir_->Join("out") +
     service_.reset();
   }
 
-  std::unique_ptr<RemoteWorkerGroup> Remote(const std::string& job_id, const std::string& token = "") {
-    RemoteWorkerOptions options;
+  std::unique_ptr<RemoteRank> Remote(const std::string& job_id, const std::string& token = "") {
+    RemoteRankOptions options;
     options.address = address_;
     options.job_id = job_id;
     options.token = token;
-    auto group = RemoteWorkerGroup::Create(options, grpc::InsecureChannelCredentials());
-    EXPECT_TRUE(group.ok()) << group.status();
-    return group.ok() ? std::move(*group) : nullptr;
+    auto rank = RemoteRank::Create(options, grpc::InsecureChannelCredentials());
+    EXPECT_TRUE(rank.ok()) << rank.status();
+    return rank.ok() ? std::move(*rank) : nullptr;
+  }
+
+  // Joins a gang of one and loads `yaml` (the fixture's job by default).
+  static absl::StatusOr<RemoteRank::Loaded> StartAlone(RemoteRank& rank, const std::string& yaml) {
+    return rank.StartRank(yaml, 0, 1, "", 0, std::chrono::seconds(30));
   }
 
   static policies::JobSpec Spec() {
@@ -392,22 +138,20 @@ output: {dir: )" + dir_->Join("out") +
     return spec.ok() ? *spec : policies::JobSpec{};
   }
 
-  // One iteration of `algorithm`'s phases on a gang of one.
-  static absl::StatusOr<policies::Metrics> Iterate(policies::RlAlgorithm& algorithm, policies::WorkerGroup& workers,
-                                                   const std::vector<std::vector<int32_t>>& prompts, int64_t it) {
-    auto gang = policies::ProcessGroup::Solo();
-    std::vector<policies::BatchPrompt> batch;
-    for (size_t i = 0; i < prompts.size(); ++i) batch.push_back({static_cast<int64_t>(i), prompts[i]});
-    STRATA_RETURN_IF_ERROR(algorithm.Rollout(workers, batch, static_cast<int64_t>(batch.size()), it));
-    STRATA_ASSIGN_OR_RETURN(auto metrics, algorithm.Score(workers, *gang, {}));
-    STRATA_ASSIGN_OR_RETURN(auto update, algorithm.Update(workers, *gang, it));
-    metrics.insert(update.begin(), update.end());
-    return metrics;
-  }
-
-  static policies::Metrics WithoutTimeAndMemory(policies::Metrics m) {
-    std::erase_if(m, [](const auto& kv) { return IsRankMeasurement(kv.first); });
-    return m;
+  // The phases of a fresh run's first `iterations` RL iterations, each
+  // phase's reply metrics without the rank's own time and memory.
+  static absl::StatusOr<std::vector<policies::Metrics>> RunIterations(
+      const std::function<absl::StatusOr<PhaseReply>(const PhaseRequest&)>& run, int64_t iterations) {
+    std::vector<policies::Metrics> replies;
+    STRATA_RETURN_IF_ERROR(run({"start", 0, {}, ""}).status());
+    for (int64_t it = 0; it < iterations; ++it) {
+      for (const char* phase : {"rollout", "score", "update"}) {
+        STRATA_ASSIGN_OR_RETURN(PhaseReply reply, run({phase, it, {}, ""}));
+        std::erase_if(reply.metrics, [](const auto& kv) { return IsRankMeasurement(kv.first); });
+        replies.push_back(std::move(reply.metrics));
+      }
+    }
+    return replies;
   }
 
   static testing::TempDir* dir_;
@@ -420,59 +164,38 @@ output: {dir: )" + dir_->Join("out") +
 testing::TempDir* WorkerServiceTest::dir_ = nullptr;
 std::string* WorkerServiceTest::yaml_ = nullptr;
 
-// The algorithm cannot tell a remote worker from an in-process one: the
-// same spec and prompts give the same metrics, iteration by iteration.
-TEST_F(WorkerServiceTest, RemaxAgainstRemoteWorkerMatchesLocal) {
+// A remote rank runs the job's phases as an in-process JobRank over the
+// same models does: the same replies, phase by phase, for two iterations.
+TEST_F(WorkerServiceTest, RemoteRankRunsPhasesAsALocalRankDoes) {
   const policies::JobSpec spec = Spec();
-  auto local = LocalWorkerGroup::Create(spec);
+  auto models = LocalWorkerGroup::Create(spec);
+  ASSERT_TRUE(models.ok()) << models.status();
+  auto solo = policies::ProcessGroup::Solo();
+  JobRankOptions local_options;
+  local_options.run_id = "local";
+  local_options.metrics_path = dir_->Join("local-metrics.jsonl");
+  auto local = JobRank::Create(spec, **models, (*models)->tokenizer(), *solo, local_options);
   ASSERT_TRUE(local.ok()) << local.status();
+
   auto remote = Remote("job-1");
-  auto loaded = remote->LoadModels(*yaml_);
+  auto loaded = StartAlone(*remote, *yaml_);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
-  EXPECT_EQ(loaded->tokenizer_path, (*local)->tokenizer_path());
+  EXPECT_EQ(loaded->tokenizer_path, (*models)->tokenizer_path());
   EXPECT_EQ(loaded->working_directory, std::filesystem::current_path().string());
 
-  const std::vector<std::vector<int32_t>> prompts = {(*local)->tokenizer().Encode("snow fire =>"),
-                                                     (*local)->tokenizer().Encode("road wind =>")};
-  auto local_algorithm = policies::RlAlgorithm::Create(spec);
-  auto remote_algorithm = policies::RlAlgorithm::Create(spec);
-  ASSERT_TRUE(local_algorithm.ok() && remote_algorithm.ok());
-  const std::map<std::string, int64_t> calls_before = remote->calls();
-  for (int64_t it = 0; it < 2; ++it) {
-    auto want = Iterate(**local_algorithm, **local, prompts, it);
-    ASSERT_TRUE(want.ok()) << want.status();
-    auto got = Iterate(**remote_algorithm, *remote, prompts, it);
-    ASSERT_TRUE(got.ok()) << got.status();
-    EXPECT_GE(WithoutTimeAndMemory(*got).size(), 4u);
-    EXPECT_EQ(WithoutTimeAndMemory(*got), WithoutTimeAndMemory(*want)) << "iteration " << it;
-    EXPECT_TRUE(got->contains("objective/scores"));
-    EXPECT_TRUE(got->contains("loss/policy_avg"));
-  }
-  // Per iteration: Rollout, Score (sampled), Score (greedy), Update.
-  std::map<std::string, int64_t> per_iteration;
-  for (const auto& [method, n] : remote->calls()) {
-    const int64_t made = n - (calls_before.count(method) ? calls_before.at(method) : 0);
-    if (made > 0) per_iteration[method] = made / 2;
-  }
-  const std::map<std::string, int64_t> want_calls = {
-      {"Rollout", 1}, {"Score", 2}, {"Update", 1}};
-  EXPECT_EQ(per_iteration, want_calls);
-
-  // The updated weights match too: both actors now greedily say the same.
-  policies::RolloutRequest greedy{prompts, {}, 1, false};
-  greedy.sampling.greedy = true;
-  greedy.sampling.max_new_tokens = 6;
-  auto a = (*local)->Generate(greedy);
-  auto b = remote->Generate(greedy);
-  ASSERT_TRUE(a.ok() && b.ok());
-  EXPECT_EQ(Tie(*b), Tie(*a));
+  auto want = RunIterations([&](const PhaseRequest& r) { return (*local)->Run(r); }, 2);
+  ASSERT_TRUE(want.ok()) << want.status();
+  auto got = RunIterations([&](const PhaseRequest& r) { return remote->RunPhase(r); }, 2);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 6u);
+  EXPECT_EQ(*got, *want);
+  EXPECT_TRUE((*got)[1].contains("objective/scores"));
+  EXPECT_TRUE((*got)[2].contains("loss/policy_avg"));
 }
 
-TEST_F(WorkerServiceTest, CheckpointsStatsAndUnload) {
+TEST_F(WorkerServiceTest, StatsErrorsAndUnload) {
   auto remote = Remote("job-1");
-  ASSERT_TRUE(remote->LoadModels(*yaml_).ok());
-  // A retried load of the same job and spec is a no-op.
-  ASSERT_TRUE(remote->LoadModels(*yaml_).ok());
+  ASSERT_TRUE(StartAlone(*remote, *yaml_).ok());
 
   auto stats = remote->GetStats();
   ASSERT_TRUE(stats.ok()) << stats.status();
@@ -480,53 +203,47 @@ TEST_F(WorkerServiceTest, CheckpointsStatsAndUnload) {
   EXPECT_EQ(stats->job_id(), "job-1");
   EXPECT_GT(stats->current_bytes().at("device"), 0);
   EXPECT_GT(stats->peak_bytes().at("device"), 0);
-  EXPECT_TRUE(stats->peak_bytes().contains("host"));
   EXPECT_GT(stats->cpu_seconds(), 0);
+  ASSERT_TRUE(remote->RunPhase({"start", 0, {}, ""}).ok());
+  ASSERT_TRUE(remote->RunPhase({"rollout", 0, {}, ""}).ok());
+  stats = remote->GetStats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_TRUE(stats->peak_bytes().contains("host"));  // the rollout phase's peaks
 
-  auto sft = remote->TrainSft({{{1, 40, 41}, {42, 43, 2}}, {{1, 44}, {45, 2}}});
-  ASSERT_TRUE(sft.ok()) << sft.status();
-  EXPECT_GT(sft->loss, 0);
-  // The worker's own errors keep their code: a rule reward has nothing to train.
-  auto rm = remote->TrainRewardModel({{{1}, {2}, {3}}});
-  EXPECT_EQ(rm.status().code(), absl::StatusCode::kFailedPrecondition) << rm.status();
-  EXPECT_THAT(std::string(rm.status().message()), HasSubstr(address_));
-
-  const std::string checkpoint = dir_->Join("ckpt");
-  ASSERT_TRUE(remote->SaveCheckpoint(checkpoint).ok());
-  EXPECT_TRUE(std::filesystem::exists(checkpoint + "/actor/optimizer.safetensors"));
-  ASSERT_TRUE(remote->LoadCheckpoint(checkpoint).ok());
-  ASSERT_TRUE(remote->SaveOutput(dir_->Join("output")).ok());
-  EXPECT_TRUE(std::filesystem::exists(dir_->Join("output/tokenizer.json")));
+  // The worker's own errors keep their code, with the worker's address.
+  auto unknown = remote->RunPhase({"rollot", 0, {}, ""});
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument) << unknown.status();
+  EXPECT_THAT(std::string(unknown.status().message()), HasSubstr(address_));
 
   ASSERT_TRUE(remote->Unload().ok());
   stats = remote->GetStats();
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_EQ(stats->job_id(), "");
-  EXPECT_EQ(remote->Generate({{{1, 5}}, {}, 1, false}).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(remote->RunPhase({"rollout", 0, {}, ""}).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(remote->Unload().ok());  // nothing loaded: nothing to do
 }
 
-TEST_F(WorkerServiceTest, CallsBeforeLoadModelsAreFailedPrecondition) {
+TEST_F(WorkerServiceTest, PhasesBeforeStartRankAreFailedPrecondition) {
   auto remote = Remote("job-1");
-  auto rollouts = remote->Generate({{{1, 5, 6}}, {}, 1, false});
-  EXPECT_EQ(rollouts.status().code(), absl::StatusCode::kFailedPrecondition) << rollouts.status();
-  EXPECT_THAT(std::string(rollouts.status().message()), HasSubstr("LoadModels"));
-  EXPECT_EQ(remote->SaveCheckpoint(dir_->Join("never")).code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(remote->PhaseMemory("rollout").peak_bytes.empty());
+  auto reply = remote->RunPhase({"rollout", 0, {}, ""});
+  EXPECT_EQ(reply.status().code(), absl::StatusCode::kFailedPrecondition) << reply.status();
+  EXPECT_THAT(std::string(reply.status().message()), HasSubstr("StartRank"));
 }
 
 TEST_F(WorkerServiceTest, WrongJobIdIsFailedPreconditionNamingBoth) {
-  ASSERT_TRUE(Remote("job-1")->LoadModels(*yaml_).ok());
+  ASSERT_TRUE(StartAlone(*Remote("job-1"), *yaml_).ok());
   auto other = Remote("job-2");
-  auto scores = other->Score({SomeRollout(0, false)}, policies::ScoreRequest{});
-  EXPECT_EQ(scores.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(scores.status().message()), HasSubstr("job-1"));
-  EXPECT_THAT(std::string(scores.status().message()), HasSubstr("job-2"));
-  // Nor may another job load over it, or unload it.
-  auto load = other->LoadModels(*yaml_);
-  EXPECT_EQ(load.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(load.status().message()), HasSubstr("job-1"));
-  EXPECT_EQ(other->Unload().code(), absl::StatusCode::kFailedPrecondition);
+  auto reply = other->RunPhase({"rollout", 0, {}, ""});
+  EXPECT_EQ(reply.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(reply.status().message()), HasSubstr("job-1"));
+  EXPECT_THAT(std::string(reply.status().message()), HasSubstr("job-2"));
+  // Nor may it unload the job it does not hold.
+  const absl::Status unload = other->Unload();
+  EXPECT_EQ(unload.code(), absl::StatusCode::kFailedPrecondition) << unload;
+  EXPECT_THAT(std::string(unload.message()), HasSubstr("job-1"));
+  auto stats = other->GetStats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->job_id(), "job-1");
 }
 
 // A gang call for a new job replaces a job left from a lost gang (its
@@ -590,39 +307,52 @@ TEST_F(WorkerServiceTest, NvmePlacementUsesTheWorkersNvmeDirAndCleansUp) {
   EXPECT_TRUE(std::filesystem::is_empty(nvme));
 }
 
-TEST_F(WorkerServiceTest, BadSpecAndBadTensorsAreInvalidArgument) {
+TEST_F(WorkerServiceTest, BadSpecIsInvalidArgumentNamingTheKey) {
   auto remote = Remote("job-1");
-  auto load = remote->LoadModels("algorithm: remax\nmodels: {actor: {pathh: x}}\n");
-  EXPECT_EQ(load.status().code(), absl::StatusCode::kInvalidArgument) << load.status();
-  EXPECT_THAT(std::string(load.status().message()), HasSubstr("pathh"));
-
-  ASSERT_TRUE(remote->LoadModels(*yaml_).ok());
-  // A raw call with a malformed tensor: the service names the field.
-  auto stub = v1::Worker::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
-  v1::UpdateRequest update;
-  update.set_job_id("job-1");
-  ToProto(policies::Rollout{0, {1, 5}, {6, 2}, {-1, -2}, false}, update.add_rollouts());
-  ToProto(std::vector<float>{0.5f, 0.5f}, update.add_advantages());
-  update.mutable_advantages(0)->set_dtype("BF16");
-  grpc::ClientContext context;
-  v1::UpdateResponse response;
-  const grpc::Status s = stub->Update(&context, update, &response);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(s.error_message(), HasSubstr("advantages[0]"));
+  auto started = StartAlone(*remote, "algorithm: remax\nmodels: {actor: {pathh: x}}\n");
+  EXPECT_EQ(started.status().code(), absl::StatusCode::kInvalidArgument) << started.status();
+  EXPECT_THAT(std::string(started.status().message()), HasSubstr("pathh"));
+  auto stats = remote->GetStats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->job_id(), "") << "a failed start holds nothing";
 }
 
-// libtorch throws on an out-of-vocabulary id; the worker answers INTERNAL
-// with the message and keeps serving.
+// libtorch throws where it samples from a distribution of NaNs (here: a
+// model whose final norm is NaN); the worker answers INTERNAL with the
+// message and keeps serving.
 TEST_F(WorkerServiceTest, LibtorchExceptionsBecomeInternal) {
+  const std::string broken = dir_->Join("nan-model");
+  auto config = policies::LlamaConfig::FromJson(R"({
+    "vocab_size": 259, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+    "num_attention_heads": 2, "num_key_value_heads": 2, "max_position_embeddings": 128,
+    "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0})",
+                                                "small config");
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto m = policies::LlamaModel::RandomInit(*config, policies::LlamaHead::kLanguageModel, at::kFloat, 3);
+  int poisoned = 0;
+  for (auto& [name, tensor] : m->NamedParameters()) {
+    if (name == "model.norm.weight") tensor.fill_(std::numeric_limits<float>::quiet_NaN()), ++poisoned;
+  }
+  ASSERT_EQ(poisoned, 1);
+  std::filesystem::create_directories(broken);
+  ASSERT_TRUE(m->Save(broken).ok());
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
+    std::filesystem::copy_file(testing::SourcePath(std::string("examples/tiny/data/") + f), broken + "/" + f);
+  }
+  auto yaml = policies::ApplyOverrides(*yaml_, {"models.actor.path=" + broken}, "spec");
+  ASSERT_TRUE(yaml.ok()) << yaml.status();
   auto remote = Remote("job-1");
-  ASSERT_TRUE(remote->LoadModels(*yaml_).ok());
-  policies::Rollout bad{0, {1, 5}, {100000}, {-1}, false};
-  auto scores = remote->Score({bad}, policies::ScoreRequest{false, true, false, false});
-  EXPECT_EQ(scores.status().code(), absl::StatusCode::kInternal) << scores.status();
-  EXPECT_THAT(std::string(scores.status().message()), HasSubstr("index"));
-  auto fine = remote->Score({SomeRollout(0, false)}, policies::ScoreRequest{false, true, false, false});
-  ASSERT_TRUE(fine.ok()) << fine.status();
-  EXPECT_EQ(fine->reference_logprobs.size(), 1u);
+  ASSERT_TRUE(StartAlone(*remote, *yaml).ok());
+  ASSERT_TRUE(remote->RunPhase({"start", 0, {}, ""}).ok());
+  auto rollout = remote->RunPhase({"rollout", 0, {}, ""});
+  EXPECT_EQ(rollout.status().code(), absl::StatusCode::kInternal) << rollout.status();
+  EXPECT_THAT(std::string(rollout.status().message()), HasSubstr("libtorch"));
+  // Still serving: the same worker starts and runs a job that fits.
+  auto fine = Remote("job-2");
+  ASSERT_TRUE(StartAlone(*fine, *yaml_).ok());
+  ASSERT_TRUE(fine->RunPhase({"start", 0, {}, ""}).ok());
+  auto fine_rollout = fine->RunPhase({"rollout", 0, {}, ""});
+  EXPECT_TRUE(fine_rollout.ok()) << fine_rollout.status();
 }
 
 TEST_F(WorkerServiceTest, BearerTokenIsRequiredWhenConfigured) {
@@ -630,7 +360,9 @@ TEST_F(WorkerServiceTest, BearerTokenIsRequiredWhenConfigured) {
   StartServer("s3cret");
   auto anonymous = Remote("job-1");
   EXPECT_EQ(anonymous->GetStats().status().code(), absl::StatusCode::kUnauthenticated);
-  EXPECT_EQ(anonymous->Generate({{{1}}, {}, 1, false}).status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(StartAlone(*anonymous, *yaml_).status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(anonymous->RunPhase({"rollout", 0, {}, ""}).status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(anonymous->Unload().code(), absl::StatusCode::kUnauthenticated);
   EXPECT_EQ(Remote("job-1", "wrong")->GetStats().status().code(), absl::StatusCode::kUnauthenticated);
   auto stats = Remote("job-1", "s3cret")->GetStats();
   ASSERT_TRUE(stats.ok()) << stats.status();
@@ -641,15 +373,15 @@ TEST_F(WorkerServiceTest, BearerTokenIsRequiredWhenConfigured) {
 // and one that does not answer in time both surface as that, with the
 // address in the message.
 TEST_F(WorkerServiceTest, LostWorkerIsUnavailableNamingTheAddress) {
-  RemoteWorkerOptions options;
+  RemoteRankOptions options;
   options.address = address_;
   options.job_id = "job-1";
   options.work_timeout = std::chrono::milliseconds(1);  // loading takes longer
-  auto impatient = RemoteWorkerGroup::Create(options, grpc::InsecureChannelCredentials());
+  auto impatient = RemoteRank::Create(options, grpc::InsecureChannelCredentials());
   ASSERT_TRUE(impatient.ok());
-  auto load = (*impatient)->LoadModels(*yaml_);
-  EXPECT_EQ(load.status().code(), absl::StatusCode::kUnavailable) << load.status();
-  EXPECT_THAT(std::string(load.status().message()), HasSubstr(address_));
+  auto started = StartAlone(**impatient, *yaml_);
+  EXPECT_EQ(started.status().code(), absl::StatusCode::kUnavailable) << started.status();
+  EXPECT_THAT(std::string(started.status().message()), HasSubstr(address_));
 
   auto remote = Remote("job-1");
   ASSERT_TRUE(remote->GetStats().ok());  // connected
@@ -657,89 +389,29 @@ TEST_F(WorkerServiceTest, LostWorkerIsUnavailableNamingTheAddress) {
   // A fresh channel waits out a reconnect backoff (about 1 s) before it
   // reports the refused connection; the deadline stands in for it.
   options.work_timeout = options.control_timeout = std::chrono::milliseconds(250);
-  auto after = RemoteWorkerGroup::Create(options, grpc::InsecureChannelCredentials());
+  auto after = RemoteRank::Create(options, grpc::InsecureChannelCredentials());
   ASSERT_TRUE(after.ok());
-  for (RemoteWorkerGroup* group : {remote.get(), after->get()}) {
-    auto rollouts = group->Generate({{{1, 5}}, {}, 1, false});
-    EXPECT_EQ(rollouts.status().code(), absl::StatusCode::kUnavailable) << rollouts.status();
-    EXPECT_THAT(std::string(rollouts.status().message()), HasSubstr(address_));
+  for (RemoteRank* rank : {remote.get(), after->get()}) {
+    auto reply = rank->RunPhase({"rollout", 0, {}, ""});
+    EXPECT_EQ(reply.status().code(), absl::StatusCode::kUnavailable) << reply.status();
+    EXPECT_THAT(std::string(reply.status().message()), HasSubstr(address_));
+    const absl::Status unload = rank->Unload();
+    EXPECT_EQ(unload.code(), absl::StatusCode::kUnavailable) << unload;
   }
-  EXPECT_TRUE(remote->PhaseMemory("rollout").peak_bytes.empty());  // logged, not fatal
 }
 
-TEST(RemoteWorkerGroupTest, OptionsAreValidated) {
-  RemoteWorkerOptions options;
+TEST(RemoteRankTest, OptionsAreValidated) {
+  RemoteRankOptions options;
   options.job_id = "j";
-  EXPECT_EQ(RemoteWorkerGroup::Create(options, grpc::InsecureChannelCredentials()).status().code(),
+  EXPECT_EQ(RemoteRank::Create(options, grpc::InsecureChannelCredentials()).status().code(),
             absl::StatusCode::kInvalidArgument);
   options.address = "127.0.0.1:1";
   options.work_timeout = std::chrono::milliseconds(0);
-  auto s = RemoteWorkerGroup::Create(options, grpc::InsecureChannelCredentials()).status();
+  auto s = RemoteRank::Create(options, grpc::InsecureChannelCredentials()).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()), HasSubstr("work_timeout"));
   options.work_timeout = std::chrono::seconds(1);
-  EXPECT_EQ(RemoteWorkerGroup::Create(options, nullptr).status().code(), absl::StatusCode::kInvalidArgument);
-}
-
-}  // namespace
-}  // namespace strata::services
-
-namespace strata::services {
-namespace {
-
-// A worker that answers every Rollout and Score with well-formed messages
-// that do not fit the request: one rollout too few, one reward too few, a
-// log-prob row one token short.
-class MisfitWorker final : public v1::Worker::Service {
- public:
-  grpc::Status Rollout(grpc::ServerContext*, const v1::RolloutRequest*, v1::RolloutResponse* response) override {
-    policies::Rollout r{0, {1, 2}, {3, 4}, {-0.5f, -0.25f}, false};
-    ToProto(r, response->add_rollouts());
-    return grpc::Status::OK;
-  }
-  grpc::Status Score(grpc::ServerContext*, const v1::ScoreRequest* request, v1::ScoreResponse* response) override {
-    policies::Scores scores;
-    scores.rewards.assign(static_cast<size_t>(request->rollouts_size()) - (short_rewards ? 1 : 0), 1.0f);
-    for (const auto& r : request->rollouts()) {
-      scores.reference_logprobs.emplace_back(static_cast<size_t>(r.response_size()) - (short_rewards ? 0 : 1), -1.0f);
-    }
-    ToProto(scores, response);
-    return grpc::Status::OK;
-  }
-  bool short_rewards = true;
-};
-
-TEST(RemoteWorkerGroupTest, RepliesThatDoNotFitTheBatchAreInternalNamingTheField) {
-  MisfitWorker misfit;
-  grpc::ServerBuilder builder;
-  builder.RegisterService(&misfit);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_NE(server, nullptr);
-  RemoteWorkerOptions options;
-  options.address = "misfit";
-  options.job_id = "job-1";
-  RemoteWorkerGroup group(server->InProcessChannel(grpc::ChannelArguments()), options);
-
-  policies::RolloutRequest request;
-  request.prompts = {{1, 2}, {5, 6}};
-  auto rollouts = group.Generate(request);
-  ASSERT_FALSE(rollouts.ok());
-  EXPECT_EQ(rollouts.status().code(), absl::StatusCode::kInternal);
-  EXPECT_THAT(std::string(rollouts.status().message()),
-              HasSubstr("worker misfit: Rollout: malformed reply: 1 rollouts for 2 prompts x 1 samples; expected 2"));
-
-  std::vector<policies::Rollout> batch = {{0, {1, 2}, {3, 4}, {-1, -1}, false}, {1, {5, 6}, {7}, {-1}, false}};
-  auto scores = group.Score(batch, policies::ScoreRequest{true, true, false, false});
-  ASSERT_FALSE(scores.ok());
-  EXPECT_EQ(scores.status().code(), absl::StatusCode::kInternal);
-  EXPECT_THAT(std::string(scores.status().message()), HasSubstr("rewards has 1 values for 2 rollouts"));
-
-  misfit.short_rewards = false;  // rewards fit; the log-prob rows are one token short
-  scores = group.Score(batch, policies::ScoreRequest{true, true, false, false});
-  ASSERT_FALSE(scores.ok());
-  EXPECT_THAT(std::string(scores.status().message()),
-              HasSubstr("reference_logprobs[0] has 1 values for 2 response tokens"));
-  server->Shutdown();
+  EXPECT_EQ(RemoteRank::Create(options, nullptr).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
-// A WorkerGroup whose models live in another process: every operation is a
-// unary call to one WorkerService (proto/strata/v1/worker.proto). The
-// coordinator runs a job's algorithm against it exactly as `strata train`
-// runs it against a LocalWorkerGroup.
+// The coordinator's handle on one rank of a job, held by a worker process:
+// the Worker API's calls (proto/strata/v1/worker.proto) for that job. The
+// rank runs the job's phases itself (services/runtime/job_rank.h); the
+// coordinator sends phase names and scalars, never tensors.
 //
 // A worker that cannot be reached or does not answer in time (UNAVAILABLE
 // or DEADLINE_EXCEEDED on the channel) surfaces as UNAVAILABLE naming the
@@ -11,28 +11,26 @@
 //
 // Thread-safety: calls may be made from any thread; each is independent.
 // The worker itself runs one operation at a time.
-#ifndef STRATA_SERVICES_COORDINATOR_REMOTE_WORKER_GROUP_H_
-#define STRATA_SERVICES_COORDINATOR_REMOTE_WORKER_GROUP_H_
+#ifndef STRATA_SERVICES_COORDINATOR_REMOTE_RANK_H_
+#define STRATA_SERVICES_COORDINATOR_REMOTE_RANK_H_
 
 #include <grpcpp/grpcpp.h>
 
-#include <chrono>
-#include <map>
-#include <memory>
 #include <atomic>
+#include <chrono>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "policies/rl/worker_group.h"
 #include "services/runtime/job_rank.h"
 #include "strata/v1/worker.grpc.pb.h"
 
 namespace strata::services {
 
-struct RemoteWorkerOptions {
+struct RemoteRankOptions {
   // host:port of the worker; named in every error.
   std::string address;
   // The job whose models the worker holds; sent with every call.
@@ -41,38 +39,34 @@ struct RemoteWorkerOptions {
   std::vector<std::string> resumable_run_ids;
   // Sent as "authorization: Bearer <token>"; "" sends no credentials.
   std::string token;
-  // Deadline of calls that run model work: LoadModels, Rollout, Score,
-  // Update, the train/evaluate calls and checkpoints. Loading a 7B model or
-  // an update that streams weights from NVMe takes minutes.
+  // Deadline of calls that run model work: StartRank and RunPhase. Loading
+  // a 7B model or an update that streams weights from NVMe takes minutes.
   std::chrono::milliseconds work_timeout = std::chrono::minutes(10);
-  // Deadline of bookkeeping calls: BeginPhase, PhaseMemory, GetStats, Unload.
-  // They queue behind any running operation on the worker, so this is
-  // generous too.
+  // Deadline of bookkeeping calls: OpenRendezvous, GetStats, Unload. They
+  // queue behind any running operation on the worker, so this is generous
+  // too.
   std::chrono::milliseconds control_timeout = std::chrono::minutes(2);
 
   // INVALID_ARGUMENT naming the field: empty address or job id, timeouts <= 0.
   absl::Status Validate() const;
 };
 
-class RemoteWorkerGroup final : public policies::WorkerGroup {
+class RemoteRank final {
  public:
   // Dials options.address with `credentials` (grpc::InsecureChannelCredentials()
   // for plain TCP) and a message limit fit for big batches. The channel
   // connects lazily: an unreachable worker shows up on the first call.
-  static absl::StatusOr<std::unique_ptr<RemoteWorkerGroup>> Create(
-      RemoteWorkerOptions options, std::shared_ptr<grpc::ChannelCredentials> credentials);
+  static absl::StatusOr<std::unique_ptr<RemoteRank>> Create(RemoteRankOptions options,
+                                                            std::shared_ptr<grpc::ChannelCredentials> credentials);
   // Over an existing channel (in-process channels, tests). options.address
   // is used only in errors.
-  RemoteWorkerGroup(std::shared_ptr<grpc::ChannelInterface> channel, RemoteWorkerOptions options);
+  RemoteRank(std::shared_ptr<grpc::ChannelInterface> channel, RemoteRankOptions options);
 
-  // What LoadModels tells about the worker's side of the file system.
+  // What StartRank tells about the worker's side of the file system.
   struct Loaded {
     std::string tokenizer_path;     // as the worker resolved it
     std::string working_directory;  // where it resolves relative spec paths
   };
-  // Asks the worker to load `spec_yaml` (a validated spec, overrides applied;
-  // paths resolve on the worker) for options.job_id.
-  absl::StatusOr<Loaded> LoadModels(const std::string& spec_yaml);
   // The gang calls (see worker.proto): rank 0's rendezvous port; joining
   // the gang as `rank` of `world_size` and loading the job; one phase.
   absl::StatusOr<int> OpenRendezvous(int world_size, std::chrono::milliseconds timeout);
@@ -85,22 +79,6 @@ class RemoteWorkerGroup final : public policies::WorkerGroup {
   // What the worker is doing and its memory per tier.
   absl::StatusOr<strata::v1::WorkerStats> GetStats();
 
-  absl::StatusOr<std::vector<policies::Rollout>> Generate(const policies::RolloutRequest& request) override;
-  absl::StatusOr<policies::Scores> Score(const std::vector<policies::Rollout>& rollouts,
-                                         const policies::ScoreRequest& request) override;
-  absl::StatusOr<policies::UpdateStats> Update(const policies::PolicyUpdate& update) override;
-  absl::StatusOr<policies::TrainStats> TrainSft(const std::vector<policies::TextPair>& batch) override;
-  absl::StatusOr<policies::TrainStats> TrainRewardModel(const std::vector<policies::PreferencePair>& batch) override;
-  absl::StatusOr<policies::TrainStats> EvaluateRewardModel(
-      const std::vector<policies::PreferencePair>& pairs) override;
-  // The interface gives these two no way to fail: an error is logged and
-  // the figures are empty; a lost worker then fails the next operation.
-  policies::MemoryStats BeginPhase(const std::string& phase) override;
-  policies::MemoryStats PhaseMemory(const std::string& phase) override;
-  absl::Status SaveCheckpoint(const std::string& dir) override;
-  absl::Status LoadCheckpoint(const std::string& dir) override;
-  absl::Status SaveOutput(const std::string& dir) override;
-
   // Cancels the calls in flight (from other threads); they, and any later
   // call that is cancelled, return UNAVAILABLE: the worker counts as lost.
   // For a gang whose rank hangs after another rank failed.
@@ -112,9 +90,7 @@ class RemoteWorkerGroup final : public policies::WorkerGroup {
   // lost their peer.
   bool Answers(std::chrono::milliseconds timeout) const;
 
-  const RemoteWorkerOptions& options() const { return options_; }
-  // Calls made so far, by method name ("Rollout", "BeginPhase", ...).
-  std::map<std::string, int64_t> calls() const;
+  const RemoteRankOptions& options() const { return options_; }
 
  private:
   // One unary call with `timeout` as its deadline and the bearer token; the
@@ -123,22 +99,15 @@ class RemoteWorkerGroup final : public policies::WorkerGroup {
   absl::Status Call(const char* method,
                     grpc::Status (strata::v1::Worker::Stub::*rpc)(grpc::ClientContext*, const Request&, Response*),
                     std::chrono::milliseconds timeout, const Request& request, Response* response) const;
-  // TrainSft, TrainRewardModel and EvaluateRewardModel: a batch in, TrainStats out.
-  template <typename Request, typename Batch>
-  absl::StatusOr<policies::TrainStats> Train(
-      const char* method,
-      grpc::Status (strata::v1::Worker::Stub::*rpc)(grpc::ClientContext*, const Request&, strata::v1::TrainResponse*),
-      const std::vector<Batch>& batch);
 
-  const RemoteWorkerOptions options_;
+  const RemoteRankOptions options_;
   std::shared_ptr<grpc::ChannelInterface> channel_;
   std::unique_ptr<strata::v1::Worker::Stub> stub_;
   mutable std::mutex calls_mu_;
-  mutable std::map<std::string, int64_t> calls_;       // guarded by calls_mu_
-  mutable std::set<grpc::ClientContext*> active_;     // calls in flight; guarded by calls_mu_
+  mutable std::set<grpc::ClientContext*> active_;  // calls in flight; guarded by calls_mu_
   std::atomic<bool> cancelled_{false};
 };
 
 }  // namespace strata::services
 
-#endif  // STRATA_SERVICES_COORDINATOR_REMOTE_WORKER_GROUP_H_
+#endif  // STRATA_SERVICES_COORDINATOR_REMOTE_RANK_H_
