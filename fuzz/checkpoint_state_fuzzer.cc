@@ -1,6 +1,6 @@
 // A checkpoint's state.json, as --resume and a requeued job read it.
 #include "fuzz/fuzz_util.h"
-#include "services/runtime/checkpoint_state.h"
+#include "services/rank/checkpoint_state.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

@@ -1,6 +1,6 @@
 // A model's config.json.
 #include "fuzz/fuzz_util.h"
-#include "policies/model/llama_config.h"
+#include "policies/config/llama_config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

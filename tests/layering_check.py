@@ -15,6 +15,8 @@ but break on another toolchain are refused too (FORBIDDEN).
   layering_check.py --rooms build/rooms.txt --graph-only   # room and folder loops, unknown deps
   layering_check.py --rooms build/rooms.txt --root .       # every #include
   layering_check.py --self-test                            # the checker catches violations
+  layering_check.py --rooms build/rooms.txt --doc docs/ARCHITECTURE.md [--write-doc]
+                                                           # the doc's room graph is this one
 """
 
 import argparse
@@ -34,11 +36,44 @@ def read_rooms(path):
     with open(path) as f:
         for line in f:
             parts = line.split()
-            if not parts:
+            if not parts or parts[0].startswith("#"):
                 continue
             deps = [d for d in (parts[1].split(",") if len(parts) > 1 else []) if d]
             rooms[parts[0]] = deps
     return rooms
+
+
+def read_torch_rooms(path):
+    """The rooms that reach libtorch: rooms.txt's "# torch: ..." line."""
+    with open(path) as f:
+        for line in f:
+            if line.startswith("# torch:"):
+                return set(line.split()[2:])
+    return set()
+
+
+DOC_BEGIN = "<!-- rooms: generated from build/rooms.txt by tests/layering_check.py --write-doc -->"
+DOC_END = "<!-- rooms: end -->"
+
+
+def render_rooms(rooms, torch_rooms):
+    """The room graph as docs/ARCHITECTURE.md shows it: top (the CLI) first."""
+    width = max(len(r) for r in rooms) + 1
+    lines = ["```"]
+    for room in reversed(list(rooms)):
+        deps = [d for d in rooms[room] if d != "base"]
+        mark = "  [torch]" if room in torch_rooms else ""
+        uses = ", ".join(deps) if deps else ("(nothing)" if room == "base" else "(base)")
+        lines.append(f"{room:<{width}}-> {uses}{mark}".rstrip())
+    lines.append("```")
+    return "\n".join(lines)
+
+
+def doc_block(text):
+    begin, end = text.find(DOC_BEGIN), text.find(DOC_END)
+    if begin < 0 or end < begin:
+        return None
+    return begin + len(DOC_BEGIN), end
 
 
 def graph_errors(rooms):
@@ -218,11 +253,31 @@ def main():
     parser.add_argument("--graph-only", action="store_true")
     parser.add_argument("--strict", action="store_true", help="a source file outside every room is an error")
     parser.add_argument("--self-test", action="store_true")
+    parser.add_argument("--doc", help="check that this file's room graph block is the one rooms.txt gives")
+    parser.add_argument("--write-doc", action="store_true", help="with --doc: rewrite the block instead")
     args = parser.parse_args()
     if args.self_test:
         self_test()
         return 0
     rooms = read_rooms(args.rooms)
+    if args.doc:
+        with open(args.doc) as f:
+            text = f.read()
+        span = doc_block(text)
+        if span is None:
+            print(f"{args.doc}: no room graph block ({DOC_BEGIN} ... {DOC_END})", file=sys.stderr)
+            return 1
+        want = "\n" + render_rooms(rooms, read_torch_rooms(args.rooms)) + "\n"
+        if args.write_doc:
+            with open(args.doc, "w") as f:
+                f.write(text[:span[0]] + want + text[span[1]:])
+            return 0
+        if text[span[0]:span[1]] != want:
+            print(f"{args.doc}: the room graph is out of date; run tests/layering_check.py --rooms "
+                  f"build/rooms.txt --doc {args.doc} --write-doc. It should read:{want}", file=sys.stderr)
+            return 1
+        print(f"layering_check: {args.doc} shows the room graph of {len(rooms)} rooms")
+        return 0
     errors = graph_errors(rooms) + folder_errors(rooms)
     if errors or args.graph_only:
         for e in errors:

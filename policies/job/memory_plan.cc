@@ -8,7 +8,7 @@
 #include "absl/strings/str_split.h"
 #include "base/file.h"
 #include "base/status_macros.h"
-#include "policies/dist/tensor_dealer.h"
+#include "policies/config/tensor_dealer.h"
 
 namespace strata::policies {
 namespace {

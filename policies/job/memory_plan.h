@@ -19,7 +19,7 @@
 #include "absl/status/statusor.h"
 #include "policies/job/hardware_figures.h"
 #include "policies/job/job_spec.h"
-#include "policies/model/llama_config.h"
+#include "policies/config/llama_config.h"
 
 namespace strata::policies {
 

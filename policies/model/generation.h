@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "policies/model/llama.h"
-#include "policies/model/sampling.h"
+#include "policies/config/sampling.h"
 
 namespace strata::policies {
 

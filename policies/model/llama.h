@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "policies/model/llama_config.h"
+#include "policies/config/llama_config.h"
 
 namespace strata::policies {
 

@@ -374,63 +374,6 @@ absl::Status GlobalMeans::Reduce(ProcessGroup& gang, Metrics& out) const {
   return absl::OkStatus();
 }
 
-RlController::RlController(const JobSpec& spec)
-    : spec_(spec), kl_(spec.ppo.kl_coef, spec.ppo.kl_target, spec.ppo.kl_horizon) {}
-
-Metrics RlController::ScoreParams() const {
-  Metrics params;
-  if (spec_.train.reward_normalization == "running") {
-    params = {{"reward_count", reward_count_}, {"reward_mean", reward_mean_}, {"reward_m2", reward_m2_}};
-  }
-  if (spec_.algorithm == Algorithm::kPpo) params["kl_coef"] = kl_.value();
-  return params;
-}
-
-void RlController::Observe(const Metrics& iteration) {
-  if (spec_.train.reward_normalization == "running") {
-    auto n = iteration.find("reward/batch_count"), mean = iteration.find("reward/raw_mean"),
-         var = iteration.find("reward/batch_var");
-    if (n != iteration.end() && mean != iteration.end() && var != iteration.end() && n->second > 0) {
-      // Chan et al.'s parallel update, as the score phase applied it.
-      const double total = reward_count_ + n->second, delta = mean->second - reward_mean_;
-      reward_m2_ += var->second * n->second + delta * delta * reward_count_ * n->second / total;
-      reward_mean_ += delta * n->second / total;
-      reward_count_ = total;
-    }
-  }
-  if (spec_.algorithm != Algorithm::kPpo) return;
-  auto kl = iteration.find("objective/kl");
-  if (kl != iteration.end()) kl_.Update(kl->second, spec_.train.batch_size);
-}
-Metrics RlController::State() const {
-  Metrics state;
-  if (spec_.train.reward_normalization == "running") {
-    state = {{"reward_count", reward_count_}, {"reward_mean", reward_mean_}, {"reward_m2", reward_m2_}};
-  }
-  if (spec_.algorithm == Algorithm::kPpo) state["kl_coef"] = kl_.value();
-  return state;
-}
-void RlController::Restore(const Metrics& state) {
-  if (auto it = state.find("kl_coef"); it != state.end() && spec_.algorithm == Algorithm::kPpo) {
-    kl_.set_value(it->second);
-  }
-  auto get = [&](const char* key) {
-    auto it = state.find(key);
-    return it == state.end() ? 0.0 : it->second;
-  };
-  reward_count_ = get("reward_count");
-  reward_mean_ = get("reward_mean");
-  reward_m2_ = get("reward_m2");
-}
-
-uint64_t IterationSeed(uint64_t job_seed, int64_t iteration) {
-  // splitmix64 of the pair, so neighbouring iterations get unrelated seeds.
-  uint64_t z = job_seed * 0x9e3779b97f4a7c15ULL + static_cast<uint64_t>(iteration) + 1;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
 absl::StatusOr<std::unique_ptr<RlAlgorithm>> RlAlgorithm::Create(const JobSpec& spec) {
   auto estimator = [&](const std::string& name) { return ParseKlEstimator(name); };
   switch (spec.algorithm) {

@@ -4,7 +4,7 @@
 // (means, PPO's whitening) are summed over the gang, so every rank reports
 // the same global metrics and a gang of N computes what one rank would. The
 // driver (the coordinator, or `strata train`) holds only scalars between
-// iterations: RlController.
+// iterations: RlController (policies/job/loop_state.h).
 #ifndef STRATA_POLICIES_RL_RL_ALGORITHMS_H_
 #define STRATA_POLICIES_RL_RL_ALGORITHMS_H_
 
@@ -16,12 +16,13 @@
 #include "absl/status/statusor.h"
 #include "policies/dist/process_group.h"
 #include "policies/job/job_spec.h"
+#include "policies/job/loop_state.h"
+#include "policies/job/metrics.h"
+#include "policies/job/seeds.h"
 #include "policies/rl/rl_losses.h"
 #include "policies/rl/worker_group.h"
 
 namespace strata::policies {
-
-using Metrics = std::map<std::string, double>;
 
 // A prompt of the iteration's global batch and its index there: sampling
 // seeds derive from the index, so a prompt's samples do not depend on the
@@ -50,25 +51,6 @@ class RlAlgorithm {
   virtual absl::StatusOr<Metrics> Update(WorkerGroup& workers, ProcessGroup& gang, int64_t iteration) = 0;
 };
 
-// The driver's part of an RL loop: the scalars carried from one iteration
-// to the next (PPO's adaptive KL coefficient), and what a resumed run needs.
-class RlController {
- public:
-  explicit RlController(const JobSpec& spec);
-  // The scalars the score phase needs.
-  Metrics ScoreParams() const;
-  // Learns from an iteration's global metrics.
-  void Observe(const Metrics& iteration);
-  Metrics State() const;
-  void Restore(const Metrics& state);
-
- private:
-  const JobSpec spec_;
-  KlController kl_;
-  // train.reward_normalization: running: every score seen so far.
-  double reward_count_ = 0, reward_mean_ = 0, reward_m2_ = 0;
-};
-
 // Global means over the gang: each rank adds its sums and counts, Reduce
 // sums them over the ranks in one collective and writes sum / count.
 class GlobalMeans {
@@ -81,10 +63,6 @@ class GlobalMeans {
   std::vector<double> values_;  // sum, count per key
 };
 
-// The sampling seed of an iteration: a pure function of the job seed and the
-// iteration, so a resumed run samples what an uninterrupted one would.
-// Also derives a prompt's seed from its iteration's and its batch index.
-uint64_t IterationSeed(uint64_t job_seed, int64_t iteration);
 
 }  // namespace strata::policies
 

@@ -175,10 +175,4 @@ PpoValueLoss PpoValueLossClipped(const at::Tensor& values, const at::Tensor& old
 
 at::Tensor CrossEntropyLoss(const at::Tensor& logprobs, const at::Tensor& mask) { return -MaskedMean(logprobs, mask); }
 
-void KlController::Update(double observed_kl, int64_t samples) {
-  if (target_ <= 0) return;
-  const double error = std::clamp(observed_kl / target_ - 1.0, -0.2, 0.2);
-  value_ *= 1.0 + error * static_cast<double>(samples) / horizon_;
-}
-
 }  // namespace strata::policies

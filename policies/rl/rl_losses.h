@@ -87,23 +87,6 @@ PpoValueLoss PpoValueLossClipped(const at::Tensor& values, const at::Tensor& old
 // SFT: mean negative log-likelihood of the counted tokens.
 at::Tensor CrossEntropyLoss(const at::Tensor& logprobs, const at::Tensor& mask);
 
-// Adaptive KL controller (Ziegler et al.): nudges the coefficient so the
-// observed KL tracks `target` over `horizon` samples. With target <= 0 the
-// coefficient stays fixed.
-class KlController {
- public:
-  KlController(double initial, double target, double horizon)
-      : value_(initial), target_(target), horizon_(horizon) {}
-  double value() const { return value_; }
-  void Update(double observed_kl, int64_t samples);
-  void set_value(double v) { value_ = v; }
-
- private:
-  double value_;
-  double target_;
-  double horizon_;
-};
-
 }  // namespace strata::policies
 
 #endif  // STRATA_POLICIES_RL_RL_LOSSES_H_

@@ -2,7 +2,7 @@
 // token ids and per-token floats cross it, never weights. The implementation
 // (LocalWorkerGroup) holds the actor, reference, reward model (or rule) and
 // critic under the job's placements; a remote rank runs the same algorithm
-// in its own process (services/runtime/job_rank.h), so nothing remote
+// in its own process (services/rank/job_rank.h), so nothing remote
 // implements this.
 #ifndef STRATA_POLICIES_RL_WORKER_GROUP_H_
 #define STRATA_POLICIES_RL_WORKER_GROUP_H_
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "policies/model/sampling.h"
+#include "policies/config/sampling.h"
 
 namespace strata::policies {
 

@@ -24,7 +24,7 @@
 #include "policies/checkpoint/safetensors.h"
 #include "policies/checkpoint/tensor_io.h"
 #include "policies/dist/flat_bucket.h"
-#include "policies/dist/tensor_dealer.h"
+#include "policies/config/tensor_dealer.h"
 
 namespace strata::policies {
 namespace {

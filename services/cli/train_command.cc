@@ -7,8 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
-#include "services/runtime/job_runner.h"
-#include "services/runtime/local_gang.h"
+#include "services/driver/job_runner.h"
+#include "services/rank/local_gang.h"
 
 namespace strata::services {
 

@@ -12,7 +12,7 @@
 #include "policies/job/job_spec.h"
 #include "policies/job/memory_plan.h"
 #include "policies/tokenizer/unicode.h"
-#include "services/runtime/job_runner.h"
+#include "services/driver/job_runner.h"
 #include "services/coordinator/gang_plan.h"
 #include "services/coordinator/remote_gang.h"
 #include "services/coordinator/remote_rank.h"

@@ -8,16 +8,16 @@
 #include "absl/strings/str_cat.h"
 #include "base/log.h"
 #include "base/status_macros.h"
-#include "services/runtime/job_rank.h"
+#include "services/phase/phase.h"
 
 namespace strata::services {
 namespace {
 
 // What the driver reads from each phase's reply.
 std::vector<std::string> Required(const std::string& phase) {
-  if (phase == "score") return {"objective/scores", "objective/kl"};
-  if (phase == "update") return {"loss/policy_avg"};
-  if (phase == "train") return {"loss/train_avg"};
+  if (phase == phases::kScore) return {"objective/scores", "objective/kl"};
+  if (phase == phases::kUpdate) return {"loss/policy_avg"};
+  if (phase == phases::kTrain) return {"loss/train_avg"};
   return {};
 }
 
@@ -42,7 +42,7 @@ absl::Status CheckPhaseReplies(const PhaseRequest& request, const std::vector<Ph
       }
     }
   }
-  if (request.phase == "find_checkpoint" && !replies[0].text.empty()) {
+  if (request.phase == phases::kFindCheckpoint && !replies[0].text.empty()) {
     const auto it = replies[0].metrics.find("iteration");
     if (it == replies[0].metrics.end() || it->second < 0 || it->second != std::floor(it->second)) {
       return absl::InternalError("rank 0: find_checkpoint: malformed reply: no iteration for the checkpoint");

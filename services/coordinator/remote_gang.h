@@ -20,7 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "services/coordinator/remote_rank.h"
-#include "services/runtime/job_runner.h"
+#include "services/driver/job_runner.h"
 
 namespace strata::services {
 

@@ -1,6 +1,6 @@
 // The coordinator's handle on one rank of a job, held by a worker process:
 // the Worker API's calls (proto/strata/v1/worker.proto) for that job. The
-// rank runs the job's phases itself (services/runtime/job_rank.h); the
+// rank runs the job's phases itself (services/rank/job_rank.h); the
 // coordinator sends phase names and scalars, never tensors.
 //
 // A worker that cannot be reached or does not answer in time (UNAVAILABLE
@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "services/runtime/job_rank.h"
+#include "services/phase/phase.h"
 #include "strata/v1/worker.grpc.pb.h"
 
 namespace strata::services {

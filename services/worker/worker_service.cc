@@ -19,7 +19,7 @@
 #include "base/log.h"
 #include "policies/job/job_spec.h"
 #include "services/rpc/wire.h"
-#include "services/runtime/local_gang.h"
+#include "services/rank/local_gang.h"
 #include "services/telemetry/service_metrics.h"
 
 namespace strata::services {
@@ -314,7 +314,7 @@ grpc::ServerUnaryReactor* WorkerService::RunPhase(grpc::CallbackServerContext* c
     if (rank_ == nullptr) return absl::FailedPreconditionError("RunPhase before StartRank");
     PhaseRequest phase{request->phase(), request->iteration(), {request->params().begin(), request->params().end()},
                        request->text()};
-    phase_ = phase.phase == "train" ? "update" : phase.phase;
+    phase_ = phase.phase == phases::kTrain ? phases::kUpdate : phase.phase;
     const int64_t tokens_before = EngineCounters::Read(GlobalEngineCounters().generated_tokens);
     STRATA_ASSIGN_OR_RETURN(auto reply, rank_->Run(phase));
     RecordPhaseMetrics(reply.metrics, group,

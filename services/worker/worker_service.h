@@ -25,8 +25,8 @@
 #include "services/rpc/auth.h"
 #include "services/rpc/executor.h"
 #include "policies/dist/process_group.h"
-#include "services/runtime/job_rank.h"
-#include "services/runtime/local_worker_group.h"
+#include "services/rank/job_rank.h"
+#include "services/rank/local_worker_group.h"
 #include "strata/v1/worker.grpc.pb.h"
 
 namespace strata::services {

@@ -12,7 +12,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "services/runtime/job_runner.h"
+#include "services/driver/job_runner.h"
 
 namespace strata::testing {
 

@@ -29,7 +29,7 @@
 #include "services/rpc/wire.h"
 #include "strata/v1/coordinator.grpc.pb.h"
 #include "strata/v1/worker.grpc.pb.h"
-#include "services/runtime/job_runner.h"
+#include "services/driver/job_runner.h"
 #include "services/store/job_store.h"
 #include "tests/testutil/child_process.h"
 #include "tests/testutil/redis_server.h"

@@ -19,7 +19,7 @@
 #include "base/file.h"
 #include "offload/host/host_arena.h"
 #include "policies/dist/process_group.h"
-#include "services/runtime/job_runner.h"
+#include "services/driver/job_runner.h"
 #include "tests/e2e/run_metrics.h"
 #include "tests/testutil/testutil.h"
 

@@ -11,15 +11,16 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "policies/job/job_spec.h"
 #include "policies/model/llama.h"
 #include "base/status_macros.h"
 #include "policies/dist/process_group.h"
-#include "services/runtime/job_rank.h"
-#include "services/runtime/job_runner.h"
-#include "services/runtime/local_worker_group.h"
+#include "services/rank/job_rank.h"
+#include "services/driver/job_runner.h"
+#include "services/rank/local_worker_group.h"
 #include "services/coordinator/remote_rank.h"
 #include "services/rpc/wire.h"
 #include "services/worker/worker_service.h"
@@ -51,22 +52,30 @@ TEST(WireStatusTest, StatusCodesMapOneToOneBothWays) {
 // A tiny actor on disk, shared by the tests below (building it is the slow part).
 class WorkerServiceTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new testing::TempDir();
-    const std::string model = dir_->Join("model");
-    auto config = policies::LlamaConfig::FromJson(R"({
-      "vocab_size": 259, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-      "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
-      "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0})",
+  // A random tiny Llama with the tiny task's tokenizer in `dir`; `edit`
+  // changes the weights before they are saved.
+  static void SaveTinyModel(const std::string& dir, int64_t hidden,
+                            const std::function<void(policies::LlamaModel&)>& edit = nullptr) {
+    auto config = policies::LlamaConfig::FromJson(absl::StrCat(R"({
+      "vocab_size": 259, "hidden_size": )", hidden, R"(, "intermediate_size": )", 2 * hidden, R"(,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "max_position_embeddings": 128, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0})"),
                                                   "tiny config");
     ASSERT_TRUE(config.ok()) << config.status();
     auto m = policies::LlamaModel::RandomInit(*config, policies::LlamaHead::kLanguageModel, at::kFloat, 3);
-    std::filesystem::create_directories(model);
-    const absl::Status saved = m->Save(model);
+    if (edit) edit(*m);
+    std::filesystem::create_directories(dir);
+    const absl::Status saved = m->Save(dir);
     ASSERT_TRUE(saved.ok()) << saved;
     for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
-      std::filesystem::copy_file(testing::SourcePath(std::string("examples/tiny/data/") + f), model + "/" + f);
+      std::filesystem::copy_file(testing::SourcePath(std::string("examples/tiny/data/") + f), dir + "/" + f);
     }
+  }
+
+  static void SetUpTestSuite() {
+    dir_ = new testing::TempDir();
+    const std::string model = dir_->Join("model");
+    SaveTinyModel(model, 64);
     yaml_ = new std::string(R"(
 algorithm: remax
 models:
@@ -322,23 +331,13 @@ TEST_F(WorkerServiceTest, BadSpecIsInvalidArgumentNamingTheKey) {
 // message and keeps serving.
 TEST_F(WorkerServiceTest, LibtorchExceptionsBecomeInternal) {
   const std::string broken = dir_->Join("nan-model");
-  auto config = policies::LlamaConfig::FromJson(R"({
-    "vocab_size": 259, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-    "num_attention_heads": 2, "num_key_value_heads": 2, "max_position_embeddings": 128,
-    "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0})",
-                                                "small config");
-  ASSERT_TRUE(config.ok()) << config.status();
-  auto m = policies::LlamaModel::RandomInit(*config, policies::LlamaHead::kLanguageModel, at::kFloat, 3);
   int poisoned = 0;
-  for (auto& [name, tensor] : m->NamedParameters()) {
-    if (name == "model.norm.weight") tensor.fill_(std::numeric_limits<float>::quiet_NaN()), ++poisoned;
-  }
+  SaveTinyModel(broken, 32, [&](policies::LlamaModel& m) {
+    for (auto& [name, tensor] : m.NamedParameters()) {
+      if (name == "model.norm.weight") tensor.fill_(std::numeric_limits<float>::quiet_NaN()), ++poisoned;
+    }
+  });
   ASSERT_EQ(poisoned, 1);
-  std::filesystem::create_directories(broken);
-  ASSERT_TRUE(m->Save(broken).ok());
-  for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
-    std::filesystem::copy_file(testing::SourcePath(std::string("examples/tiny/data/") + f), broken + "/" + f);
-  }
   auto yaml = policies::ApplyOverrides(*yaml_, {"models.actor.path=" + broken}, "spec");
   ASSERT_TRUE(yaml.ok()) << yaml.status();
   auto remote = Remote("job-1");

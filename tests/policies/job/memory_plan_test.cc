@@ -3,7 +3,7 @@
 #include <filesystem>
 
 #include "base/file.h"
-#include "policies/dist/tensor_dealer.h"
+#include "policies/config/tensor_dealer.h"
 #include "gtest/gtest.h"
 #include "tests/testutil/testutil.h"
 

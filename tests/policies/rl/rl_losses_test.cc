@@ -153,16 +153,5 @@ TEST(RlLossesTest, CrossEntropyByHand) {
   EXPECT_NEAR(CrossEntropyLoss(T({-1.0f, -3.0f, -100.0f}, {1, 3}), T({1, 1, 0}, {1, 3})).item<float>(), 2.0f, 1e-6);
 }
 
-TEST(RlLossesTest, AdaptiveKlControllerMovesTowardsTarget) {
-  KlController fixed(0.1, 0.0, 10000);
-  fixed.Update(5.0, 256);
-  EXPECT_DOUBLE_EQ(fixed.value(), 0.1);
-  KlController adaptive(0.1, 1.0, 1000);
-  adaptive.Update(2.0, 100);  // KL too high: error clipped to 0.2 -> x1.02
-  EXPECT_NEAR(adaptive.value(), 0.102, 1e-12);
-  adaptive.Update(0.5, 100);  // too low: -0.2 -> x0.98
-  EXPECT_NEAR(adaptive.value(), 0.102 * 0.98, 1e-12);
-}
-
 }  // namespace
 }  // namespace strata::policies

@@ -9,7 +9,7 @@
 #include "offload/device/device_memory.h"
 #include "offload/tiers/placement.h"
 #include "policies/dist/process_group.h"
-#include "policies/dist/tensor_dealer.h"
+#include "policies/config/tensor_dealer.h"
 #include "policies/checkpoint/safetensors.h"
 #include "policies/checkpoint/tensor_io.h"
 #include "tests/testutil/testutil.h"

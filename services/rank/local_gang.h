@@ -3,8 +3,8 @@
 // Gloo process group over loopback. `strata train` runs a gang of one
 // (no c10d at all, unless parallel.backend names one) or, with --workers N,
 // of N; tests compare the two.
-#ifndef STRATA_SERVICES_RUNTIME_LOCAL_GANG_H_
-#define STRATA_SERVICES_RUNTIME_LOCAL_GANG_H_
+#ifndef STRATA_SERVICES_RANK_LOCAL_GANG_H_
+#define STRATA_SERVICES_RANK_LOCAL_GANG_H_
 
 #include <chrono>
 #include <memory>
@@ -13,9 +13,9 @@
 #include "absl/status/statusor.h"
 #include "policies/dist/process_group.h"
 #include "policies/job/job_spec.h"
-#include "services/runtime/job_rank.h"
-#include "services/runtime/job_runner.h"
-#include "services/runtime/local_worker_group.h"
+#include "services/rank/job_rank.h"
+#include "services/driver/job_runner.h"
+#include "services/rank/local_worker_group.h"
 
 namespace strata::services {
 
@@ -54,4 +54,4 @@ class LocalGang final : public Gang {
 
 }  // namespace strata::services
 
-#endif  // STRATA_SERVICES_RUNTIME_LOCAL_GANG_H_
+#endif  // STRATA_SERVICES_RANK_LOCAL_GANG_H_

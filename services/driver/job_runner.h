@@ -4,8 +4,8 @@
 // opens no job file and holds no tensor: data, tokenizer, checkpoints and
 // the metrics file belong to the ranks (JobRank). Used by `strata train`
 // (a LocalGang) and by the coordinator (a gang of remote workers).
-#ifndef STRATA_SERVICES_RUNTIME_JOB_RUNNER_H_
-#define STRATA_SERVICES_RUNTIME_JOB_RUNNER_H_
+#ifndef STRATA_SERVICES_DRIVER_JOB_RUNNER_H_
+#define STRATA_SERVICES_DRIVER_JOB_RUNNER_H_
 
 #include <cstdio>
 #include <functional>
@@ -16,7 +16,7 @@
 
 #include "absl/status/status.h"
 #include "policies/job/job_spec.h"
-#include "services/runtime/job_rank.h"
+#include "services/phase/phase.h"
 
 namespace strata::services {
 
@@ -29,16 +29,6 @@ class Gang {
   // preferred to the timeouts it caused on the others).
   virtual absl::StatusOr<PhaseReply> Run(const PhaseRequest& request) = 0;
 };
-
-// True for time/*, memory/* and nvme/* (traffic) metrics: each rank's own
-// figures, not the gang's (the others are global, the same on every rank).
-bool IsRankMeasurement(const std::string& metric);
-
-// Rank 0's reply, with each time/* and memory/* figure the largest any rank
-// reported, and each mean whose shares the ranks reported (AddMeanShare)
-// taken over all of them. INTERNAL for no replies, and naming the rank for a
-// share missing from its reply or a count that is negative.
-absl::StatusOr<PhaseReply> MergeReplies(const std::vector<PhaseReply>& replies);
 
 // Of several ranks' errors (in rank order), the one that explains the
 // others: a rank's own failure rather than the DEADLINE_EXCEEDED /
@@ -74,4 +64,4 @@ absl::Status RunJob(const policies::JobSpec& spec, Gang& gang, const JobRunOptio
 
 }  // namespace strata::services
 
-#endif  // STRATA_SERVICES_RUNTIME_JOB_RUNNER_H_
+#endif  // STRATA_SERVICES_DRIVER_JOB_RUNNER_H_

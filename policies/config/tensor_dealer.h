@@ -4,8 +4,8 @@
 // with it, and the memory planner deals the same tensors with it to know
 // what the fullest rank holds, so that the two cannot drift apart. Plain
 // arithmetic, no c10d.
-#ifndef STRATA_POLICIES_DIST_TENSOR_DEALER_H_
-#define STRATA_POLICIES_DIST_TENSOR_DEALER_H_
+#ifndef STRATA_POLICIES_CONFIG_TENSOR_DEALER_H_
+#define STRATA_POLICIES_CONFIG_TENSOR_DEALER_H_
 
 #include <cstdint>
 #include <vector>
@@ -33,4 +33,4 @@ int64_t FullestShard(const std::vector<int64_t>& tensors, int ranks);
 
 }  // namespace strata::policies
 
-#endif  // STRATA_POLICIES_DIST_TENSOR_DEALER_H_
+#endif  // STRATA_POLICIES_CONFIG_TENSOR_DEALER_H_

@@ -1,4 +1,4 @@
-#include "policies/model/llama_config.h"
+#include "policies/config/llama_config.h"
 
 #include <nlohmann/json.hpp>
 

@@ -1,4 +1,4 @@
-#include "services/runtime/job_runner.h"
+#include "services/driver/job_runner.h"
 
 #include <algorithm>
 #include <chrono>
@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
-#include "policies/rl/rl_algorithms.h"
+#include "policies/job/loop_state.h"
 
 namespace strata::services {
 namespace {
@@ -65,52 +65,6 @@ Metrics LineMetrics(const json& line) {
 
 }  // namespace
 
-bool IsRankMeasurement(const std::string& metric) {
-  return metric.rfind("time/", 0) == 0 || metric.rfind("memory/", 0) == 0 || metric.rfind("nvme/", 0) == 0;
-}
-
-absl::StatusOr<PhaseReply> MergeReplies(const std::vector<PhaseReply>& replies) {
-  if (replies.empty()) return absl::InternalError("a phase ended with no replies");
-  PhaseReply merged = replies[0];
-  for (size_t r = 1; r < replies.size(); ++r) {
-    for (const auto& [key, value] : replies[r].metrics) {
-      if (!IsRankMeasurement(key)) continue;
-      auto it = merged.metrics.find(key);
-      if (it == merged.metrics.end() || value > it->second) merged.metrics[key] = value;
-    }
-  }
-  // Mean shares: every rank must report the ones rank 0 does, and no other.
-  std::erase_if(merged.metrics, [](const auto& kv) { return IsMeanShare(kv.first); });
-  for (size_t r = 0; r < replies.size(); ++r) {
-    for (const auto& [key, value] : replies[r].metrics) {
-      if (IsMeanShare(key) && !replies[0].metrics.contains(key)) {
-        return absl::InternalError(absl::StrCat("rank ", r, ": malformed reply: ", key, " which rank 0 lacks"));
-      }
-    }
-  }
-  for (const auto& [key, value] : replies[0].metrics) {
-    const std::string mean = MeanOfSumShare(key);
-    if (mean.empty()) continue;
-    const std::string count_key = MeanCountKey(mean);
-    double sum = 0, count = 0;
-    for (size_t r = 0; r < replies.size(); ++r) {
-      const auto s = replies[r].metrics.find(key), c = replies[r].metrics.find(count_key);
-      if (s == replies[r].metrics.end() || c == replies[r].metrics.end()) {
-        return absl::InternalError(absl::StrCat("rank ", r, ": malformed reply: ",
-                                                s == replies[r].metrics.end() ? key : count_key, " is missing"));
-      }
-      if (!(c->second >= 0)) {
-        return absl::InternalError(absl::StrCat("rank ", r, ": malformed reply: ", count_key, " = ", c->second));
-      }
-      sum += s->second;
-      count += c->second;
-    }
-    // As a collective's sum would: a gang that counted nothing reports 0.
-    merged.metrics[mean] = sum / std::max(count, 1e-30);
-  }
-  return merged;
-}
-
 absl::Status FirstCause(const std::vector<absl::Status>& statuses, bool ranks_share_a_process) {
   absl::Status consequence, deadline;
   for (const absl::Status& s : statuses) {
@@ -137,7 +91,7 @@ absl::Status RunJob(const policies::JobSpec& spec, Gang& gang, const JobRunOptio
   int64_t metrics_lines = 0;
   std::string resume_dir;
   if (options.resume) {
-    STRATA_ASSIGN_OR_RETURN(auto found, run("find_checkpoint", 0, {}, options.own_checkpoint));
+    STRATA_ASSIGN_OR_RETURN(auto found, run(phases::kFindCheckpoint, 0, {}, options.own_checkpoint));
     if (!found.text.empty()) {
       resume_dir = found.text;
       start = static_cast<int64_t>(found.metrics["iteration"]);
@@ -153,7 +107,7 @@ absl::Status RunJob(const policies::JobSpec& spec, Gang& gang, const JobRunOptio
       }
     }
   }
-  STRATA_RETURN_IF_ERROR(run("start", start, {{"metrics_lines", static_cast<double>(metrics_lines)}}, resume_dir)
+  STRATA_RETURN_IF_ERROR(run(phases::kStart, start, {{"metrics_lines", static_cast<double>(metrics_lines)}}, resume_dir)
                              .status());
 
   for (int64_t it = start; it < spec.train.iterations; ++it) {
@@ -161,7 +115,7 @@ absl::Status RunJob(const policies::JobSpec& spec, Gang& gang, const JobRunOptio
     line["iteration"] = it;
     // The first line carries the starting policy's evaluation.
     if (it == 0 && spec.eval.every > 0) {
-      STRATA_ASSIGN_OR_RETURN(auto initial, run("evaluate", it));
+      STRATA_ASSIGN_OR_RETURN(auto initial, run(phases::kEvaluate, it));
       for (const auto& [key, value] : initial.metrics) {
         line[key] = value;
         if (key.rfind("eval/", 0) == 0) line["eval/initial_" + key.substr(5)] = value;
@@ -169,34 +123,34 @@ absl::Status RunJob(const policies::JobSpec& spec, Gang& gang, const JobRunOptio
     }
     const auto started = std::chrono::steady_clock::now();
     if (rl) {
-      STRATA_ASSIGN_OR_RETURN(auto rollout, run("rollout", it));
+      STRATA_ASSIGN_OR_RETURN(auto rollout, run(phases::kRollout, it));
       AddPhase(rollout.metrics, line);
-      STRATA_ASSIGN_OR_RETURN(auto score, run("score", it, controller.ScoreParams()));
+      STRATA_ASSIGN_OR_RETURN(auto score, run(phases::kScore, it, controller.ScoreParams()));
       AddPhase(score.metrics, line);
-      STRATA_ASSIGN_OR_RETURN(auto update, run("update", it));
+      STRATA_ASSIGN_OR_RETURN(auto update, run(phases::kUpdate, it));
       AddPhase(update.metrics, line);
     } else {
-      STRATA_ASSIGN_OR_RETURN(auto train, run("train", it));
+      STRATA_ASSIGN_OR_RETURN(auto train, run(phases::kTrain, it));
       AddPhase(train.metrics, line);
     }
     line["time/iteration_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     controller.Observe(LineMetrics(line));
     const bool last = it + 1 == spec.train.iterations;
     if (spec.eval.every > 0 && ((it + 1) % spec.eval.every == 0 || last)) {
-      STRATA_ASSIGN_OR_RETURN(auto eval, run("evaluate", it));
+      STRATA_ASSIGN_OR_RETURN(auto eval, run(phases::kEvaluate, it));
       for (const auto& [key, value] : eval.metrics) line[key] = value;
     }
     const bool checkpoint = spec.checkpoint.every > 0 && (it + 1) % spec.checkpoint.every == 0 && !last;
     Metrics commit = {{"checkpoint", checkpoint ? 1.0 : 0.0},
                       {"metrics_lines", static_cast<double>(metrics_lines + 1)}};
     for (const auto& [key, value] : controller.State()) commit["state/" + key] = value;
-    STRATA_ASSIGN_OR_RETURN(auto committed, run("commit", it, commit, line.dump()));
+    STRATA_ASSIGN_OR_RETURN(auto committed, run(phases::kCommit, it, commit, line.dump()));
     ++metrics_lines;
     if (options.on_metrics) options.on_metrics(line);
     if ((it + 1) % spec.train.log_every == 0 || last) Progress(options, it, spec.train.iterations, line);
     if (checkpoint && options.on_checkpoint) options.on_checkpoint(it + 1, committed.text);
   }
-  return run("finish", spec.train.iterations).status();
+  return run(phases::kFinish, spec.train.iterations).status();
 }
 
 }  // namespace strata::services

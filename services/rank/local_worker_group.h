@@ -1,8 +1,8 @@
 // The in-process WorkerGroup: one worker's models, built from a job spec,
 // serving rollout, scoring and updates by direct calls. `strata train` and
 // the tests run algorithms against it; the gRPC worker wraps the same class.
-#ifndef STRATA_SERVICES_RUNTIME_LOCAL_WORKER_GROUP_H_
-#define STRATA_SERVICES_RUNTIME_LOCAL_WORKER_GROUP_H_
+#ifndef STRATA_SERVICES_RANK_LOCAL_WORKER_GROUP_H_
+#define STRATA_SERVICES_RANK_LOCAL_WORKER_GROUP_H_
 
 #include <map>
 #include <memory>
@@ -115,4 +115,4 @@ class LocalWorkerGroup final : public policies::WorkerGroup {
 
 }  // namespace strata::services
 
-#endif  // STRATA_SERVICES_RUNTIME_LOCAL_WORKER_GROUP_H_
+#endif  // STRATA_SERVICES_RANK_LOCAL_WORKER_GROUP_H_

@@ -1,4 +1,4 @@
-#include "policies/model/sampling.h"
+#include "policies/config/sampling.h"
 
 #include "absl/strings/str_cat.h"
 

@@ -1,7 +1,7 @@
 // A checkpoint's state.json: what resume reads back. Free of torch, so the
 // fuzz target for it builds with any compiler.
-#ifndef STRATA_SERVICES_RUNTIME_CHECKPOINT_STATE_H_
-#define STRATA_SERVICES_RUNTIME_CHECKPOINT_STATE_H_
+#ifndef STRATA_SERVICES_RANK_CHECKPOINT_STATE_H_
+#define STRATA_SERVICES_RANK_CHECKPOINT_STATE_H_
 
 #include <cstdint>
 #include <map>
@@ -25,4 +25,4 @@ absl::StatusOr<CheckpointState> ParseCheckpointState(const std::string& text, co
 
 }  // namespace strata::services
 
-#endif  // STRATA_SERVICES_RUNTIME_CHECKPOINT_STATE_H_
+#endif  // STRATA_SERVICES_RANK_CHECKPOINT_STATE_H_

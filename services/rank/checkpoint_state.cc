@@ -1,4 +1,4 @@
-#include "services/runtime/checkpoint_state.h"
+#include "services/rank/checkpoint_state.h"
 
 #include <nlohmann/json.hpp>
 

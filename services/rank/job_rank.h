@@ -4,8 +4,8 @@
 // coordinator, or `strata train`) sends the same PhaseRequest to every rank
 // of the gang and gets scalars back; prompts, rollouts, scores, advantages
 // and weights never leave the ranks.
-#ifndef STRATA_SERVICES_RUNTIME_JOB_RANK_H_
-#define STRATA_SERVICES_RUNTIME_JOB_RANK_H_
+#ifndef STRATA_SERVICES_RANK_JOB_RANK_H_
+#define STRATA_SERVICES_RANK_JOB_RANK_H_
 
 #include <map>
 #include <memory>
@@ -18,69 +18,12 @@
 #include "policies/rl/rl_algorithms.h"
 #include "policies/rl/worker_group.h"
 #include "policies/tokenizer/tokenizer.h"
-#include "services/runtime/checkpoint_state.h"
-#include "services/runtime/local_worker_group.h"
+#include "services/phase/phase.h"
+#include "services/rank/checkpoint_state.h"
+#include "services/rank/local_worker_group.h"
 #include "services/telemetry/tensorboard_writer.h"
 
 namespace strata::services {
-
-// The phases, in the order a run uses them:
-//   find_checkpoint  the newest complete checkpoint this run may continue:
-//                    reply text = its directory ("" for none), metrics
-//                    "iteration", "metrics_lines" and "state/<key>" (the
-//                    driver's scalars). `text` names a checkpoint the job
-//                    store knows to be this run's (written before checkpoints
-//                    recorded their run); FAILED_PRECONDITION for another
-//                    run's checkpoints.
-//   start            loads checkpoint `text` ("" starts afresh); rank 0 keeps
-//                    the first params["metrics_lines"] lines of the metrics
-//                    file.
-//   rollout, score, update   one RL iteration (score takes params such as
-//                    "kl_coef"); train: one SFT or reward-model step.
-//   evaluate         eval/* metrics of the whole eval set as mean shares
-//                    (below; none configured: no metrics).
-//   commit           rank 0 appends `text` (the iteration's metrics line) to
-//                    the metrics file; with params["checkpoint"] = 1 every
-//                    rank writes its optimizer states into checkpoint
-//                    iter-<iteration+1>, then rank 0 the weights and the
-//                    state; the reply's text names it, complete once rank 0
-//                    has replied. params["state/<key>"] are recorded in it.
-//   finish           rank 0 writes the trained model to output.dir.
-// Writes that one rank makes alone come after the phase's last collective,
-// so that no rank waits in one (bounded by the collective timeout) while
-// another writes more than it: commit and finish end with rank 0's writes.
-// Replies carry time/<phase>_s and memory/<tier>_peak_bytes of the phase
-// as this rank saw it; every other metric is the gang's.
-
-// Whether every rank of the gang ends `phase` in a collective, so that the
-// ranks end it within the collective timeout of each other. Rollout,
-// find_checkpoint, evaluate, commit and finish do not: a driver must not
-// take a rank that is still busy there for a hung one.
-bool PhaseEndsInCollective(const std::string& phase);
-
-// A gang mean that the driver takes, not a collective: a phase that ends in
-// none (evaluate) reports each rank's sum and count as "mean_sum/<key>" and
-// "mean_count/<key>", and MergeReplies writes <key> = the ranks' sums over
-// their counts. The ranks need not meet for it, so a rank that generates
-// longer responses does not hold the others in a collective (bounded by its
-// timeout) meanwhile.
-void AddMeanShare(const std::string& key, double sum, double count, policies::Metrics& out);
-std::string MeanCountKey(const std::string& key);
-bool IsMeanShare(const std::string& metric);
-// The mean whose sum share `metric` is; "" for none.
-std::string MeanOfSumShare(const std::string& metric);
-
-struct PhaseRequest {
-  std::string phase;
-  int64_t iteration = 0;
-  policies::Metrics params;
-  std::string text;
-};
-
-struct PhaseReply {
-  policies::Metrics metrics;
-  std::string text;
-};
 
 struct JobRankOptions {
   // One JSON object per iteration goes here (rank 0); "" = <output.dir>/metrics.jsonl.
@@ -144,4 +87,4 @@ absl::Status RemoveCheckpoints(const std::string& dir);
 
 }  // namespace strata::services
 
-#endif  // STRATA_SERVICES_RUNTIME_JOB_RANK_H_
+#endif  // STRATA_SERVICES_RANK_JOB_RANK_H_

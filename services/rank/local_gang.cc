@@ -1,4 +1,4 @@
-#include "services/runtime/local_gang.h"
+#include "services/rank/local_gang.h"
 
 #include <thread>
 

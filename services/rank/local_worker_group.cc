@@ -1,4 +1,4 @@
-#include "services/runtime/local_worker_group.h"
+#include "services/rank/local_worker_group.h"
 
 #include <c10/core/GradMode.h>
 #include <stdlib.h>

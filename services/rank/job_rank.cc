@@ -1,4 +1,4 @@
-#include "services/runtime/job_rank.h"
+#include "services/rank/job_rank.h"
 
 #include <algorithm>
 #include <atomic>
@@ -387,75 +387,52 @@ std::vector<size_t> JobRank::ShardOf(int64_t iteration, std::vector<int64_t>* ba
   return mine;
 }
 
-bool PhaseEndsInCollective(const std::string& phase) {
-  return phase != "rollout" && phase != "find_checkpoint" && phase != "evaluate" && phase != "commit" &&
-         phase != "finish";
-}
-
-constexpr char kMeanSumPrefix[] = "mean_sum/";
-constexpr char kMeanCountPrefix[] = "mean_count/";
-
-std::string MeanCountKey(const std::string& key) { return kMeanCountPrefix + key; }
-
-void AddMeanShare(const std::string& key, double sum, double count, Metrics& out) {
-  out[kMeanSumPrefix + key] = sum;
-  out[MeanCountKey(key)] = count;
-}
-
-bool IsMeanShare(const std::string& metric) {
-  return absl::StartsWith(metric, kMeanSumPrefix) || absl::StartsWith(metric, kMeanCountPrefix);
-}
-
-std::string MeanOfSumShare(const std::string& metric) {
-  return absl::StartsWith(metric, kMeanSumPrefix) ? metric.substr(sizeof(kMeanSumPrefix) - 1) : "";
-}
-
 absl::StatusOr<PhaseReply> JobRank::Run(const PhaseRequest& request) {
   const std::string& phase = request.phase;
   PhaseReply reply;
-  if (phase == "find_checkpoint") return FindCheckpoint(request);
-  if (phase == "start") {
+  if (phase == phases::kFindCheckpoint) return FindCheckpoint(request);
+  if (phase == phases::kStart) {
     STRATA_RETURN_IF_ERROR(Start(request));
     return reply;
   }
-  if (phase == "commit") return Commit(request);
-  if (phase == "finish") {
+  if (phase == phases::kCommit) return Commit(request);
+  if (phase == phases::kFinish) {
     // The driver ends the job once every rank has replied, rank 0 after
     // its write: the others need not wait for it in a barrier.
     if (gang_.rank() == 0) STRATA_RETURN_IF_ERROR(models_.SaveOutput(spec_.output_dir));
     return reply;
   }
-  if (phase == "evaluate") {
+  if (phase == phases::kEvaluate) {
     ActAtFailpoint(phase, request.iteration);
     STRATA_ASSIGN_OR_RETURN(reply.metrics, Evaluate());
     return reply;
   }
   const bool rl = algorithm_ != nullptr;
-  const bool known = rl ? (phase == "rollout" || phase == "score" || phase == "update") : phase == "train";
+  const bool known = rl ? (phase == phases::kRollout || phase == phases::kScore || phase == phases::kUpdate) : phase == phases::kTrain;
   if (!known) {
     return absl::InvalidArgumentError(absl::StrCat("phase '", phase, "' is not one of this ",
                                                    policies::AlgorithmName(spec_.algorithm), " job's"));
   }
   // Timed and measured phases: the reply carries this rank's figures.
-  const std::string measured = phase == "train" ? "update" : phase;
+  const std::string measured = phase == phases::kTrain ? phases::kUpdate : phase;
   const auto started = std::chrono::steady_clock::now();
   const EngineCounters& counters = GlobalEngineCounters();
   const int64_t nvme_read = EngineCounters::Read(counters.nvme_read_bytes);
   const int64_t nvme_written = EngineCounters::Read(counters.nvme_written_bytes);
   models_.BeginPhase(measured);
   ActAtFailpoint(phase, request.iteration);
-  if (phase == "rollout") {
+  if (phase == phases::kRollout) {
     std::vector<int64_t> index;
     const auto rows = ShardOf(request.iteration, &index);
     std::vector<policies::BatchPrompt> prompts;
     for (size_t i = 0; i < rows.size(); ++i) prompts.push_back({index[i], data_->prompts[rows[i]]});
     STRATA_RETURN_IF_ERROR(algorithm_->Rollout(models_, prompts, spec_.train.batch_size, request.iteration));
-  } else if (phase == "score") {
+  } else if (phase == phases::kScore) {
     STRATA_ASSIGN_OR_RETURN(reply.metrics, algorithm_->Score(models_, gang_, request.params));
   } else {
     // The schedule's learning rate for this iteration's steps.
     STRATA_RETURN_IF_ERROR(models_.BeginIteration(request.iteration));
-    if (phase == "update") {
+    if (phase == phases::kUpdate) {
       STRATA_ASSIGN_OR_RETURN(reply.metrics, algorithm_->Update(models_, gang_, request.iteration));
     } else {
       STRATA_ASSIGN_OR_RETURN(reply.metrics, Train(request.iteration));

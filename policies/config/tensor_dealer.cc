@@ -1,4 +1,4 @@
-#include "policies/dist/tensor_dealer.h"
+#include "policies/config/tensor_dealer.h"
 
 #include <algorithm>
 

@@ -1,7 +1,7 @@
 // Which c10d backend a job's gang uses: parallel.backend against
 // memory.device and what this build has.
 #include "gtest/gtest.h"
-#include "services/runtime/local_gang.h"
+#include "services/rank/local_gang.h"
 
 namespace strata::services {
 namespace {

@@ -1,8 +1,8 @@
 // The hyperparameters of a Llama-family decoder, read from and written to a
 // Hugging Face `config.json`. No torch here, so the planner and the services
 // can reason about model shapes without linking libtorch.
-#ifndef STRATA_POLICIES_MODEL_LLAMA_CONFIG_H_
-#define STRATA_POLICIES_MODEL_LLAMA_CONFIG_H_
+#ifndef STRATA_POLICIES_CONFIG_LLAMA_CONFIG_H_
+#define STRATA_POLICIES_CONFIG_LLAMA_CONFIG_H_
 
 #include <cstdint>
 #include <string>
@@ -94,4 +94,4 @@ struct LlamaConfig {
 
 }  // namespace strata::policies
 
-#endif  // STRATA_POLICIES_MODEL_LLAMA_CONFIG_H_
+#endif  // STRATA_POLICIES_CONFIG_LLAMA_CONFIG_H_

@@ -1,8 +1,8 @@
 // How generation picks tokens. Kept apart from generation.h and free of
 // torch, so the wire format and the RL interfaces can name it without
 // compiling ATen.
-#ifndef STRATA_POLICIES_MODEL_SAMPLING_H_
-#define STRATA_POLICIES_MODEL_SAMPLING_H_
+#ifndef STRATA_POLICIES_CONFIG_SAMPLING_H_
+#define STRATA_POLICIES_CONFIG_SAMPLING_H_
 
 #include <cstdint>
 #include <vector>
@@ -40,4 +40,4 @@ struct SamplingOptions {
 
 }  // namespace strata::policies
 
-#endif  // STRATA_POLICIES_MODEL_SAMPLING_H_
+#endif  // STRATA_POLICIES_CONFIG_SAMPLING_H_

@@ -1,7 +1,7 @@
 // How the driver merges the ranks' phase replies: rank 0's global metrics,
 // the largest per-rank measurement, and means whose shares each rank sent;
 // and which of the ranks' errors it reports.
-#include "services/runtime/job_runner.h"
+#include "services/driver/job_runner.h"
 
 #include "gtest/gtest.h"
 
