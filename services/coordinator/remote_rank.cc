@@ -30,8 +30,8 @@ absl::Status RemoteRankOptions::Validate() const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<RemoteRank>> RemoteRank::Create(
-    RemoteRankOptions options, std::shared_ptr<grpc::ChannelCredentials> credentials) {
+absl::StatusOr<std::unique_ptr<RemoteRank>> RemoteRank::Create(RemoteRankOptions options,
+                                                              std::shared_ptr<grpc::ChannelCredentials> credentials) {
   STRATA_RETURN_IF_ERROR(options.Validate());
   if (credentials == nullptr) return absl::InvalidArgumentError("worker credentials: null");
   grpc::ChannelArguments args;
@@ -56,10 +56,8 @@ bool RemoteRank::Answers(std::chrono::milliseconds timeout) const {
 
 template <typename Request, typename Response>
 absl::Status RemoteRank::Call(const char* method,
-                                     grpc::Status (v1::Worker::Stub::*rpc)(grpc::ClientContext*, const Request&,
-                                                                           Response*),
-                                     std::chrono::milliseconds timeout, const Request& request,
-                                     Response* response) const {
+                              grpc::Status (v1::Worker::Stub::*rpc)(grpc::ClientContext*, const Request&, Response*),
+                              std::chrono::milliseconds timeout, const Request& request, Response* response) const {
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + timeout);
   AddBearer(&context, options_.token);
@@ -109,11 +107,9 @@ absl::StatusOr<int> RemoteRank::OpenRendezvous(int world_size, std::chrono::mill
   return response.port();
 }
 
-absl::StatusOr<RemoteRank::Loaded> RemoteRank::StartRank(const std::string& spec_yaml, int rank,
-                                                                       int world_size,
-                                                                       const std::string& rendezvous_host,
-                                                                       int rendezvous_port,
-                                                                       std::chrono::milliseconds timeout) {
+absl::StatusOr<RemoteRank::Loaded> RemoteRank::StartRank(const std::string& spec_yaml, int rank, int world_size,
+                                                         const std::string& rendezvous_host, int rendezvous_port,
+                                                         std::chrono::milliseconds timeout) {
   v1::StartRankRequest request;
   request.set_job_id(options_.job_id);
   request.set_spec_yaml(spec_yaml);
