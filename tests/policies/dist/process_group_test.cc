@@ -92,6 +92,9 @@ TEST(ProcessGroupTest, OneRankIsItsOwnGang) {
 
 // Rank 0 all-reduces; rank 1 holds its group open without joining the
 // collective until rank 0 is done (a hung rank), or drops it (a dead rank).
+// Both meet in a barrier first: a rank that dropped its group while its
+// peer was still connecting would fail the peer's Create instead (a CI
+// flake: "Connection closed by peer" before the collective).
 absl::Status AllReduceAgainstAnAbsentRank(bool rank1_hangs) {
   std::promise<void> rank0_done;
   std::shared_future<void> done = rank0_done.get_future().share();
@@ -99,6 +102,8 @@ absl::Status AllReduceAgainstAnAbsentRank(bool rank1_hangs) {
   OnEveryRank(
       2,
       [&](int rank, ProcessGroup& group) {
+        const absl::Status formed = group.Barrier();
+        EXPECT_TRUE(formed.ok()) << formed;
         if (rank == 1) {
           if (rank1_hangs) done.wait();
           return;
