@@ -19,7 +19,7 @@
 #include "base/log.h"
 #include "base/status_macros.h"
 #include "services/coordinator/coordinator.h"
-#include "services/store/job_store.h"
+#include "services/store/redis_job_store.h"
 #include "services/store/redis_client.h"
 #include "services/rpc/rpc_metrics.h"
 #include "services/rpc/wire.h"
@@ -111,7 +111,7 @@ absl::StatusOr<std::string> RunCoordinatorServer(const CoordinatorCommand& comma
   }
   STRATA_ASSIGN_OR_RETURN(auto security, ServerSecurity::Resolve(command.token_file, command.tls,
                                                                  command.insecure || !callers.empty()));
-  JobStoreOptions store_options;
+  RedisStoreOptions store_options;
   store_options.redis_url = command.redis;
   STRATA_ASSIGN_OR_RETURN(auto endpoint, ParseRedisUrl(command.redis));
   if (!endpoint.password.empty()) {
@@ -125,7 +125,7 @@ absl::StatusOr<std::string> RunCoordinatorServer(const CoordinatorCommand& comma
   } else if (const char* env = std::getenv("STRATA_REDIS_PASSWORD"); env != nullptr && *env) {
     store_options.password = env;
   }
-  auto store = JobStore::Connect(store_options);
+  auto store = ConnectRedisJobStore(store_options);
   if (!store.ok()) return absl::Status(store.status().code(), absl::StrCat("--redis: ", store.status().message()));
   CoordinatorOptions options;
   options.token = security.token;

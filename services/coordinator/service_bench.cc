@@ -10,7 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
 #include "services/rpc/auth.h"
-#include "services/store/job_store.h"
+#include "services/store/redis_job_store.h"
 #include "strata/v1/coordinator.grpc.pb.h"
 
 namespace strata::services {
@@ -133,9 +133,9 @@ absl::StatusOr<ServiceLoadResult> RunServiceLoad(const ServiceBenchRequest& r) {
 
   // The peer: the same job reads straight against Redis, same concurrency.
   if (!r.redis.empty()) {
-    services::JobStoreOptions options;
+    services::RedisStoreOptions options;
     options.redis_url = r.redis;
-    STRATA_ASSIGN_OR_RETURN(auto store, services::JobStore::Connect(options));
+    STRATA_ASSIGN_OR_RETURN(auto store, services::ConnectRedisJobStore(options));
     auto page = store->List(1, "", std::nullopt);
     const std::string id = page.ok() && !page->first.empty() ? page->first[0].id : "";
     std::vector<std::thread> peers;

@@ -1,21 +1,14 @@
-// The Redis-backed job store: jobs, their state machine, progress,
-// checkpoints, per-job event streams and the worker registry. The coordinator
-// keeps nothing it cannot rebuild from here after a restart.
+// The job store: jobs, their state machine, progress, checkpoints, per-job
+// event streams and the worker registry. The coordinator keeps nothing it
+// cannot rebuild from here after a restart.
 //
-// Every call can fail with UNAVAILABLE (Redis down, refused, timed out, still
-// loading its data set); those are safe to retry, and the next call after a
-// failure reconnects on its own. Key layout (all under
-// JobStoreOptions::key_prefix):
-//   job:<id>              hash, one field per JobRecord member (+ "seq")
-//   job:<id>:events       stream, entries {type, json}, capped (MAXLEN ~)
-//   job:<id>:checkpoints  hash, iteration -> checkpoint dir
-//   jobs                  sorted set of ids scored by creation sequence
-//   jobs:state:<STATE>    sorted set per state, same scores
-//   jobs:seq              counter behind the creation sequence
-//   request:<request_id>  string -> job id (idempotent Create);
-//                         request:<tenant>:<request_id> for a tenant's job
-//   worker:<id>           hash {id, address, job_id, last_heartbeat_unix_ms}, expires
-//   workers               set of registered worker ids (pruned lazily)
+// JobStore is the contract; RedisJobStore (redis_job_store.h) is what a
+// deployment runs, MemoryJobStore (memory_job_store.h) what unit tests of
+// the coordinator run. One contract suite (tests/services/store/
+// job_store_contract_test.cc) runs against both, so the two cannot drift.
+//
+// Every call can fail with UNAVAILABLE (the backing service down, refused,
+// timed out); those are safe to retry.
 #ifndef STRATA_SERVICES_STORE_JOB_STORE_H_
 #define STRATA_SERVICES_STORE_JOB_STORE_H_
 
@@ -85,57 +78,28 @@ struct WorkerRecord {
   int64_t last_heartbeat_unix_ms = 0;  // Redis server clock; set by the store
 };
 
-struct JobStoreOptions {
-  // redis://[[user]:password@]host[:port][/db]; port defaults to 6379, db to 0.
-  std::string redis_url = "redis://127.0.0.1:6379";
-  // Replaces the URL's password when set (read from a file or the
-  // environment, so that it appears in no command line).
-  std::string password;
-  // TCP connect timeout, milliseconds.
-  int connect_timeout_ms = 2000;
-  // Socket read/write timeout per command, milliseconds. A blocking event read
-  // waits this long on top of its own block_ms.
-  int command_timeout_ms = 5000;
-  // Prepended to every key, so several deployments (or tests) can share one Redis.
-  std::string key_prefix = "strata:";
-  // Healthy connections kept open between calls. Calls running at the same
-  // time each take their own connection; more than this are closed afterwards.
-  int max_idle_connections = 4;
-  // Approximate cap on entries kept per job event stream (XADD MAXLEN ~).
-  int64_t max_events_per_job = 10000;
-
-  // INVALID_ARGUMENT naming the field when one is out of range or the URL is malformed.
-  absl::Status Validate() const;
-};
-
-// Thread-safe: concurrent calls each use their own pooled connection, so a
-// blocking ReadEvents never stalls other calls. Every multi-key change is one
-// Lua script, so it is atomic with respect to other clients and processes.
+// Thread-safe; a blocking ReadEvents never stalls other calls. Every change
+// is atomic with respect to other callers (and, for Redis, other processes).
 class JobStore {
  public:
-  // Connects and loads the scripts. INVALID_ARGUMENT for bad options,
-  // UNAVAILABLE (naming the address) when Redis cannot be reached.
-  static absl::StatusOr<std::unique_ptr<JobStore>> Connect(const JobStoreOptions& options);
-  ~JobStore();
-  JobStore(const JobStore&) = delete;
-  JobStore& operator=(const JobStore&) = delete;
+  virtual ~JobStore() = default;
 
   // Creates a QUEUED job from `job` (its id, state, timestamps and error fields
   // are ignored) and returns it as stored. With a non-empty request_id, a
   // repeated call returns the job the first call created and sets
   // *created = false; this holds across concurrent callers and processes.
   // `created` may be null.
-  absl::StatusOr<JobRecord> Create(JobRecord job, bool* created);
+  virtual absl::StatusOr<JobRecord> Create(JobRecord job, bool* created) = 0;
 
   // NOT_FOUND naming the id.
-  absl::StatusOr<JobRecord> Get(const std::string& id);
+  virtual absl::StatusOr<JobRecord> Get(const std::string& id) = 0;
 
   // One page of jobs, newest first, optionally only those in `state`, and the
   // token for the next page ("" on the last page). Tokens are opaque and stay
   // valid while jobs are created (no duplicates, no skips). page_size 0 means
   // 50; at most 1000. INVALID_ARGUMENT for a negative size or a bad token.
-  absl::StatusOr<std::pair<std::vector<JobRecord>, std::string>> List(int page_size, const std::string& page_token,
-                                                                      std::optional<JobState> state);
+  virtual absl::StatusOr<std::pair<std::vector<JobRecord>, std::string>> List(int page_size, const std::string& page_token,
+                                                                      std::optional<JobState> state) = 0;
 
   // Atomically moves the job to `to` if its state is one of `from` and not
   // terminal, and its fields hold the values `expect` names (only worker:
@@ -145,60 +109,55 @@ class JobStore {
   // keys: worker, error_code, error_message, output_dir, iteration,
   // iterations (INVALID_ARGUMENT for others). Returns the job as stored
   // after the change.
-  absl::StatusOr<JobRecord> Transition(const std::string& id, std::vector<JobState> from, JobState to,
+  virtual absl::StatusOr<JobRecord> Transition(const std::string& id, std::vector<JobState> from, JobState to,
                                        const std::map<std::string, std::string>& fields = {},
-                                       const std::map<std::string, std::string>& expect = {});
+                                       const std::map<std::string, std::string>& expect = {}) = 0;
 
   // Records the last completed iteration. NOT_FOUND for an unknown job.
   // Accepted in any state: a late report from a cancelled job is still true.
-  absl::Status SetProgress(const std::string& id, int64_t iteration);
+  virtual absl::Status SetProgress(const std::string& id, int64_t iteration) = 0;
 
   // Records a checkpoint written at `iteration` into `dir`. The job's
   // checkpoint_dir/checkpoint_iteration follow the highest iteration recorded;
   // recording an iteration again replaces its dir. NOT_FOUND for an unknown job.
-  absl::Status RecordCheckpoint(const std::string& id, int64_t iteration, const std::string& dir);
+  virtual absl::Status RecordCheckpoint(const std::string& id, int64_t iteration, const std::string& dir) = 0;
   // All recorded checkpoints, ascending by iteration. NOT_FOUND for an unknown job.
-  absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> ListCheckpoints(const std::string& id);
+  virtual absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> ListCheckpoints(const std::string& id) = 0;
 
   // Appends {type, json} to the job's event stream and returns the entry id.
-  // The stream keeps roughly max_events_per_job newest entries. NOT_FOUND for
+  // The stream keeps about the store's cap of newest entries. NOT_FOUND for
   // an unknown job.
-  absl::StatusOr<std::string> AppendEvent(const std::string& id, const std::string& type, const std::string& json);
+  virtual absl::StatusOr<std::string> AppendEvent(const std::string& id, const std::string& type, const std::string& json) = 0;
 
   // Up to `count` (0 means 100) entries after `after_id` ("" = from the
   // start), oldest first. When there are none yet, waits up to `block_ms` for
   // one (0 = return at once) and returns an empty vector on timeout.
   // NOT_FOUND for an unknown job; INVALID_ARGUMENT for a malformed after_id.
-  absl::StatusOr<std::vector<JobEventRecord>> ReadEvents(const std::string& id, const std::string& after_id, int count,
-                                                         int block_ms);
+  virtual absl::StatusOr<std::vector<JobEventRecord>> ReadEvents(const std::string& id, const std::string& after_id, int count,
+                                                         int block_ms) = 0;
 
   // The newest event of the job, if any. NOT_FOUND for an unknown job.
-  absl::StatusOr<std::optional<JobEventRecord>> LastEvent(const std::string& id);
+  virtual absl::StatusOr<std::optional<JobEventRecord>> LastEvent(const std::string& id) = 0;
 
   // Every job in `state`, oldest first (coordinator restart recovery).
-  absl::StatusOr<std::vector<JobRecord>> ListByState(JobState state);
+  virtual absl::StatusOr<std::vector<JobRecord>> ListByState(JobState state) = 0;
   // How many jobs are in each state ("QUEUED" -> 3, ...), every state named.
-  absl::StatusOr<std::map<std::string, int64_t>> CountByState();
+  virtual absl::StatusOr<std::map<std::string, int64_t>> CountByState() = 0;
 
   // Registers (or re-registers) a worker that is considered alive for
   // `ttl_ms` unless it heartbeats. last_heartbeat_unix_ms is set by the store.
-  absl::Status RegisterWorker(const WorkerRecord& worker, int ttl_ms);
+  virtual absl::Status RegisterWorker(const WorkerRecord& worker, int ttl_ms) = 0;
   // Extends the registration by `ttl_ms` and records the job it works on.
   // NOT_FOUND when the registration has expired (the worker must register again).
-  absl::Status Heartbeat(const std::string& worker_id, const std::string& job_id, int ttl_ms);
+  virtual absl::Status Heartbeat(const std::string& worker_id, const std::string& job_id, int ttl_ms) = 0;
   // Workers whose registration has not expired, sorted by id.
-  absl::StatusOr<std::vector<WorkerRecord>> ListWorkers();
+  virtual absl::StatusOr<std::vector<WorkerRecord>> ListWorkers() = 0;
   // Ends a registration now (a worker that stopped answering). A live
   // worker registers again on its next heartbeat. Unknown ids are fine.
-  absl::Status RemoveWorker(const std::string& worker_id);
+  virtual absl::Status RemoveWorker(const std::string& worker_id) = 0;
 
-  // Round trip to Redis.
-  absl::Status Ping();
-
- private:
-  class Impl;
-  explicit JobStore(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  // Round trip to the backing service.
+  virtual absl::Status Ping() = 0;
 };
 
 }  // namespace strata::services

@@ -30,7 +30,7 @@
 #include "strata/v1/coordinator.grpc.pb.h"
 #include "strata/v1/worker.grpc.pb.h"
 #include "services/driver/job_runner.h"
-#include "services/store/job_store.h"
+#include "services/store/redis_job_store.h"
 #include "tests/testutil/child_process.h"
 #include "tests/testutil/redis_server.h"
 #include "tests/e2e/run_metrics.h"
@@ -1696,9 +1696,9 @@ TEST_F(NoWorkerServiceTest, AGangJobSaysWhenTooFewWorkersRemainRegistered) {
 TEST_F(NoWorkerServiceTest, AWatchWaitsForTheFinalEventOfAJobThatJustEnded) {
   v1::Job job;
   ASSERT_TRUE(Submit(Spec(2, "ends-quietly"), &job).ok());
-  services::JobStoreOptions options;
+  services::RedisStoreOptions options;
   options.redis_url = redis_->url();
-  auto store = services::JobStore::Connect(options);
+  auto store = services::ConnectRedisJobStore(options);
   ASSERT_TRUE(store.ok()) << store.status();
 
   std::mutex mu;
