@@ -10,4 +10,13 @@ uint64_t IterationSeed(uint64_t job_seed, int64_t iteration) {
   return z ^ (z >> 31);
 }
 
+// The same mix as an iteration's: a seed of seeds.
+uint64_t PromptSeed(uint64_t batch_seed, int64_t batch_index) { return IterationSeed(batch_seed, batch_index); }
+
+uint64_t SampleSeed(uint64_t prompt_seed, int64_t sample) { return IterationSeed(prompt_seed, sample); }
+
+uint64_t EvaluationSeed(uint64_t job_seed) { return IterationSeed(job_seed, -1); }
+
+uint64_t EpochShuffleSeed(uint64_t job_seed, uint64_t epoch) { return job_seed * 1315423911ULL + epoch; }
+
 }  // namespace strata::policies

@@ -6,7 +6,6 @@
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
-#include <numeric>
 #include <random>
 #include <thread>
 
@@ -22,6 +21,8 @@
 #include "base/interrupt.h"
 #include "base/log.h"
 #include "base/status_macros.h"
+#include "policies/data/batch_order.h"
+#include "policies/job/seeds.h"
 #include "rewards/rule_rewards.h"
 #include "services/telemetry/service_metrics.h"
 
@@ -78,79 +79,6 @@ using policies::Algorithm;
 using policies::Metrics;
 
 constexpr int64_t kEvalSamplesPerPrompt = 4;
-
-// The examples of a JSONL file, each checked for the fields it needs.
-absl::StatusOr<std::vector<json>> ReadJsonl(const std::string& path, const std::vector<std::string>& fields) {
-  STRATA_ASSIGN_OR_RETURN(auto text, ReadFileToString(path));
-  std::vector<json> rows;
-  size_t start = 0;
-  for (int line = 1; start < text.size(); ++line) {
-    size_t end = text.find('\n', start);
-    if (end == std::string::npos) end = text.size();
-    const std::string row = text.substr(start, end - start);
-    start = end + 1;
-    if (row.find_first_not_of(" \t\r") == std::string::npos) continue;
-    json j = json::parse(row, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.is_object()) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ":", line, ": not a JSON object"));
-    }
-    for (const auto& f : fields) {
-      if (!j.contains(f) || !j[f].is_string()) {
-        return absl::InvalidArgumentError(absl::StrCat(path, ":", line, ": field '", f, "' (a string) is missing"));
-      }
-    }
-    rows.push_back(std::move(j));
-  }
-  if (rows.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no examples"));
-  return rows;
-}
-
-class Encoder {
- public:
-  Encoder(const policies::Tokenizer& tokenizer, const policies::JobSpec& spec)
-      : tokenizer_(tokenizer), spec_(spec), eos_(tokenizer.eos_id()) {}
-  std::vector<int32_t> Prompt(const std::string& text) const {
-    std::vector<int32_t> ids = tokenizer_.EncodeForPrompt(text);
-    // Keep the end of an over-long prompt: it is what the response follows.
-    const size_t max = static_cast<size_t>(spec_.data.max_prompt_tokens);
-    if (ids.size() > max) ids.erase(ids.begin(), ids.end() - static_cast<std::ptrdiff_t>(max));
-    return ids;
-  }
-  std::vector<int32_t> Response(const std::string& text) const {
-    std::vector<int32_t> ids = tokenizer_.Encode(text);
-    const size_t max = static_cast<size_t>(spec_.data.max_response_tokens);
-    if (ids.size() + 1 > max) ids.resize(max - 1);
-    if (eos_ >= 0) ids.push_back(static_cast<int32_t>(eos_));
-    return ids;
-  }
-
- private:
-  const policies::Tokenizer& tokenizer_;
-  const policies::JobSpec& spec_;
-  const int64_t eos_;
-};
-
-// Example indices of iteration `it`: epochs are reshuffled with the job
-// seed, so batch contents depend only on (seed, iteration) and a resumed
-// run sees the data an uninterrupted one would.
-std::vector<size_t> BatchIndices(size_t examples, int64_t batch, int64_t it, uint64_t seed) {
-  std::vector<size_t> out;
-  std::vector<size_t> order;
-  size_t order_epoch = SIZE_MAX;  // the epoch `order` was shuffled for
-  const size_t first = static_cast<size_t>(it * batch);
-  for (size_t k = first; k < first + static_cast<size_t>(batch); ++k) {
-    const size_t epoch = k / examples;
-    if (epoch != order_epoch) {  // a batch spans at most a few epochs
-      order.resize(examples);
-      std::iota(order.begin(), order.end(), 0);
-      std::mt19937_64 rng(seed * 1315423911ULL + epoch);
-      std::shuffle(order.begin(), order.end(), rng);
-      order_epoch = epoch;
-    }
-    out.push_back(order[k % examples]);
-  }
-  return out;
-}
 
 std::string CheckpointName(int64_t iteration) { return absl::StrFormat("iter-%06d", iteration); }
 
@@ -215,17 +143,6 @@ double Param(const Metrics& params, const std::string& key, double fallback = 0)
 }
 
 }  // namespace
-
-// The job's examples, tokenized; every rank holds all of them and takes its
-// shard per iteration.
-struct JobRank::Data {
-  std::vector<policies::TextPair> sft;
-  std::vector<policies::PreferencePair> pairs, eval_pairs;
-  std::vector<std::vector<int32_t>> prompts, eval_prompts;
-  std::vector<std::string> eval_prompt_text;
-  rewards::RuleFn eval_rule;
-  size_t examples = 0;
-};
 
 absl::StatusOr<std::pair<std::string, int64_t>> LatestCheckpoint(const std::string& dir) {
   std::pair<std::string, int64_t> best{"", -1};
@@ -330,61 +247,25 @@ absl::StatusOr<std::unique_ptr<JobRank>> JobRank::Create(const policies::JobSpec
       return absl::PermissionDeniedError(absl::StrCat("output.dir: cannot create ", spec.output_dir, ": ", ec.message()));
     }
   }
-  auto data = std::make_unique<Data>();
-  const Encoder encode(tokenizer, spec);
-  auto read_pairs = [&](const std::string& path, std::vector<policies::PreferencePair>* out) -> absl::Status {
-    STRATA_ASSIGN_OR_RETURN(auto rows, ReadJsonl(path, {"prompt", "chosen", "rejected"}));
-    for (const auto& r : rows) {
-      out->push_back({encode.Prompt(r["prompt"]), encode.Response(r["chosen"]), encode.Response(r["rejected"])});
-    }
-    return absl::OkStatus();
-  };
-  const bool rl = spec.algorithm != Algorithm::kSft && spec.algorithm != Algorithm::kRewardModel;
-  if (spec.algorithm == Algorithm::kSft) {
-    STRATA_ASSIGN_OR_RETURN(auto rows, ReadJsonl(spec.data.train, {"prompt", "response"}));
-    for (const auto& r : rows) data->sft.push_back({encode.Prompt(r["prompt"]), encode.Response(r["response"])});
-    data->examples = data->sft.size();
-  } else if (spec.algorithm == Algorithm::kRewardModel) {
-    STRATA_RETURN_IF_ERROR(read_pairs(spec.data.train, &data->pairs));
-    if (!spec.data.eval.empty()) {
-      STRATA_RETURN_IF_ERROR(read_pairs(spec.data.eval, &data->eval_pairs));
-    }
-    data->examples = data->pairs.size();
-  } else {
-    STRATA_ASSIGN_OR_RETURN(auto rows, ReadJsonl(spec.data.train, {"prompt"}));
-    for (const auto& r : rows) data->prompts.push_back(encode.Prompt(r["prompt"]));
-    if (!spec.data.eval.empty()) {
-      STRATA_ASSIGN_OR_RETURN(auto eval_rows, ReadJsonl(spec.data.eval, {"prompt"}));
-      for (size_t i = 0; i < eval_rows.size() && static_cast<int64_t>(i) < spec.eval.prompts; ++i) {
-        data->eval_prompt_text.push_back(eval_rows[i]["prompt"]);
-        data->eval_prompts.push_back(encode.Prompt(data->eval_prompt_text.back()));
-      }
-    }
-    data->examples = data->prompts.size();
+  STRATA_ASSIGN_OR_RETURN(auto data, ReadJobExamples(spec, tokenizer));
+  rank->data_ = std::make_unique<JobExamples>(std::move(data));
+  if (spec.algorithm != Algorithm::kSft && spec.algorithm != Algorithm::kRewardModel) {
     STRATA_ASSIGN_OR_RETURN(rank->algorithm_, policies::RlAlgorithm::Create(spec));
     // RL evaluation: sampled responses to the eval prompts scored by the rule.
     const std::string rule_name = !spec.eval.rule.empty() ? spec.eval.rule : spec.reward.rule;
-    if (spec.eval.every > 0 && !data->eval_prompts.empty()) {
+    if (spec.eval.every > 0 && !rank->data_->eval_prompts.empty()) {
       if (rule_name.empty()) return absl::InvalidArgumentError("eval.rule is required to evaluate this job");
       auto rule = rewards::MakeRule(rule_name);
       if (!rule.ok()) return absl::InvalidArgumentError(absl::StrCat("eval.rule: ", rule.status().message()));
-      data->eval_rule = *rule;
+      rank->eval_rule_ = *rule;
     }
   }
-  (void)rl;
-  rank->data_ = std::move(data);
   return rank;
 }
 
 std::vector<size_t> JobRank::ShardOf(int64_t iteration, std::vector<int64_t>* batch_index) const {
-  const auto all = BatchIndices(data_->examples, spec_.train.batch_size, iteration, spec_.train.seed);
-  std::vector<size_t> mine;
-  for (size_t i = 0; i < all.size(); ++i) {
-    if (static_cast<int>(i % static_cast<size_t>(gang_.world_size())) != gang_.rank()) continue;
-    mine.push_back(all[i]);
-    if (batch_index) batch_index->push_back(static_cast<int64_t>(i));
-  }
-  return mine;
+  const auto all = policies::BatchIndices(data_->examples, spec_.train.batch_size, iteration, spec_.train.seed);
+  return policies::ShardOfBatch(all, gang_.rank(), gang_.world_size(), batch_index);
 }
 
 absl::StatusOr<PhaseReply> JobRank::Run(const PhaseRequest& request) {
@@ -490,7 +371,7 @@ absl::StatusOr<policies::Metrics> JobRank::Evaluate() {
     const double n = static_cast<double>(mine.size());
     AddMeanShare("eval/pairwise_accuracy", accuracy * n, n, m);
     AddMeanShare("eval/loss", loss * n, n, m);
-  } else if (data_->eval_rule) {
+  } else if (eval_rule_) {
     // The policy is evaluated as it acts: sampled with the job's generation
     // settings (a greedy decode can sit at the rule's maximum while the
     // policy does not), with one fixed seed per prompt so evaluations compare.
@@ -505,8 +386,10 @@ absl::StatusOr<policies::Metrics> JobRank::Evaluate() {
     request.sampling.top_p = spec_.generation.top_p;
     request.sampling.top_k = spec_.generation.top_k;
     request.sampling.max_new_tokens = spec_.generation.max_new_tokens;
-    request.sampling.seed = policies::IterationSeed(spec_.train.seed, -1);
-    for (size_t i : which) request.sampling.row_seeds.push_back(policies::IterationSeed(request.sampling.seed, i));
+    request.sampling.seed = policies::EvaluationSeed(spec_.train.seed);
+    for (size_t i : which) {
+      request.sampling.row_seeds.push_back(policies::PromptSeed(request.sampling.seed, static_cast<int64_t>(i)));
+    }
     double total = 0, count = 0;
     if (!request.prompts.empty()) {
       STRATA_ASSIGN_OR_RETURN(auto rollouts, models_.Generate(request));
@@ -515,7 +398,7 @@ absl::StatusOr<policies::Metrics> JobRank::Evaluate() {
           return absl::InternalError(absl::StrCat("evaluation rollout of prompt ", r.prompt_index,
                                                   " does not fit the batch"));
         }
-        total += data_->eval_rule(data_->eval_prompt_text[which[static_cast<size_t>(r.prompt_index)]],
+        total += eval_rule_(data_->eval_prompt_text[which[static_cast<size_t>(r.prompt_index)]],
                                   tokenizer_.Decode(r.response));
         count += 1;
       }

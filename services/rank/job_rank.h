@@ -19,7 +19,9 @@
 #include "policies/rl/worker_group.h"
 #include "policies/tokenizer/tokenizer.h"
 #include "services/phase/phase.h"
+#include "rewards/rule_rewards.h"
 #include "services/rank/checkpoint_state.h"
+#include "services/rank/job_examples.h"
 #include "services/rank/local_worker_group.h"
 #include "services/telemetry/tensorboard_writer.h"
 
@@ -54,7 +56,6 @@ class JobRank {
   std::vector<size_t> ShardOf(int64_t iteration, std::vector<int64_t>* batch_index) const;
 
  private:
-  struct Data;
   JobRank(const policies::JobSpec& spec, LocalWorkerGroup& models, const policies::Tokenizer& tokenizer,
           policies::ProcessGroup& gang, JobRankOptions options);
   absl::StatusOr<PhaseReply> FindCheckpoint(const PhaseRequest& request);
@@ -74,7 +75,8 @@ class JobRank {
   std::string unfinished_mark_;
   // Rank 0's curves in <output.dir>/tensorboard, one event per metrics line.
   std::unique_ptr<TensorBoardWriter> tensorboard_;
-  std::unique_ptr<Data> data_;
+  std::unique_ptr<JobExamples> data_;
+  rewards::RuleFn eval_rule_;  // RL evaluation's score of a response
   std::unique_ptr<policies::RlAlgorithm> algorithm_;
 };
 

@@ -19,6 +19,7 @@
 #include "offload/device/device_transfer.h"
 #include "base/file.h"
 #include "base/log.h"
+#include "policies/job/seeds.h"
 #include "policies/model/generation.h"
 #include "policies/rl/rl_algorithms.h"
 #include "policies/rl/rl_losses.h"
@@ -359,7 +360,8 @@ absl::StatusOr<std::vector<policies::Rollout>> LocalWorkerGroup::Generate(const 
     sampling.row_seeds.clear();
     for (size_t i = 0; i < prompts.size(); ++i) {
       const uint64_t prompt_seed = request.sampling.row_seeds[static_cast<size_t>(prompt_index[i])];
-      sampling.row_seeds.push_back(policies::IterationSeed(prompt_seed, static_cast<int64_t>(i % static_cast<size_t>(request.samples_per_prompt))));
+      sampling.row_seeds.push_back(
+          policies::SampleSeed(prompt_seed, static_cast<int64_t>(i % static_cast<size_t>(request.samples_per_prompt))));
     }
   }
   // Decoding in micro-batches of rows (train.micro_batch_size): the KV cache
