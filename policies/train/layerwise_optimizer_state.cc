@@ -1,0 +1,101 @@
+// The optimizer-state checkpoint (SaveState / LoadState). One safetensors
+// file per rank, holding the parameters that rank holds: for a parameter
+// with HF name N, fp32 tensors "N.master", "N.exp_avg" and "N.exp_avg_sq",
+// each flat [numel], and metadata "step.N" (its Adam step count, decimal);
+// the file's metadata also carries format = "strata-optimizer".
+#include "policies/train/layerwise_trainer_impl.h"
+
+#include <array>
+#include <map>
+#include <span>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/status_macros.h"
+#include "policies/checkpoint/safetensors.h"
+#include "policies/checkpoint/tensor_io.h"
+
+namespace strata::policies {
+
+using internal::HostView;
+
+namespace {
+// The state tensors' name suffixes, in the order master, exp_avg, exp_avg_sq.
+constexpr std::array<const char*, 3> kStateSuffixes = {".master", ".exp_avg", ".exp_avg_sq"};
+}  // namespace
+
+absl::Status LayerwiseTrainerImpl::SaveState(const std::string& path) {
+  TensorWriteBatch batch;
+  std::map<std::string, std::string> metadata = {{"format", "strata-optimizer"}};
+  for (ParamState& p : params_) {
+    if (!p.held) continue;
+    at::Tensor master, m, v;
+    if (options_.optimizer == offload::Tier::kDevice) {
+      master = p.device_master, m = p.device_exp_avg, v = p.device_exp_avg_sq;
+    } else if (options_.optimizer == offload::Tier::kHost) {
+      master = HostView(p.master, p.numel), m = HostView(p.exp_avg, p.numel), v = HostView(p.exp_avg_sq, p.numel);
+    } else {
+      master = at::empty({p.numel}, at::kFloat), m = at::empty({p.numel}, at::kFloat),
+      v = at::empty({p.numel}, at::kFloat);
+      auto span = [&](at::Tensor& t) { return std::span<float>(t.data_ptr<float>(), static_cast<size_t>(p.numel)); };
+      STRATA_RETURN_IF_ERROR(nvme_adam_->ReadState(p.name, span(master), span(m), span(v)));
+    }
+    const std::array<const at::Tensor*, 3> state = {&master, &m, &v};
+    for (size_t i = 0; i < state.size(); ++i) {
+      STRATA_RETURN_IF_ERROR(batch.Add(p.name + kStateSuffixes[i], *state[i]));
+    }
+    metadata["step." + p.name] = std::to_string(p.step);
+  }
+  return WriteSafetensors(path, batch.entries(), metadata);
+}
+
+absl::Status LayerwiseTrainerImpl::LoadState(const std::vector<std::string>& paths) {
+  std::vector<std::unique_ptr<SafetensorsFile>> files;
+  for (const std::string& path : paths) {
+    STRATA_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(path));
+    files.push_back(std::move(file));
+  }
+  for (ParamState& p : params_) {
+    if (!p.held) continue;
+    // The file (of whichever rank wrote this parameter's state) that has it.
+    size_t which = 0;
+    while (which < files.size() && files[which]->Find(p.name + kStateSuffixes[0]) == nullptr) ++which;
+    if (which == files.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(absl::StrJoin(paths, ", "),
+                                                     ": no optimizer state for ", p.name));
+    }
+    const SafetensorsFile* file = files[which].get();
+    const std::string& path = paths[which];
+    std::array<at::Tensor, 3> loaded;
+    for (size_t i = 0; i < kStateSuffixes.size(); ++i) {
+      const TensorView* view = file->Find(p.name + kStateSuffixes[i]);
+      if (view == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, ": optimizer state has no tensor ", p.name, kStateSuffixes[i]));
+      }
+      auto tensor = ToTensorWithShape(*view, {p.numel}, at::kFloat);
+      if (!tensor.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", tensor.status().message()));
+      loaded[i] = *tensor;
+    }
+    auto step = file->metadata().find("step." + p.name);
+    if (step == file->metadata().end() || !absl::SimpleAtoi(step->second, &p.step)) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": optimizer state has no step count for ", p.name));
+    }
+    if (options_.optimizer == offload::Tier::kDevice) {
+      p.device_master.copy_(loaded[0]), p.device_exp_avg.copy_(loaded[1]), p.device_exp_avg_sq.copy_(loaded[2]);
+    } else if (options_.optimizer == offload::Tier::kHost) {
+      HostView(p.master, p.numel).copy_(loaded[0]);
+      HostView(p.exp_avg, p.numel).copy_(loaded[1]);
+      HostView(p.exp_avg_sq, p.numel).copy_(loaded[2]);
+    } else {
+      auto span = [&](const at::Tensor& t) {
+        return std::span<const float>(t.data_ptr<float>(), static_cast<size_t>(p.numel));
+      };
+      STRATA_RETURN_IF_ERROR(nvme_adam_->WriteState(p.name, span(loaded[0]), span(loaded[1]), span(loaded[2])));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace strata::policies
