@@ -41,4 +41,15 @@ absl::StatusOr<CheckpointState> ParseCheckpointState(const std::string& text, co
   return out;
 }
 
+std::string SerializeCheckpointState(const CheckpointState& state, int64_t iteration, int world_size) {
+  json algorithm = json::object();
+  for (const auto& [key, value] : state.algorithm) algorithm[key] = value;
+  const json out{{"iteration", iteration},
+                 {"metrics_lines", state.metrics_lines},
+                 {"run_id", state.run_id},
+                 {"world_size", world_size},
+                 {"algorithm", algorithm}};
+  return out.dump();
+}
+
 }  // namespace strata::services

@@ -1,5 +1,6 @@
-// A checkpoint's state.json: what resume reads back. Free of torch, so the
-// fuzz target for it builds with any compiler.
+// A checkpoint's state.json, both ways: what a commit writes and resume
+// reads back (run_checkpoint.h owns the file's name and place). Free of
+// torch, so the fuzz target for it builds with any compiler.
 #ifndef STRATA_SERVICES_RANK_CHECKPOINT_STATE_H_
 #define STRATA_SERVICES_RANK_CHECKPOINT_STATE_H_
 
@@ -11,7 +12,7 @@
 
 namespace strata::services {
 
-// What a checkpoint's state.json says (JobRank::Commit writes it).
+// What a checkpoint's state.json says.
 struct CheckpointState {
   int64_t metrics_lines = 0;  // lines of metrics.jsonl the checkpoint follows
   std::string run_id;         // the job that wrote it ("" before job ids)
@@ -22,6 +23,9 @@ struct CheckpointState {
 // types, or counts that do not fit the iteration.
 absl::StatusOr<CheckpointState> ParseCheckpointState(const std::string& text, const std::string& dir,
                                                      int64_t iteration);
+// The state.json of the checkpoint after `iteration` iterations, written by
+// a gang of `world_size` ranks.
+std::string SerializeCheckpointState(const CheckpointState& state, int64_t iteration, int world_size);
 
 }  // namespace strata::services
 

@@ -6,16 +6,12 @@
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
-#include <random>
+#include <optional>
 #include <thread>
 
-#include <nlohmann/json.hpp>
-
-#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "base/engine_counters.h"
 #include "base/file.h"
 #include "base/interrupt.h"
@@ -74,67 +70,15 @@ void ActAtFailpoint(const std::string& phase, int64_t iteration) {
   }
 }
 
-using nlohmann::json;
 using policies::Algorithm;
 using policies::Metrics;
 
 constexpr int64_t kEvalSamplesPerPrompt = 4;
 
-std::string CheckpointName(int64_t iteration) { return absl::StrFormat("iter-%06d", iteration); }
-
-// Writes a metrics line to disk (fsync'ed) before the iteration counts as
-// done: a checkpoint's state.json counts the lines, and a crash must not
-// leave fewer than it says.
-absl::Status AppendLine(const std::string& path, const std::string& line) {
-  absl::Status appended = AppendDurably(path, line + "\n");
-  if (!appended.ok()) {
-    return absl::Status(appended.code(), absl::StrCat("metrics file: ", appended.message()));
-  }
-  return absl::OkStatus();
-}
-
-// A metrics line's numbers as one TensorBoard event at its iteration.
-absl::Status WriteCurves(TensorBoardWriter& writer, const std::string& line) {
-  const json metrics = json::parse(line, nullptr, false);
-  if (!metrics.is_object()) return absl::OkStatus();  // not a metrics line: nothing to plot
-  std::map<std::string, double> scalars;
-  int64_t step = 0;
-  for (const auto& [key, value] : metrics.items()) {
-    if (!value.is_number()) continue;
-    if (key == "iteration") {
-      step = value.get<int64_t>();
-    } else {
-      scalars[key] = value.get<double>();
-    }
-  }
-  const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  return writer.WriteScalars(step, scalars, now);
-}
-
 // True when both paths name the same existing file or directory.
 bool SameFile(const std::string& a, const std::string& b) {
   std::error_code ec;
   return std::filesystem::equivalent(a, b, ec) && !ec;
-}
-
-// Keeps the first `lines` lines of the metrics file (a resumed run rewrites
-// what came after its checkpoint). Each kept line must be whole JSON: a run
-// must not append after a line a crash or a full disk cut short.
-absl::Status TruncateLines(const std::string& path, int64_t lines) {
-  auto text = ReadFileToString(path);
-  if (!text.ok()) return text.status().code() == absl::StatusCode::kNotFound ? absl::OkStatus() : text.status();
-  size_t pos = 0;
-  for (int64_t i = 0; i < lines; ++i) {
-    const size_t nl = text->find('\n', pos);
-    if (nl == std::string::npos || json::parse(text->substr(pos, nl - pos), nullptr, false).is_discarded()) {
-      return absl::DataLossError(absl::StrCat("metrics file ", path, ": line ", i + 1,
-                                              nl == std::string::npos ? " is missing or cut short" : " is not JSON",
-                                              "; the checkpoint resumed from follows ", lines,
-                                              " lines (remove the output directory to start over)"));
-    }
-    pos = nl + 1;
-  }
-  return WriteFileAtomically(path, text->substr(0, pos));
 }
 
 double Param(const Metrics& params, const std::string& key, double fallback = 0) {
@@ -144,84 +88,15 @@ double Param(const Metrics& params, const std::string& key, double fallback = 0)
 
 }  // namespace
 
-absl::StatusOr<std::pair<std::string, int64_t>> LatestCheckpoint(const std::string& dir) {
-  std::pair<std::string, int64_t> best{"", -1};
-  std::error_code ec;
-  const bool is_directory = std::filesystem::is_directory(dir, ec);
-  // Not there yet is a fresh run; there but unreadable (EACCES, a stale
-  // mount) must not pass for one.
-  if (ec && ec != std::errc::no_such_file_or_directory) {
-    return ErrnoToStatus(ec.value(), absl::StrCat("checkpoint.dir ", dir));
-  }
-  if (!is_directory) return best;
-  std::filesystem::directory_iterator entries(dir, ec);
-  if (ec) return ErrnoToStatus(ec.value(), absl::StrCat("checkpoint.dir ", dir, ": list"));
-  for (const auto& entry : entries) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind("iter-", 0) != 0 || name.find('.') != std::string::npos) continue;
-    // state.json is written last: without it the checkpoint is incomplete.
-    if (!IsRegularFile(JoinPath(entry.path().string(), "state.json"))) continue;
-    const int64_t it = std::atoll(name.c_str() + 5);
-    if (it > best.second) best = {entry.path().string(), it};
-  }
-  return best;
-}
-
-absl::Status RemoveCheckpoints(const std::string& dir) {
-  std::error_code ec;
-  std::filesystem::directory_iterator entries(dir, ec);
-  if (ec) return ErrnoToStatus(ec.value(), absl::StrCat("checkpoint.dir ", dir, ": list"));
-  for (const auto& entry : entries) {
-    if (entry.path().filename().string().rfind("iter-", 0) != 0) continue;
-    if (!RemoveTree(entry.path().string())) {
-      return absl::InternalError(absl::StrCat("checkpoint.dir: cannot remove ", entry.path().string()));
-    }
-  }
-  return absl::OkStatus();
-}
-
-namespace {
-// A checkpoint being written is "iter-N.tmp-G" until rank 0 renames it; G
-// names the gang writing it, so no other gang ever writes into it.
-constexpr char kUnfinishedMark[] = ".tmp-";
-
-// Removes what runs that stopped mid-checkpoint left (a crash, a kill -9,
-// an interrupted commit): never a checkpoint anyone resumes, and as big as
-// a whole one. A writer still at work on one (a gang given up, not yet
-// stopped) cannot publish it afterwards: its directory is gone and is not
-// made again (CheckpointSubdirectory). What cannot be removed is left, with
-// a warning: it does not stop a run. Returns how many were removed.
-int RemoveUnfinishedCheckpoints(const std::string& dir) {
-  std::error_code ec;
-  std::filesystem::directory_iterator entries(dir, ec);
-  if (ec) return 0;  // no checkpoint.dir yet; one that cannot be listed fails in FindCheckpoint
-  int removed = 0;
-  for (const auto& entry : entries) {
-    const std::string name = entry.path().filename().string();
-    // ".tmp" alone: the name before gangs marked theirs.
-    if (name.rfind("iter-", 0) != 0 || name.find(".tmp") == std::string::npos) continue;
-    if (RemoveTree(entry.path().string())) {
-      ++removed;
-    } else {
-      STRATA_LOG(Warning) << "checkpoint.dir: cannot remove " << entry.path().string() << ", left half-written";
-    }
-  }
-  return removed;
-}
-
-// A name for this gang's unfinished checkpoints, from rank 0 to all.
-absl::StatusOr<std::string> AgreeOnGangMark(policies::ProcessGroup& gang) {
-  at::Tensor mark = at::zeros({1}, at::kLong);
-  if (gang.rank() == 0) mark.fill_(static_cast<int64_t>(std::random_device{}() & 0x7fffffff));
-  std::vector<at::Tensor> tensors = {mark};
-  STRATA_RETURN_IF_ERROR(gang.Broadcast(tensors, 0));
-  return absl::StrFormat("%s%08x", kUnfinishedMark, tensors[0].item<int64_t>());
-}
-}  // namespace
-
 JobRank::JobRank(const policies::JobSpec& spec, LocalWorkerGroup& models, const policies::Tokenizer& tokenizer,
                  policies::ProcessGroup& gang, JobRankOptions options)
-    : spec_(spec), models_(models), tokenizer_(tokenizer), gang_(gang), options_(std::move(options)) {}
+    : spec_(spec),
+      models_(models),
+      tokenizer_(tokenizer),
+      gang_(gang),
+      options_(std::move(options)),
+      metrics_(spec.output_dir, options_.metrics_path),
+      checkpoints_(spec.checkpoint.dir, gang) {}
 
 JobRank::~JobRank() = default;
 
@@ -238,8 +113,6 @@ absl::StatusOr<std::unique_ptr<JobRank>> JobRank::Create(const policies::JobSpec
   ActAtFailpoint("load", 0);
   STRATA_RETURN_IF_ERROR(CheckInterrupt("while the rank loads"));
   std::unique_ptr<JobRank> rank(new JobRank(spec, models, tokenizer, gang, std::move(options)));
-  rank->metrics_path_ =
-      rank->options_.metrics_path.empty() ? JoinPath(spec.output_dir, "metrics.jsonl") : rank->options_.metrics_path;
   if (gang.rank() == 0) {
     std::error_code ec;
     std::filesystem::create_directories(spec.output_dir, ec);
@@ -432,8 +305,7 @@ absl::StatusOr<PhaseReply> JobRank::FindCheckpoint(const PhaseRequest& request) 
     }
     return reply;
   }
-  STRATA_ASSIGN_OR_RETURN(auto state_text, ReadFileToString(JoinPath(dir, "state.json")));
-  STRATA_ASSIGN_OR_RETURN(CheckpointState state, ParseCheckpointState(state_text, dir, iteration));
+  STRATA_ASSIGN_OR_RETURN(CheckpointState state, ReadCheckpointState(dir, iteration));
   const std::string& owner = state.run_id;
   const bool known_own = owner.empty() && !request.text.empty() && SameFile(dir, request.text);
   const bool continued = std::find(options_.resumable_run_ids.begin(), options_.resumable_run_ids.end(), owner) !=
@@ -459,88 +331,31 @@ absl::Status JobRank::Start(const PhaseRequest& request) {
     STRATA_RETURN_IF_ERROR(models_.LoadCheckpoint(request.text));
   }
   if (gang_.rank() == 0) {
-    if (request.text.empty()) {
-      STRATA_RETURN_IF_ERROR(WriteFileAtomically(metrics_path_, ""));
-    } else {
-      STRATA_RETURN_IF_ERROR(
-          TruncateLines(metrics_path_, static_cast<int64_t>(Param(request.params, "metrics_lines"))));
-    }
-    STRATA_ASSIGN_OR_RETURN(tensorboard_, TensorBoardWriter::Open(JoinPath(spec_.output_dir, "tensorboard"),
-                                                                  /*fresh=*/request.text.empty()));
-    // Before this gang's first commit, so never one of its own.
-    if (const int removed = RemoveUnfinishedCheckpoints(spec_.checkpoint.dir); removed > 0) {
-      STRATA_LOG(Info) << "checkpoint.dir " << spec_.checkpoint.dir << ": removed " << removed
-                       << " checkpoint(s) an earlier run left half-written";
-    }
+    std::optional<int64_t> resumed_lines;
+    if (!request.text.empty()) resumed_lines = static_cast<int64_t>(Param(request.params, "metrics_lines"));
+    STRATA_RETURN_IF_ERROR(metrics_.Start(resumed_lines));
   }
-  STRATA_ASSIGN_OR_RETURN(unfinished_mark_, AgreeOnGangMark(gang_));
+  STRATA_RETURN_IF_ERROR(checkpoints_.Start());
   return gang_.Barrier();
 }
 
 absl::StatusOr<PhaseReply> JobRank::Commit(const PhaseRequest& request) {
   PhaseReply reply;
-  if (gang_.rank() == 0) {
-    STRATA_RETURN_IF_ERROR(AppendLine(metrics_path_, request.text));
-    if (tensorboard_ != nullptr) STRATA_RETURN_IF_ERROR(WriteCurves(*tensorboard_, request.text));
-  }
+  if (gang_.rank() == 0) STRATA_RETURN_IF_ERROR(metrics_.Append(request.text));
   if (Param(request.params, "checkpoint") == 0) return reply;
-  // Written under a temporary name and renamed, state.json last: a crash
-  // mid-write leaves no directory that looks complete. Rank 0 makes the
-  // directory; every rank writes the optimizer states it holds (a share
-  // each); once all have, rank 0 writes the weights (the same on every
-  // rank) and state.json, and renames the directory into place. The weights
-  // come after the last barrier: written before it, the other ranks would
-  // wait there for them, and a slow disk would outlast the collective
-  // timeout. The driver records the checkpoint once rank 0 has replied.
-  const std::string final_dir = JoinPath(spec_.checkpoint.dir, CheckpointName(request.iteration + 1));
-  const std::string tmp_dir = final_dir + unfinished_mark_;
-  // A commit that fails (a rank lost, a full disk, an interrupt) leaves no
-  // half-written copy of the model behind. The name is this gang's own, so
-  // this removes nothing another gang writes.
-  bool committed = false;
-  absl::Cleanup remove_unfinished = [&] {
-    if (gang_.rank() == 0 && !committed) RemoveTree(tmp_dir);
-  };
-  std::error_code ec;
-  if (gang_.rank() == 0) {
-    // No earlier copy to clear: the name is this gang's, and a failed
-    // commit of it removed its own.
-    std::filesystem::create_directories(tmp_dir, ec);
-    if (ec) return absl::PermissionDeniedError(absl::StrCat("checkpoint.dir: cannot create ", tmp_dir));
+  CheckpointState state;
+  state.metrics_lines = static_cast<int64_t>(Param(request.params, "metrics_lines"));
+  state.run_id = options_.run_id;
+  for (const auto& [key, value] : request.params) {
+    if (key.rfind("state/", 0) == 0) state.algorithm[key.substr(6)] = value;
   }
-  STRATA_RETURN_IF_ERROR(gang_.Barrier());
-  absl::Status written = models_.SaveOptimizerStates(tmp_dir);
-  // Every rank's part is on disk (or this rank failed: its own error wins).
-  STRATA_RETURN_IF_ERROR(written);
-  STRATA_RETURN_IF_ERROR(gang_.Barrier());
-  if (gang_.rank() == 0) {
+  CheckpointWriters writers;
+  writers.optimizer_states = [&](const std::string& dir) { return models_.SaveOptimizerStates(dir); };
+  writers.weights = [&](const std::string& dir) {
     ActAtFailpoint("save_weights", request.iteration);
-    STRATA_RETURN_IF_ERROR(models_.SaveWeights(tmp_dir));
-    json algorithm = json::object();
-    for (const auto& [key, value] : request.params) {
-      if (key.rfind("state/", 0) == 0) algorithm[key.substr(6)] = value;
-    }
-    json state{{"iteration", request.iteration + 1},
-               {"metrics_lines", static_cast<int64_t>(Param(request.params, "metrics_lines"))},
-               {"run_id", options_.run_id},
-               {"world_size", gang_.world_size()},
-               {"algorithm", algorithm}};
-    // A rank 0 whose gang was given up (stopped, then resumed) must not
-    // publish: its Unload has set the interrupt by now, and a new gang may
-    // be writing this same checkpoint.
-    written = CheckInterrupt("checkpoint commit");
-    if (written.ok()) written = WriteFileAtomically(JoinPath(tmp_dir, "state.json"), state.dump());
-    if (written.ok()) {
-      RemoveTree(final_dir);
-      std::filesystem::rename(tmp_dir, final_dir, ec);
-      if (ec) written = absl::InternalError(absl::StrCat("checkpoint: rename ", tmp_dir, ": ", ec.message()));
-      committed = !ec;
-      // The rename is the commit: on disk before the driver records it.
-      if (written.ok()) written = SyncDirectory(spec_.checkpoint.dir);
-    }
-  }
-  STRATA_RETURN_IF_ERROR(written);
-  reply.text = final_dir;
+    return models_.SaveWeights(dir);
+  };
+  STRATA_ASSIGN_OR_RETURN(reply.text, checkpoints_.Commit(request.iteration + 1, state, writers));
   return reply;
 }
 

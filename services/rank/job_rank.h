@@ -18,12 +18,12 @@
 #include "policies/rl/rl_algorithms.h"
 #include "policies/rl/worker_group.h"
 #include "policies/tokenizer/tokenizer.h"
-#include "services/phase/phase.h"
 #include "rewards/rule_rewards.h"
-#include "services/rank/checkpoint_state.h"
+#include "services/phase/phase.h"
 #include "services/rank/job_examples.h"
 #include "services/rank/local_worker_group.h"
-#include "services/telemetry/tensorboard_writer.h"
+#include "services/rank/metrics_log.h"
+#include "services/rank/run_checkpoint.h"
 
 namespace strata::services {
 
@@ -69,23 +69,12 @@ class JobRank {
   const policies::Tokenizer& tokenizer_;
   policies::ProcessGroup& gang_;
   const JobRankOptions options_;
-  std::string metrics_path_;
-  // Ends the names of this gang's checkpoints while they are written
-  // (".tmp-" and a mark rank 0 drew at Start).
-  std::string unfinished_mark_;
-  // Rank 0's curves in <output.dir>/tensorboard, one event per metrics line.
-  std::unique_ptr<TensorBoardWriter> tensorboard_;
+  MetricsLog metrics_;  // rank 0's
+  RunCheckpoints checkpoints_;
   std::unique_ptr<JobExamples> data_;
   rewards::RuleFn eval_rule_;  // RL evaluation's score of a response
   std::unique_ptr<policies::RlAlgorithm> algorithm_;
 };
-
-// The newest complete checkpoint under `dir` ("" if none, or no `dir`) and
-// its iteration; an error naming `dir` when it cannot be read.
-absl::StatusOr<std::pair<std::string, int64_t>> LatestCheckpoint(const std::string& dir);
-// Removes every checkpoint under `dir` (complete or not); what is not a
-// checkpoint stays.
-absl::Status RemoveCheckpoints(const std::string& dir);
 
 }  // namespace strata::services
 

@@ -24,6 +24,7 @@
 #include "policies/rl/rl_algorithms.h"
 #include "policies/rl/rl_losses.h"
 #include "rewards/reward_model.h"
+#include "services/rank/run_checkpoint.h"
 
 namespace strata::services {
 namespace {
@@ -767,53 +768,6 @@ std::vector<std::pair<std::string, policies::PlacedModel*>> LocalWorkerGroup::Tr
   return out;
 }
 
-namespace {
-
-// A gang's ranks each write the optimizer states they hold; a single rank
-// writes them all under the plain name.
-std::string OptimizerFile(int rank, int world) {
-  return world == 1 ? "optimizer.safetensors" : absl::StrCat("optimizer-rank", rank, "-of-", world, ".safetensors");
-}
-
-// The optimizer files of a checkpoint's model directory: every rank's shard
-// of the one gang that wrote them, whatever its size. DATA_LOSS naming the
-// directory when a shard is missing or shards of two gang sizes sit
-// together (each would give some tensors' states, silently mixed).
-absl::StatusOr<std::vector<std::string>> OptimizerFiles(const std::string& dir) {
-  std::map<int, std::set<int>> ranks_by_world;  // world size -> ranks present
-  std::error_code ec;
-  std::filesystem::directory_iterator entries(dir, ec);
-  if (ec) return ErrnoToStatus(ec.value(), absl::StrCat(dir, ": list optimizer states"));
-  for (const auto& entry : entries) {
-    const std::string name = entry.path().filename().string();
-    int rank = 0, world = 0;
-    if (name == "optimizer.safetensors") {
-      world = 1;
-    } else if (std::sscanf(name.c_str(), "optimizer-rank%d-of-%d.safetensors", &rank, &world) != 2 ||
-               name != OptimizerFile(rank, world)) {
-      continue;
-    }
-    ranks_by_world[world].insert(rank);
-  }
-  if (ranks_by_world.empty()) return absl::DataLossError(absl::StrCat(dir, ": no optimizer state"));
-  if (ranks_by_world.size() > 1) {
-    std::vector<int> sizes;
-    for (const auto& [world, ranks] : ranks_by_world) sizes.push_back(world);
-    return absl::DataLossError(absl::StrCat(dir, ": optimizer states of gangs of ", absl::StrJoin(sizes, " and "),
-                                            " ranks together; a checkpoint holds one gang's"));
-  }
-  const auto& [world, ranks] = *ranks_by_world.begin();
-  std::vector<std::string> out;
-  for (int r = 0; r < world; ++r) {
-    const std::string path = JoinPath(dir, OptimizerFile(r, world));
-    if (!ranks.contains(r)) return absl::DataLossError(absl::StrCat(path, " is missing (rank ", r, " of ", world, ")"));
-    out.push_back(path);
-  }
-  return out;
-}
-
-}  // namespace
-
 absl::Status LocalWorkerGroup::SaveCheckpoint(const std::string& dir) {
   // The directory is the caller's to name; its parts are made below it.
   std::error_code ec;
@@ -823,23 +777,9 @@ absl::Status LocalWorkerGroup::SaveCheckpoint(const std::string& dir) {
   return SaveOptimizerStates(dir);
 }
 
-namespace {
-
-absl::StatusOr<std::string> CheckpointSubdirectory(const std::string& dir, const std::string& name) {
-  const std::string sub = JoinPath(dir, name);
-  std::error_code ec;
-  // Not create_directories: a checkpoint directory a later run removed
-  // (RemoveUnfinishedCheckpoints) must stay gone, not come back in part.
-  std::filesystem::create_directory(sub, ec);
-  if (ec) return absl::PermissionDeniedError(absl::StrCat("checkpoint: cannot create ", sub, ": ", ec.message()));
-  return sub;
-}
-
-}  // namespace
-
 absl::Status LocalWorkerGroup::SaveWeights(const std::string& dir) {
   for (auto& [name, model] : Trainable()) {
-    STRATA_ASSIGN_OR_RETURN(const std::string sub, CheckpointSubdirectory(dir, name));
+    STRATA_ASSIGN_OR_RETURN(const std::string sub, MakeModelCheckpointDirectory(dir, name));
     STRATA_RETURN_IF_ERROR(model->Save(sub));
   }
   return absl::OkStatus();
@@ -848,17 +788,17 @@ absl::Status LocalWorkerGroup::SaveWeights(const std::string& dir) {
 absl::Status LocalWorkerGroup::SaveOptimizerStates(const std::string& dir) {
   const int rank = gang_->rank(), world = gang_->world_size();
   for (auto& [name, model] : Trainable()) {
-    STRATA_ASSIGN_OR_RETURN(const std::string sub, CheckpointSubdirectory(dir, name));
-    STRATA_RETURN_IF_ERROR(model->trainer()->SaveState(JoinPath(sub, OptimizerFile(rank, world))));
+    STRATA_ASSIGN_OR_RETURN(const std::string sub, MakeModelCheckpointDirectory(dir, name));
+    STRATA_RETURN_IF_ERROR(model->trainer()->SaveState(OptimizerStatePath(sub, rank, world)));
   }
   return absl::OkStatus();
 }
 
 absl::Status LocalWorkerGroup::LoadCheckpoint(const std::string& dir) {
   for (auto& [name, model] : Trainable()) {
-    const std::string sub = JoinPath(dir, name);
+    const std::string sub = ModelCheckpointDirectory(dir, name);
     STRATA_RETURN_IF_ERROR(model->LoadWeights(sub));
-    STRATA_ASSIGN_OR_RETURN(const std::vector<std::string> files, OptimizerFiles(sub));
+    STRATA_ASSIGN_OR_RETURN(const std::vector<std::string> files, OptimizerStateFiles(sub));
     STRATA_RETURN_IF_ERROR(model->trainer()->LoadState(files));
   }
   return absl::OkStatus();
