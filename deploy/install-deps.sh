@@ -35,6 +35,8 @@ if [ "$deps" = all ]; then
   packages+=(
     # development
     ccache git
+    # formatting (deploy/format-check.sh): version 14 exactly, as .clang-format is tuned for it
+    clang-format-14
     # the local stack and the NVMe benchmarks
     redis-server fio
     # tests: gtest/gmock, reference tokenizer tools, reference Llama forward
