@@ -324,6 +324,11 @@ absl::Status JobSpec::Validate() const {
   }
   const absl::StatusOr<int> device = offload::ParseDeviceName(memory.device);  // -1: the CPU
   if (!device.ok()) return KeyError("memory.device", std::string(device.status().message()));
+  if (*device != memory.device_index) {
+    return KeyError("memory.device", absl::StrCat("'", memory.device, "' names device ", *device,
+                                                  " but the spec carries device_index ", memory.device_index,
+                                                  " (set both when building a spec in code)"));
+  }
   if (parallel.backend != "auto" && parallel.backend != "gloo" && parallel.backend != "nccl") {
     return KeyError("parallel.backend", absl::StrCat("'", parallel.backend, "' is not one of auto, gloo, nccl"));
   }
@@ -498,6 +503,7 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::ve
 
     STRATA_ASSIGN_OR_RETURN(auto memory, r.Child("memory"));
     STRATA_RETURN_IF_ERROR(memory.Read("device", &spec.memory.device));
+    if (auto index = offload::ParseDeviceName(spec.memory.device); index.ok()) spec.memory.device_index = *index;
     STRATA_RETURN_IF_ERROR(memory.Read("device_mib", &spec.memory.device_mib));
     STRATA_RETURN_IF_ERROR(memory.Read("host_mib", &spec.memory.host_mib));
     STRATA_RETURN_IF_ERROR(memory.Read("nvme_dir", &spec.memory.nvme_dir));

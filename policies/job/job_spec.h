@@ -107,6 +107,10 @@ struct CheckpointSpec {
 
 struct MemorySpec {
   std::string device = "cpu";  // compute device: cpu, cuda or cuda:N
+  // memory.device as ParseJobSpec parsed it: -1 for the CPU, N for cuda:N.
+  // Code that builds a spec by hand sets both.
+  int device_index = -1;
+  bool on_cpu() const { return device_index < 0; }
   int64_t device_mib = 0;   // device-tier budget; 0: unlimited
   int64_t host_mib = 2048;  // host arena size
   std::string nvme_dir;     // NVMe tier directory; required when any placement uses nvme

@@ -345,7 +345,7 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
   workers = std::max<int64_t>(workers, 1);
   JobPrediction out;
   out.micro_batch_size = spec.train.micro_batch_size;
-  const bool cpu_device = spec.memory.device == "cpu";
+  const bool cpu_device = spec.memory.on_cpu();
   const CostModel cost(figures, cpu_device);
   std::map<std::string, ModelShape> shapes;
   for (const auto& m : models) {

@@ -134,7 +134,7 @@ absl::StatusOr<std::string> RunPlan(const PlanOptions& options) {
     STRATA_ASSIGN_OR_RETURN(auto models, policies::JobModels(spec));
     STRATA_ASSIGN_OR_RETURN(auto states, policies::PlanModelStates(spec));
     const int64_t workers = spec.parallel.workers;
-    if (options.fit.empty()) hardware.cpu_device = spec.memory.device == "cpu";
+    if (options.fit.empty()) hardware.cpu_device = spec.memory.on_cpu();
     json j{{"spec", path}, {"algorithm", policies::AlgorithmName(spec.algorithm)}, {"workers", workers}};
     for (const auto& m : states.models) {
       j["models"].push_back({{"role", m.role},

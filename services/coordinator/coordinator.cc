@@ -2,190 +2,26 @@
 
 #include <chrono>
 #include <optional>
-#include <tuple>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "base/file.h"
 #include "base/log.h"
 #include "base/status_macros.h"
-#include "policies/job/job_spec.h"
-#include "policies/job/memory_plan.h"
 #include "policies/tokenizer/unicode.h"
-#include "services/driver/job_runner.h"
+#include "services/coordinator/admission.h"
 #include "services/coordinator/gang_plan.h"
+#include "services/coordinator/job_messages.h"
+#include "services/coordinator/job_watch.h"
 #include "services/coordinator/remote_gang.h"
-#include "services/coordinator/remote_rank.h"
+#include "services/driver/job_runner.h"
 #include "services/rpc/wire.h"
 #include "services/telemetry/service_metrics.h"
 
 namespace strata::services {
 namespace v1 = strata::v1;
 
-strata::v1::JobState ToProtoState(JobState state) {
-  switch (state) {
-    case JobState::kQueued: return v1::QUEUED;
-    case JobState::kRunning: return v1::RUNNING;
-    case JobState::kSucceeded: return v1::SUCCEEDED;
-    case JobState::kFailed: return v1::FAILED;
-    case JobState::kCancelled: return v1::CANCELLED;
-  }
-  return v1::JOB_STATE_UNSPECIFIED;
-}
-
-void ToProto(const JobRecord& r, v1::Job* job) {
-  job->set_id(r.id);
-  job->set_state(ToProtoState(r.state));
-  job->set_algorithm(r.algorithm);
-  job->set_name(r.name);
-  job->set_iteration(r.iteration);
-  job->set_iterations(r.iterations);
-  job->set_error_code(r.error_code);
-  job->set_error_message(r.error_message);
-  job->set_created_unix_ms(r.created_unix_ms);
-  job->set_updated_unix_ms(r.updated_unix_ms);
-  job->set_started_unix_ms(r.started_unix_ms);
-  job->set_worker(r.worker);
-  job->set_spec_yaml(r.spec_yaml);
-  job->set_output_dir(r.output_dir);
-  job->set_continues(r.continues());
-  job->set_continued_by(r.continued_by);
-}
-
 namespace {
-
-// The state a "state" event announces (nullopt for any other event, or
-// JSON without a known state).
-std::optional<JobState> AnnouncedState(const JobEventRecord& e, const nlohmann::json& j) {
-  if (e.type != "state" || !j.is_object() || !j.contains("state") || !j["state"].is_string()) return std::nullopt;
-  auto state = ParseJobState(j["state"].get<std::string>());
-  return state.ok() ? std::optional<JobState>(*state) : std::nullopt;
-}
-
-}  // namespace
-
-// Streams a job's events: reads what Redis has after the client's last event,
-// writes them one by one, and when it has caught up parks until the job
-// publishes more. Exactly one step (a read on the executor, a write, or
-// parking) is in progress at a time, and that step owns the next one, so
-// Finish is called once.
-class WatchReactor final : public grpc::ServerWriteReactor<v1::JobEvent> {
- public:
-  WatchReactor(CoordinatorService* service, std::string job_id, std::string after, Caller caller)
-      : service_(service), job_id_(std::move(job_id)), last_(std::move(after)), caller_(std::move(caller)) {}
-
-  void Read() {
-    service_->watch_executor_.Submit([this] {
-      if (cancelled_.load()) return Finish(grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled"));
-      if (!allowed_) {
-        if (auto job = service_->GetVisible(caller_, job_id_); !job.ok()) return Finish(ToGrpcStatus(job.status()));
-        allowed_ = true;
-      }
-      auto events = service_->store_->ReadEvents(job_id_, last_, 64, /*block_ms=*/0);
-      if (!events.ok()) return Finish(ToGrpcStatus(events.status()));
-      pending_ = std::move(*events);
-      next_ = 0;
-      if (!pending_.empty()) {
-        reread_ = false;
-        return WriteNext();
-      }
-      // Caught up: a terminal job has nothing more to say once its final
-      // state event is out (writing it ends the stream).
-      auto job = service_->store_->Get(job_id_);
-      if (!job.ok()) return Finish(ToGrpcStatus(job.status()));
-      if (IsTerminal(job->state)) {
-        auto last = service_->store_->LastEvent(job_id_);
-        if (!last.ok()) return Finish(ToGrpcStatus(last.status()));
-        // Appended since the read above (the final state event, as a rule):
-        // read it before deciding anything. Once: a client's after-id past
-        // the newest event must not spin here.
-        if (last->has_value() && (*last)->id != last_ && !reread_) {
-          reread_ = true;
-          return Read();
-        }
-        if (FinalEventIsOut(*last)) return Finish(grpc::Status::OK);
-      }
-      if (!service_->Park(job_id_, this)) Finish(grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled"));
-    });
-  }
-
-  bool cancelled() const { return cancelled_.load(); }
-
-  void Wake() { Read(); }
-
-  void OnWriteDone(bool ok) override {
-    if (!ok) return Finish(grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
-    if (next_ < pending_.size()) return WriteNext();
-    if (stop_after_write_) return Finish(grpc::Status::OK);
-    Read();
-  }
-
-  void OnCancel() override {
-    cancelled_.store(true);
-    // If parked, nothing else will move this reactor: finish it here.
-    if (service_->Unpark(job_id_, this)) Finish(grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled"));
-  }
-
-  void OnDone() override { delete this; }
-
- private:
-  void WriteNext() {
-    const JobEventRecord& e = pending_[next_++];
-    last_ = e.id;
-    event_.Clear();
-    event_.set_id(e.id);
-    event_.set_type(e.type);
-    event_.set_json(e.json);
-    const nlohmann::json j = nlohmann::json::parse(e.json, nullptr, false);
-    if (j.is_object() && j.contains("iteration") && j["iteration"].is_number_integer()) {
-      event_.set_iteration(j["iteration"].get<int64_t>());
-    }
-    if (const auto state = AnnouncedState(e, j)) {
-      event_.set_state(ToProtoState(*state));
-      if (IsTerminal(*state)) stop_after_write_ = true;
-    }
-    StartWrite(&event_);
-  }
-
-  // A job's end is recorded before its final state event is appended: a
-  // watcher that catches up in between waits for that event (Publish, or
-  // the scheduler's sweep of parked watchers, wakes it), so that the stream
-  // does not end without the state it ended in. `last`, the job's newest
-  // event, is the caller's newest too (Read checks): if it is a terminal
-  // state, it was written (to this caller or, resuming, to an earlier
-  // stream). The wait is bounded for a coordinator that died between the
-  // two. (Before Read compared the ids, a final event appended between its
-  // read and this check ended the stream unwritten.)
-  bool FinalEventIsOut(const std::optional<JobEventRecord>& last) {
-    if (last.has_value()) {
-      const auto state = AnnouncedState(*last, nlohmann::json::parse(last->json, nullptr, false));
-      if (state.has_value() && IsTerminal(*state)) return true;
-    }
-    const auto now = std::chrono::steady_clock::now();
-    if (!terminal_seen_.has_value()) terminal_seen_ = now;
-    return now - *terminal_seen_ >= std::chrono::seconds(5);
-  }
-
-  CoordinatorService* const service_;
-  const std::string job_id_;
-  std::string last_;
-  std::vector<JobEventRecord> pending_;
-  size_t next_ = 0;
-  v1::JobEvent event_;
-  const Caller caller_;
-  bool allowed_ = false;  // the caller may see the job (checked on the first read)
-  std::optional<std::chrono::steady_clock::time_point> terminal_seen_;
-  bool stop_after_write_ = false;
-  bool reread_ = false;  // caught up, read again for an event newer than last_
-  std::atomic<bool> cancelled_{false};
-};
-
-namespace {
-
-// Gang losses in a row, before an iteration and with every worker
-// answering, after which a job fails instead of going back to the queue:
-// about 8 s of retries at the backoff's 0.5, 1, 2, 4 s.
-constexpr int kMaxLossesWithAllAnswering = 5;
 
 // Who may call: the tenants' tokens and the worker token, or in
 // single-token mode one token that is both admin and worker.
@@ -199,14 +35,22 @@ std::map<std::string, Caller> AuthenticatedCallers(const CoordinatorOptions& opt
   return callers;
 }
 
-bool MayUseJobs(const Caller& caller) { return caller.admin || !caller.tenant.empty(); }
+std::unique_ptr<WorkerFleet> RemoteFleetFor(const CoordinatorOptions& options) {
+  RemoteFleetOptions remote;
+  remote.token = options.worker_token.empty() ? options.token : options.worker_token;
+  remote.tls = options.worker_tls;
+  remote.collective_timeout = std::chrono::milliseconds(options.collective_timeout_ms);
+  return MakeRemoteFleet(std::move(remote));
+}
 
 }  // namespace
 
-CoordinatorService::CoordinatorService(JobStore* store, CoordinatorOptions options)
+CoordinatorService::CoordinatorService(JobStore* store, CoordinatorOptions options, std::unique_ptr<WorkerFleet> fleet)
     : store_(store),
       options_(std::move(options)),
       auth_(AuthenticatedCallers(options_)),
+      fleet_(fleet != nullptr ? std::move(fleet) : RemoteFleetFor(options_)),
+      events_(*store),
       rpc_executor_(options_.rpc_threads),
       watch_executor_(options_.rpc_threads) {}
 
@@ -219,7 +63,7 @@ absl::Status CoordinatorService::Start() {
     // checkpoints are on disk, so it resumes when scheduled again.
     auto requeued = store_->Transition(job.id, {JobState::kRunning}, JobState::kQueued, {{"worker", ""}});
     if (requeued.ok()) {
-      Publish(job.id, "log", nlohmann::json{{"message", "coordinator restarted; job requeued"}}.dump());
+      events_.Publish(job.id, "log", nlohmann::json{{"message", "coordinator restarted; job requeued"}}.dump());
       STRATA_LOG(Info) << "requeued " << job.id << " after a coordinator restart";
     }
   }
@@ -249,7 +93,7 @@ void CoordinatorService::Stop() {
     threads.swap(job_threads_);
   }
   for (auto& [id, t] : threads) t.join();
-  WakeAllWatchers();
+  events_.WakeAll();
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::Handle(grpc::CallbackServerContext* context,
@@ -265,114 +109,26 @@ grpc::ServerUnaryReactor* CoordinatorService::Handle(grpc::CallbackServerContext
   return reactor;
 }
 
-absl::StatusOr<JobRecord> CoordinatorService::GetVisible(const Caller& caller, const std::string& id) {
-  if (!MayUseJobs(caller)) return absl::PermissionDeniedError("a worker credential cannot read jobs");
-  STRATA_ASSIGN_OR_RETURN(auto job, store_->Get(id));
-  if (!caller.admin && job.tenant != caller.tenant) return absl::NotFoundError(absl::StrCat("job ", id, " not found"));
-  return job;
-}
-
 absl::Status CoordinatorService::Submit(const Caller& caller, const v1::SubmitJobRequest& request,
                                         v1::Job* response) {
-  if (!MayUseJobs(caller)) return absl::PermissionDeniedError("a worker credential cannot submit jobs");
-  std::vector<std::string> overrides(request.overrides().begin(), request.overrides().end());
-  STRATA_ASSIGN_OR_RETURN(auto yaml, policies::ApplyOverrides(request.spec_yaml(), overrides, "spec"));
-  STRATA_ASSIGN_OR_RETURN(auto spec, policies::ParseJobSpec(yaml, {}, "spec"));
-  if (spec.parallel.workers > 1) {
-    STRATA_ASSIGN_OR_RETURN(auto registered, store_->ListWorkers());
-    if (static_cast<int64_t>(registered.size()) < spec.parallel.workers) {
-      return absl::ResourceExhaustedError(absl::StrCat("spec key 'parallel.workers' asks for ", spec.parallel.workers,
-                                                       " workers; ", registered.size(), " are registered"));
-    }
-  }
-  // Admission against what the workers reported at registration: the
-  // largest worker's figures, since any of them may be picked.
-  std::map<std::string, int64_t> largest;
+  WorkerOffer offer;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& [id, memory] : worker_memory_) {
-      for (const auto& [tier, bytes] : memory) largest[tier] = std::max(largest[tier], bytes);
+      for (const auto& [tier, bytes] : memory) offer.largest_bytes[tier] = std::max(offer.largest_bytes[tier], bytes);
     }
+    if (!worker_directories_.empty()) offer.directory = worker_directories_.begin()->second;
   }
-  policies::JobLimits limits;
-  limits.max_rows = options_.max_rollout_rows;
-  limits.max_tokens = options_.max_rollout_tokens;
-  limits.max_host_mib = largest["host"] >> 20;
-  limits.max_device_mib = largest["device"] >> 20;
-  STRATA_RETURN_IF_ERROR(policies::CheckJobLimits(spec, limits, "workers accept"));
-  // Paths resolve on the workers, which report a missing model or data file
-  // when they start the job (naming the spec key); the coordinator opens no
-  // job file. What the memory planner predicts at the job's peak (model
-  // states, activations, KV cache, staging: `strata plan`) must fit too.
-  // That needs the models' config.json and is skipped where the coordinator
-  // cannot see them.
-  const std::string worker_dir = AnyWorkerDirectory();
-  const policies::JobSpec resolved = worker_dir.empty() ? spec : policies::ResolvePaths(spec, worker_dir);
-  if (!worker_dir.empty()) {
-    auto models = policies::JobModels(resolved);
-    if (models.ok()) {
-      const policies::JobPrediction plan = policies::PredictJob(resolved, *models, policies::BuiltInHardwareFigures(),
-                                                                spec.parallel.workers);
-      // Host: the process's predicted peak RSS (the arena, mapped model
-      // files, and on a CPU device the device tier too), what the OOM
-      // killer would see.
-      const std::pair<const char*, int64_t> needs[] = {
-          {"host", plan.process_rss_bytes}, {"device", plan.peak[0]}, {"nvme", plan.peak[2]}};
-      for (const auto& [tier, bytes] : needs) {
-        auto offer = largest.find(tier);
-        if (offer != largest.end() && offer->second > 0 && bytes > offer->second) {
-          return absl::ResourceExhaustedError(absl::StrCat(
-              "spec key 'models': at its peak the job needs ", bytes >> 20, " MiB of ", tier,
-              std::string(tier) == "nvme" ? " space" : " memory",
-              " per worker (strata plan: model states, activations, KV cache, staging), but the largest worker "
-              "offers ",
-              offer->second >> 20, " MiB; `strata plan SPEC --fit ...` finds a placement that fits"));
-        }
-      }
-    }
-  }
-
-  JobRecord job;
-  job.algorithm = policies::AlgorithmName(spec.algorithm);
-  job.name = spec.name;
-  job.spec_yaml = yaml;
-  job.output_dir = spec.output_dir;
-  job.iterations = spec.train.iterations;
-  job.request_id = request.request_id();
-  job.tenant = caller.tenant;
-  if (!request.continue_job_id().empty()) {
-    // A job that ended before its end (a failure, a cancel) continues in a
-    // new job from its newest checkpoint, which the new job may resume as
-    // its own (with those of the jobs the ended one continued). The store
-    // checks the ended state and claims the continuation (once) atomically
-    // with the creation.
-    STRATA_ASSIGN_OR_RETURN(auto ended, GetVisible(caller, request.continue_job_id()));
-    if (ended.tenant != caller.tenant) {
-      return absl::FailedPreconditionError(absl::StrCat("job ", ended.id, " belongs to tenant '", ended.tenant,
-                                                        "'; only its tenant can continue it"));
-    }
-    // It writes where the ended job wrote: its metrics file goes on from
-    // the checkpoint's line, and its checkpoints join the ended job's.
-    STRATA_ASSIGN_OR_RETURN(auto ended_spec,
-                            policies::ParseJobSpec(ended.spec_yaml, {}, absl::StrCat("job ", ended.id)));
-    for (const auto& [key, now, then] : {std::tuple<const char*, std::string, std::string>{
-                                             "output.dir", spec.output_dir, ended_spec.output_dir},
-                                         {"checkpoint.dir", spec.checkpoint.dir, ended_spec.checkpoint.dir}}) {
-      if (now != then) {
-        return absl::InvalidArgumentError(absl::StrCat("spec key '", key, "' is '", now, "' where job ", ended.id,
-                                                       " had '", then, "': a job continues where the job it "
-                                                       "continues wrote"));
-      }
-    }
-    job.resumable_run_ids = ended.resumable_run_ids;
-    job.resumable_run_ids.insert(job.resumable_run_ids.begin(), ended.id);
-    job.checkpoint_dir = ended.checkpoint_dir;
-    job.checkpoint_iteration = ended.checkpoint_iteration;
-    job.iteration = ended.checkpoint_iteration;
-  }
+  AdmissionLimits limits;
+  limits.max_rollout_rows = options_.max_rollout_rows;
+  limits.max_rollout_tokens = options_.max_rollout_tokens;
+  STRATA_ASSIGN_OR_RETURN(AdmittedJob admitted, AdmitJob(*store_, specs_, caller, request, offer, limits));
   bool created = false;
-  STRATA_ASSIGN_OR_RETURN(auto stored, store_->Create(job, &created));
-  if (created) Publish(stored.id, "state", nlohmann::json{{"state", "QUEUED"}}.dump());
+  STRATA_ASSIGN_OR_RETURN(auto stored, store_->Create(admitted.record, &created));
+  if (created) {
+    specs_.Remember(stored.id, admitted.spec);
+    events_.Publish(stored.id, "state", nlohmann::json{{"state", "QUEUED"}}.dump());
+  }
   ToProto(stored, response);
   cv_.notify_all();
   return absl::OkStatus();
@@ -387,7 +143,7 @@ grpc::ServerUnaryReactor* CoordinatorService::GetJob(grpc::CallbackServerContext
                                                      const v1::GetJobRequest* request, v1::Job* response) {
   return Handle(context, [this, request, response](const Caller& caller) -> absl::Status {
     if (request->job_id().empty()) return absl::InvalidArgumentError("job_id is required");
-    STRATA_ASSIGN_OR_RETURN(auto job, GetVisible(caller, request->job_id()));
+    STRATA_ASSIGN_OR_RETURN(auto job, VisibleJob(*store_, caller, request->job_id()));
     ToProto(job, response);
     return absl::OkStatus();
   });
@@ -430,14 +186,15 @@ grpc::ServerUnaryReactor* CoordinatorService::ListJobs(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* CoordinatorService::CancelJob(grpc::CallbackServerContext* context,
                                                         const v1::CancelJobRequest* request, v1::Job* response) {
   return Handle(context, [this, request, response](const Caller& caller) -> absl::Status {
-    STRATA_RETURN_IF_ERROR(GetVisible(caller, request->job_id()).status());
+    STRATA_RETURN_IF_ERROR(VisibleJob(*store_, caller, request->job_id()).status());
     STRATA_ASSIGN_OR_RETURN(
         auto job, store_->Transition(request->job_id(), {JobState::kQueued, JobState::kRunning}, JobState::kCancelled));
-    Publish(job.id, "state", nlohmann::json{{"state", "CANCELLED"}}.dump());
+    events_.Publish(job.id, "state", nlohmann::json{{"state", "CANCELLED"}}.dump());
     {
       std::lock_guard<std::mutex> lock(mu_);
       job_backoff_.erase(job.id);
     }
+    specs_.Forget(job.id);  // a running loop holds its own reference
     ToProto(job, response);
     return absl::OkStatus();
   });
@@ -446,21 +203,17 @@ grpc::ServerUnaryReactor* CoordinatorService::CancelJob(grpc::CallbackServerCont
 grpc::ServerWriteReactor<v1::JobEvent>* CoordinatorService::WatchJob(grpc::CallbackServerContext* context,
                                                                      const v1::WatchJobRequest* request) {
   auto caller = auth_.Identify(context);
-  auto* reactor = new WatchReactor(this, request->job_id(), request->after_event_id(),
-                                   caller.ok() ? *caller : Caller());
-  if (!caller.ok()) {
-    reactor->Finish(ToGrpcStatus(caller.status()));
-    return reactor;
-  }
-  reactor->Read();
-  return reactor;
+  const Caller who = caller.ok() ? *caller : Caller();
+  return WatchJobEvents(JobWatchContext{watch_executor_, *store_, events_}, request->job_id(),
+                        request->after_event_id(), caller.status(),
+                        [this, who, id = request->job_id()] { return VisibleJob(*store_, who, id).status(); });
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::ListCheckpoints(grpc::CallbackServerContext* context,
                                                               const v1::ListCheckpointsRequest* request,
                                                               v1::ListCheckpointsResponse* response) {
   return Handle(context, [this, request, response](const Caller& caller) -> absl::Status {
-    STRATA_ASSIGN_OR_RETURN(auto job, GetVisible(caller, request->job_id()));
+    STRATA_ASSIGN_OR_RETURN(auto job, VisibleJob(*store_, caller, request->job_id()));
     // The jobs it continues first, oldest first: a later job's checkpoint
     // of the same iteration replaces an earlier one's on disk.
     std::map<int64_t, std::string> by_iteration;
@@ -528,16 +281,6 @@ grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerCont
   });
 }
 
-namespace {
-
-// Workers a queued job needs (parallel.workers); 1 for a spec that no longer parses.
-int64_t GangSize(const JobRecord& job) {
-  auto spec = policies::ParseJobSpec(job.spec_yaml, {}, "job");
-  return spec.ok() ? spec->parallel.workers : 1;
-}
-
-}  // namespace
-
 void CoordinatorService::TellWaiting(const std::string& job_id, const std::string& message) {
   {
     std::lock_guard<std::mutex> guard(mu_);
@@ -545,7 +288,7 @@ void CoordinatorService::TellWaiting(const std::string& job_id, const std::strin
     if (!added && told->second == message) return;
     told->second = message;
   }
-  Publish(job_id, "log", nlohmann::json{{"message", message}}.dump());
+  events_.Publish(job_id, "log", nlohmann::json{{"message", message}}.dump());
 }
 
 void CoordinatorService::SchedulerLoop() {
@@ -573,7 +316,10 @@ void CoordinatorService::SchedulerLoop() {
         QueuedGangJob& planned = jobs.emplace_back();
         planned.id = job.id;
         planned.tenant = job.tenant;
-        planned.workers = GangSize(job);
+        // Workers a queued job needs; 1 for a spec that no longer parses
+        // (its run then fails naming the spec).
+        auto spec = specs_.Of(job);
+        planned.workers = spec.ok() ? (*spec)->parallel.workers : 1;
       }
       std::set<std::string> held_by_workers;  // jobs the workers' heartbeats name
       for (const WorkerRecord& w : *workers) held_by_workers.insert(w.job_id);
@@ -637,7 +383,7 @@ void CoordinatorService::SchedulerLoop() {
         }
         for (const WorkerRecord& w : gang) jobs_in_flight_[job.id].insert(w.id);
         job_threads_[run] = std::thread([this, run, r = *running, gang] {
-          Publish(r.id, "state", nlohmann::json{{"state", "RUNNING"}, {"worker", r.worker}}.dump());
+          events_.Publish(r.id, "state", nlohmann::json{{"state", "RUNNING"}, {"worker", r.worker}}.dump());
           RunOnGang(run, r, gang);
         });
       }
@@ -647,7 +393,7 @@ void CoordinatorService::SchedulerLoop() {
     lock.lock();
     cv_.wait_for(lock, std::chrono::milliseconds(options_.scheduler_interval_ms));
     lock.unlock();
-    WakeAllWatchers();  // lets parked watchers notice jobs that ended
+    events_.WakeAll();  // lets parked watchers notice jobs that ended
     lock.lock();
   }
 }
@@ -674,24 +420,11 @@ void CoordinatorService::RunOnGang(uint64_t run, JobRecord job, std::vector<Work
   };
   std::string names;
   for (const WorkerRecord& w : workers) names += (names.empty() ? "" : ", ") + w.id;
-  std::unique_ptr<RemoteGang> gang;  // set once every rank has joined
+  std::unique_ptr<JobGang> gang;  // set once every rank has joined
   bool progressed = false;           // an iteration completed in this run
   auto run_job = [&]() -> absl::Status {
-    auto spec = policies::ParseJobSpec(job.spec_yaml, {}, absl::StrCat("job ", job.id));
-    if (!spec.ok()) return spec.status();
-    STRATA_ASSIGN_OR_RETURN(auto channel_credentials, MakeChannelCredentials(options_.worker_tls));
-    std::vector<std::unique_ptr<RemoteRank>> ranks;
-    for (const WorkerRecord& worker : workers) {
-      RemoteRankOptions remote;
-      remote.address = worker.address;
-      remote.token = options_.worker_token.empty() ? options_.token : options_.worker_token;
-      remote.job_id = job.id;
-      remote.resumable_run_ids = job.resumable_run_ids;
-      STRATA_ASSIGN_OR_RETURN(auto rank, RemoteRank::Create(remote, channel_credentials));
-      ranks.push_back(std::move(rank));
-    }
-    STRATA_ASSIGN_OR_RETURN(gang, RemoteGang::Start(std::move(ranks), job.spec_yaml,
-                                                    std::chrono::milliseconds(options_.collective_timeout_ms)));
+    STRATA_ASSIGN_OR_RETURN(auto spec, specs_.Of(job));
+    STRATA_ASSIGN_OR_RETURN(gang, fleet_->StartGang(job, workers));
     // The loop below opens no file: data, tokenizer, checkpoints and the
     // metrics file are the ranks'; only scalars come back.
     JobRunOptions run;
@@ -699,7 +432,7 @@ void CoordinatorService::RunOnGang(uint64_t run, JobRecord job, std::vector<Work
     run.own_checkpoint = job.checkpoint_dir;
     run.on_metrics = [&](const nlohmann::json& line) {
       progressed = true;
-      Publish(job.id, "metrics", line.dump());
+      events_.Publish(job.id, "metrics", line.dump());
       if (auto seconds = line.find("time/iteration_s"); seconds != line.end() && seconds->is_number()) {
         ServiceMetrics::Global().CountIteration(job.algorithm, seconds->get<double>());
       }
@@ -728,6 +461,7 @@ void CoordinatorService::RunOnGang(uint64_t run, JobRecord job, std::vector<Work
   status = absl::Status(status.code(), policies::ToValidUtf8Lossy(std::string(status.message())));
 
   using nlohmann::json;
+  bool requeued = false;
   auto fail = [&](absl::StatusCode code_of_failure, const std::string& error) {
     const std::string code = absl::StatusCodeToString(code_of_failure);
     RecordOutcome(job.id, job.worker, JobState::kFailed, {{"error_code", code}, {"error_message", error}},
@@ -747,35 +481,31 @@ void CoordinatorService::RunOnGang(uint64_t run, JobRecord job, std::vector<Work
   } else if (status.code() == absl::StatusCode::kUnavailable || status.code() == absl::StatusCode::kDeadlineExceeded) {
     // A worker is gone (or a rank's collective timed out with it): back to
     // the queue; the next run resumes from the last checkpoint on a new gang.
-    std::string lost;
-    std::chrono::milliseconds retry_in{0};
-    BackOffAfterLoss(job.id, workers, &lost, &retry_in);
-    // Every worker answering, yet the gang failed again and again before an
-    // iteration: no worker was lost, so another try is the same try (ranks
-    // that cannot reach rank 0's rendezvous address, a port blocked between
-    // them). Fail the job with the cause rather than requeue it for ever.
-    int losses = 0;
+    const std::string lost = KeepOutSilentWorkers(job.id, workers);
+    LossDecision decision;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      Backoff& b = job_backoff_[job.id];
-      b.losses_with_all_answering = lost.empty() ? (progressed ? 0 : b.losses_with_all_answering) + 1 : 0;
-      losses = b.losses_with_all_answering;
+      decision = OnGangLost(options_.backoff, job_backoff_[job.id], !lost.empty(), progressed,
+                            std::chrono::steady_clock::now());
     }
-    if (losses >= kMaxLossesWithAllAnswering) {
+    if (decision.fail) {
+      // No worker was lost: fail with the cause rather than requeue for ever.
       fail(status.code(),
-           absl::StrCat("gang (", names, ") failed ", losses,
+           absl::StrCat("gang (", names, ") failed ", decision.losses_with_all_answering,
                         " times in a row before an iteration, every worker answering: ", status.message(),
                         "; check that the workers reach each other (rank 0's address, the ports c10d picks)"));
     } else {
+      requeued = true;
       const std::string message =
           absl::StrCat("gang (", names, ") lost: ", status.message(), lost.empty() ? "" : "; not answering: ", lost,
-                       "; job requeued, retried in ", retry_in.count() / 1000.0, " s");
+                       "; job requeued, retried in ", decision.retry_in.count() / 1000.0, " s");
       RecordOutcome(job.id, job.worker, JobState::kQueued, {{"worker", ""}},
                     {{"log", json{{"message", message}}.dump()}, {"state", json{{"state", "QUEUED"}}.dump()}});
     }
   } else {
     fail(status.code(), std::string(status.message()));
   }
+  if (!requeued) specs_.Forget(job.id);
   // The job's state is recorded first: a rank that hangs answers Unload only
   // at its deadline, and the requeued job must not wait for it. Each worker
   // becomes schedulable again as its unload returns.
@@ -806,56 +536,29 @@ WorkerState CoordinatorService::StateOfWorkerLocked(const std::string& id,
   return b != worker_backoff_.end() && b->second.until > now ? WorkerState::kKeptOut : WorkerState::kFree;
 }
 
-namespace {
-
-// 0.5 s after the first failure, doubling up to 30 s.
-std::chrono::milliseconds BackoffDelay(int failures) {
-  const int shift = std::min(failures - 1, 6);
-  return std::min(std::chrono::milliseconds(500) * (1 << shift), std::chrono::milliseconds(30000));
-}
-
-}  // namespace
-
-void CoordinatorService::BackOffAfterLoss(const std::string& job_id, const std::vector<WorkerRecord>& workers,
-                                          std::string* lost, std::chrono::milliseconds* retry_in) {
-  // Probe every worker of the gang at once; a live one answers in
-  // milliseconds, a dead or stopped one is given a second.
-  std::vector<char> answers(workers.size(), 0);
-  auto credentials = MakeChannelCredentials(options_.worker_tls);
-  std::vector<std::thread> probes;
-  for (size_t i = 0; i < workers.size() && credentials.ok(); ++i) {
-    probes.emplace_back([&, i] {
-      RemoteRankOptions remote;
-      remote.address = workers[i].address;
-      remote.job_id = job_id;
-      auto worker = RemoteRank::Create(remote, *credentials);
-      answers[i] = worker.ok() && (*worker)->Answers(std::chrono::seconds(1));
-    });
-  }
-  for (auto& t : probes) t.join();
+std::string CoordinatorService::KeepOutSilentWorkers(const std::string& job_id,
+                                                     const std::vector<WorkerRecord>& workers) {
+  const std::vector<bool> answering = fleet_->Answering(job_id, workers);
   const auto now = std::chrono::steady_clock::now();
+  std::string silent;
   for (size_t i = 0; i < workers.size(); ++i) {
-    if (answers[i]) continue;
-    absl::StrAppend(lost, lost->empty() ? "" : ", ", workers[i].id);
+    if (i < answering.size() && answering[i]) continue;
+    absl::StrAppend(&silent, silent.empty() ? "" : ", ", workers[i].id);
     // A live worker registers again on its next heartbeat; it still waits
     // out its backoff before it joins a gang.
     if (absl::Status s = store_->RemoveWorker(workers[i].id); !s.ok()) {
       STRATA_LOG(Warning) << "deregistering " << workers[i].id << ": " << s;
     }
     std::lock_guard<std::mutex> lock(mu_);
-    Backoff& b = worker_backoff_[workers[i].id];
-    b.until = now + BackoffDelay(++b.failures);
+    KeepOut(options_.backoff, worker_backoff_[workers[i].id], now);
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  Backoff& b = job_backoff_[job_id];
-  *retry_in = BackoffDelay(++b.failures);
-  b.until = now + *retry_in;
+  return silent;
 }
 
 void CoordinatorService::RecordOutcome(const std::string& job_id, const std::string& workers, JobState to,
                                        const std::map<std::string, std::string>& fields,
                                        const std::vector<std::pair<std::string, std::string>>& events) {
-  std::chrono::milliseconds delay(100);
+  std::chrono::milliseconds delay = options_.record_retry_first;
   for (int attempt = 1;; ++attempt) {
     auto moved = store_->Transition(job_id, {JobState::kRunning}, to, fields, {{"worker", workers}});
     bool recorded = moved.ok();
@@ -866,7 +569,7 @@ void CoordinatorService::RecordOutcome(const std::string& job_id, const std::str
       recorded = true;
     }
     if (recorded) {
-      for (const auto& [type, json] : events) Publish(job_id, type, json);
+      for (const auto& [type, json] : events) events_.Publish(job_id, type, json);
       if (attempt > 1) STRATA_LOG(Info) << job_id << ": " << JobStateName(to) << " recorded on attempt " << attempt;
       return;
     }
@@ -891,56 +594,5 @@ void CoordinatorService::RememberWorkerDirectory(const std::string& worker_id, c
   worker_directories_[worker_id] = dir;
 }
 
-std::string CoordinatorService::AnyWorkerDirectory() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return worker_directories_.empty() ? std::string() : worker_directories_.begin()->second;
-}
-
-void CoordinatorService::Publish(const std::string& job_id, const std::string& type, const std::string& json) {
-  auto appended = store_->AppendEvent(job_id, type, json);
-  if (!appended.ok()) STRATA_LOG(Warning) << "event for " << job_id << " not recorded: " << appended.status();
-  WakeWatchers(job_id);
-}
-
-bool CoordinatorService::Park(const std::string& job_id, WatchReactor* reactor) {
-  std::lock_guard<std::mutex> lock(watch_mu_);
-  // A cancel that came after the reactor last looked found nothing parked
-  // to finish (OnCancel unparks under this lock): the reactor finishes.
-  if (reactor->cancelled()) return false;
-  parked_.emplace(job_id, reactor);
-  return true;
-}
-
-bool CoordinatorService::Unpark(const std::string& job_id, WatchReactor* reactor) {
-  std::lock_guard<std::mutex> lock(watch_mu_);
-  auto [begin, end] = parked_.equal_range(job_id);
-  for (auto it = begin; it != end; ++it) {
-    if (it->second == reactor) {
-      parked_.erase(it);
-      return true;
-    }
-  }
-  return false;
-}
-
-void CoordinatorService::WakeWatchers(const std::string& job_id) {
-  std::vector<WatchReactor*> woken;
-  {
-    std::lock_guard<std::mutex> lock(watch_mu_);
-    auto [begin, end] = parked_.equal_range(job_id);
-    for (auto it = begin; it != end; ++it) woken.push_back(it->second);
-    parked_.erase(begin, end);
-  }
-  for (WatchReactor* r : woken) r->Wake();
-}
-
-void CoordinatorService::WakeAllWatchers() {
-  std::multimap<std::string, WatchReactor*> woken;
-  {
-    std::lock_guard<std::mutex> lock(watch_mu_);
-    woken.swap(parked_);
-  }
-  for (auto& [id, r] : woken) r->Wake();
-}
 
 }  // namespace strata::services

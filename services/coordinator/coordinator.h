@@ -1,10 +1,10 @@
-// The Coordinator gRPC service: accepts jobs, keeps them in Redis, schedules
-// each on a gang of registered workers, drives the job's loop phase by phase
-// on its ranks (RemoteGang over RemoteRank), streams events to watchers, and
-// recovers: a worker
-// lost mid-job sends the job back to the queue (it resumes from its last
-// checkpoint), and a restarted coordinator requeues the RUNNING jobs it
-// finds.
+// The Coordinator gRPC service: accepts jobs (admission.h), keeps them in
+// the job store, schedules each on a gang of registered workers
+// (gang_plan.h), drives the job's loop phase by phase on its ranks through
+// a WorkerFleet, streams events to watchers (event_hub.h, job_watch.h), and
+// recovers: a gang lost mid-job sends the job back to the queue, with a
+// backoff (job_backoff.h), to resume from its last checkpoint, and a
+// restarted coordinator requeues the RUNNING jobs it finds.
 #ifndef STRATA_SERVICES_COORDINATOR_COORDINATOR_H_
 #define STRATA_SERVICES_COORDINATOR_COORDINATOR_H_
 
@@ -18,7 +18,11 @@
 #include <string>
 #include <thread>
 
+#include "services/coordinator/event_hub.h"
 #include "services/coordinator/gang_plan.h"
+#include "services/coordinator/job_backoff.h"
+#include "services/coordinator/job_specs.h"
+#include "services/coordinator/worker_fleet.h"
 #include "services/rpc/auth.h"
 #include "services/rpc/executor.h"
 #include "services/store/job_store.h"
@@ -56,13 +60,18 @@ struct CoordinatorOptions {
   // Bounds forming a job's gang and each of its collectives: a rank that
   // died or hangs fails the others' collectives within this (c10d timeout).
   int collective_timeout_ms = 60000;
+  // How lost gangs back off, and when they fail instead.
+  BackoffPolicy backoff;
+  // The first wait before a job's end is written again while the store is
+  // unreachable; it doubles up to 5 s.
+  std::chrono::milliseconds record_retry_first{100};
 };
-
-class WatchReactor;
 
 class CoordinatorService final : public strata::v1::Coordinator::CallbackService {
  public:
-  CoordinatorService(JobStore* store, CoordinatorOptions options);
+  // `fleet` reaches the workers; null: over gRPC, with `options`' worker
+  // token, TLS files and collective timeout.
+  CoordinatorService(JobStore* store, CoordinatorOptions options, std::unique_ptr<WorkerFleet> fleet = nullptr);
   ~CoordinatorService() override;
 
   // Requeues RUNNING jobs left by a previous coordinator and starts the
@@ -91,28 +100,20 @@ class CoordinatorService final : public strata::v1::Coordinator::CallbackService
                                       strata::v1::HeartbeatResponse* response) override;
 
  private:
-  friend class WatchReactor;
-
   // Runs `work` on the RPC executor unless the call is unauthenticated, then
   // finishes the reactor with its status.
   grpc::ServerUnaryReactor* Handle(grpc::CallbackServerContext* context,
                                    std::function<absl::Status(const Caller&)> work);
   absl::Status Submit(const Caller& caller, const strata::v1::SubmitJobRequest& request, strata::v1::Job* response);
-  // The job if `caller` may see it; otherwise the NOT_FOUND a missing job
-  // gets (another tenant's job ids are not confirmed to exist).
-  absl::StatusOr<JobRecord> GetVisible(const Caller& caller, const std::string& id);
   void SchedulerLoop();
   // Publishes a queued job's reason to wait, once per reason.
   void TellWaiting(const std::string& job_id, const std::string& message);
   void RunOnGang(uint64_t run, JobRecord job, std::vector<WorkerRecord> workers);
-  // A gang was lost: workers that no longer answer are deregistered and kept
-  // out of gangs for a while, and the job waits before it is scheduled again
-  // (both back off exponentially), so a dead worker cannot drive a requeue
-  // storm while its registration lives on.
-  void BackOffAfterLoss(const std::string& job_id, const std::vector<WorkerRecord>& workers, std::string* lost,
-                        std::chrono::milliseconds* retry_in);
+  // A gang was lost: its workers that no longer answer are deregistered
+  // and kept out of gangs for a while. Returns their ids ("" when all answer).
+  std::string KeepOutSilentWorkers(const std::string& job_id, const std::vector<WorkerRecord>& workers);
   // Moves a job RUNNING on the gang `workers` (the claim's worker field) to
-  // `to` and publishes `events`. While Redis is unreachable it retries until
+  // `to` and publishes `events`. While the store is unreachable it retries until
   // the write lands (or the coordinator stops): an end that was not recorded
   // would leave the job RUNNING and have the next coordinator run it again.
   // An attempt whose reply was lost may have landed, and the job been
@@ -122,19 +123,13 @@ class CoordinatorService final : public strata::v1::Coordinator::CallbackService
                      const std::vector<std::pair<std::string, std::string>>& events);
   // Where workers resolve relative spec paths (from registration and heartbeats).
   void RememberWorkerDirectory(const std::string& worker_id, const std::string& dir);
-  std::string AnyWorkerDirectory();
-  // Appends an event and wakes the job's watchers.
-  void Publish(const std::string& job_id, const std::string& type, const std::string& json);
-  // Watchers waiting for a job's next event.
-  // False, parking nothing, for a reactor already cancelled.
-  bool Park(const std::string& job_id, WatchReactor* reactor);
-  bool Unpark(const std::string& job_id, WatchReactor* reactor);
-  void WakeWatchers(const std::string& job_id);
-  void WakeAllWatchers();
 
   JobStore* const store_;
   const CoordinatorOptions options_;
   const CallerAuthenticator auth_;
+  const std::unique_ptr<WorkerFleet> fleet_;
+  EventHub events_;
+  JobSpecs specs_;
   Executor rpc_executor_;
   Executor watch_executor_;
 
@@ -157,13 +152,6 @@ class CoordinatorService final : public strata::v1::Coordinator::CallbackService
   // rank's unload: that loop's end must not make the new gang's workers
   // look orphaned, and the old gang's workers are not the new loop's.
   std::map<std::string, std::multiset<std::string>> jobs_in_flight_;
-  struct Backoff {
-    int failures = 0;
-    std::chrono::steady_clock::time_point until;
-    // Jobs: runs lost in a row, without an iteration done, while every
-    // worker of the gang still answered (no worker was lost).
-    int losses_with_all_answering = 0;
-  };
   std::map<std::string, Backoff> job_backoff_;     // jobs requeued after a lost gang
   // Queued jobs told why they wait (too few registered workers, or behind
   // an older gang job), and what they were told, so that each reason is
@@ -180,14 +168,7 @@ class CoordinatorService final : public strata::v1::Coordinator::CallbackService
   std::map<uint64_t, std::thread> job_threads_;
   std::set<uint64_t> finished_runs_;
   std::thread scheduler_;
-
-  std::mutex watch_mu_;
-  std::multimap<std::string, WatchReactor*> parked_;
 };
-
-// Converts between the store's record and the API's message.
-void ToProto(const JobRecord& record, strata::v1::Job* job);
-strata::v1::JobState ToProtoState(JobState state);
 
 }  // namespace strata::services
 

@@ -159,7 +159,7 @@ absl::StatusOr<std::unique_ptr<RemoteGang>> RemoteGang::Start(std::vector<std::u
       },
       Ending::kWithoutCollective);
   if (!started.ok()) {
-    gang->Unload();
+    gang->Unload(nullptr);
     return started.status();
   }
   return gang;
@@ -186,6 +186,57 @@ void RemoteGang::Unload(const std::function<void(int)>& unloaded) {
     });
   }
   for (auto& t : threads) t.join();
+}
+
+namespace {
+
+class RemoteFleet final : public WorkerFleet {
+ public:
+  explicit RemoteFleet(RemoteFleetOptions options) : options_(std::move(options)) {}
+
+  absl::StatusOr<std::unique_ptr<JobGang>> StartGang(const JobRecord& job,
+                                                     const std::vector<WorkerRecord>& workers) override {
+    STRATA_ASSIGN_OR_RETURN(auto credentials, MakeChannelCredentials(options_.tls));
+    std::vector<std::unique_ptr<RemoteRank>> ranks;
+    for (const WorkerRecord& worker : workers) {
+      RemoteRankOptions remote;
+      remote.address = worker.address;
+      remote.token = options_.token;
+      remote.job_id = job.id;
+      remote.resumable_run_ids = job.resumable_run_ids;
+      STRATA_ASSIGN_OR_RETURN(auto rank, RemoteRank::Create(remote, credentials));
+      ranks.push_back(std::move(rank));
+    }
+    STRATA_ASSIGN_OR_RETURN(auto gang, RemoteGang::Start(std::move(ranks), job.spec_yaml, options_.collective_timeout));
+    return std::unique_ptr<JobGang>(std::move(gang));
+  }
+
+  std::vector<bool> Answering(const std::string& job_id, const std::vector<WorkerRecord>& workers) override {
+    // Every worker at once: a live one answers in milliseconds.
+    std::vector<char> answers(workers.size(), 0);
+    auto credentials = MakeChannelCredentials(options_.tls);
+    std::vector<std::thread> probes;
+    for (size_t i = 0; i < workers.size() && credentials.ok(); ++i) {
+      probes.emplace_back([&, i] {
+        RemoteRankOptions remote;
+        remote.address = workers[i].address;
+        remote.job_id = job_id;
+        auto worker = RemoteRank::Create(remote, *credentials);
+        answers[i] = worker.ok() && (*worker)->Answers(std::chrono::seconds(1));
+      });
+    }
+    for (auto& t : probes) t.join();
+    return std::vector<bool>(answers.begin(), answers.end());
+  }
+
+ private:
+  const RemoteFleetOptions options_;
+};
+
+}  // namespace
+
+std::unique_ptr<WorkerFleet> MakeRemoteFleet(RemoteFleetOptions options) {
+  return std::make_unique<RemoteFleet>(std::move(options));
 }
 
 }  // namespace strata::services

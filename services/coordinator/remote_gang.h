@@ -20,11 +20,12 @@
 
 #include "absl/status/statusor.h"
 #include "services/coordinator/remote_rank.h"
-#include "services/driver/job_runner.h"
+#include "services/coordinator/worker_fleet.h"
+#include "services/rpc/auth.h"
 
 namespace strata::services {
 
-class RemoteGang final : public Gang {
+class RemoteGang final : public JobGang {
  public:
   // `workers[r]` becomes rank r. Returns once every rank has joined and
   // loaded the job; `collective_timeout` bounds forming the gang and every
@@ -44,9 +45,8 @@ class RemoteGang final : public Gang {
                                                            std::chrono::milliseconds collective_timeout);
 
   absl::StatusOr<PhaseReply> Run(const PhaseRequest& request) override;
-  // Drops the job on every rank at once (best effort: each rank's error is
-  // logged); `unloaded(r)` is called as rank r's call returns.
-  void Unload(const std::function<void(int)>& unloaded = nullptr);
+  // Each rank's error is logged.
+  void Unload(const std::function<void(int)>& unloaded) override;
 
  private:
   RemoteGang(std::vector<std::unique_ptr<RemoteRank>> workers, std::chrono::milliseconds grace)
@@ -60,6 +60,17 @@ class RemoteGang final : public Gang {
   std::vector<std::unique_ptr<RemoteRank>> workers_;
   const std::chrono::milliseconds grace_;  // after a rank failed, for the others
 };
+
+struct RemoteFleetOptions {
+  std::string token;  // the bearer token workers accept from the coordinator
+  TlsFiles tls;       // for dialing workers; empty for insecure channels
+  // Bounds forming a gang and each of its collectives (RemoteGang::Start).
+  std::chrono::milliseconds collective_timeout{60000};
+};
+
+// The workers as the coordinator reaches them: over gRPC, one RemoteRank
+// each.
+std::unique_ptr<WorkerFleet> MakeRemoteFleet(RemoteFleetOptions options);
 
 // The host part of a "host:port" (or "[v6]:port") address.
 std::string AddressHost(const std::string& address);

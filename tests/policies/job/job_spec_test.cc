@@ -57,6 +57,15 @@ TEST(JobSpecTest, SetOverridesAnyFieldIncludingNewOnes) {
   auto gpu = ParseJobSpec(kRemax, {"memory.device=cuda:1"}, "job.yaml");
   ASSERT_TRUE(gpu.ok()) << gpu.status();  // whether it exists is the worker's check
   EXPECT_EQ(gpu->memory.device, "cuda:1");
+  // The device is parsed once, with the spec: what reads it needs no parser.
+  EXPECT_EQ(gpu->memory.device_index, 1);
+  EXPECT_FALSE(gpu->memory.on_cpu());
+  EXPECT_EQ(spec->memory.device_index, -1);
+  EXPECT_TRUE(spec->memory.on_cpu());
+  // A spec built in code that names one device and carries another is refused.
+  JobSpec mixed = *gpu;
+  mixed.memory.device = "cuda:0";
+  EXPECT_NE(std::string(mixed.Validate().message()).find("memory.device"), std::string::npos);
 }
 
 TEST(JobSpecTest, ErrorsNameTheKey) {
