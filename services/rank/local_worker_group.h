@@ -1,23 +1,30 @@
-// The in-process WorkerGroup: one worker's models, built from a job spec,
+// The in-process WorkerGroup: one rank's models, built from a job spec,
 // serving rollout, scoring and updates by direct calls. `strata train` and
 // the tests run algorithms against it; the gRPC worker wraps the same class.
+// It composes the roles (actor.h, scorer.h, critic.h) over the rank's
+// memory (rank_memory.h) and gang (gang_sum.h): it decides which roles a job
+// has, hands each call to them, and keeps the figures of the whole rank.
 #ifndef STRATA_SERVICES_RANK_LOCAL_WORKER_GROUP_H_
 #define STRATA_SERVICES_RANK_LOCAL_WORKER_GROUP_H_
 
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "offload/device/device_memory.h"
-#include "offload/host/host_arena.h"
-#include "offload/nvme/nvme_store.h"
 #include "policies/dist/process_group.h"
 #include "policies/job/job_spec.h"
-#include "policies/train/placed_model.h"
-#include "policies/tokenizer/tokenizer.h"
 #include "policies/rl/worker_group.h"
-#include "rewards/rule_rewards.h"
+#include "policies/tokenizer/tokenizer.h"
+#include "policies/train/placed_model.h"
+#include "services/rank/actor.h"
+#include "services/rank/critic.h"
+#include "services/rank/packed_batch.h"
+#include "services/rank/rank_memory.h"
+#include "services/rank/scorer.h"
 
 namespace strata::services {
 
@@ -56,7 +63,7 @@ class LocalWorkerGroup final : public policies::WorkerGroup {
   // The two parts of a checkpoint, for a gang that writes them apart:
   // the trainable models' weights under dir/<model> (the same on every
   // rank: one rank writes them), and the optimizer states this rank holds
-  // (dir/<model>/optimizer-rank<R>-of-<N>.safetensors).
+  // (run_checkpoint.h names the files).
   absl::Status SaveWeights(const std::string& dir);
   absl::Status SaveOptimizerStates(const std::string& dir);
   absl::Status LoadCheckpoint(const std::string& dir) override;
@@ -67,47 +74,31 @@ class LocalWorkerGroup final : public policies::WorkerGroup {
   const std::string& tokenizer_path() const { return tokenizer_path_; }
 
   // Measures the job's compute device (memory.device).
-  offload::DeviceMemoryMonitor& device_monitor() const { return *monitor_; }
+  offload::DeviceMemoryMonitor& device_monitor() const { return memory_->monitor(); }
 
  private:
   explicit LocalWorkerGroup(policies::JobSpec spec) : spec_(std::move(spec)) {}
+  // Places the models of the job's algorithm, then loads the tokenizer and
+  // gives the models their roles.
   absl::Status LoadModels();
-  absl::StatusOr<std::unique_ptr<policies::PlacedModel>> Place(const std::string& key,
-                                                                const policies::ModelSpec& model,
-                                                                policies::LlamaHead head, bool trainable,
-                                                                double lr);
-  // The trained models by checkpoint name.
+  // The trained models by checkpoint name: actor, reward, critic.
   std::vector<std::pair<std::string, policies::PlacedModel*>> Trainable();
   absl::Status CopyTokenizer(const std::string& dir) const;
-  // Score of one micro-batch of rollouts.
+  // Score of one micro-batch of rollouts, packed once for every role.
   absl::StatusOr<policies::Scores> ScoreRows(const std::vector<policies::Rollout>& rollouts,
                                              const policies::ScoreRequest& request);
-  // Sums `values` over the gang (in place).
-  absl::Status SumOverGang(std::vector<double>& values);
-  // Each step's micro-batches (row ranges [begin, end) of its `rows`), as
-  // many on every rank: a sharded trainer sums the gradients of every pass,
-  // so the ranks must make the same passes or their collectives stop lining
-  // up. A rank with fewer adds empty ranges, which the callers fill with a
-  // row whose loss weighs nothing. One collective, and none
-  // without micro-batches or with one rank.
-  absl::StatusOr<std::vector<std::vector<std::pair<size_t, size_t>>>> GangMicroBatches(
-      const std::vector<size_t>& rows_per_step);
 
   const policies::JobSpec spec_;
   std::unique_ptr<policies::ProcessGroup> solo_;  // the gang when none is given
   policies::ProcessGroup* gang_ = nullptr;
-  at::Device device_ = at::kCPU;                        // memory.device
-  offload::DeviceMemoryMonitor* monitor_ = nullptr;     // of device_
-  std::unique_ptr<offload::HostArena> arena_;
-  std::unique_ptr<offload::NvmeStore> nvme_;
-  // The store's own directory under memory.nvme_dir, removed with the group:
-  // NVMe slots are scratch (checkpoints hold the states), and a full disk
-  // must not outlive the job that filled it.
-  std::string nvme_job_dir_;
+  std::unique_ptr<RankMemory> memory_;
+  PassOptions passes_;
   std::unique_ptr<policies::Tokenizer> tokenizer_;
   std::string tokenizer_path_;
-  std::unique_ptr<policies::PlacedModel> actor_, reference_, reward_, critic_;
-  rewards::RuleFn rule_;
+  // The roles the algorithm needs; null where it has none.
+  std::unique_ptr<Actor> actor_;
+  std::unique_ptr<Scorer> scorer_;
+  std::unique_ptr<Critic> critic_;
   std::string phase_;
   double lr_ = 0.0;  // the actor's (or reward model's) learning rate this iteration
   std::map<std::string, policies::MemoryStats> phase_memory_;

@@ -1,0 +1,70 @@
+// Token rows as the models of a rank take them: prompts and responses
+// packed into padded tensors, and the per-token results read back out.
+// Shared by the roles (actor, critic, scorer).
+#ifndef STRATA_SERVICES_RANK_PACKED_BATCH_H_
+#define STRATA_SERVICES_RANK_PACKED_BATCH_H_
+
+#include <cstdint>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "absl/status/statusor.h"
+#include "policies/dist/process_group.h"
+#include "policies/rl/worker_group.h"
+#include "policies/train/placed_model.h"
+
+namespace strata::services {
+
+// How a role's passes run on this rank.
+struct PassOptions {
+  policies::ProcessGroup* gang = nullptr;  // sums gradients and figures; outlives the role
+  at::Device device = at::kCPU;            // where the models compute (memory.device)
+  int64_t micro_batch_size = 0;            // train.micro_batch_size: rows per pass, 0 = all
+};
+
+// Prompt + response rows, right-padded, with the indices that pick out the
+// response tokens' predictions: the output at position p-1+k predicts
+// response token k.
+struct Packed {
+  at::Tensor ids;            // [N, S]
+  at::Tensor mask;           // [N, S]
+  at::Tensor positions;      // [N, R]
+  at::Tensor targets;        // [N, R]
+  at::Tensor response_mask;  // [N, R] float
+};
+
+// Built on the CPU, returned on `device` (where the models compute).
+Packed Pack(const std::vector<const std::vector<int32_t>*>& prompts,
+            const std::vector<const std::vector<int32_t>*>& responses, const at::Device& device);
+// The rollouts' prompts and responses.
+Packed PackRollouts(const std::vector<policies::Rollout>& rollouts, const at::Device& device);
+// Chosen rows first, then rejected rows, as one batch.
+Packed PackPairs(const std::vector<policies::PreferencePair>& pairs, const at::Device& device);
+
+// log p(response token k) from full-sequence logits [N, S, V] -> [N, R].
+at::Tensor ResponseLogProbs(const at::Tensor& logits, const Packed& packed);
+// Critic values at the response positions from per-token scalars [N, S, 1].
+at::Tensor ResponseValues(const at::Tensor& values, const Packed& packed);
+// Per-token rows [N, R] cut back to each rollout's response length.
+std::vector<std::vector<float>> RolloutRows(const at::Tensor& rows, const std::vector<policies::Rollout>& rollouts);
+
+// The one-token row a rank feeds a pass it has no rows for (its loss is
+// scaled by 0), so that it still joins the gang's gradient sums.
+extern const std::vector<int32_t> kZeroWeightRow;
+
+// One micro-batch's forward and backward; `scale` is its share of the
+// global batch (its loss is a mean over its own rows), so that the gang's
+// summed, accumulated gradients are the global batch's. The last
+// micro-batch of a step sums over the gang. Returns the scaled loss.
+absl::StatusOr<double> AccumulateStep(policies::PlacedModel& model, const Packed& packed,
+                                      const policies::LossFn& loss_fn, double scale, bool last);
+
+// This rank's share of a global count (0 when there is nothing at all).
+double Share(double local, double global);
+// The tokens of `responses`.
+size_t Tokens(const std::vector<const std::vector<int32_t>*>& responses);
+
+}  // namespace strata::services
+
+#endif  // STRATA_SERVICES_RANK_PACKED_BATCH_H_

@@ -1,0 +1,65 @@
+// The memory a rank places its models in (memory.device, a host arena of
+// memory.host_mib, an NVMe store under memory.nvme_dir), how it places
+// them, and what each tier holds: one of these per rank, shared by its
+// roles.
+#ifndef STRATA_SERVICES_RANK_RANK_MEMORY_H_
+#define STRATA_SERVICES_RANK_RANK_MEMORY_H_
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "offload/device/device_memory.h"
+#include "offload/host/host_arena.h"
+#include "offload/nvme/nvme_store.h"
+#include "policies/dist/process_group.h"
+#include "policies/job/job_spec.h"
+#include "policies/train/placed_model.h"
+
+namespace strata::services {
+
+class RankMemory {
+ public:
+  // Opens the device (counting its allocations from now on, so the models'
+  // own weights are part of the figures), the host arena and, with
+  // memory.nvme_dir, a store in a directory of this rank's own. Errors name
+  // the spec key. `spec` and `gang` must outlive the memory.
+  static absl::StatusOr<std::unique_ptr<RankMemory>> Create(const policies::JobSpec& spec,
+                                                            policies::ProcessGroup& gang);
+  // Removes the store's directory: NVMe slots are scratch (checkpoints hold
+  // the states), and a full disk must not outlive the job that filled it.
+  // The models placed here must be gone first.
+  ~RankMemory();
+
+  // Loads models.<key> (or initialises it from its config) and places it
+  // under its placement; a trainable one gets an optimizer at `lr` that
+  // sums its gradients over the gang. Errors name the model.
+  absl::StatusOr<std::unique_ptr<policies::PlacedModel>> Place(const std::string& key,
+                                                               const policies::ModelSpec& model,
+                                                               policies::LlamaHead head, bool trainable, double lr);
+
+  // Where the models compute (memory.device).
+  const at::Device& device() const { return device_; }
+  offload::DeviceMemoryMonitor& monitor() const { return *monitor_; }
+  // Bytes held now per tier ("device", "host", "nvme").
+  std::map<std::string, int64_t> InUse() const;
+  // The most bytes held per tier since the device's peak was last reset
+  // (the NVMe store's: what it holds now).
+  std::map<std::string, int64_t> PeakBytes() const;
+
+ private:
+  RankMemory(const policies::JobSpec& spec, policies::ProcessGroup& gang) : spec_(spec), gang_(gang) {}
+
+  const policies::JobSpec& spec_;
+  policies::ProcessGroup& gang_;
+  at::Device device_ = at::kCPU;
+  offload::DeviceMemoryMonitor* monitor_ = nullptr;  // of device_
+  std::unique_ptr<offload::HostArena> arena_;
+  std::unique_ptr<offload::NvmeStore> nvme_;
+  std::string nvme_job_dir_;  // the store's own directory under memory.nvme_dir
+};
+
+}  // namespace strata::services
+
+#endif  // STRATA_SERVICES_RANK_RANK_MEMORY_H_
