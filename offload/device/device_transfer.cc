@@ -98,6 +98,10 @@ absl::Status SynchronizeDevice(const at::Device& device) {
 
 absl::StatusOr<at::Device> ParseComputeDevice(const std::string& text) {
   STRATA_ASSIGN_OR_RETURN(auto index, ParseDeviceName(text));
+  return ComputeDevice(index);
+}
+
+at::Device ComputeDevice(int index) {
   if (index < 0) return at::Device(at::kCPU);
   return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
 }

@@ -76,6 +76,8 @@ absl::Status SynchronizeDevice(const at::Device& device);
 // "cpu", "cuda" (device 0) or "cuda:N"; INVALID_ARGUMENT naming `text`
 // otherwise. Whether the device exists is DeviceTransfer::Create's check.
 absl::StatusOr<at::Device> ParseComputeDevice(const std::string& text);
+// The device ParseDeviceName's index names: the CPU for -1, else cuda:N.
+at::Device ComputeDevice(int index);
 
 }  // namespace strata::offload
 

@@ -17,6 +17,10 @@ uint64_t SampleSeed(uint64_t prompt_seed, int64_t sample) { return IterationSeed
 
 uint64_t EvaluationSeed(uint64_t job_seed) { return IterationSeed(job_seed, -1); }
 
+uint64_t UpdateShuffleSeed(uint64_t job_seed, int64_t iteration) {
+  return IterationSeed(job_seed, iteration) ^ 0x9e3779b97f4a7c15ULL;
+}
+
 uint64_t EpochShuffleSeed(uint64_t job_seed, uint64_t epoch) { return job_seed * 1315423911ULL + epoch; }
 
 }  // namespace strata::policies

@@ -25,6 +25,11 @@ uint64_t SampleSeed(uint64_t prompt_seed, int64_t sample);
 // iterations compare (an iteration never is -1).
 uint64_t EvaluationSeed(uint64_t job_seed);
 
+// The seed that orders PPO's minibatches in `iteration`'s update: apart
+// from the iteration's sampling seed, so the order and the samples are
+// not the same draw.
+uint64_t UpdateShuffleSeed(uint64_t job_seed, int64_t iteration);
+
 // The seed that shuffles the examples of `epoch`: batch contents depend only
 // on (job seed, iteration). A linear mix, kept as first written: changing it
 // would change every job's batches.

@@ -13,7 +13,7 @@ SamplingOptions Sampling(const JobSpec& spec, const std::vector<BatchPrompt>& pr
   s.top_k = spec.generation.top_k;
   s.max_new_tokens = spec.generation.max_new_tokens;
   s.seed = IterationSeed(spec.train.seed, iteration);
-  for (const BatchPrompt& p : prompts) s.row_seeds.push_back(IterationSeed(s.seed, p.index));
+  for (const BatchPrompt& p : prompts) s.row_seeds.push_back(PromptSeed(s.seed, p.index));
   return s;
 }
 
@@ -275,7 +275,7 @@ class Ppo final : public PhasedAlgorithm {
   absl::StatusOr<Metrics> Update(WorkerGroup& workers, ProcessGroup&, int64_t iteration) override {
     if (!scored_) return absl::FailedPreconditionError("update before score");
     scored_ = false;
-    update_.shuffle_seed = IterationSeed(spec_.train.seed, iteration) ^ 0x9e3779b97f4a7c15ULL;
+    update_.shuffle_seed = UpdateShuffleSeed(spec_.train.seed, iteration);
     STRATA_ASSIGN_OR_RETURN(auto stats, workers.Update(update_));
     Metrics m;
     AddUpdateStats(stats, true, m);

@@ -4,12 +4,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "offload/tiers/placement.h"
 
 namespace strata::services {
 
 absl::StatusOr<GangBackend> ChooseGangBackend(const policies::JobSpec& spec) {
-  STRATA_ASSIGN_OR_RETURN(const int device, offload::ParseDeviceName(spec.memory.device));
+  const int device = spec.memory.device_index;
   GangBackend chosen;
   chosen.device_index = device < 0 ? 0 : device;
   const std::string& named = spec.parallel.backend;

@@ -50,15 +50,14 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LoadOrInit(const policies::ModelSpec
 
 absl::StatusOr<std::unique_ptr<RankMemory>> RankMemory::Create(const policies::JobSpec& spec,
                                                               policies::ProcessGroup& gang) {
-  auto device = offload::ParseComputeDevice(spec.memory.device);
-  if (!device.ok()) return absl::InvalidArgumentError(absl::StrCat("memory.device: ", device.status().message()));
-  // Also refuses a device this build or machine cannot use.
-  auto monitor = offload::DeviceMemoryMonitor::ForDevice(*device);
+  const at::Device device = offload::ComputeDevice(spec.memory.device_index);
+  // Refuses a device this build or machine cannot use.
+  auto monitor = offload::DeviceMemoryMonitor::ForDevice(device);
   if (!monitor.ok()) {
     return absl::Status(monitor.status().code(), absl::StrCat("memory.device: ", monitor.status().message()));
   }
   std::unique_ptr<RankMemory> memory(new RankMemory(spec, gang));
-  memory->device_ = *device;
+  memory->device_ = device;
   memory->monitor_ = *monitor;
   offload::HostArenaOptions arena_options;
   arena_options.capacity_bytes = static_cast<size_t>(spec.memory.host_mib) << 20;
@@ -66,7 +65,7 @@ absl::StatusOr<std::unique_ptr<RankMemory>> RankMemory::Create(const policies::J
   // committed and locked now, so a machine without the memory fails here.
   arena_options.lock_memory = spec.memory.pin_host;
   arena_options.populate = spec.memory.pin_host;
-  arena_options.pin_for_cuda = !device->is_cpu();  // DMA and asynchronous copies
+  arena_options.pin_for_cuda = !device.is_cpu();  // DMA and asynchronous copies
   auto arena = offload::HostArena::Create(arena_options);
   if (!arena.ok()) {
     // Name the setting that asked for what failed: locking, CUDA pinning, or the size.

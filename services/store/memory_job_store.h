@@ -28,28 +28,37 @@ class MemoryJobStore final : public JobStore {
  public:
   explicit MemoryJobStore(MemoryStoreOptions options = {});
 
+  // Always OK: there is nothing to reach.
+  absl::Status Ping() override;
+
+  // Jobs and their state machine.
   absl::StatusOr<JobRecord> Create(JobRecord job, bool* created) override;
   absl::StatusOr<JobRecord> Get(const std::string& id) override;
   absl::StatusOr<std::pair<std::vector<JobRecord>, std::string>> List(int page_size, const std::string& page_token,
                                                                       std::optional<JobState> state) override;
+  absl::StatusOr<std::vector<JobRecord>> ListByState(JobState state) override;
+  absl::StatusOr<std::map<std::string, int64_t>> CountByState() override;
   absl::StatusOr<JobRecord> Transition(const std::string& id, std::vector<JobState> from, JobState to,
                                        const std::map<std::string, std::string>& fields,
                                        const std::map<std::string, std::string>& expect) override;
-  absl::Status SetProgress(const std::string& id, int64_t iteration) override;
-  absl::Status RecordCheckpoint(const std::string& id, int64_t iteration, const std::string& dir) override;
-  absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> ListCheckpoints(const std::string& id) override;
+
+  // Events.
   absl::StatusOr<std::string> AppendEvent(const std::string& id, const std::string& type,
                                           const std::string& json) override;
   absl::StatusOr<std::vector<JobEventRecord>> ReadEvents(const std::string& id, const std::string& after_id, int count,
                                                          int block_ms) override;
   absl::StatusOr<std::optional<JobEventRecord>> LastEvent(const std::string& id) override;
-  absl::StatusOr<std::vector<JobRecord>> ListByState(JobState state) override;
-  absl::StatusOr<std::map<std::string, int64_t>> CountByState() override;
+
+  // Progress and checkpoints.
+  absl::Status SetProgress(const std::string& id, int64_t iteration) override;
+  absl::Status RecordCheckpoint(const std::string& id, int64_t iteration, const std::string& dir) override;
+  absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> ListCheckpoints(const std::string& id) override;
+
+  // Workers.
   absl::Status RegisterWorker(const WorkerRecord& worker, int ttl_ms) override;
   absl::Status Heartbeat(const std::string& worker_id, const std::string& job_id, int ttl_ms) override;
   absl::StatusOr<std::vector<WorkerRecord>> ListWorkers() override;
   absl::Status RemoveWorker(const std::string& worker_id) override;
-  absl::Status Ping() override;
 
  private:
   // A stream entry id, ordered as Redis orders them.

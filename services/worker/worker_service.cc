@@ -134,11 +134,10 @@ absl::StatusOr<policies::JobSpec> WorkerService::ParseSpec(const std::string& jo
   }
   if (spec.memory.device_mib == 0) spec.memory.device_mib = options_.device_budget_mib;
   // GetStats reports the new job's device from now on, during the load too.
-  if (auto device = offload::ParseComputeDevice(spec.memory.device); device.ok()) {
-    if (auto monitor = offload::DeviceMemoryMonitor::ForDevice(*device); monitor.ok()) {
-      std::lock_guard<std::mutex> lock(stats_mu_);
-      published_monitor_ = *monitor;
-    }
+  if (auto monitor = offload::DeviceMemoryMonitor::ForDevice(offload::ComputeDevice(spec.memory.device_index));
+      monitor.ok()) {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    published_monitor_ = *monitor;
   }
   return spec;
 }

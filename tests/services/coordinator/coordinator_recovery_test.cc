@@ -24,14 +24,16 @@
 namespace strata::services {
 namespace {
 
+// What the scheduler reads of a job: one worker; what the workers would
+// load stays unread (the fleet is scripted).
 constexpr char kSpec[] = R"(
-algorithm: remax
+algorithm: grpo
 models:
-  actor: {path: out/sft}
-  reward: {rule: vowel_fraction}
-data: {train: prompts.jsonl}
-train: {iterations: 5, lr: 1.0e-4}
-output: {dir: out/remax}
+  actor: {path: sft}
+  reward: {rule: length_ratio}
+data: {train: train.jsonl}
+train: {iterations: 3}
+output: {dir: runs/grpo}
 )";
 
 // Workers as a test scripts them: every gang start returns what `start`
@@ -140,10 +142,10 @@ CoordinatorOptions FastOptions() {
 
 JobRecord QueuedJob() {
   JobRecord job;
-  job.algorithm = "remax";
+  job.algorithm = "grpo";
   job.spec_yaml = kSpec;
-  job.output_dir = "out/remax";
-  job.iterations = 5;
+  job.output_dir = "runs/grpo";
+  job.iterations = 3;
   return job;
 }
 
@@ -290,7 +292,7 @@ TEST_F(CoordinatorRecoveryTest, AContinuationStartsFromTheEndedJobsCheckpoint) {
   const std::string continuation = Create(store_, admitted->record);
   EXPECT_EQ(store_.Create(admitted->record, nullptr).status().code(), absl::StatusCode::kFailedPrecondition)
       << "an ended job is continued once";
-  workers_->start = absl::InvalidArgumentError("data.train: prompts.jsonl: no such file");
+  workers_->start = absl::InvalidArgumentError("data.train: train.jsonl: no such file");
   ASSERT_TRUE(store_.RegisterWorker({"w0", "127.0.0.1:1", "", 0}, 600000).ok());
   StartCoordinator(store_);
   EventsUntil(store_, continuation, "FAILED");
@@ -303,7 +305,7 @@ TEST_F(CoordinatorRecoveryTest, AContinuationStartsFromTheEndedJobsCheckpoint) {
 TEST_F(CoordinatorRecoveryTest, AJobsEndIsWrittenOnceTheStoreIsBack) {
   OutageStore store(store_, JobState::kFailed, /*failing=*/3);
   ASSERT_TRUE(store.RegisterWorker({"w0", "127.0.0.1:1", "", 0}, 600000).ok());
-  workers_->start = absl::InvalidArgumentError("models.actor.path: out/sft: no such directory");
+  workers_->start = absl::InvalidArgumentError("models.actor.path: sft: no such directory");
   const std::string id = Create(store);
   StartCoordinator(store);
   const auto events = EventsUntil(store, id, "FAILED");
@@ -312,7 +314,7 @@ TEST_F(CoordinatorRecoveryTest, AJobsEndIsWrittenOnceTheStoreIsBack) {
   ASSERT_TRUE(job.ok());
   EXPECT_EQ(job->state, JobState::kFailed);
   EXPECT_EQ(job->error_code, "INVALID_ARGUMENT");
-  EXPECT_EQ(job->error_message, "models.actor.path: out/sft: no such directory");
+  EXPECT_EQ(job->error_message, "models.actor.path: sft: no such directory");
   EXPECT_EQ(CountState(events, "FAILED"), 1) << "announced once, after the write landed";
 }
 

@@ -1,6 +1,7 @@
 // Which c10d backend a job's gang uses: parallel.backend against
 // memory.device and what this build has.
 #include "gtest/gtest.h"
+#include "offload/tiers/placement.h"
 #include "services/rank/local_gang.h"
 
 namespace strata::services {
@@ -9,6 +10,7 @@ namespace {
 policies::JobSpec Spec(const std::string& device, const std::string& backend) {
   policies::JobSpec spec;
   spec.memory.device = device;
+  spec.memory.device_index = *offload::ParseDeviceName(device);
   spec.parallel.backend = backend;
   return spec;
 }

@@ -15,6 +15,7 @@
 #include "services/store/memory_job_store.h"
 #include "services/store/redis_job_store.h"
 #include "tests/services/store/redis_probe.h"
+#include "tests/services/store/test_jobs.h"
 #include "tests/testutil/redis_server.h"
 
 namespace strata::services {
@@ -60,23 +61,6 @@ class JobStoreContractTest : public ::testing::TestWithParam<std::string> {
     } else {
       std::this_thread::sleep_for(by);
     }
-  }
-
-  JobRecord NewJob(const std::string& name, const std::string& request_id = "") {
-    JobRecord job;
-    job.algorithm = "remax";
-    job.name = name;
-    job.spec_yaml = "algorithm: remax\nname: " + name + "\n";
-    job.output_dir = "/tmp/out/" + name;
-    job.iterations = 10;
-    job.request_id = request_id;
-    return job;
-  }
-
-  std::string CreateJob(const std::string& name) {
-    auto job = store_->Create(NewJob(name), nullptr);
-    EXPECT_TRUE(job.ok()) << job.status();
-    return job.ok() ? job->id : std::string();
   }
 
   std::unique_ptr<RedisServer> server_;
@@ -172,7 +156,7 @@ TEST_P(JobStoreContractTest, ConcurrentCreatesWithSameRequestIdMakeOneJob) {
 
 TEST_P(JobStoreContractTest, ListPagesNewestFirstWithoutDuplicates) {
   std::vector<std::string> ids;
-  for (int i = 0; i < 25; ++i) ids.push_back(CreateJob(absl::StrCat("page-", i)));
+  for (int i = 0; i < 25; ++i) ids.push_back(CreateJob(*store_, absl::StrCat("page-", i)));
 
   std::vector<std::string> seen;
   std::string token;
@@ -186,7 +170,7 @@ TEST_P(JobStoreContractTest, ListPagesNewestFirstWithoutDuplicates) {
     token = page->second;
     // A job created mid-listing must not shift later pages.
     if (!inserted) {
-      CreateJob("late");
+      CreateJob(*store_, "late");
       inserted = true;
     }
   } while (!token.empty() && sizes.size() < 10);
@@ -209,7 +193,7 @@ TEST_P(JobStoreContractTest, ListPagesNewestFirstWithoutDuplicates) {
 
 TEST_P(JobStoreContractTest, ListFiltersByState) {
   std::vector<std::string> ids;
-  for (int i = 0; i < 12; ++i) ids.push_back(CreateJob(absl::StrCat("filter-", i)));
+  for (int i = 0; i < 12; ++i) ids.push_back(CreateJob(*store_, absl::StrCat("filter-", i)));
   for (int i = 0; i < 7; ++i) {
     ASSERT_TRUE(store_->Transition(ids[i], {JobState::kQueued}, JobState::kRunning).ok());
   }
@@ -240,7 +224,7 @@ TEST_P(JobStoreContractTest, ListFiltersByState) {
 }
 
 TEST_P(JobStoreContractTest, TransitionsFollowTheStateMachine) {
-  const std::string id = CreateJob("machine");
+  const std::string id = CreateJob(*store_, "machine");
   auto running = store_->Transition(id, {JobState::kQueued}, JobState::kRunning, {{"worker", "worker-a"}});
   ASSERT_TRUE(running.ok()) << running.status();
   EXPECT_EQ(running->state, JobState::kRunning);
@@ -264,7 +248,7 @@ TEST_P(JobStoreContractTest, TransitionsFollowTheStateMachine) {
   ASSERT_TRUE(got.ok());
   EXPECT_EQ(got->state, JobState::kSucceeded);
 
-  auto failed_id = CreateJob("fails");
+  auto failed_id = CreateJob(*store_, "fails");
   auto failed = store_->Transition(failed_id, {JobState::kQueued, JobState::kRunning}, JobState::kFailed,
                                    {{"error_code", "RESOURCE_EXHAUSTED"}, {"error_message", "out of memory"}});
   ASSERT_TRUE(failed.ok()) << failed.status();
@@ -275,7 +259,7 @@ TEST_P(JobStoreContractTest, TransitionsFollowTheStateMachine) {
             absl::StatusCode::kNotFound);
   EXPECT_EQ(store_->Transition(failed_id, {}, JobState::kRunning).status().code(),
             absl::StatusCode::kInvalidArgument);
-  auto bad_field = store_->Transition(CreateJob("f"), {JobState::kQueued}, JobState::kRunning, {{"state", "X"}});
+  auto bad_field = store_->Transition(CreateJob(*store_, "f"), {JobState::kQueued}, JobState::kRunning, {{"state", "X"}});
   EXPECT_EQ(bad_field.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(bad_field.status().message(), "state")) << bad_field.status();
 }
@@ -283,7 +267,7 @@ TEST_P(JobStoreContractTest, TransitionsFollowTheStateMachine) {
 // A job's first start is kept through a requeue: the queue-wait metric
 // counts a job once, from its submission to that start.
 TEST_P(JobStoreContractTest, TheFirstStartIsKeptThroughARequeue) {
-  const std::string id = CreateJob("starts");
+  const std::string id = CreateJob(*store_, "starts");
   auto queued = store_->Get(id);
   ASSERT_TRUE(queued.ok()) << queued.status();
   EXPECT_EQ(queued->started_unix_ms, 0);
@@ -312,7 +296,7 @@ TEST_P(JobStoreContractTest, TheFirstStartIsKeptThroughARequeue) {
 // A run records its end only on its own claim: a retry whose first attempt
 // landed (its reply lost) must not move the next run's claim.
 TEST_P(JobStoreContractTest, ATransitionCanRequireTheGangThatClaimedTheJob) {
-  const std::string id = CreateJob("claimed");
+  const std::string id = CreateJob(*store_, "claimed");
   ASSERT_TRUE(store_->Transition(id, {JobState::kQueued}, JobState::kRunning, {{"worker", "w0,w1"}}).ok());
   // The first run's requeue lands; the next run claims the job on another gang.
   ASSERT_TRUE(store_->Transition(id, {JobState::kRunning}, JobState::kQueued, {{"worker", ""}}, {{"worker", "w0,w1"}})
@@ -331,12 +315,12 @@ TEST_P(JobStoreContractTest, ATransitionCanRequireTheGangThatClaimedTheJob) {
   auto done = store_->Transition(id, {JobState::kRunning}, JobState::kSucceeded, {}, {{"worker", "w0,w2"}});
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_EQ(done->state, JobState::kSucceeded);
-  auto bad = store_->Transition(CreateJob("bad"), {JobState::kQueued}, JobState::kRunning, {}, {{"state", "QUEUED"}});
+  auto bad = store_->Transition(CreateJob(*store_, "bad"), {JobState::kQueued}, JobState::kRunning, {}, {{"state", "QUEUED"}});
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_P(JobStoreContractTest, CancelledIsTerminal) {
-  const std::string id = CreateJob("cancel");
+  const std::string id = CreateJob(*store_, "cancel");
   ASSERT_TRUE(store_->Transition(id, {JobState::kQueued, JobState::kRunning}, JobState::kCancelled).ok());
   for (const JobState to : {JobState::kQueued, JobState::kRunning, JobState::kSucceeded, JobState::kFailed,
                             JobState::kCancelled}) {
@@ -360,7 +344,7 @@ TEST_P(JobStoreContractTest, CancelledIsTerminal) {
 // claimed in the same step that creates it; a queued, running or
 // succeeded job is not continued, and nor is one that does not exist.
 TEST_P(JobStoreContractTest, AnEndedJobIsContinuedOnce) {
-  const std::string running = CreateJob("running");
+  const std::string running = CreateJob(*store_, "running");
   ASSERT_TRUE(store_->Transition(running, {JobState::kQueued}, JobState::kRunning).ok());
   JobRecord next = NewJob("next");
   next.resumable_run_ids = {running};
@@ -398,7 +382,7 @@ TEST_P(JobStoreContractTest, AnEndedJobIsContinuedOnce) {
 
   next.resumable_run_ids = {"job-doesnotexist"};
   EXPECT_EQ(store_->Create(next, nullptr).status().code(), absl::StatusCode::kNotFound);
-  const std::string succeeded = CreateJob("done");
+  const std::string succeeded = CreateJob(*store_, "done");
   ASSERT_TRUE(store_->Transition(succeeded, {JobState::kQueued}, JobState::kRunning).ok());
   ASSERT_TRUE(store_->Transition(succeeded, {JobState::kRunning}, JobState::kSucceeded).ok());
   next.resumable_run_ids = {succeeded};
@@ -406,7 +390,7 @@ TEST_P(JobStoreContractTest, AnEndedJobIsContinuedOnce) {
 }
 
 TEST_P(JobStoreContractTest, ConcurrentTransitionsHaveExactlyOneWinner) {
-  const std::string id = CreateJob("contended");
+  const std::string id = CreateJob(*store_, "contended");
   constexpr int kThreads = 16;
   std::latch start(kThreads);
   std::atomic<int> winners{0};
@@ -437,7 +421,7 @@ TEST_P(JobStoreContractTest, ConcurrentTransitionsHaveExactlyOneWinner) {
 }
 
 TEST_P(JobStoreContractTest, EventsAppendAndResumeAfterId) {
-  const std::string id = CreateJob("events");
+  const std::string id = CreateJob(*store_, "events");
   auto no_event = store_->LastEvent(id);
   ASSERT_TRUE(no_event.ok()) << no_event.status();
   EXPECT_FALSE(no_event->has_value());
@@ -475,7 +459,7 @@ TEST_P(JobStoreContractTest, EventsAppendAndResumeAfterId) {
 }
 
 TEST_P(JobStoreContractTest, BlockingReadReturnsWhenAnotherThreadAppends) {
-  const std::string id = CreateJob("watch");
+  const std::string id = CreateJob(*store_, "watch");
   auto first = store_->AppendEvent(id, "state", R"({"state":"QUEUED"})");
   ASSERT_TRUE(first.ok());
 
@@ -514,7 +498,7 @@ TEST_P(JobStoreContractTest, BlockingReadReturnsWhenAnotherThreadAppends) {
 }
 
 TEST_P(JobStoreContractTest, CheckpointsAreRecordedAndListed) {
-  const std::string id = CreateJob("ckpt");
+  const std::string id = CreateJob(*store_, "ckpt");
   ASSERT_TRUE(store_->SetProgress(id, 3).ok());
   ASSERT_TRUE(store_->RecordCheckpoint(id, 4, "/ckpt/iter-4").ok());
   ASSERT_TRUE(store_->RecordCheckpoint(id, 12, "/ckpt/iter-12").ok());

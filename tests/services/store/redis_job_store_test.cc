@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/services/store/redis_probe.h"
+#include "tests/services/store/test_jobs.h"
 #include "tests/testutil/redis_server.h"
 
 namespace strata::services {
@@ -36,23 +37,6 @@ class RedisJobStoreTest : public ::testing::Test {
     options.connect_timeout_ms = 1000;
     options.command_timeout_ms = 2000;
     return options;
-  }
-
-  JobRecord NewJob(const std::string& name, const std::string& request_id = "") {
-    JobRecord job;
-    job.algorithm = "remax";
-    job.name = name;
-    job.spec_yaml = "algorithm: remax\nname: " + name + "\n";
-    job.output_dir = "/tmp/out/" + name;
-    job.iterations = 10;
-    job.request_id = request_id;
-    return job;
-  }
-
-  std::string CreateJob(const std::string& name) {
-    auto job = store_->Create(NewJob(name), nullptr);
-    EXPECT_TRUE(job.ok()) << job.status();
-    return job.ok() ? job->id : std::string();
   }
 
   std::unique_ptr<RedisServer> server_;
@@ -95,7 +79,7 @@ TEST_F(RedisJobStoreTest, RedisRestartWithAppendOnlyFileKeepsJobsAndEvents) {
 }
 
 TEST_F(RedisJobStoreTest, RedisDownIsUnavailableNamingTheAddressThenRecovers) {
-  const std::string id = CreateJob("outage");
+  const std::string id = CreateJob(*store_, "outage");
   ASSERT_TRUE(server_->Stop().ok());
 
   auto got = store_->Get(id);
@@ -115,7 +99,7 @@ TEST_F(RedisJobStoreTest, RedisDownIsUnavailableNamingTheAddressThenRecovers) {
 }
 
 TEST_F(RedisJobStoreTest, CommandTimeoutIsUnavailableAndTheLateReplyIsNeverRead) {
-  const std::string id = CreateJob("slow");
+  const std::string id = CreateJob(*store_, "slow");
   RedisStoreOptions options = Options();
   options.command_timeout_ms = 100;
   auto store = ConnectRedisJobStore(options);
