@@ -11,10 +11,10 @@
 namespace strata {
 
 struct EngineCounters {
-  std::atomic<int64_t> nvme_read_bytes{0};     // by the NVMe tier's I/O engines
+  std::atomic<int64_t> nvme_read_bytes{0};  // by the NVMe tier's I/O engines
   std::atomic<int64_t> nvme_written_bytes{0};
-  std::atomic<int64_t> adam_parameters{0};     // parameter updates by CPU Adam
-  std::atomic<int64_t> generated_tokens{0};    // tokens decoded by generation
+  std::atomic<int64_t> adam_parameters{0};   // parameter updates by CPU Adam
+  std::atomic<int64_t> generated_tokens{0};  // tokens decoded by generation
 
   static void Add(std::atomic<int64_t>& counter, int64_t n) { counter.fetch_add(n, std::memory_order_relaxed); }
   static int64_t Read(const std::atomic<int64_t>& counter) { return counter.load(std::memory_order_relaxed); }

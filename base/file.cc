@@ -121,8 +121,7 @@ absl::Status AppendDurably(const std::string& path, std::string_view contents) {
   return absl::OkStatus();
 }
 
-absl::Status WriteFileAtomically(const std::string& path,
-                                 std::span<const std::span<const std::byte>> parts) {
+absl::Status WriteFileAtomically(const std::string& path, std::span<const std::span<const std::byte>> parts) {
   const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("create ", tmp));
@@ -146,8 +145,7 @@ absl::Status WriteFileAtomically(const std::string& path,
 }
 
 absl::Status WriteFileAtomically(const std::string& path, std::string_view contents) {
-  const std::span<const std::byte> part(reinterpret_cast<const std::byte*>(contents.data()),
-                                        contents.size());
+  const std::span<const std::byte> part(reinterpret_cast<const std::byte*>(contents.data()), contents.size());
   return WriteFileAtomically(path, std::span<const std::span<const std::byte>>(&part, 1));
 }
 
@@ -164,8 +162,7 @@ absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& 
   if (size == 0) return std::unique_ptr<MappedFile>(new MappedFile(path, nullptr, 0));
   void* data = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   if (data == MAP_FAILED) return ErrnoToStatus(errno, absl::StrCat("mmap ", path));
-  return std::unique_ptr<MappedFile>(
-      new MappedFile(path, static_cast<const std::byte*>(data), size));
+  return std::unique_ptr<MappedFile>(new MappedFile(path, static_cast<const std::byte*>(data), size));
 }
 
 MappedFile::~MappedFile() {

@@ -29,8 +29,7 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path);
 // or the complete new one: data goes to "<path>.tmp.<pid>", is fsync'ed, then
 // renamed over `path`, and the directory is fsync'ed. On failure the
 // temporary file is removed.
-absl::Status WriteFileAtomically(const std::string& path,
-                                 std::span<const std::span<const std::byte>> parts);
+absl::Status WriteFileAtomically(const std::string& path, std::span<const std::span<const std::byte>> parts);
 absl::Status WriteFileAtomically(const std::string& path, std::string_view contents);
 
 // Appends `contents` to `path` (created if missing) and fsyncs it before
@@ -54,8 +53,7 @@ class MappedFile {
   const std::string& path() const { return path_; }
 
  private:
-  MappedFile(std::string path, const std::byte* data, size_t size)
-      : path_(std::move(path)), data_(data), size_(size) {}
+  MappedFile(std::string path, const std::byte* data, size_t size) : path_(std::move(path)), data_(data), size_(size) {}
   std::string path_;
   const std::byte* data_;
   size_t size_;

@@ -4,8 +4,6 @@
 
 namespace strata {
 
-bool ReturnLargeBlocksToKernel() {
-  return mallopt(M_MMAP_THRESHOLD, static_cast<int>(kOwnMappingBytes)) == 1;
-}
+bool ReturnLargeBlocksToKernel() { return mallopt(M_MMAP_THRESHOLD, static_cast<int>(kOwnMappingBytes)) == 1; }
 
 }  // namespace strata

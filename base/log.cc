@@ -1,9 +1,9 @@
 #include "base/log.h"
 
+#include <sys/time.h>
 #include <atomic>
 #include <cstdio>
 #include <ctime>
-#include <sys/time.h>
 
 namespace strata {
 namespace {
@@ -12,10 +12,14 @@ std::atomic<int> g_min_level{static_cast<int>(LogLevel::kInfo)};
 
 char LevelLetter(LogLevel level) {
   switch (level) {
-    case LogLevel::kDebug: return 'D';
-    case LogLevel::kInfo: return 'I';
-    case LogLevel::kWarning: return 'W';
-    case LogLevel::kError: return 'E';
+    case LogLevel::kDebug:
+      return 'D';
+    case LogLevel::kInfo:
+      return 'I';
+    case LogLevel::kWarning:
+      return 'W';
+    case LogLevel::kError:
+      return 'E';
   }
   return '?';
 }
@@ -49,9 +53,8 @@ LogMessage::LogMessage(LogLevel level, const char* file, int line) : level_(leve
   tm local;
   localtime_r(&now.tv_sec, &local);
   char prefix[64];
-  std::snprintf(prefix, sizeof(prefix), "%c%02d%02d %02d:%02d:%02d.%03d ", LevelLetter(level_),
-                local.tm_mon + 1, local.tm_mday, local.tm_hour, local.tm_min, local.tm_sec,
-                static_cast<int>(now.tv_usec / 1000));
+  std::snprintf(prefix, sizeof(prefix), "%c%02d%02d %02d:%02d:%02d.%03d ", LevelLetter(level_), local.tm_mon + 1,
+                local.tm_mday, local.tm_hour, local.tm_min, local.tm_sec, static_cast<int>(now.tv_usec / 1000));
   stream_ << prefix << Basename(file) << ':' << line << "] ";
 }
 

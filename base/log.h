@@ -40,10 +40,9 @@ struct LogVoidify {
 
 // The ?: form (as glog does) keeps `if (x) STRATA_LOG(Info) << ...; else`
 // unambiguous and skips formatting below the level.
-#define STRATA_LOG(level)                                             \
-  (::strata::LogLevel::k##level < ::strata::MinLogLevel())            \
-      ? (void)0                                                       \
-      : ::strata::LogVoidify() &                                      \
-            ::strata::LogMessage(::strata::LogLevel::k##level, __FILE__, __LINE__).stream()
+#define STRATA_LOG(level)                                  \
+  (::strata::LogLevel::k##level < ::strata::MinLogLevel()) \
+      ? (void)0                                            \
+      : ::strata::LogVoidify() & ::strata::LogMessage(::strata::LogLevel::k##level, __FILE__, __LINE__).stream()
 
 #endif  // STRATA_BASE_LOG_H_

@@ -15,10 +15,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
-#define STRATA_RETURN_IF_ERROR(expr)                                  \
-  do {                                                                \
-    if (::absl::Status strata_status_ = (expr); !strata_status_.ok()) \
-      return strata_status_;                                          \
+#define STRATA_RETURN_IF_ERROR(expr)                                                         \
+  do {                                                                                       \
+    if (::absl::Status strata_status_ = (expr); !strata_status_.ok()) return strata_status_; \
   } while (false)
 
 #define STRATA_STATUS_CONCAT_INNER_(a, b) a##b

@@ -12,16 +12,14 @@ extern char** environ;
 
 namespace strata {
 
-absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv,
-                                         const std::string& scratch_dir) {
+absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv, const std::string& scratch_dir) {
   const std::string stderr_path = JoinPath(scratch_dir, "stderr.txt");
   int pipe_fds[2];
   if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return ErrnoToStatus(errno, "pipe");
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], STDOUT_FILENO);
-  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, stderr_path.c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);

@@ -32,8 +32,7 @@ template <typename T>
 class AlignedArray {
  public:
   explicit AlignedArray(int64_t n)
-      : n_(static_cast<size_t>(n)),
-        data_(static_cast<T*>(std::aligned_alloc(64, (n_ * sizeof(T) + 63) / 64 * 64))) {}
+      : n_(static_cast<size_t>(n)), data_(static_cast<T*>(std::aligned_alloc(64, (n_ * sizeof(T) + 63) / 64 * 64))) {}
   ~AlignedArray() { std::free(data_); }
   AlignedArray(const AlignedArray&) = delete;
   AlignedArray& operator=(const AlignedArray&) = delete;
@@ -298,8 +297,8 @@ absl::StatusOr<std::string> RunAdamBench(const AdamBenchRequest& r) {
       "  memory floor           %9.1f Mparams/s  [%.1f]  %.1f GB/s at %.0f B/param; ours reaches %.1f%%\n"
       "  max |ours - torch|     %9.3g             %d of %d weights differ in any bit, %d bf16 copies\n",
       n, r.bf16_copy ? " + bf16 copy" : "", r.steps, threads, offload::AdamIsaName(adam.isa()), ours, ours_median,
-      ours * bytes_per_param / 1e3, torch_rate, ours / torch_rate, floor, floor_median, bandwidth_gbps,
-      bytes_per_param, 100 * ours / floor, max_abs_diff, params_differing, n, bf16_differing);
+      ours * bytes_per_param / 1e3, torch_rate, ours / torch_rate, floor, floor_median, bandwidth_gbps, bytes_per_param,
+      100 * ours / floor, max_abs_diff, params_differing, n, bf16_differing);
 }
 
 }  // namespace strata::bench

@@ -56,9 +56,8 @@ absl::StatusOr<double> NvmeAdamParamsPerSecond(const std::string& dir, int64_t t
   arena_options.populate = false;
   STRATA_ASSIGN_OR_RETURN(auto arena, offload::HostArena::Create(arena_options));
   STRATA_ASSIGN_OR_RETURN(auto adam, offload::CpuAdam::Create(offload::CpuAdamOptions{}));
-  STRATA_ASSIGN_OR_RETURN(auto state,
-                          offload::NvmeAdamState::Create(offload::NvmeAdamOptions{}, store.get(), arena.get(),
-                                                         adam.get()));
+  STRATA_ASSIGN_OR_RETURN(auto state, offload::NvmeAdamState::Create(offload::NvmeAdamOptions{}, store.get(),
+                                                                     arena.get(), adam.get()));
   std::vector<float> master(static_cast<size_t>(elements_each), 0.01f), grad(master.size(), 1e-3f);
   std::vector<float> out(master.size());
   for (int64_t t = 0; t < tensors; ++t) {
@@ -142,10 +141,10 @@ absl::StatusOr<std::string> RunFiguresBench(const FiguresBenchRequest& request) 
   // large buffers of the benchmarks to come are not allocated yet.
   f.process_baseline_bytes = ResidentBytes();
   // Widths and rows of the product grid (rows: decoding's few to training's many).
-  const std::vector<int64_t> ks =
-      request.quick ? std::vector<int64_t>{256, 1024} : std::vector<int64_t>{256, 1024, 4096};
-  const std::vector<int64_t> ms =
-      request.quick ? std::vector<int64_t>{1, 64} : std::vector<int64_t>{1, 2, 4, 16, 64, 256, 1024};
+  const std::vector<int64_t> ks = request.quick ? std::vector<int64_t>{256, 1024}
+                                                : std::vector<int64_t>{256, 1024, 4096};
+  const std::vector<int64_t> ms = request.quick ? std::vector<int64_t>{1, 64}
+                                                : std::vector<int64_t>{1, 2, 4, 16, 64, 256, 1024};
   for (const auto& [dtype, name] : {std::pair{at::kFloat, "fp32"}, std::pair{at::kBFloat16, "bf16"}}) {
     auto& points = dtype == at::kFloat ? f.matmul_fp32 : f.matmul_bf16;
     for (int64_t k : ks) {

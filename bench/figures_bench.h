@@ -16,10 +16,10 @@
 namespace strata::bench {
 
 struct FiguresBenchRequest {
-  std::string nvme_dir;   // an existing directory on the NVMe tier's disk
-  std::string out;        // the figures file to write ("" prints it only)
-  std::string machine;    // free text recorded in the file
-  bool quick = false;     // smaller grid and sizes (tests)
+  std::string nvme_dir;  // an existing directory on the NVMe tier's disk
+  std::string out;       // the figures file to write ("" prints it only)
+  std::string machine;   // free text recorded in the file
+  bool quick = false;    // smaller grid and sizes (tests)
 };
 
 // Returns a summary table; writes the JSON figures to `out`.

@@ -21,7 +21,7 @@ struct GenerateBenchRequest {
   int64_t batch = 1;
   int64_t prompt_tokens = 32;
   int64_t new_tokens = 64;
-  int64_t repeats = 3;       // best of N for each path
+  int64_t repeats = 3;  // best of N for each path
   std::string dtype = "fp32";
   bool json = false;
 };

@@ -16,14 +16,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/file.h"
 #include "base/status_macros.h"
+#include "base/subprocess.h"
 #include "bench/stats.h"
 #include "offload/nvme/aligned_buffer.h"
-#include "base/file.h"
 #include "offload/nvme/io_engine.h"
 #include "offload/nvme/nvme_store.h"
-#include "base/subprocess.h"
-
 
 namespace strata::bench {
 
@@ -33,9 +32,7 @@ namespace {
 class ScopedDirectory {
  public:
   explicit ScopedDirectory(std::string path) : path_(std::move(path)) {}
-  ~ScopedDirectory() {
-    RemoveTree(path_);
-  }
+  ~ScopedDirectory() { RemoveTree(path_); }
   ScopedDirectory(const ScopedDirectory&) = delete;
   ScopedDirectory& operator=(const ScopedDirectory&) = delete;
   const std::string& path() const { return path_; }
@@ -95,8 +92,7 @@ std::string Spread(const std::vector<double>& runs) {
 // benchmark size, written from and read back into `data`.
 class OursRun {
  public:
-  static absl::StatusOr<std::unique_ptr<OursRun>> Create(const IoBenchRequest& r,
-                                                         const std::string& dir,
+  static absl::StatusOr<std::unique_ptr<OursRun>> Create(const IoBenchRequest& r, const std::string& dir,
                                                          offload::AlignedBuffer& data) {
     STRATA_ASSIGN_OR_RETURN(auto kind, offload::ParseIoEngineKind(r.engine));
     offload::NvmeStoreOptions options;
@@ -135,8 +131,7 @@ class OursRun {
     STRATA_RETURN_IF_ERROR(store_->Get(kId, data_.span()));
     const double seconds = SecondsSince(start);
     if (Checksum(data_.span()) != expected_) {
-      return absl::InternalError(
-          absl::StrCat("NVMe store in ", store_->directory(), " read back different bytes"));
+      return absl::InternalError(absl::StrCat("NVMe store in ", store_->directory(), " read back different bytes"));
     }
     return MegabytesPerSecond(static_cast<int64_t>(data_.size()), seconds);
   }
@@ -179,24 +174,21 @@ absl::StatusOr<double> RunFioJob(const IoBenchRequest& r, const std::string& fil
   if (write) argv.push_back("--end_fsync=1");
   STRATA_ASSIGN_OR_RETURN(auto run, RunProcess(argv, scratch_dir));
   if (run.exit_code != 0) {
-    return absl::InternalError(
-        absl::StrCat(r.fio, " exited with ", run.exit_code, ": ", run.error));
+    return absl::InternalError(absl::StrCat(r.fio, " exited with ", run.exit_code, ": ", run.error));
   }
   // fio may print warnings ahead of the JSON document.
   const size_t brace = run.output.find('{');
   if (brace == std::string::npos) {
     return absl::InternalError(absl::StrCat("fio printed no JSON: ", run.output, run.error));
   }
-  const nlohmann::json report =
-      nlohmann::json::parse(run.output.begin() + static_cast<std::ptrdiff_t>(brace),
-                            run.output.end(), nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json report = nlohmann::json::parse(run.output.begin() + static_cast<std::ptrdiff_t>(brace),
+                                                      run.output.end(), nullptr, /*allow_exceptions=*/false);
   if (report.is_discarded() || !report.contains("jobs") || report["jobs"].empty()) {
     return absl::InternalError(absl::StrCat("cannot parse fio's JSON output: ", run.output));
   }
   const nlohmann::json& job = report["jobs"][0];
   if (job.value("error", 0) != 0) {
-    return absl::InternalError(
-        absl::StrCat("fio job failed with error ", job.value("error", 0), ": ", run.error));
+    return absl::InternalError(absl::StrCat("fio job failed with error ", job.value("error", 0), ": ", run.error));
   }
   const char* direction = write ? "write" : "read";
   if (!job.contains(direction) || !job[direction].contains("bw_bytes")) {
@@ -216,13 +208,11 @@ absl::Status Validate(const IoBenchRequest& r) {
         absl::StrCat("--block-kib must be a multiple of 4 in [4, 1048576], got ", r.block_kib));
   }
   if ((r.size_mib * 1024) % r.block_kib != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--size-mib (", r.size_mib,
-                                                   " MiB) must be a multiple of --block-kib (",
-                                                   r.block_kib, " KiB)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--size-mib (", r.size_mib, " MiB) must be a multiple of --block-kib (", r.block_kib, " KiB)"));
   }
   if (r.queue_depth < 1 || r.queue_depth > 4096) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--queue-depth must be in [1, 4096], got ", r.queue_depth));
+    return absl::InvalidArgumentError(absl::StrCat("--queue-depth must be in [1, 4096], got ", r.queue_depth));
   }
   if (r.repeats < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--repeats must be >= 1, got ", r.repeats));
@@ -258,8 +248,7 @@ absl::StatusOr<std::string> RunIoBench(const IoBenchRequest& r) {
     const bool fio_first = i % 2 == 1;
     for (int turn = 0; turn < 2; ++turn) {
       if ((turn == 0) == fio_first) {
-        if (auto prefill = RunFioJob(r, fio_file, /*write=*/true, work.path(), &fio_version);
-            !prefill.ok()) {
+        if (auto prefill = RunFioJob(r, fio_file, /*write=*/true, work.path(), &fio_version); !prefill.ok()) {
           return prefill.status();
         }
         STRATA_ASSIGN_OR_RETURN(auto write, RunFioJob(r, fio_file, /*write=*/true, work.path(), &fio_version));
@@ -318,16 +307,15 @@ absl::StatusOr<std::string> RunIoBench(const IoBenchRequest& r) {
       "strata bench io: %d MiB sequential overwrite then read, %d KiB blocks, queue depth %d, "
       "best of %d, in %s\n"
       "ours: %s engine, O_DIRECT %s; peer: %s, io_uring, direct=1 (MB/s = 1e6 bytes/s)\n\n",
-      r.size_mib, r.block_kib, r.queue_depth, r.repeats, r.dir, engine,
-      o_direct ? "on" : "off (filesystem refused it)", fio_version);
-  absl::StrAppendFormat(&table, "%-8s %12s %12s %10s %10s   %s\n", "", "ours MB/s", "fio MB/s",
-                        "ours/fio", "by median", "all runs: ours | fio");
-  absl::StrAppendFormat(&table, "%-8s %12.1f %12.1f %10.3f %10.3f   %s | %s\n", "write",
-                        ours.write_mbps, fio.write_mbps, write_ratio, write_ratio_median,
-                        Spread(ours.write_runs), Spread(fio.write_runs));
-  absl::StrAppendFormat(&table, "%-8s %12.1f %12.1f %10.3f %10.3f   %s | %s\n", "read",
-                        ours.read_mbps, fio.read_mbps, read_ratio, read_ratio_median,
-                        Spread(ours.read_runs), Spread(fio.read_runs));
+      r.size_mib, r.block_kib, r.queue_depth, r.repeats, r.dir, engine, o_direct ? "on" : "off (filesystem refused it)",
+      fio_version);
+  absl::StrAppendFormat(&table, "%-8s %12s %12s %10s %10s   %s\n", "", "ours MB/s", "fio MB/s", "ours/fio", "by median",
+                        "all runs: ours | fio");
+  absl::StrAppendFormat(&table, "%-8s %12.1f %12.1f %10.3f %10.3f   %s | %s\n", "write", ours.write_mbps,
+                        fio.write_mbps, write_ratio, write_ratio_median, Spread(ours.write_runs),
+                        Spread(fio.write_runs));
+  absl::StrAppendFormat(&table, "%-8s %12.1f %12.1f %10.3f %10.3f   %s | %s\n", "read", ours.read_mbps, fio.read_mbps,
+                        read_ratio, read_ratio_median, Spread(ours.read_runs), Spread(fio.read_runs));
   return table;
 }
 

@@ -11,8 +11,8 @@
 #include "offload/device/device_memory.h"
 #include "offload/device/device_transfer.h"
 #include "offload/host/host_arena.h"
-#include "offload/stream/layer_streamer.h"
 #include "offload/nvme/nvme_store.h"
+#include "offload/stream/layer_streamer.h"
 #include "policies/train/layerwise_trainer.h"
 #include "policies/train/streamed_layers.h"
 
@@ -195,9 +195,9 @@ absl::StatusOr<std::string> RunStreamBench(const StreamBenchRequest& r) {
       "  host arena %.1f MiB reserved for %.1f MiB requested\n",
       device.str(), config.NumParameters(), r.layers, r.hidden, r.batch, r.seq, resident->step_s,
       resident->peak_device_bytes / 1048576.0, host.step_s, host.peak_device_bytes / 1048576.0,
-      host.step_s / resident->step_s, host.streaming.stall_seconds, nvme->step_s,
-      nvme->peak_device_bytes / 1048576.0, nvme->step_s / resident->step_s, nvme->streaming.stall_seconds,
-      budget / 1048576.0, static_cast<double>(config.NumParameters() * 16) / static_cast<double>(budget),
+      host.step_s / resident->step_s, host.streaming.stall_seconds, nvme->step_s, nvme->peak_device_bytes / 1048576.0,
+      nvme->step_s / resident->step_s, nvme->streaming.stall_seconds, budget / 1048576.0,
+      static_cast<double>(config.NumParameters() * 16) / static_cast<double>(budget),
       peak <= budget ? "kept" : "EXCEEDED", host.host.peak_reserved_bytes / 1048576.0,
       host.host.peak_requested_bytes / 1048576.0);
 }

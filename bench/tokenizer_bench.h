@@ -18,8 +18,8 @@ struct TokenizerBenchRequest {
   std::string corpus;     // a JSON array of strings
   // The directory of encode.mjs (with its node_modules).
   std::string reference = "tests/policies/tokenizer/reference";
-  int64_t repeat = 50;   // the corpus is encoded this many times over
-  int64_t loads = 3;     // best of N loads
+  int64_t repeat = 50;  // the corpus is encoded this many times over
+  int64_t loads = 3;    // best of N loads
   bool json = false;
 };
 

@@ -20,8 +20,8 @@ at::Tensor BradleyTerryLoss(const at::Tensor& chosen, const at::Tensor& rejected
 // The preference objective on a batch of 2n rows: the chosen responses of n
 // pairs first, then their rejected responses in the same order.
 struct PreferenceObjective {
-  at::Tensor loss;   // Bradley-Terry, differentiable when the scores are
-  double accuracy;   // fraction of pairs whose chosen response scores higher
+  at::Tensor loss;  // Bradley-Terry, differentiable when the scores are
+  double accuracy;  // fraction of pairs whose chosen response scores higher
 };
 
 // From final scores [2n] (one per row).

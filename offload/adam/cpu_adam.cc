@@ -86,9 +86,9 @@ class WorkerPool {
   std::condition_variable wake_;
   std::condition_variable done_;
   const std::function<void(int)>* job_ = nullptr;  // guarded by mu_
-  uint64_t generation_ = 0;                         // guarded by mu_
-  int pending_ = 0;                                 // guarded by mu_
-  bool stop_ = false;                               // guarded by mu_
+  uint64_t generation_ = 0;                        // guarded by mu_
+  int pending_ = 0;                                // guarded by mu_
+  bool stop_ = false;                              // guarded by mu_
 };
 
 namespace {
@@ -118,12 +118,12 @@ void AdamKernelScalar(const AdamKernelArgs& a) {
   for (int64_t i = 0; i < a.n; ++i) {
     float p = a.param[i];
     float g = a.grad != nullptr ? a.grad[i] : Bf16ToFloat(a.grad_bf16[i]);
-    if (a.decay) p = p * a.decay_factor;            // p.mul_(1 - lr * wd)
-    if (a.l2) g = std::fma(p, a.l2_factor, g);      // grad.add(p, wd)
+    if (a.decay) p = p * a.decay_factor;        // p.mul_(1 - lr * wd)
+    if (a.l2) g = std::fma(p, a.l2_factor, g);  // grad.add(p, wd)
     const float m = std::fma(g, a.one_minus_beta1, a.exp_avg[i] * a.beta1);
     const float v = std::fma(g * a.one_minus_beta2, g, a.exp_avg_sq[i] * a.beta2);
     const float denom = std::sqrt(v) / a.bias_correction2_sqrt + a.eps;
-    p = p + (a.neg_step_size * m) / denom;          // p.addcdiv_(m, denom, -step_size)
+    p = p + (a.neg_step_size * m) / denom;  // p.addcdiv_(m, denom, -step_size)
     a.param[i] = p;
     a.exp_avg[i] = m;
     a.exp_avg_sq[i] = v;
@@ -141,42 +141,39 @@ absl::Status CheckRange(const char* field, double value, double lo, bool lo_incl
   const bool lo_ok = lo_inclusive ? value >= lo : value > lo;
   const bool hi_ok = hi_inclusive ? value <= hi : value < hi;
   if (lo_ok && hi_ok) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(field, " must be in ", lo_inclusive ? "[" : "(", lo, ", ",
-                                                 hi, hi_inclusive ? "]" : ")", ", got ", value));
+  return absl::InvalidArgumentError(absl::StrCat(field, " must be in ", lo_inclusive ? "[" : "(", lo, ", ", hi,
+                                                 hi_inclusive ? "]" : ")", ", got ", value));
 }
 
 bool CpuHasAvx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 
 bool CpuHasAvx512() {
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl");
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
 }
 
 // Same length as param, or (for optional spans) empty.
 template <typename T>
-absl::Status CheckLength(const AdamTensorSpan& t, size_t index, const char* field, std::span<T> span,
-                         bool optional) {
+absl::Status CheckLength(const AdamTensorSpan& t, size_t index, const char* field, std::span<T> span, bool optional) {
   if (span.size() == t.param.size() || (optional && span.empty())) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("tensor ", index, " '", std::string(t.name), "': ", field,
-                                                 " has ", span.size(), " elements, param has ",
-                                                 t.param.size()));
+  return absl::InvalidArgumentError(absl::StrCat("tensor ", index, " '", std::string(t.name), "': ", field, " has ",
+                                                 span.size(), " elements, param has ", t.param.size()));
 }
 
 absl::Status CheckTensor(const AdamTensorSpan& t, size_t index) {
   if (t.step < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor ", index, " '", std::string(t.name),
-                                                   "': step must be >= 1, got ", t.step));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", index, " '", std::string(t.name), "': step must be >= 1, got ", t.step));
   }
   if (t.grad.empty() == t.grad_bf16.empty() && !t.param.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor ", index, " '", std::string(t.name),
-                                                   "': exactly one of grad and grad_bf16 must be set"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", index, " '", std::string(t.name), "': exactly one of grad and grad_bf16 must be set"));
   }
-  for (absl::Status s : {t.grad.empty() ? CheckLength(t, index, "grad_bf16", t.grad_bf16, false)
-                                        : CheckLength(t, index, "grad", t.grad, false),
-                         CheckLength(t, index, "exp_avg", t.exp_avg, false),
-                         CheckLength(t, index, "exp_avg_sq", t.exp_avg_sq, false),
-                         CheckLength(t, index, "device_bf16", t.device_bf16, true),
-                         CheckLength(t, index, "device_fp32", t.device_fp32, true)}) {
+  for (absl::Status s :
+       {t.grad.empty() ? CheckLength(t, index, "grad_bf16", t.grad_bf16, false)
+                       : CheckLength(t, index, "grad", t.grad, false),
+        CheckLength(t, index, "exp_avg", t.exp_avg, false), CheckLength(t, index, "exp_avg_sq", t.exp_avg_sq, false),
+        CheckLength(t, index, "device_bf16", t.device_bf16, true),
+        CheckLength(t, index, "device_fp32", t.device_fp32, true)}) {
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
@@ -209,18 +206,21 @@ absl::Status CpuAdamOptions::Validate() const {
   }
   if (grain < 1) return absl::InvalidArgumentError(absl::StrCat("grain must be >= 1, got ", grain));
   if (min_parallel_elements < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("min_parallel_elements must be >= 0, got ", min_parallel_elements));
+    return absl::InvalidArgumentError(absl::StrCat("min_parallel_elements must be >= 0, got ", min_parallel_elements));
   }
   return absl::OkStatus();
 }
 
 std::string AdamIsaName(AdamIsa isa) {
   switch (isa) {
-    case AdamIsa::kAuto: return "auto";
-    case AdamIsa::kScalar: return "scalar";
-    case AdamIsa::kAvx2: return "avx2";
-    case AdamIsa::kAvx512: return "avx512";
+    case AdamIsa::kAuto:
+      return "auto";
+    case AdamIsa::kScalar:
+      return "scalar";
+    case AdamIsa::kAvx2:
+      return "avx2";
+    case AdamIsa::kAvx512:
+      return "avx512";
   }
   return "unknown";
 }
@@ -236,9 +236,12 @@ absl::StatusOr<AdamIsa> ParseAdamIsa(std::string_view name) {
 bool AdamIsaSupported(AdamIsa isa) {
   switch (isa) {
     case AdamIsa::kAuto:
-    case AdamIsa::kScalar: return true;
-    case AdamIsa::kAvx2: return CpuHasAvx2();
-    case AdamIsa::kAvx512: return CpuHasAvx512();
+    case AdamIsa::kScalar:
+      return true;
+    case AdamIsa::kAvx2:
+      return CpuHasAvx2();
+    case AdamIsa::kAvx512:
+      return CpuHasAvx512();
   }
   return false;
 }

@@ -21,8 +21,7 @@ namespace {
 constexpr int64_t kLanes = 8;
 
 struct Constants {
-  __m256 decay, l2, beta1, one_minus_beta1, beta2, one_minus_beta2, bias_correction2_sqrt, eps,
-      neg_step_size;
+  __m256 decay, l2, beta1, one_minus_beta1, beta2, one_minus_beta2, bias_correction2_sqrt, eps, neg_step_size;
 };
 
 // Pointers to one block of kLanes elements.
@@ -48,8 +47,8 @@ STRATA_AVX2 inline __m128i ToBf16(__m256 x) {
   return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
 }
 
-STRATA_AVX2 inline void UpdateBlock(const AdamKernelArgs& a, const Constants& c, const Block& b,
-                                    bool stream_bf16, bool stream_fp32) {
+STRATA_AVX2 inline void UpdateBlock(const AdamKernelArgs& a, const Constants& c, const Block& b, bool stream_bf16,
+                                    bool stream_fp32) {
   __m256 p = _mm256_loadu_ps(b.param);
   __m256 g;
   if (b.grad != nullptr) {
@@ -135,15 +134,10 @@ int64_t HeadToAlign(const void* ptr, size_t size, size_t align) {
 }  // namespace
 
 STRATA_AVX2 void AdamKernelAvx2(const AdamKernelArgs& a) {
-  const Constants c{_mm256_set1_ps(a.decay_factor),
-                    _mm256_set1_ps(a.l2_factor),
-                    _mm256_set1_ps(a.beta1),
-                    _mm256_set1_ps(a.one_minus_beta1),
-                    _mm256_set1_ps(a.beta2),
-                    _mm256_set1_ps(a.one_minus_beta2),
-                    _mm256_set1_ps(a.bias_correction2_sqrt),
-                    _mm256_set1_ps(a.eps),
-                    _mm256_set1_ps(a.neg_step_size)};
+  const Constants c{
+      _mm256_set1_ps(a.decay_factor),          _mm256_set1_ps(a.l2_factor), _mm256_set1_ps(a.beta1),
+      _mm256_set1_ps(a.one_minus_beta1),       _mm256_set1_ps(a.beta2),     _mm256_set1_ps(a.one_minus_beta2),
+      _mm256_set1_ps(a.bias_correction2_sqrt), _mm256_set1_ps(a.eps),       _mm256_set1_ps(a.neg_step_size)};
   // Non-temporal stores need aligned addresses: peel a head so the device
   // copy (bf16 preferred, it is the common one) is aligned in the main loop.
   int64_t head = 0;

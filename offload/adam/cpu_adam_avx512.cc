@@ -28,8 +28,7 @@ namespace {
 constexpr int64_t kLanes = 16;
 
 struct Constants {
-  __m512 decay, l2, beta1, one_minus_beta1, beta2, one_minus_beta2, bias_correction2_sqrt, eps,
-      neg_step_size;
+  __m512 decay, l2, beta1, one_minus_beta1, beta2, one_minus_beta2, bias_correction2_sqrt, eps, neg_step_size;
 };
 
 // Pointers to one block of kLanes elements.
@@ -51,8 +50,8 @@ STRATA_AVX512 inline __m256i ToBf16(__m512 x) {
   return _mm512_cvtepi32_epi16(r);
 }
 
-STRATA_AVX512 inline void UpdateBlock(const AdamKernelArgs& a, const Constants& c, const Block& b,
-                                      bool stream_bf16, bool stream_fp32) {
+STRATA_AVX512 inline void UpdateBlock(const AdamKernelArgs& a, const Constants& c, const Block& b, bool stream_bf16,
+                                      bool stream_fp32) {
   __m512 p = _mm512_loadu_ps(b.param);
   __m512 g;
   if (b.grad != nullptr) {
@@ -138,15 +137,10 @@ int64_t HeadToAlign(const void* ptr, size_t size, size_t align) {
 }  // namespace
 
 STRATA_AVX512 void AdamKernelAvx512(const AdamKernelArgs& a) {
-  const Constants c{_mm512_set1_ps(a.decay_factor),
-                    _mm512_set1_ps(a.l2_factor),
-                    _mm512_set1_ps(a.beta1),
-                    _mm512_set1_ps(a.one_minus_beta1),
-                    _mm512_set1_ps(a.beta2),
-                    _mm512_set1_ps(a.one_minus_beta2),
-                    _mm512_set1_ps(a.bias_correction2_sqrt),
-                    _mm512_set1_ps(a.eps),
-                    _mm512_set1_ps(a.neg_step_size)};
+  const Constants c{
+      _mm512_set1_ps(a.decay_factor),          _mm512_set1_ps(a.l2_factor), _mm512_set1_ps(a.beta1),
+      _mm512_set1_ps(a.one_minus_beta1),       _mm512_set1_ps(a.beta2),     _mm512_set1_ps(a.one_minus_beta2),
+      _mm512_set1_ps(a.bias_correction2_sqrt), _mm512_set1_ps(a.eps),       _mm512_set1_ps(a.neg_step_size)};
   // Non-temporal stores need aligned addresses: peel a head so the device
   // copy (bf16 preferred, it is the common one) is aligned in the main loop.
   int64_t head = 0;

@@ -26,9 +26,8 @@ absl::Status NvmeAdamOptions::Validate() const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<NvmeAdamState>> NvmeAdamState::Create(const NvmeAdamOptions& options,
-                                                                     NvmeStore* store, HostArena* arena,
-                                                                     CpuAdam* adam) {
+absl::StatusOr<std::unique_ptr<NvmeAdamState>> NvmeAdamState::Create(const NvmeAdamOptions& options, NvmeStore* store,
+                                                                     HostArena* arena, CpuAdam* adam) {
   STRATA_RETURN_IF_ERROR(options.Validate());
   if (store == nullptr || arena == nullptr || adam == nullptr) {
     return absl::InvalidArgumentError("nvme adam: needs an NVMe store, a host arena and a CPU Adam");

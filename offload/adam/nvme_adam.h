@@ -36,10 +36,10 @@ struct NvmeAdamOptions {
 // One tensor's update: its gradient and where the new weights go.
 struct NvmeAdamUpdate {
   std::string name;
-  std::span<const float> grad;    // whole tensor, fp32
-  int64_t step = 0;               // this update's step number (1 for the first)
-  std::span<float> out_fp32;      // optional: updated weights, fp32
-  std::span<uint16_t> out_bf16;   // optional: updated weights, bf16
+  std::span<const float> grad;   // whole tensor, fp32
+  int64_t step = 0;              // this update's step number (1 for the first)
+  std::span<float> out_fp32;     // optional: updated weights, fp32
+  std::span<uint16_t> out_bf16;  // optional: updated weights, bf16
 };
 
 // Drive from one thread. `store`, `arena` and `adam` must outlive it.

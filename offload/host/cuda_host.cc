@@ -20,8 +20,8 @@ absl::Status RegisterWithCuda(void* base, size_t bytes) {
   const cudaError_t error = ::cudaHostRegister(base, bytes, cudaHostRegisterPortable);
   if (error == cudaSuccess) return absl::OkStatus();
   ::cudaGetLastError();  // so a later cudaGetLastError does not report this failure again
-  const std::string message = absl::StrCat("host arena: cudaHostRegister of ", bytes, " bytes failed: ",
-                                           std::string(::cudaGetErrorName(error)), ": ",
+  const std::string message = absl::StrCat("host arena: cudaHostRegister of ", bytes,
+                                           " bytes failed: ", std::string(::cudaGetErrorName(error)), ": ",
                                            std::string(::cudaGetErrorString(error)));
   switch (error) {
     case cudaErrorMemoryAllocation:
@@ -46,9 +46,9 @@ void UnregisterWithCuda(void* base) {
 bool CudaBuilt() { return false; }
 
 absl::Status RegisterWithCuda(void*, size_t bytes) {
-  return absl::FailedPreconditionError(absl::StrCat(
-      "host arena: cannot pin ", bytes,
-      " bytes for a GPU: this strata was built without CUDA (configure against a CUDA libtorch)"));
+  return absl::FailedPreconditionError(
+      absl::StrCat("host arena: cannot pin ", bytes,
+                   " bytes for a GPU: this strata was built without CUDA (configure against a CUDA libtorch)"));
 }
 
 void UnregisterWithCuda(void*) {}

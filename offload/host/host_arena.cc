@@ -7,10 +7,10 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
-#include "base/status_macros.h"
-#include "offload/host/cuda_host.h"
 #include "base/file.h"
 #include "base/log.h"
+#include "base/status_macros.h"
+#include "offload/host/cuda_host.h"
 
 namespace strata::offload {
 
@@ -31,9 +31,9 @@ size_t MemlockLimitBytes() {
 
 absl::Status CheckMemlock(size_t bytes, size_t limit, bool privileged) {
   if (privileged || bytes <= limit) return absl::OkStatus();
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "host arena: cannot lock ", bytes, " bytes: RLIMIT_MEMLOCK is ", limit,
-      " bytes (raise it with `ulimit -l` or the container's memlock limit, or lower the host budget)"));
+  return absl::ResourceExhaustedError(
+      absl::StrCat("host arena: cannot lock ", bytes, " bytes: RLIMIT_MEMLOCK is ", limit,
+                   " bytes (raise it with `ulimit -l` or the container's memlock limit, or lower the host budget)"));
 }
 
 absl::StatusOr<std::unique_ptr<HostArena>> HostArena::Create(const HostArenaOptions& options) {
@@ -106,10 +106,10 @@ absl::StatusOr<HostBuffer> HostArena::Allocate(size_t bytes) {
     --stats_.pooled_buffers;
   } else {
     if (capacity_ - top_ < reserved) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "host arena: cannot allocate ", bytes, " bytes: ", capacity_ - top_, " of ", capacity_,
-          " bytes left unreserved (", stats_.requested_bytes, " in use, ", stats_.pooled_buffers,
-          " pooled buffers of other sizes)"));
+      return absl::ResourceExhaustedError(absl::StrCat("host arena: cannot allocate ", bytes,
+                                                       " bytes: ", capacity_ - top_, " of ", capacity_,
+                                                       " bytes left unreserved (", stats_.requested_bytes, " in use, ",
+                                                       stats_.pooled_buffers, " pooled buffers of other sizes)"));
     }
     data = base_ + top_;
     top_ += reserved;

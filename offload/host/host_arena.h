@@ -75,8 +75,8 @@ class HostBuffer {
 
 struct HostArenaStats {
   size_t capacity_bytes = 0;
-  size_t requested_bytes = 0;       // live buffers, as asked for
-  size_t reserved_bytes = 0;        // carved from the region: live + pooled
+  size_t requested_bytes = 0;  // live buffers, as asked for
+  size_t reserved_bytes = 0;   // carved from the region: live + pooled
   size_t peak_requested_bytes = 0;
   size_t peak_reserved_bytes = 0;
   size_t live_buffers = 0;

@@ -19,9 +19,7 @@ namespace strata::offload {
 inline constexpr size_t kDirectIoAlignment = 4096;
 
 // Rounds `n` up to a multiple of `alignment` (a power of two).
-constexpr size_t RoundUpTo(size_t n, size_t alignment) {
-  return (n + alignment - 1) & ~(alignment - 1);
-}
+constexpr size_t RoundUpTo(size_t n, size_t alignment) { return (n + alignment - 1) & ~(alignment - 1); }
 
 // Owns `size` bytes starting at an address aligned to `alignment`. The
 // contents are NOT initialised (zeroing a multi-GiB buffer costs more than the
@@ -31,8 +29,7 @@ class AlignedBuffer {
   AlignedBuffer() = default;
   // RESOURCE_EXHAUSTED when the allocation fails; INVALID_ARGUMENT when
   // `alignment` is not a power of two multiple of sizeof(void*).
-  static absl::StatusOr<AlignedBuffer> Allocate(size_t size,
-                                                size_t alignment = kDirectIoAlignment);
+  static absl::StatusOr<AlignedBuffer> Allocate(size_t size, size_t alignment = kDirectIoAlignment);
   ~AlignedBuffer();
   AlignedBuffer(AlignedBuffer&& other) noexcept;
   AlignedBuffer& operator=(AlignedBuffer&& other) noexcept;

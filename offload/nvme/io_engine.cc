@@ -42,26 +42,23 @@ absl::StatusOr<IoEngineKind> ParseIoEngineKind(const std::string& name) {
   if (name == "auto") return IoEngineKind::kAuto;
   if (name == "uring" || name == "io_uring") return IoEngineKind::kUring;
   if (name == "posix") return IoEngineKind::kPosix;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown I/O engine '", name, "' (expected auto, uring or posix)"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown I/O engine '", name, "' (expected auto, uring or posix)"));
 }
 
 absl::Status IoEngineOptions::Validate() const {
   if (queue_depth < 1 || queue_depth > 4096) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("queue_depth must be in [1, 4096], got ", queue_depth));
+    return absl::InvalidArgumentError(absl::StrCat("queue_depth must be in [1, 4096], got ", queue_depth));
   }
   if (chunk_size < 4096 || chunk_size % 4096 != 0 || chunk_size > kMaxPieceBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "chunk_size must be a multiple of 4096 in [4096, 1 GiB], got ", chunk_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk_size must be a multiple of 4096 in [4096, 1 GiB], got ", chunk_size));
   }
   if (max_registered_files < 0 || max_registered_files > 65536) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_registered_files must be in [0, 65536], got ", max_registered_files));
   }
   if (posix_threads < 0 || posix_threads > 1024) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("posix_threads must be in [0, 1024], got ", posix_threads));
+    return absl::InvalidArgumentError(absl::StrCat("posix_threads must be in [0, 1024], got ", posix_threads));
   }
   if (max_retries < 0) {
     return absl::InvalidArgumentError(absl::StrCat("max_retries must be >= 0, got ", max_retries));
@@ -189,15 +186,14 @@ IoEngineImpl::~IoEngineImpl() {
 absl::Status IoEngineImpl::Submit(std::span<const IoRequest> requests) {
   for (const IoRequest& r : requests) {
     if (r.offset < 0 || r.length < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(OpName(r.op), " ", r.path, ": negative offset ",
-                                                     r.offset, " or length ", r.length));
+      return absl::InvalidArgumentError(
+          absl::StrCat(OpName(r.op), " ", r.path, ": negative offset ", r.offset, " or length ", r.length));
     }
     if (r.length > 0 && r.buffer == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(OpName(r.op), " ", r.path, ": null buffer"));
     }
     if (r.file < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(OpName(r.op), " ", r.path, ": invalid file ", r.file));
+      return absl::InvalidArgumentError(absl::StrCat(OpName(r.op), " ", r.path, ": invalid file ", r.file));
     }
   }
   for (const IoRequest& r : requests) {
@@ -216,9 +212,8 @@ absl::Status IoEngineImpl::Submit(std::span<const IoRequest> requests) {
 
 int IoEngineImpl::FindRegisteredBuffer(const std::byte* buffer, int64_t length) const {
   if (registered_.empty()) return -1;
-  auto it = std::upper_bound(
-      registered_.begin(), registered_.end(), buffer,
-      [](const std::byte* p, const RegisteredSlice& slice) { return p < slice.begin; });
+  auto it = std::upper_bound(registered_.begin(), registered_.end(), buffer,
+                             [](const std::byte* p, const RegisteredSlice& slice) { return p < slice.begin; });
   if (it == registered_.begin()) return -1;
   --it;
   if (buffer + length > it->end) return -1;
@@ -272,8 +267,7 @@ absl::Status IoEngineImpl::Pump() {
   }
   if (issue_batch_.empty()) return absl::OkStatus();
   stats_.ops_issued += static_cast<int64_t>(issue_batch_.size());
-  stats_.max_in_flight =
-      std::max(stats_.max_in_flight, queue_depth_ - static_cast<int>(free_slots_.size()));
+  stats_.max_in_flight = std::max(stats_.max_in_flight, queue_depth_ - static_cast<int>(free_slots_.size()));
   return backend_->Issue(issue_batch_);
 }
 
@@ -304,25 +298,23 @@ void IoEngineImpl::HandleResult(const IoBackendResult& result) {
     // Transient: the kernel made no progress but may next time. Bounded so a
     // device that never recovers surfaces as an error instead of a hang.
     if (++piece.retries > max_retries_) {
-      Fail(t, absl::UnavailableError(absl::StrCat(
-                  OpName(r.op), " ", r.path, " at offset ", piece.offset, ": no progress after ",
-                  max_retries_, " retries (last result ", res, ")")));
+      Fail(t, absl::UnavailableError(absl::StrCat(OpName(r.op), " ", r.path, " at offset ", piece.offset,
+                                                  ": no progress after ", max_retries_, " retries (last result ", res,
+                                                  ")")));
     } else {
       ++stats_.retry_resubmits;
       retries_.push_back(piece);
     }
   } else if (res == 0) {
     Fail(t, absl::OutOfRangeError(absl::StrCat("read ", r.path, " at offset ", piece.offset,
-                                               ": unexpected end of file (", piece.length,
-                                               " bytes missing)")));
+                                               ": unexpected end of file (", piece.length, " bytes missing)")));
   } else if (res < 0) {
-    Fail(t, ErrnoToStatus(static_cast<int>(-res),
-                          absl::StrCat(OpName(r.op), " ", r.path, " at offset ", piece.offset,
-                                       " (", piece.length, " bytes)")));
+    Fail(t, ErrnoToStatus(static_cast<int>(-res), absl::StrCat(OpName(r.op), " ", r.path, " at offset ", piece.offset,
+                                                               " (", piece.length, " bytes)")));
   } else if (res > piece.length) {
-    Fail(t, absl::InternalError(absl::StrCat(OpName(r.op), " ", r.path, " at offset ",
-                                             piece.offset, ": kernel reported ", res,
-                                             " bytes for a ", piece.length, "-byte request")));
+    Fail(t,
+         absl::InternalError(absl::StrCat(OpName(r.op), " ", r.path, " at offset ", piece.offset, ": kernel reported ",
+                                          res, " bytes for a ", piece.length, "-byte request")));
   } else {
     stats_.bytes += res;
     EngineCounters& counters = GlobalEngineCounters();
@@ -350,8 +342,7 @@ absl::Status IoEngineImpl::Wait(int min_completions, std::vector<IoCompletion>* 
     if (got >= min_completions || transfers_.empty()) return absl::OkStatus();
     STRATA_RETURN_IF_ERROR(Pump());
     if (free_slots_.size() == static_cast<size_t>(queue_depth_)) {
-      return absl::InternalError(
-          absl::StrCat("I/O engine stalled with ", transfers_.size(), " transfers pending"));
+      return absl::InternalError(absl::StrCat("I/O engine stalled with ", transfers_.size(), " transfers pending"));
     }
     results_.clear();
     STRATA_RETURN_IF_ERROR(backend_->Reap(1, &results_));

@@ -106,8 +106,8 @@ struct IoEngineStats {
   int64_t retry_resubmits = 0;  // operations resubmitted after -EAGAIN / -EINTR / 0 bytes
   int64_t fixed_buffer_ops = 0;
   int64_t fixed_file_ops = 0;
-  int max_in_flight = 0;        // high-water mark of operations in flight
-  int64_t bytes = 0;            // bytes transferred by successful operations
+  int max_in_flight = 0;  // high-water mark of operations in flight
+  int64_t bytes = 0;      // bytes transferred by successful operations
 };
 
 class IoEngine {

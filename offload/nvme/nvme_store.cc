@@ -165,9 +165,7 @@ uint64_t Fnv1a64(std::string_view bytes) {
 
 std::string Hex64(uint64_t value) { return absl::StrFormat("%016x", value); }
 
-int64_t PadToAlign(int64_t n) {
-  return static_cast<int64_t>(RoundUpTo(static_cast<size_t>(n), kDirectIoAlignment));
-}
+int64_t PadToAlign(int64_t n) { return static_cast<int64_t>(RoundUpTo(static_cast<size_t>(n), kDirectIoAlignment)); }
 
 // Prefixes a status with the tensor it concerns, keeping its code.
 absl::Status ForTensor(const std::string& id, const absl::Status& status) {
@@ -193,8 +191,7 @@ absl::Status ZeroFill(int fd, int64_t from, int64_t to, const std::string& path)
   static const std::string* const zeros = new std::string(static_cast<size_t>(kJournalStep), '\0');
   for (int64_t at = from; at < to;) {
     const int64_t n = std::min(to - at, kJournalStep);
-    if (auto status = PwriteAll(fd, std::string_view(*zeros).substr(0, static_cast<size_t>(n)), at,
-                                path);
+    if (auto status = PwriteAll(fd, std::string_view(*zeros).substr(0, static_cast<size_t>(n)), at, path);
         !status.ok()) {
       return status;
     }
@@ -204,9 +201,7 @@ absl::Status ZeroFill(int fd, int64_t from, int64_t to, const std::string& path)
 }
 
 // "<body> <FNV-1a 64 of body>\n": the shape of every JOURNAL line.
-std::string ChecksummedLine(const std::string& body) {
-  return absl::StrCat(body, " ", Hex64(Fnv1a64(body)), "\n");
-}
+std::string ChecksummedLine(const std::string& body) { return absl::StrCat(body, " ", Hex64(Fnv1a64(body)), "\n"); }
 
 // The body of a ChecksummedLine (without its newline), or nullopt when the
 // checksum does not match.
@@ -226,9 +221,7 @@ std::string JournalHeader(uint64_t generation) {
 
 // C-escaping leaves spaces alone; octal (not \x, which would swallow hex
 // digits that follow) keeps the id a single space-free field.
-std::string EscapeField(const std::string& id) {
-  return absl::StrReplaceAll(absl::CEscape(id), {{" ", "\\040"}});
-}
+std::string EscapeField(const std::string& id) { return absl::StrReplaceAll(absl::CEscape(id), {{" ", "\\040"}}); }
 
 bool SlotFileNameIsSane(const std::string& file) {
   return file.find('/') == std::string::npos && absl::EndsWith(file, kSlotSuffix) &&
@@ -251,26 +244,22 @@ struct Snapshot {
 
 absl::StatusOr<Snapshot> ParseManifest(const std::string& text, const std::string& path) {
   auto corrupt = [&path](int line, const std::string& what) {
-    return absl::DataLossError(absl::StrCat("NVMe store manifest ", path,
-                                            line > 0 ? absl::StrCat(" line ", line) : "", ": ",
-                                            what));
+    return absl::DataLossError(
+        absl::StrCat("NVMe store manifest ", path, line > 0 ? absl::StrCat(" line ", line) : "", ": ", what));
   };
   // The version first: another version's end record may differ.
-  const std::vector<std::string> header =
-      absl::StrSplit(text.substr(0, text.find('\n')), absl::MaxSplits(' ', 2));
+  const std::vector<std::string> header = absl::StrSplit(text.substr(0, text.find('\n')), absl::MaxSplits(' ', 2));
   if (header.size() >= 2 && header[0] == kManifestMagic && header[1] != "1" &&
       header[1] != absl::StrCat(kManifestVersion)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("NVMe store manifest ", path, " has format version '",
-                     absl::CHexEscape(header[1].substr(0, 32)),
-                     "'; this build reads versions 1 and ", kManifestVersion));
+    return absl::FailedPreconditionError(absl::StrCat("NVMe store manifest ", path, " has format version '",
+                                                      absl::CHexEscape(header[1].substr(0, 32)),
+                                                      "'; this build reads versions 1 and ", kManifestVersion));
   }
   if (text.empty() || text.back() != '\n') return corrupt(0, "truncated (no end record)");
   const size_t previous_newline = text.size() >= 2 ? text.rfind('\n', text.size() - 2) : std::string::npos;
   const size_t end_start = previous_newline == std::string::npos ? 0 : previous_newline + 1;
   const std::string body = text.substr(0, end_start);
-  const std::vector<std::string> end_fields =
-      absl::StrSplit(text.substr(end_start, text.size() - 1 - end_start), ' ');
+  const std::vector<std::string> end_fields = absl::StrSplit(text.substr(end_start, text.size() - 1 - end_start), ' ');
   uint64_t count = 0;
   if (end_fields.size() != 3 || end_fields[0] != "end" || !absl::SimpleAtoi(end_fields[1], &count)) {
     return corrupt(0, "truncated (no end record)");
@@ -296,15 +285,13 @@ absl::StatusOr<Snapshot> ParseManifest(const std::string& text, const std::strin
     const int line = static_cast<int>(i) + 1;
     const std::vector<std::string> f = absl::StrSplit(lines[i], absl::MaxSplits(' ', 5));
     ManifestRecord r;
-    if (f.size() != 6 || f[0] != "slot" || (f[1] != "0" && f[1] != "1") ||
-        !absl::SimpleAtoi(f[2], &r.size) || !absl::SimpleAtoi(f[3], &r.capacity) ||
-        !absl::CUnescape(f[5], &r.id)) {
+    if (f.size() != 6 || f[0] != "slot" || (f[1] != "0" && f[1] != "1") || !absl::SimpleAtoi(f[2], &r.size) ||
+        !absl::SimpleAtoi(f[3], &r.capacity) || !absl::CUnescape(f[5], &r.id)) {
       return corrupt(line, "malformed slot record");
     }
     r.valid = f[1] == "1";
     r.file = f[4];
-    if (r.size < 0 || r.capacity < 0 || r.capacity % kAlign != 0 ||
-        (r.valid && r.capacity < PadToAlign(r.size))) {
+    if (r.size < 0 || r.capacity < 0 || r.capacity % kAlign != 0 || (r.valid && r.capacity < PadToAlign(r.size))) {
       return corrupt(line, absl::StrCat("impossible size ", r.size, " / capacity ", r.capacity));
     }
     if (!SlotFileNameIsSane(r.file)) {
@@ -316,8 +303,7 @@ absl::StatusOr<Snapshot> ParseManifest(const std::string& text, const std::strin
     snapshot.records.push_back(std::move(r));
   }
   if (snapshot.records.size() != count) {
-    return corrupt(0, absl::StrCat("end record counts ", count, " slots, found ",
-                                   snapshot.records.size()));
+    return corrupt(0, absl::StrCat("end record counts ", count, " slots, found ", snapshot.records.size()));
   }
   return snapshot;
 }
@@ -357,9 +343,7 @@ absl::StatusOr<std::vector<JournalOp>> ParseCommit(std::string_view body, uint64
   if (f.empty() || !absl::SimpleAtoi(f[0], seq)) return malformed("malformed sequence number");
   std::vector<JournalOp> ops;
   size_t i = 1;
-  auto take_id = [&](JournalOp& op) {
-    return i < f.size() && absl::CUnescape(f[i++], &op.id);
-  };
+  auto take_id = [&](JournalOp& op) { return i < f.size() && absl::CUnescape(f[i++], &op.id); };
   while (i < f.size()) {
     JournalOp op;
     const std::string& kind = f[i++];
@@ -382,8 +366,7 @@ absl::StatusOr<std::vector<JournalOp>> ParseCommit(std::string_view body, uint64
       op.kind = JournalOp::Kind::kRemove;
       ok = take_id(op);
     } else {
-      return malformed(
-          absl::StrCat("unknown operation '", absl::CHexEscape(kind.substr(0, 16)), "'"));
+      return malformed(absl::StrCat("unknown operation '", absl::CHexEscape(kind.substr(0, 16)), "'"));
     }
     if (!ok) return malformed(absl::StrCat("malformed '", kind, "' operation"));
     ops.push_back(std::move(op));
@@ -401,13 +384,11 @@ absl::Status ApplyOp(const JournalOp& op, std::map<std::string, ManifestRecord>&
   switch (op.kind) {
     case JournalOp::Kind::kSlot: {
       if (op.capacity < 0 || op.capacity % kAlign != 0 || !SlotFileNameIsSane(op.file)) {
-        return absl::DataLossError(absl::StrCat("impossible slot ", op.capacity, " ", op.file,
-                                                " for ", quoted));
+        return absl::DataLossError(absl::StrCat("impossible slot ", op.capacity, " ", op.file, " for ", quoted));
       }
       auto owner = owners.find(op.file);
       if (owner != owners.end() && owner->second != op.id) {
-        return absl::DataLossError(absl::StrCat("slot file ", op.file, " of ", quoted,
-                                                " already belongs to '",
+        return absl::DataLossError(absl::StrCat("slot file ", op.file, " of ", quoted, " already belongs to '",
                                                 absl::CEscape(owner->second), "'"));
       }
       if (it == slots.end()) {
@@ -417,8 +398,7 @@ absl::Status ApplyOp(const JournalOp& op, std::map<std::string, ManifestRecord>&
         it = slots.emplace(op.id, std::move(r)).first;
         owners[op.file] = op.id;
       } else if (it->second.file != op.file) {
-        return absl::DataLossError(absl::StrCat(quoted, " moved from ", it->second.file, " to ",
-                                                op.file));
+        return absl::DataLossError(absl::StrCat(quoted, " moved from ", it->second.file, " to ", op.file));
       }
       if (it->second.valid && op.capacity < PadToAlign(it->second.size)) {
         return absl::DataLossError(absl::StrCat("slot of ", quoted, " shrank below its contents"));
@@ -435,8 +415,8 @@ absl::Status ApplyOp(const JournalOp& op, std::map<std::string, ManifestRecord>&
     case JournalOp::Kind::kValid:
       if (it == slots.end()) return absl::DataLossError(absl::StrCat("validates unknown ", quoted));
       if (op.size < 0 || it->second.capacity < PadToAlign(op.size)) {
-        return absl::DataLossError(absl::StrCat("impossible size ", op.size, " for ", quoted,
-                                                " (capacity ", it->second.capacity, ")"));
+        return absl::DataLossError(
+            absl::StrCat("impossible size ", op.size, " for ", quoted, " (capacity ", it->second.capacity, ")"));
       }
       it->second.size = op.size;
       it->second.valid = true;
@@ -453,18 +433,16 @@ absl::Status ApplyOp(const JournalOp& op, std::map<std::string, ManifestRecord>&
 }
 
 // Replays the JOURNAL text `text` onto `slots`, the MANIFEST of `generation`.
-absl::StatusOr<JournalScan> ReplayJournal(const std::string& text, const std::string& path,
-                                          uint64_t generation,
+absl::StatusOr<JournalScan> ReplayJournal(const std::string& text, const std::string& path, uint64_t generation,
                                           std::map<std::string, ManifestRecord>& slots) {
   JournalScan scan;
   auto corrupt = [&path](int line, const std::string& what) {
-    return absl::DataLossError(
-        absl::StrCat("NVMe store journal ", path, " line ", line, ": ", what));
+    return absl::DataLossError(absl::StrCat("NVMe store journal ", path, " line ", line, ": ", what));
   };
   // Trailing NULs are preallocation (or a crash while it was written).
   const size_t last = text.find_last_not_of('\0');
-  const std::string_view content =
-      last == std::string::npos ? std::string_view() : std::string_view(text).substr(0, last + 1);
+  const std::string_view content = last == std::string::npos ? std::string_view()
+                                                             : std::string_view(text).substr(0, last + 1);
   if (content.empty()) {
     // No header yet: only a crash while the first snapshot was being made
     // (generation 1) leaves that. Later compactions keep the old header
@@ -485,16 +463,15 @@ absl::StatusOr<JournalScan> ReplayJournal(const std::string& text, const std::st
     const bool complete = newline != std::string_view::npos;
     const size_t next = complete ? newline + 1 : content.size();
     const bool is_last = next >= content.size();
-    const std::optional<std::string_view> body =
-        complete ? CheckedBody(content.substr(pos, newline - pos)) : std::nullopt;
+    const std::optional<std::string_view> body = complete ? CheckedBody(content.substr(pos, newline - pos))
+                                                          : std::nullopt;
     if (!body.has_value()) {
       const std::string why = complete ? "checksum mismatch" : "no end of line";
       if (!is_last) return corrupt(line, absl::StrCat(why, ", and records follow (corrupt)"));
       // Appends are the only writes, each made durable before the next: only
       // the last one can have been cut short by a crash.
-      STRATA_LOG(Warning) << "NVMe store journal " << path << " line " << line
-                          << ": dropping a torn last record (" << why
-                          << "); a crash interrupted its append";
+      STRATA_LOG(Warning) << "NVMe store journal " << path << " line " << line << ": dropping a torn last record ("
+                          << why << "); a crash interrupted its append";
       scan.needs_compaction = true;
       return scan;
     }
@@ -503,8 +480,7 @@ absl::StatusOr<JournalScan> ReplayJournal(const std::string& text, const std::st
       uint64_t journal_generation = 0;
       if (f.size() != 3 || f[0] != kJournalMagic || f[1] != absl::StrCat(kJournalVersion) ||
           !absl::SimpleAtoi(f[2], &journal_generation)) {
-        return corrupt(line, absl::StrCat("expected header '", kJournalMagic, " ", kJournalVersion,
-                                          " <generation>'"));
+        return corrupt(line, absl::StrCat("expected header '", kJournalMagic, " ", kJournalVersion, " <generation>'"));
       }
       scan.header_bytes = static_cast<int64_t>(next);
       if (journal_generation > generation) {
@@ -513,8 +489,8 @@ absl::StatusOr<JournalScan> ReplayJournal(const std::string& text, const std::st
       }
       if (journal_generation < generation) {
         // Written before the latest snapshot, which already holds all of it.
-        STRATA_LOG(Info) << "ignoring NVMe store journal " << path << " of generation "
-                         << journal_generation << " (manifest has " << generation << ")";
+        STRATA_LOG(Info) << "ignoring NVMe store journal " << path << " of generation " << journal_generation
+                         << " (manifest has " << generation << ")";
         scan.needs_compaction = true;
         return scan;
       }
@@ -523,8 +499,7 @@ absl::StatusOr<JournalScan> ReplayJournal(const std::string& text, const std::st
       auto ops = ParseCommit(*body, &seq);
       if (!ops.ok()) return corrupt(line, std::string(ops.status().message()));
       if (seq != scan.commits + 1) {
-        return corrupt(line, absl::StrCat("commit ", seq, " where ", scan.commits + 1,
-                                          " was expected"));
+        return corrupt(line, absl::StrCat("commit ", seq, " where ", scan.commits + 1, " was expected"));
       }
       for (const JournalOp& op : *ops) {
         if (auto status = ApplyOp(op, slots, owners); !status.ok()) {
@@ -584,8 +559,7 @@ class Journal {
     }
     const std::string header = JournalHeader(generation);
     const int64_t allocated = static_cast<int64_t>(
-        RoundUpTo(std::max(header.size(), static_cast<size_t>(header_bytes_)) + 1,
-                  static_cast<size_t>(kJournalStep)));
+        RoundUpTo(std::max(header.size(), static_cast<size_t>(header_bytes_)) + 1, static_cast<size_t>(kJournalStep)));
     STRATA_RETURN_IF_ERROR(ZeroFill(fd_, header_bytes_, allocated, path_));
     STRATA_RETURN_IF_ERROR(Sync());
     std::string padded = header;
@@ -605,8 +579,8 @@ class Journal {
   // Appends one commit holding `ops` and makes it durable.
   absl::Status Append(const std::vector<JournalOp>& ops) {
     if (!usable_) {
-      return absl::FailedPreconditionError(absl::StrCat("NVMe store journal ", path_,
-                                                        " needs a reset before appending"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("NVMe store journal ", path_, " needs a reset before appending"));
     }
     std::string body = absl::StrCat(next_seq_);
     for (const JournalOp& op : ops) AppendOp(op, &body);
@@ -650,24 +624,21 @@ class Journal {
 absl::Status NvmeStoreOptions::Validate() const {
   if (directory.empty()) return absl::InvalidArgumentError("NVMe store directory is empty");
   if (block_size < kAlign || block_size % kAlign != 0 || block_size > (int64_t{1} << 30)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "NVMe store block_size must be a multiple of 4096 in [4096, 1 GiB], got ", block_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("NVMe store block_size must be a multiple of 4096 in [4096, 1 GiB], got ", block_size));
   }
   if (queue_depth < 1 || queue_depth > 4096) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("NVMe store queue_depth must be in [1, 4096], got ", queue_depth));
+    return absl::InvalidArgumentError(absl::StrCat("NVMe store queue_depth must be in [1, 4096], got ", queue_depth));
   }
   if (capacity_bytes < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("NVMe store capacity_bytes must be >= 0, got ", capacity_bytes));
+    return absl::InvalidArgumentError(absl::StrCat("NVMe store capacity_bytes must be >= 0, got ", capacity_bytes));
   }
   if (max_open_files < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("NVMe store max_open_files must be >= 1, got ", max_open_files));
+    return absl::InvalidArgumentError(absl::StrCat("NVMe store max_open_files must be >= 1, got ", max_open_files));
   }
   if (journal_limit_bytes < 4096) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "NVMe store journal_limit_bytes must be >= 4096, got ", journal_limit_bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("NVMe store journal_limit_bytes must be >= 4096, got ", journal_limit_bytes));
   }
   return absl::OkStatus();
 }
@@ -702,17 +673,17 @@ class NvmeStoreImpl final : public NvmeStore {
 
   struct Entry {
     std::string id;
-    std::string file;           // name inside the directory
-    int64_t size = 0;           // bytes of contents (meaningful when valid)
-    int64_t capacity = 0;       // bytes allocated to the slot file
-    bool valid = false;         // readable in this process
-    bool durable_valid = false; // the on-disk state may call it valid
-    bool name_durable = true;   // the slot file's directory entry is synced
+    std::string file;                // name inside the directory
+    int64_t size = 0;                // bytes of contents (meaningful when valid)
+    int64_t capacity = 0;            // bytes allocated to the slot file
+    bool valid = false;              // readable in this process
+    bool durable_valid = false;      // the on-disk state may call it valid
+    bool name_durable = true;        // the slot file's directory entry is synced
     int64_t recorded_capacity = -1;  // capacity the on-disk state records; -1: unknown
     bool writing = false;
     int readers = 0;
     int fd = -1;
-    int fixed_index = -1;       // io_uring fixed-file index, or -1
+    int fixed_index = -1;  // io_uring fixed-file index, or -1
     uint64_t last_use = 0;
   };
   // One tensor of a batch and the bounce buffer that covers what O_DIRECT
@@ -774,8 +745,7 @@ std::string NvmeStore::SlotFileName(const std::string& id) {
   std::string stem;
   for (const char c : id) {
     if (stem.size() == 64) break;
-    const bool keep = absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' ||
-                      c == '-';
+    const bool keep = absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
     stem += keep ? c : '_';
   }
   // Never a hidden file, never an empty stem.
@@ -803,8 +773,7 @@ absl::StatusOr<std::unique_ptr<NvmeStore>> NvmeStore::Open(const NvmeStoreOption
     return ErrnoToStatus(errno, absl::StrCat("NVMe store directory ", dir));
   }
   if (!S_ISDIR(st.st_mode)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("NVMe store directory ", dir, " is not a directory"));
+    return absl::FailedPreconditionError(absl::StrCat("NVMe store directory ", dir, " is not a directory"));
   }
   // Checked up front so a read-only mount fails here, naming the directory,
   // rather than at the first Put. (access() honours read-only mounts even
@@ -819,8 +788,7 @@ absl::StatusOr<std::unique_ptr<NvmeStore>> NvmeStore::Open(const NvmeStoreOption
   int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_DIRECT, 0644);
   if (fd < 0 && errno == EINVAL) {
     o_direct = false;
-    STRATA_LOG(Warning) << "filesystem of " << dir
-                        << " refuses O_DIRECT; NVMe store falls back to buffered I/O";
+    STRATA_LOG(Warning) << "filesystem of " << dir << " refuses O_DIRECT; NVMe store falls back to buffered I/O";
     fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   }
   if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("open ", lock_path));
@@ -917,8 +885,8 @@ absl::Status NvmeStoreImpl::Load() {
   JournalScan scan;
   if (snapshot->version != kManifestVersion) {
     // Version 1 kept no journal; the compaction below rewrites it as this one.
-    STRATA_LOG(Info) << "upgrading NVMe store manifest " << manifest_path
-                     << " from format version " << snapshot->version;
+    STRATA_LOG(Info) << "upgrading NVMe store manifest " << manifest_path << " from format version "
+                     << snapshot->version;
     scan.needs_compaction = true;
   } else {
     STRATA_ASSIGN_OR_RETURN(auto journal_text, ReadFileToString(journal_path));
@@ -940,19 +908,16 @@ absl::Status NvmeStoreImpl::Load() {
     struct stat st;
     if (::stat(path.c_str(), &st) != 0) {
       if (entry.valid) {
-        return absl::DataLossError(absl::StrCat("slot file ", path, " of tensor '", entry.id,
-                                                "' is missing"));
+        return absl::DataLossError(absl::StrCat("slot file ", path, " of tensor '", entry.id, "' is missing"));
       }
-      STRATA_LOG(Warning) << "dropping reservation for '" << entry.id << "': " << path
-                          << " is missing";
+      STRATA_LOG(Warning) << "dropping reservation for '" << entry.id << "': " << path << " is missing";
       compact = true;
       continue;
     }
     const int64_t on_disk = static_cast<int64_t>(st.st_size) / kAlign * kAlign;
     if (entry.valid && on_disk < PadToAlign(entry.size)) {
       return absl::DataLossError(absl::StrCat("slot file ", path, " of tensor '", entry.id,
-                                              "' is truncated: ", st.st_size, " bytes, need ",
-                                              PadToAlign(entry.size)));
+                                              "' is truncated: ", st.st_size, " bytes, need ", PadToAlign(entry.size)));
     }
     // A crash after growing a slot but before recording it leaves it larger.
     entry.capacity = on_disk;
@@ -979,8 +944,8 @@ absl::Status NvmeStoreImpl::Compact() {
   ++generation_;
   std::string text = absl::StrCat(kManifestMagic, " ", kManifestVersion, " ", generation_, "\n");
   for (const auto& [id, e] : entries_) {
-    absl::StrAppend(&text, "slot ", e.valid ? 1 : 0, " ", e.size, " ", e.capacity, " ", e.file,
-                    " ", absl::CEscape(id), "\n");
+    absl::StrAppend(&text, "slot ", e.valid ? 1 : 0, " ", e.size, " ", e.capacity, " ", e.file, " ", absl::CEscape(id),
+                    "\n");
   }
   absl::StrAppend(&text, "end ", entries_.size(), " ", Hex64(Fnv1a64(text)), "\n");
   const std::string& dir = options_.directory;
@@ -1043,8 +1008,7 @@ void NvmeStoreImpl::CloseIdleFiles() {
   for (auto& [id, e] : entries_) {
     if (e.fd >= 0 && !e.writing && e.readers == 0 && e.last_use != use_clock_) idle.push_back(&e);
   }
-  std::sort(idle.begin(), idle.end(),
-            [](const Entry* a, const Entry* b) { return a->last_use < b->last_use; });
+  std::sort(idle.begin(), idle.end(), [](const Entry* a, const Entry* b) { return a->last_use < b->last_use; });
   for (Entry* e : idle) {
     if (open_files_ <= options_.max_open_files) break;
     CloseFile(*e);
@@ -1081,9 +1045,7 @@ absl::StatusOr<NvmeStoreImpl::Entry*> NvmeStoreImpl::Allocate(const std::string&
     return status;
   };
   if (created) {
-    const int fd =
-        ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | (o_direct_ ? O_DIRECT : 0),
-               0644);
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | (o_direct_ ? O_DIRECT : 0), 0644);
     if (fd < 0) return fail(ErrnoToStatus(errno, absl::StrCat("create ", path)));
     e.fd = fd;
     ++open_files_;
@@ -1096,22 +1058,19 @@ absl::StatusOr<NvmeStoreImpl::Entry*> NvmeStoreImpl::Allocate(const std::string&
   if (want <= e.capacity) return &e;
   const int64_t grow = want - e.capacity;
   if (options_.capacity_bytes > 0 && allocated_bytes_ + grow > options_.capacity_bytes) {
-    return fail(absl::ResourceExhaustedError(absl::StrCat(
-        "NVMe store ", options_.directory, " capacity of ", options_.capacity_bytes,
-        " bytes exceeded: tensor '", id, "' needs ", grow, " more (", allocated_bytes_,
-        " allocated)")));
+    return fail(absl::ResourceExhaustedError(
+        absl::StrCat("NVMe store ", options_.directory, " capacity of ", options_.capacity_bytes,
+                     " bytes exceeded: tensor '", id, "' needs ", grow, " more (", allocated_bytes_, " allocated)")));
   }
   // Real blocks now, so a full disk shows up here as ENOSPC and not in the
   // middle of a write, and the data path never allocates.
   if (::fallocate(e.fd, 0, 0, want) != 0) {
     const int err = errno;
     if (err != EOPNOTSUPP) {
-      return fail(ErrnoToStatus(err, absl::StrCat("preallocate ", want, " bytes for tensor '", id,
-                                                  "' in ", path)));
+      return fail(ErrnoToStatus(err, absl::StrCat("preallocate ", want, " bytes for tensor '", id, "' in ", path)));
     }
     if (!warned_fallocate_) {
-      STRATA_LOG(Warning) << "filesystem of " << options_.directory
-                          << " lacks fallocate; slot files are sparse";
+      STRATA_LOG(Warning) << "filesystem of " << options_.directory << " lacks fallocate; slot files are sparse";
       warned_fallocate_ = true;
     }
     if (::ftruncate(e.fd, want) != 0) {
@@ -1129,8 +1088,7 @@ absl::Status NvmeStoreImpl::Reserve(const std::string& id, int64_t bytes) {
   }
   auto it = entries_.find(id);
   if (it != entries_.end() && it->second.writing) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("tensor '", id, "': cannot reserve while a write is in flight"));
+    return absl::FailedPreconditionError(absl::StrCat("tensor '", id, "': cannot reserve while a write is in flight"));
   }
   STRATA_ASSIGN_OR_RETURN(auto entry, Allocate(id, bytes));
   Entry& e = *entry;
@@ -1142,8 +1100,7 @@ absl::Status NvmeStoreImpl::Reserve(const std::string& id, int64_t bytes) {
     e.name_durable = true;
   }
   e.recorded_capacity = -1;  // unknown should the commit fail
-  if (auto status = Commit({JournalOp{JournalOp::Kind::kSlot, e.id, e.file, e.capacity, 0}});
-      !status.ok()) {
+  if (auto status = Commit({JournalOp{JournalOp::Kind::kSlot, e.id, e.file, e.capacity, 0}}); !status.ok()) {
     return status;
   }
   e.recorded_capacity = e.capacity;
@@ -1266,12 +1223,12 @@ absl::StatusOr<NvmeStoreImpl::Ticket> NvmeStoreImpl::StartRead(std::span<const N
         return absl::FailedPreconditionError(
             absl::StrCat("tensor '", r.id, "' is being written; wait for it before reading"));
       }
-      return absl::NotFoundError(absl::StrCat("tensor '", r.id, "' has no valid data in NVMe store ",
-                                              options_.directory));
+      return absl::NotFoundError(
+          absl::StrCat("tensor '", r.id, "' has no valid data in NVMe store ", options_.directory));
     }
     if (static_cast<int64_t>(r.out.size()) != it->second.size) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor '", r.id, "' is ", it->second.size,
-                                                     " bytes; read buffer is ", r.out.size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", r.id, "' is ", it->second.size, " bytes; read buffer is ", r.out.size()));
     }
     if (!r.out.empty() && r.out.data() == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("tensor '", r.id, "': null buffer"));
@@ -1346,8 +1303,7 @@ absl::Status NvmeStoreImpl::FinishRead(Batch& batch) {
       continue;
     }
     if (item.bounce_bytes > 0) {
-      std::memcpy(item.caller + item.bounce_offset, item.bounce.data(),
-                  static_cast<size_t>(item.bounce_bytes));
+      std::memcpy(item.caller + item.bounce_offset, item.bounce.data(), static_cast<size_t>(item.bounce_bytes));
     }
   }
   return first;
@@ -1420,8 +1376,7 @@ absl::Status NvmeStoreImpl::Get(const std::string& id, std::span<std::byte> out)
 absl::Status NvmeStoreImpl::Remove(const std::string& id) {
   auto it = entries_.find(id);
   if (it == entries_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("tensor '", id, "' not in NVMe store ", options_.directory));
+    return absl::NotFoundError(absl::StrCat("tensor '", id, "' not in NVMe store ", options_.directory));
   }
   Entry& e = it->second;
   if (e.writing || e.readers > 0) {
@@ -1455,8 +1410,7 @@ absl::Status NvmeStoreImpl::Remove(const std::string& id) {
 absl::StatusOr<int64_t> NvmeStoreImpl::Size(const std::string& id) const {
   auto it = entries_.find(id);
   if (it == entries_.end() || !it->second.valid) {
-    return absl::NotFoundError(absl::StrCat("tensor '", id, "' has no valid data in NVMe store ",
-                                            options_.directory));
+    return absl::NotFoundError(absl::StrCat("tensor '", id, "' has no valid data in NVMe store ", options_.directory));
   }
   return it->second.size;
 }

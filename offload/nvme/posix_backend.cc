@@ -43,8 +43,7 @@ class PosixBackend final : public IoBackend {
     for (IoBackendOp op : ops) {
       if (op.fixed_file) {
         // Resolved here, on the issuing thread, so the table needs no lock.
-        if (op.file < 0 || static_cast<size_t>(op.file) >= files_.size() ||
-            files_[static_cast<size_t>(op.file)] < 0) {
+        if (op.file < 0 || static_cast<size_t>(op.file) >= files_.size() || files_[static_cast<size_t>(op.file)] < 0) {
           done_.push_back({op.tag, -EBADF});
           continue;
         }
@@ -67,9 +66,7 @@ class PosixBackend final : public IoBackend {
 
   // Registered buffers only save page pinning inside io_uring; pread needs
   // nothing, so registration is accepted and ignored.
-  absl::Status RegisterBuffers(std::span<const std::span<std::byte>>) override {
-    return absl::OkStatus();
-  }
+  absl::Status RegisterBuffers(std::span<const std::span<std::byte>>) override { return absl::OkStatus(); }
 
   absl::StatusOr<int> RegisterFile(int fd) override {
     for (size_t i = 0; i < files_.size(); ++i) {
@@ -83,8 +80,7 @@ class PosixBackend final : public IoBackend {
   }
 
   absl::Status UnregisterFile(int index) override {
-    if (index < 0 || static_cast<size_t>(index) >= files_.size() ||
-        files_[static_cast<size_t>(index)] < 0) {
+    if (index < 0 || static_cast<size_t>(index) >= files_.size() || files_[static_cast<size_t>(index)] < 0) {
       return absl::InvalidArgumentError(absl::StrCat("no registered file at index ", index));
     }
     files_[static_cast<size_t>(index)] = -1;
@@ -96,9 +92,7 @@ class PosixBackend final : public IoBackend {
     while (true) {
       IoBackendOp op;
       {
-        auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return stopping_ || !queue_.empty();
-        };
+        auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); };
         absl::MutexLock lock(&mu_, absl::Condition(&has_work));
         // Drain the queue even when stopping: callers' buffers are promised
         // a result for every issued operation.
@@ -106,9 +100,8 @@ class PosixBackend final : public IoBackend {
         op = queue_.front();
         queue_.pop_front();
       }
-      const ssize_t n = op.op == IoOp::kRead
-                            ? ::pread(op.file, op.buffer, op.length, op.offset)
-                            : ::pwrite(op.file, op.buffer, op.length, op.offset);
+      const ssize_t n = op.op == IoOp::kRead ? ::pread(op.file, op.buffer, op.length, op.offset)
+                                             : ::pwrite(op.file, op.buffer, op.length, op.offset);
       const int64_t res = n < 0 ? -static_cast<int64_t>(errno) : static_cast<int64_t>(n);
       absl::MutexLock lock(&mu_);
       done_.push_back({op.tag, res});
@@ -128,8 +121,7 @@ class PosixBackend final : public IoBackend {
 
 absl::StatusOr<std::unique_ptr<IoBackend>> CreatePosixBackend(const IoEngineOptions& options) {
   STRATA_RETURN_IF_ERROR(options.Validate());
-  const int threads =
-      options.posix_threads > 0 ? options.posix_threads : std::min(options.queue_depth, 16);
+  const int threads = options.posix_threads > 0 ? options.posix_threads : std::min(options.queue_depth, 16);
   return std::unique_ptr<IoBackend>(new PosixBackend(options.queue_depth, threads));
 }
 

@@ -8,9 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/file.h"
+#include "base/log.h"
 #include "base/status_macros.h"
 #include "offload/nvme/io_backend.h"
-#include "base/log.h"
 
 namespace strata::offload {
 
@@ -40,8 +40,7 @@ class UringBackend final : public IoBackend {
     backend->ring_ready_ = true;
     backend->capacity_ = static_cast<int>(params.sq_entries);
     if (options.max_registered_files > 0) {
-      rc = io_uring_register_files_sparse(&backend->ring_,
-                                          static_cast<unsigned>(options.max_registered_files));
+      rc = io_uring_register_files_sparse(&backend->ring_, static_cast<unsigned>(options.max_registered_files));
       if (rc < 0) {
         // Before 5.19 there is no sparse table; plain descriptors still work.
         STRATA_LOG(Info) << "io_uring fixed files unavailable: "
@@ -72,15 +71,13 @@ class UringBackend final : public IoBackend {
       }
       if (op.op == IoOp::kRead) {
         if (op.buffer_index >= 0) {
-          io_uring_prep_read_fixed(sqe, op.file, op.buffer, op.length,
-                                   static_cast<__u64>(op.offset), op.buffer_index);
+          io_uring_prep_read_fixed(sqe, op.file, op.buffer, op.length, static_cast<__u64>(op.offset), op.buffer_index);
         } else {
           io_uring_prep_read(sqe, op.file, op.buffer, op.length, static_cast<__u64>(op.offset));
         }
       } else {
         if (op.buffer_index >= 0) {
-          io_uring_prep_write_fixed(sqe, op.file, op.buffer, op.length,
-                                    static_cast<__u64>(op.offset), op.buffer_index);
+          io_uring_prep_write_fixed(sqe, op.file, op.buffer, op.length, static_cast<__u64>(op.offset), op.buffer_index);
         } else {
           io_uring_prep_write(sqe, op.file, op.buffer, op.length, static_cast<__u64>(op.offset));
         }
@@ -125,11 +122,10 @@ class UringBackend final : public IoBackend {
       iovecs.push_back({b.data(), b.size()});
       total += b.size();
     }
-    const int rc =
-        io_uring_register_buffers(&ring_, iovecs.data(), static_cast<unsigned>(iovecs.size()));
+    const int rc = io_uring_register_buffers(&ring_, iovecs.data(), static_cast<unsigned>(iovecs.size()));
     if (rc < 0) {
-      return ErrnoToStatus(-rc, absl::StrCat("io_uring_register_buffers (", iovecs.size(),
-                                             " buffers, ", total, " bytes)"));
+      return ErrnoToStatus(-rc,
+                           absl::StrCat("io_uring_register_buffers (", iovecs.size(), " buffers, ", total, " bytes)"));
     }
     buffers_registered_ = true;
     return absl::OkStatus();
@@ -144,13 +140,11 @@ class UringBackend final : public IoBackend {
       file_used_[i] = true;
       return static_cast<int>(i);
     }
-    return absl::ResourceExhaustedError(
-        absl::StrCat("io_uring fixed-file table full (", file_used_.size(), " files)"));
+    return absl::ResourceExhaustedError(absl::StrCat("io_uring fixed-file table full (", file_used_.size(), " files)"));
   }
 
   absl::Status UnregisterFile(int index) override {
-    if (index < 0 || static_cast<size_t>(index) >= file_used_.size() ||
-        !file_used_[static_cast<size_t>(index)]) {
+    if (index < 0 || static_cast<size_t>(index) >= file_used_.size() || !file_used_[static_cast<size_t>(index)]) {
       return absl::InvalidArgumentError(absl::StrCat("no registered file at index ", index));
     }
     int none = -1;

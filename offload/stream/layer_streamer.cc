@@ -34,7 +34,7 @@ absl::Status LayerStreamerOptions::Validate() const {
 class LayerStreamerImpl final : public LayerStreamer {
  public:
   LayerStreamerImpl(const LayerStreamerOptions& options, HostArena* arena, NvmeStore* store, TierAccountant* accountant,
-                std::unique_ptr<DeviceTransfer> transfer, DeviceMemoryMonitor* monitor);
+                    std::unique_ptr<DeviceTransfer> transfer, DeviceMemoryMonitor* monitor);
   ~LayerStreamerImpl() override;
   absl::StatusOr<int64_t> AddLayer(const std::vector<std::pair<std::string, at::Tensor>>& tensors) override;
   absl::Status StoreTensor(int64_t layer, size_t index, const at::Tensor& value) override;
@@ -55,8 +55,8 @@ class LayerStreamerImpl final : public LayerStreamer {
     std::vector<int64_t> shape;
     at::ScalarType dtype;
     size_t bytes = 0;
-    HostBuffer host;       // kHost
-    std::string nvme_id;   // kNvme
+    HostBuffer host;      // kHost
+    std::string nvme_id;  // kNvme
   };
   struct Layer {
     std::vector<TensorHome> tensors;
@@ -66,7 +66,7 @@ class LayerStreamerImpl final : public LayerStreamer {
   struct Fetched {
     int64_t layer = -1;
     absl::Status status;
-    std::vector<at::Tensor> tensors;  // empty unless status is OK
+    std::vector<at::Tensor> tensors;       // empty unless status is OK
     std::shared_ptr<TransferFence> fence;  // compute waits for it at Acquire
   };
 
@@ -121,8 +121,8 @@ absl::StatusOr<std::unique_ptr<LayerStreamer>> LayerStreamer::Create(const Layer
   }
   STRATA_ASSIGN_OR_RETURN(auto transfer, DeviceTransfer::Create(options.device));
   if (!options.device.is_cpu() && arena != nullptr && !arena->stats().cuda_pinned) {
-    STRATA_LOG(Warning) << "layer streamer: the host arena is not pinned for CUDA; copies to "
-                        << options.device.str() << " will be synchronous and slow (set pin_for_cuda)";
+    STRATA_LOG(Warning) << "layer streamer: the host arena is not pinned for CUDA; copies to " << options.device.str()
+                        << " will be synchronous and slow (set pin_for_cuda)";
   }
   DeviceMemoryMonitor* monitor = nullptr;
   if (options.device_budget_bytes > 0) {
@@ -373,8 +373,7 @@ void LayerStreamerImpl::IoLoop() {
     // Pooled buffers nobody holds are room a fetch reuses, not usage.
     const size_t idle = monitor_ != nullptr && options_.device.is_cpu() ? IdlePoolBytes() : 0;
     if (monitor_ != nullptr &&
-        monitor_->current_bytes() - std::min(idle, monitor_->current_bytes()) + bytes +
-                options_.compute_reserve_bytes >
+        monitor_->current_bytes() - std::min(idle, monitor_->current_bytes()) + bytes + options_.compute_reserve_bytes >
             options_.device_budget_bytes) {
       if (next_to_fetch_ > released_) {
         // Layers are in use: their release frees room. Wait for it.
@@ -385,10 +384,10 @@ void LayerStreamerImpl::IoLoop() {
       ++next_to_fetch_;
       Fetched refused;
       refused.layer = layer;
-      refused.status = absl::ResourceExhaustedError(absl::StrCat(
-          "device tier: layer ", layer, " needs ", bytes, " bytes (+", options_.compute_reserve_bytes,
-          " for its compute), but ", monitor_->current_bytes(), " of the ",
-          options_.device_budget_bytes, "-byte budget are in use with no layer left to release"));
+      refused.status = absl::ResourceExhaustedError(
+          absl::StrCat("device tier: layer ", layer, " needs ", bytes, " bytes (+", options_.compute_reserve_bytes,
+                       " for its compute), but ", monitor_->current_bytes(), " of the ", options_.device_budget_bytes,
+                       "-byte budget are in use with no layer left to release"));
       ready_.push_back(std::move(refused));
       cv_.notify_all();
       continue;

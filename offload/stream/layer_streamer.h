@@ -53,8 +53,8 @@ struct LayerStreamerOptions {
 struct LayerStreamerStats {
   int64_t fetches = 0;
   int64_t bytes_fetched = 0;
-  double fetch_seconds = 0;  // time the I/O thread spent copying / reading
-  double stall_seconds = 0;  // time Acquire waited for a fetch (not hidden)
+  double fetch_seconds = 0;       // time the I/O thread spent copying / reading
+  double stall_seconds = 0;       // time Acquire waited for a fetch (not hidden)
   size_t max_resident_bytes = 0;  // most layer bytes on the device at once
 };
 

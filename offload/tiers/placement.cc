@@ -11,7 +11,8 @@ absl::Status ModelPlacement::Validate() const {
   }
   if (gradients == Tier::kDevice && optimizer != Tier::kDevice) {
     return absl::InvalidArgumentError(absl::StrCat("placement.gradients=device needs placement.optimizer=device (got ",
-                                                   TierName(optimizer), "): a host or NVMe optimizer reads host gradients"));
+                                                   TierName(optimizer),
+                                                   "): a host or NVMe optimizer reads host gradients"));
   }
   if (optimizer == Tier::kDevice && gradients != Tier::kDevice) {
     return absl::InvalidArgumentError("placement.optimizer=device needs placement.gradients=device");

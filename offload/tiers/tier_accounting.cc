@@ -8,9 +8,12 @@ namespace strata::offload {
 
 const char* TierName(Tier tier) {
   switch (tier) {
-    case Tier::kDevice: return "device";
-    case Tier::kHost: return "host";
-    case Tier::kNvme: return "nvme";
+    case Tier::kDevice:
+      return "device";
+    case Tier::kHost:
+      return "host";
+    case Tier::kNvme:
+      return "nvme";
   }
   return "?";
 }
@@ -28,9 +31,8 @@ absl::Status TierAccountant::Reserve(Tier tier, size_t bytes, const std::string&
   const size_t budget = budgets_.bytes[t];
   const size_t in_use = total_.current[t] + observed_[t];
   if (budget != 0 && in_use + bytes > budget) {
-    return absl::ResourceExhaustedError(absl::StrCat(TierName(tier), " tier: ", what, " needs ", bytes,
-                                                     " bytes, but ", in_use, " of the ", budget,
-                                                     "-byte budget are in use"));
+    return absl::ResourceExhaustedError(absl::StrCat(TierName(tier), " tier: ", what, " needs ", bytes, " bytes, but ",
+                                                     in_use, " of the ", budget, "-byte budget are in use"));
   }
   total_.current[t] += bytes;
   UpdatePeaksLocked(tier, total_.current[t] + observed_[t]);

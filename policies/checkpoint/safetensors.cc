@@ -14,17 +14,16 @@
 #include <tuple>
 #include <utility>
 
+#include <nlohmann/json.hpp>
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
-#include <nlohmann/json.hpp>
 
 namespace strata::policies {
 namespace {
 
 // Tensor bytes are handed out and written as-is; the format is little-endian.
-static_assert(std::endian::native == std::endian::little,
-              "safetensors I/O assumes a little-endian host");
+static_assert(std::endian::native == std::endian::little, "safetensors I/O assumes a little-endian host");
 
 using Json = nlohmann::json;
 
@@ -43,10 +42,9 @@ struct DTypeInfo {
 };
 
 constexpr DTypeInfo kDTypes[] = {
-    {DType::kF64, "F64", 8},  {DType::kF32, "F32", 4}, {DType::kF16, "F16", 2},
-    {DType::kBF16, "BF16", 2}, {DType::kI64, "I64", 8}, {DType::kI32, "I32", 4},
-    {DType::kI16, "I16", 2},  {DType::kI8, "I8", 1},   {DType::kU8, "U8", 1},
-    {DType::kBool, "BOOL", 1},
+    {DType::kF64, "F64", 8}, {DType::kF32, "F32", 4},   {DType::kF16, "F16", 2}, {DType::kBF16, "BF16", 2},
+    {DType::kI64, "I64", 8}, {DType::kI32, "I32", 4},   {DType::kI16, "I16", 2}, {DType::kI8, "I8", 1},
+    {DType::kU8, "U8", 1},   {DType::kBool, "BOOL", 1},
 };
 
 const DTypeInfo& Info(DType dtype) {
@@ -66,8 +64,7 @@ absl::StatusOr<uint64_t> CheckedByteSize(const std::vector<int64_t>& shape, DTyp
   bool has_zero = false;
   for (int64_t d : shape) {
     if (d < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("negative dimension ", d, " in shape ", ShapeString(shape)));
+      return absl::InvalidArgumentError(absl::StrCat("negative dimension ", d, " in shape ", ShapeString(shape)));
     }
     has_zero = has_zero || d == 0;
   }
@@ -77,8 +74,7 @@ absl::StatusOr<uint64_t> CheckedByteSize(const std::vector<int64_t>& shape, DTyp
   for (int64_t d : shape) {
     if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes) ||
         bytes > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("shape ", ShapeString(shape), " is too large (size overflows)"));
+      return absl::InvalidArgumentError(absl::StrCat("shape ", ShapeString(shape), " is too large (size overflows)"));
     }
   }
   return bytes;
@@ -89,15 +85,13 @@ absl::Status Invalid(const std::string& path, const std::string& message) {
   return absl::InvalidArgumentError(absl::StrCat(path, ": ", message));
 }
 
-absl::Status InvalidTensor(const std::string& path, const std::string& tensor,
-                           const std::string& message) {
+absl::Status InvalidTensor(const std::string& path, const std::string& tensor, const std::string& message) {
   return Invalid(path, absl::StrCat("tensor '", tensor, "': ", message));
 }
 
 // Parses with exceptions so the message can say where the syntax broke;
 // nlohmann's error text is the only detail worth passing on.
-absl::StatusOr<Json> ParseJson(const char* begin, const char* end, const std::string& path,
-                               const std::string& what) {
+absl::StatusOr<Json> ParseJson(const char* begin, const char* end, const std::string& path, const std::string& what) {
   try {
     return Json::parse(begin, end);
   } catch (const Json::exception& e) {
@@ -117,14 +111,13 @@ struct Entry {
 absl::StatusOr<uint64_t> NonNegativeInteger(const Json& value, const std::string& what) {
   if (value.is_number_unsigned()) return value.get<uint64_t>();
   if (value.is_number_integer()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " is negative (", value.get<int64_t>(), ")"));
+    return absl::InvalidArgumentError(absl::StrCat(what, " is negative (", value.get<int64_t>(), ")"));
   }
   return absl::InvalidArgumentError(absl::StrCat(what, " must be an integer, got ", value.dump()));
 }
 
-absl::StatusOr<Entry> ParseEntry(const std::string& path, const std::string& name,
-                                 const Json& value, uint64_t buffer_size) {
+absl::StatusOr<Entry> ParseEntry(const std::string& path, const std::string& name, const Json& value,
+                                 uint64_t buffer_size) {
   if (!value.is_object()) {
     return InvalidTensor(path, name, absl::StrCat("entry must be an object, got ", value.dump()));
   }
@@ -151,8 +144,7 @@ absl::StatusOr<Entry> ParseEntry(const std::string& path, const std::string& nam
     } else if (dim.is_number_integer()) {
       entry.view.shape.push_back(dim.get<int64_t>());  // negative; rejected below
     } else {
-      return InvalidTensor(path, name,
-                           absl::StrCat("\"shape\" must hold integers, got ", shape_it->dump()));
+      return InvalidTensor(path, name, absl::StrCat("\"shape\" must hold integers, got ", shape_it->dump()));
     }
   }
   absl::StatusOr<uint64_t> bytes = CheckedByteSize(entry.view.shape, entry.view.dtype);
@@ -161,9 +153,7 @@ absl::StatusOr<Entry> ParseEntry(const std::string& path, const std::string& nam
   const auto offsets_it = value.find("data_offsets");
   if (offsets_it == value.end()) return InvalidTensor(path, name, "missing \"data_offsets\"");
   if (!offsets_it->is_array() || offsets_it->size() != 2) {
-    return InvalidTensor(path, name,
-                         absl::StrCat("\"data_offsets\" must be [begin, end], got ",
-                                      offsets_it->dump()));
+    return InvalidTensor(path, name, absl::StrCat("\"data_offsets\" must be [begin, end], got ", offsets_it->dump()));
   }
   absl::StatusOr<uint64_t> begin = NonNegativeInteger((*offsets_it)[0], "data_offsets begin");
   if (!begin.ok()) return InvalidTensor(path, name, std::string(begin.status().message()));
@@ -173,9 +163,8 @@ absl::StatusOr<Entry> ParseEntry(const std::string& path, const std::string& nam
   if (*begin > *end) return InvalidTensor(path, name, absl::StrCat(offsets, " has begin > end"));
   if (*end - *begin != *bytes) {
     return InvalidTensor(path, name,
-                         absl::StrCat("shape ", ShapeString(entry.view.shape), " of ",
-                                      Info(entry.view.dtype).name, " needs ", *bytes,
-                                      " bytes but ", offsets, " span ", *end - *begin));
+                         absl::StrCat("shape ", ShapeString(entry.view.shape), " of ", Info(entry.view.dtype).name,
+                                      " needs ", *bytes, " bytes but ", offsets, " span ", *end - *begin));
   }
   if (*end > buffer_size) {
     return InvalidTensor(path, name,
@@ -187,14 +176,12 @@ absl::StatusOr<Entry> ParseEntry(const std::string& path, const std::string& nam
   return entry;
 }
 
-absl::StatusOr<std::map<std::string, std::string>> ParseMetadata(const std::string& path,
-                                                                 const Json& value) {
+absl::StatusOr<std::map<std::string, std::string>> ParseMetadata(const std::string& path, const Json& value) {
   if (!value.is_object()) return Invalid(path, "\"__metadata__\" must be an object");
   std::map<std::string, std::string> metadata;
   for (const auto& [key, item] : value.items()) {
     if (!item.is_string()) {
-      return Invalid(path, absl::StrCat("\"__metadata__\" value for '", key,
-                                        "' must be a string, got ", item.dump()));
+      return Invalid(path, absl::StrCat("\"__metadata__\" value for '", key, "' must be a string, got ", item.dump()));
     }
     metadata.emplace(key, item.get<std::string>());
   }
@@ -202,8 +189,7 @@ absl::StatusOr<std::map<std::string, std::string>> ParseMetadata(const std::stri
 }
 
 // Checks the set of tensors to write; `path` is only for messages.
-absl::Status ValidateTensorsToWrite(const std::string& path,
-                                    std::span<const TensorToWrite> tensors) {
+absl::Status ValidateTensorsToWrite(const std::string& path, std::span<const TensorToWrite> tensors) {
   std::set<std::string> seen;
   for (const TensorToWrite& t : tensors) {
     const std::string context = absl::StrCat("cannot write ", path);
@@ -216,8 +202,7 @@ absl::Status ValidateTensorsToWrite(const std::string& path,
     if (!bytes.ok()) return InvalidTensor(context, t.name, std::string(bytes.status().message()));
     if (*bytes != t.data.size()) {
       return InvalidTensor(context, t.name,
-                           absl::StrCat("shape ", ShapeString(t.shape), " of ",
-                                        Info(t.dtype).name, " needs ", *bytes,
+                           absl::StrCat("shape ", ShapeString(t.shape), " of ", Info(t.dtype).name, " needs ", *bytes,
                                         " bytes but data has ", t.data.size()));
     }
   }
@@ -225,17 +210,14 @@ absl::Status ValidateTensorsToWrite(const std::string& path,
 }
 
 // Builds the space-padded header for tensors packed back to back in order.
-absl::StatusOr<std::string> BuildHeader(const std::string& path,
-                                        std::span<const TensorToWrite> tensors,
+absl::StatusOr<std::string> BuildHeader(const std::string& path, std::span<const TensorToWrite> tensors,
                                         const std::map<std::string, std::string>& metadata) {
   Json header = Json::object();
   if (!metadata.empty()) header[kMetadataKey] = metadata;
   uint64_t offset = 0;
   for (const TensorToWrite& t : tensors) {
     const uint64_t end = offset + t.data.size();
-    header[t.name] = {{"dtype", Info(t.dtype).name},
-                      {"shape", t.shape},
-                      {"data_offsets", {offset, end}}};
+    header[t.name] = {{"dtype", Info(t.dtype).name}, {"shape", t.shape}, {"data_offsets", {offset, end}}};
     offset = end;
   }
   std::string text;
@@ -249,9 +231,8 @@ absl::StatusOr<std::string> BuildHeader(const std::string& path,
   // 8-byte dtypes at offset 0 can be read in place.
   text.append((8 - text.size() % 8) % 8, ' ');
   if (text.size() > kMaxHeaderBytes) {
-    return Invalid(absl::StrCat("cannot write ", path),
-                   absl::StrCat("header of ", text.size(), " bytes exceeds the ",
-                                kMaxHeaderBytes, "-byte limit readers enforce"));
+    return Invalid(absl::StrCat("cannot write ", path), absl::StrCat("header of ", text.size(), " bytes exceeds the ",
+                                                                     kMaxHeaderBytes, "-byte limit readers enforce"));
   }
   return text;
 }
@@ -279,8 +260,7 @@ bool IsShardFileName(std::string_view name) {
   name.remove_prefix(kPrefix.size());
   name.remove_suffix(kSuffix.size());
   const size_t of = name.find("-of-");
-  return of != std::string_view::npos && AllDigits(name.substr(0, of)) &&
-         AllDigits(name.substr(of + 4));
+  return of != std::string_view::npos && AllDigits(name.substr(0, of)) && AllDigits(name.substr(of + 4));
 }
 
 std::string ZeroPad5(size_t n) {
@@ -357,22 +337,20 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   STRATA_ASSIGN_OR_RETURN(auto mapped, MappedFile::Open(path));
   const std::span<const std::byte> bytes = mapped->bytes();
   if (bytes.size() < 8) {
-    return Invalid(path, absl::StrCat("file is ", bytes.size(),
-                                      " bytes, too short for the 8-byte header length"));
+    return Invalid(path, absl::StrCat("file is ", bytes.size(), " bytes, too short for the 8-byte header length"));
   }
   uint64_t header_len = 0;
   std::memcpy(&header_len, bytes.data(), sizeof(header_len));  // little-endian host
   if (header_len > kMaxHeaderBytes) {
-    return Invalid(path, absl::StrCat("header length ", header_len, " exceeds the ",
-                                      kMaxHeaderBytes, "-byte limit (corrupt file?)"));
+    return Invalid(path, absl::StrCat("header length ", header_len, " exceeds the ", kMaxHeaderBytes,
+                                      "-byte limit (corrupt file?)"));
   }
   if (header_len > bytes.size() - 8) {
-    return Invalid(path, absl::StrCat("header length ", header_len, " runs past the end of the ",
-                                      bytes.size(), "-byte file"));
+    return Invalid(path, absl::StrCat("header length ", header_len, " runs past the end of the ", bytes.size(),
+                                      "-byte file"));
   }
   const char* header_begin = reinterpret_cast<const char*>(bytes.data() + 8);
-  absl::StatusOr<Json> header =
-      ParseJson(header_begin, header_begin + header_len, path, "header");
+  absl::StatusOr<Json> header = ParseJson(header_begin, header_begin + header_len, path, "header");
   if (!header.ok()) return header.status();
   if (!header->is_object()) return Invalid(path, "header must be a JSON object");
 
@@ -400,9 +378,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
     if (e.begin == e.end) continue;
     if (furthest != nullptr && e.begin < furthest->end) {
       return InvalidTensor(path, e.view.name,
-                           absl::StrCat("data_offsets [", e.begin, ", ", e.end,
-                                        "] overlap tensor '", furthest->view.name, "' [",
-                                        furthest->begin, ", ", furthest->end, "]"));
+                           absl::StrCat("data_offsets [", e.begin, ", ", e.end, "] overlap tensor '",
+                                        furthest->view.name, "' [", furthest->begin, ", ", furthest->end, "]"));
     }
     if (furthest == nullptr || e.end > furthest->end) furthest = &e;
   }
@@ -442,8 +419,8 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
     } else if (const std::string q = JoinPath(path, kIndexFileName); IsRegularFile(q)) {
       index_path = q;
     } else {
-      return absl::NotFoundError(absl::StrCat("checkpoint directory ", path, " has neither ",
-                                              kSingleFileName, " nor ", kIndexFileName));
+      return absl::NotFoundError(
+          absl::StrCat("checkpoint directory ", path, " has neither ", kSingleFileName, " nor ", kIndexFileName));
     }
   } else if (!IsRegularFile(path)) {
     return absl::NotFoundError(absl::StrCat("checkpoint ", path, " does not exist"));
@@ -458,13 +435,11 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
     std::map<std::string, const TensorView*> tensors = IndexAll(*file);
     std::vector<std::unique_ptr<SafetensorsFile>> files;
     files.push_back(std::move(file));
-    return std::unique_ptr<Checkpoint>(
-        new Checkpoint(path, std::move(files), std::move(tensors)));
+    return std::unique_ptr<Checkpoint>(new Checkpoint(path, std::move(files), std::move(tensors)));
   }
 
   STRATA_ASSIGN_OR_RETURN(auto text, ReadFileToString(index_path));
-  absl::StatusOr<Json> index =
-      ParseJson(text.data(), text.data() + text.size(), index_path, "index");
+  absl::StatusOr<Json> index = ParseJson(text.data(), text.data() + text.size(), index_path, "index");
   if (!index.ok()) return index.status();
   const auto weight_map = index->is_object() ? index->find("weight_map") : index->end();
   if (!index->is_object() || weight_map == index->end() || !weight_map->is_object()) {
@@ -474,8 +449,8 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
   std::map<std::string, std::vector<std::string>> names_by_shard;
   for (const auto& [name, shard] : weight_map->items()) {
     if (!shard.is_string()) {
-      return Invalid(index_path, absl::StrCat("weight_map entry for tensor '", name,
-                                              "' must be a file name, got ", shard.dump()));
+      return Invalid(index_path,
+                     absl::StrCat("weight_map entry for tensor '", name, "' must be a file name, got ", shard.dump()));
     }
     const std::string shard_name = shard.get<std::string>();
     if (!IsSafeRelativePath(shard_name)) {
@@ -492,17 +467,15 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
     const std::string shard_path = JoinPath(dir, shard_name);
     absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(shard_path);
     if (absl::IsNotFound(file.status())) {
-      return absl::NotFoundError(absl::StrCat("shard ", shard_path, " named by index ",
-                                              index_path, " (for tensor '", names.front(),
-                                              "') does not exist: ", file.status().message()));
+      return absl::NotFoundError(absl::StrCat("shard ", shard_path, " named by index ", index_path, " (for tensor '",
+                                              names.front(), "') does not exist: ", file.status().message()));
     }
     if (!file.ok()) return file.status();
     for (const std::string& name : names) {
       const TensorView* view = (*file)->Find(name);
       if (view == nullptr) {
         return InvalidTensor(shard_path, name,
-                             absl::StrCat("listed in index ", index_path,
-                                          " but absent from the shard"));
+                             absl::StrCat("listed in index ", index_path, " but absent from the shard"));
       }
       tensors.emplace(name, view);
     }
@@ -514,8 +487,7 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
 absl::StatusOr<TensorView> Checkpoint::Get(const std::string& name) const {
   const auto it = tensors_.find(name);
   if (it == tensors_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("tensor '", name, "' not found in checkpoint ", path_));
+    return absl::NotFoundError(absl::StrCat("tensor '", name, "' not found in checkpoint ", path_));
   }
   return *it->second;
 }
@@ -542,8 +514,7 @@ absl::Status WriteSafetensors(const std::string& path, std::span<const TensorToW
   return WriteFileAtomically(path, parts);
 }
 
-absl::Status WriteCheckpoint(const std::string& dir, std::span<const TensorToWrite> tensors,
-                             size_t max_shard_bytes,
+absl::Status WriteCheckpoint(const std::string& dir, std::span<const TensorToWrite> tensors, size_t max_shard_bytes,
                              const std::map<std::string, std::string>& metadata) {
   // Validate the whole set first: names must be unique across shards too, and
   // nothing on disk should change for a request that cannot succeed.

@@ -50,8 +50,8 @@ size_t DTypeSize(DType dtype);
 struct TensorView {
   std::string name;
   DType dtype = DType::kF32;
-  std::vector<int64_t> shape;        // empty for a 0-d scalar
-  std::span<const std::byte> data;   // exactly numel() * DTypeSize(dtype) bytes
+  std::vector<int64_t> shape;       // empty for a 0-d scalar
+  std::span<const std::byte> data;  // exactly numel() * DTypeSize(dtype) bytes
   // Product of `shape` (1 for a scalar). Cannot overflow for views handed out
   // by SafetensorsFile, which validates the shape on open.
   int64_t numel() const;
@@ -156,10 +156,8 @@ absl::Status WriteSafetensors(const std::string& path, std::span<const TensorToW
 // loadable, except that re-sharding into the same shard names overwrites
 // shards in place before the new index lands; callers that need all-or-nothing
 // replacement should write into a fresh directory and rename it.
-absl::Status WriteCheckpoint(const std::string& dir, std::span<const TensorToWrite> tensors,
-                             size_t max_shard_bytes = 0,
-                             const std::map<std::string, std::string>& metadata = {
-                                 {"format", "pt"}});
+absl::Status WriteCheckpoint(const std::string& dir, std::span<const TensorToWrite> tensors, size_t max_shard_bytes = 0,
+                             const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
 
 }  // namespace strata::policies
 

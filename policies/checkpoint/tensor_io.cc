@@ -10,32 +10,52 @@ namespace strata::policies {
 
 absl::StatusOr<at::ScalarType> ToScalarType(DType dtype) {
   switch (dtype) {
-    case DType::kF64: return at::kDouble;
-    case DType::kF32: return at::kFloat;
-    case DType::kF16: return at::kHalf;
-    case DType::kBF16: return at::kBFloat16;
-    case DType::kI64: return at::kLong;
-    case DType::kI32: return at::kInt;
-    case DType::kI16: return at::kShort;
-    case DType::kI8: return at::kChar;
-    case DType::kU8: return at::kByte;
-    case DType::kBool: return at::kBool;
+    case DType::kF64:
+      return at::kDouble;
+    case DType::kF32:
+      return at::kFloat;
+    case DType::kF16:
+      return at::kHalf;
+    case DType::kBF16:
+      return at::kBFloat16;
+    case DType::kI64:
+      return at::kLong;
+    case DType::kI32:
+      return at::kInt;
+    case DType::kI16:
+      return at::kShort;
+    case DType::kI8:
+      return at::kChar;
+    case DType::kU8:
+      return at::kByte;
+    case DType::kBool:
+      return at::kBool;
   }
   return absl::InvalidArgumentError("unknown dtype");
 }
 
 absl::StatusOr<DType> ToDType(at::ScalarType type) {
   switch (type) {
-    case at::kDouble: return DType::kF64;
-    case at::kFloat: return DType::kF32;
-    case at::kHalf: return DType::kF16;
-    case at::kBFloat16: return DType::kBF16;
-    case at::kLong: return DType::kI64;
-    case at::kInt: return DType::kI32;
-    case at::kShort: return DType::kI16;
-    case at::kChar: return DType::kI8;
-    case at::kByte: return DType::kU8;
-    case at::kBool: return DType::kBool;
+    case at::kDouble:
+      return DType::kF64;
+    case at::kFloat:
+      return DType::kF32;
+    case at::kHalf:
+      return DType::kF16;
+    case at::kBFloat16:
+      return DType::kBF16;
+    case at::kLong:
+      return DType::kI64;
+    case at::kInt:
+      return DType::kI32;
+    case at::kShort:
+      return DType::kI16;
+    case at::kChar:
+      return DType::kI8;
+    case at::kByte:
+      return DType::kU8;
+    case at::kBool:
+      return DType::kBool;
     default:
       return absl::InvalidArgumentError(absl::StrCat("dtype ", c10::toString(type), " cannot be saved"));
   }
@@ -64,8 +84,7 @@ absl::StatusOr<at::Tensor> ToTensor(const TensorView& view, at::ScalarType type)
   return mapped.to(type, /*non_blocking=*/false, /*copy=*/true);
 }
 
-absl::StatusOr<at::Tensor> ToTensorWithShape(const TensorView& view, at::IntArrayRef shape,
-                                             at::ScalarType type) {
+absl::StatusOr<at::Tensor> ToTensorWithShape(const TensorView& view, at::IntArrayRef shape, at::ScalarType type) {
   if (at::IntArrayRef(view.shape) != shape) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", view.name, "' has shape [",
                                                    absl::StrJoin(view.shape, ", "), "], expected [",

@@ -23,8 +23,7 @@ absl::StatusOr<at::Tensor> ToTensor(const TensorView& view, at::ScalarType type)
 
 // Like ToTensor, and also checks the shape: INVALID_ARGUMENT naming the
 // tensor with the expected and found shapes.
-absl::StatusOr<at::Tensor> ToTensorWithShape(const TensorView& view, at::IntArrayRef shape,
-                                             at::ScalarType type);
+absl::StatusOr<at::Tensor> ToTensorWithShape(const TensorView& view, at::IntArrayRef shape, at::ScalarType type);
 
 // Keeps contiguous CPU copies alive while TensorToWrite spans point into them.
 class TensorWriteBatch {

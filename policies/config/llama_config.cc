@@ -51,11 +51,9 @@ absl::Status ReadRopeScaling(const json& j, const std::string& source, RopeScali
   } else if (type == "default" || type.empty()) {
     out->type = RopeScaling::Type::kNone;
   } else {
-    return FieldError(source, "rope_scaling.type",
-                      absl::StrCat("'", type, "' is not supported (linear, llama3)"));
+    return FieldError(source, "rope_scaling.type", absl::StrCat("'", type, "' is not supported (linear, llama3)"));
   }
-  for (auto [key, field] : {std::pair{"factor", &out->factor},
-                            std::pair{"low_freq_factor", &out->low_freq_factor},
+  for (auto [key, field] : {std::pair{"factor", &out->factor}, std::pair{"low_freq_factor", &out->low_freq_factor},
                             std::pair{"high_freq_factor", &out->high_freq_factor}}) {
     auto f = it->find(key);
     if (f == it->end()) continue;
@@ -111,8 +109,7 @@ absl::Status ReadFamily(const json& j, const std::string& source, ModelFamily* o
         return absl::OkStatus();
       }
     }
-    return FieldError(source, "model_type",
-                      absl::StrCat("is '", mt->get<std::string>(), "'; supported: ", supported));
+    return FieldError(source, "model_type", absl::StrCat("is '", mt->get<std::string>(), "'; supported: ", supported));
   }
   if (auto arch = j.find("architectures"); arch != j.end() && arch->is_array() && !arch->empty()) {
     const std::string name = (*arch)[0].is_string() ? (*arch)[0].get<std::string>() : "";
@@ -179,20 +176,17 @@ absl::Status LlamaConfig::Validate() const {
     if (v <= 0) return absl::InvalidArgumentError(absl::StrCat("config field '", key, "' must be positive, got ", v));
     return absl::OkStatus();
   };
-  for (auto [key, value] : {std::pair{"vocab_size", vocab_size}, std::pair{"hidden_size", hidden_size},
-                            std::pair{"intermediate_size", intermediate_size},
-                            std::pair{"num_hidden_layers", num_hidden_layers},
-                            std::pair{"num_attention_heads", num_attention_heads},
-                            std::pair{"num_key_value_heads", num_key_value_heads},
-                            std::pair{"head_dim", head_dim},
-                            std::pair{"max_position_embeddings", max_position_embeddings},
-                            std::pair{"num_labels", num_labels}}) {
+  for (auto [key, value] :
+       {std::pair{"vocab_size", vocab_size}, std::pair{"hidden_size", hidden_size},
+        std::pair{"intermediate_size", intermediate_size}, std::pair{"num_hidden_layers", num_hidden_layers},
+        std::pair{"num_attention_heads", num_attention_heads}, std::pair{"num_key_value_heads", num_key_value_heads},
+        std::pair{"head_dim", head_dim}, std::pair{"max_position_embeddings", max_position_embeddings},
+        std::pair{"num_labels", num_labels}}) {
     STRATA_RETURN_IF_ERROR(positive(key, value));
   }
   if (num_attention_heads % num_key_value_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config field 'num_key_value_heads' (", num_key_value_heads,
-        ") must divide 'num_attention_heads' (", num_attention_heads, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("config field 'num_key_value_heads' (", num_key_value_heads,
+                                                   ") must divide 'num_attention_heads' (", num_attention_heads, ")"));
   }
   if (head_dim % 2 != 0) {
     return absl::InvalidArgumentError(absl::StrCat("config field 'head_dim' must be even for RoPE, got ", head_dim));
@@ -224,15 +218,13 @@ absl::StatusOr<LlamaConfig> LlamaConfig::FromJson(const std::string& text, const
   STRATA_RETURN_IF_ERROR(ReadFamilyFields(j, source, &c));
   c.num_key_value_heads = -1;
   c.head_dim = -1;
-  for (auto [key, field] : {std::pair{"vocab_size", &c.vocab_size}, std::pair{"hidden_size", &c.hidden_size},
-                            std::pair{"intermediate_size", &c.intermediate_size},
-                            std::pair{"num_hidden_layers", &c.num_hidden_layers},
-                            std::pair{"num_attention_heads", &c.num_attention_heads},
-                            std::pair{"num_key_value_heads", &c.num_key_value_heads},
-                            std::pair{"head_dim", &c.head_dim},
-                            std::pair{"max_position_embeddings", &c.max_position_embeddings},
-                            std::pair{"bos_token_id", &c.bos_token_id},
-                            std::pair{"pad_token_id", &c.pad_token_id}}) {
+  for (auto [key, field] :
+       {std::pair{"vocab_size", &c.vocab_size}, std::pair{"hidden_size", &c.hidden_size},
+        std::pair{"intermediate_size", &c.intermediate_size}, std::pair{"num_hidden_layers", &c.num_hidden_layers},
+        std::pair{"num_attention_heads", &c.num_attention_heads},
+        std::pair{"num_key_value_heads", &c.num_key_value_heads}, std::pair{"head_dim", &c.head_dim},
+        std::pair{"max_position_embeddings", &c.max_position_embeddings}, std::pair{"bos_token_id", &c.bos_token_id},
+        std::pair{"pad_token_id", &c.pad_token_id}}) {
     STRATA_RETURN_IF_ERROR(ReadInt(j, key, source, field));
   }
   for (auto [key, field] : {std::pair{"rope_theta", &c.rope_theta}, std::pair{"rms_norm_eps", &c.rms_norm_eps}}) {

@@ -17,9 +17,9 @@ namespace strata::policies {
 struct RopeScaling {
   enum class Type { kNone, kLinear, kLlama3 };
   Type type = Type::kNone;
-  double factor = 1.0;                        // linear and llama3
-  double low_freq_factor = 1.0;               // llama3
-  double high_freq_factor = 4.0;              // llama3
+  double factor = 1.0;                              // linear and llama3
+  double low_freq_factor = 1.0;                     // llama3
+  double high_freq_factor = 4.0;                    // llama3
   int64_t original_max_position_embeddings = 8192;  // llama3
 };
 
@@ -58,9 +58,9 @@ struct LlamaConfig {
   double rms_norm_eps = 1e-5;
   bool tie_word_embeddings = false;
   RopeScaling rope_scaling;
-  int64_t bos_token_id = 1;                 // -1 when absent
+  int64_t bos_token_id = 1;                  // -1 when absent
   std::vector<int64_t> eos_token_ids = {2};  // config may give one id or a list
-  int64_t pad_token_id = -1;                // -1 when absent
+  int64_t pad_token_id = -1;                 // -1 when absent
   // Outputs of the scalar head (LlamaForSequenceClassification); 1 for reward/critic.
   int64_t num_labels = 1;
   // "float32", "bfloat16", "float16" as written by HF; informational.

@@ -100,8 +100,8 @@ class C10dProcessGroup final : public ProcessGroup {
       STRATA_ASSIGN_OR_RETURN(OwnerPartitionedBucket input, PackByOwner(owned, device_));
       if (input.part_length == 0) return Nothing("reduce-scatter");
       at::Tensor output = at::empty({input.part_length}, input.flat.options());
-      c10::intrusive_ptr<c10d::Work> work =
-          group_->_reduce_scatter_base(output, input.flat, c10d::ReduceScatterOptions());
+      c10::intrusive_ptr<c10d::Work> work = group_->_reduce_scatter_base(output, input.flat,
+                                                                         c10d::ReduceScatterOptions());
       pending_.push_back(
           {"reduce-scatter", std::move(owned[static_cast<size_t>(options_.rank)]), output, std::move(work)});
     } catch (const std::exception& e) {
@@ -127,7 +127,8 @@ class C10dProcessGroup final : public ProcessGroup {
 
   absl::Status Broadcast(std::vector<at::Tensor>& tensors, int root) override {
     if (root < 0 || root >= options_.world_size) {
-      return absl::InvalidArgumentError(absl::StrCat("broadcast root ", root, " is not a rank of ", options_.world_size));
+      return absl::InvalidArgumentError(
+          absl::StrCat("broadcast root ", root, " is not a rank of ", options_.world_size));
     }
     c10d::BroadcastOptions broadcast;
     broadcast.rootRank = root;

@@ -50,8 +50,8 @@ constexpr std::chrono::milliseconds kMinTimeout{1000};
 
 absl::Status CheckTimeout(const char* what, std::chrono::milliseconds timeout) {
   if (timeout < kMinTimeout) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " timeout must be at least ", kMinTimeout.count(),
-                                                   " ms, got ", timeout.count(), " ms"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " timeout must be at least ", kMinTimeout.count(), " ms, got ", timeout.count(), " ms"));
   }
   return absl::OkStatus();
 }
@@ -77,8 +77,8 @@ absl::Status FromC10dException(const std::string& what, const std::exception& e)
   }
   // A peer gone: Gloo's socket errors, NCCL's "remote process exited or
   // there was a network error" and its aborted communicator.
-  for (const char* gone : {"onnection", "refused", "reset", "closed", "roken pipe", "network", "remote process",
-                           "aborted"}) {
+  for (const char* gone :
+       {"onnection", "refused", "reset", "closed", "roken pipe", "network", "remote process", "aborted"}) {
     if (absl::StrContains(text, gone)) return absl::UnavailableError(message);
   }
   return absl::InternalError(message);
@@ -103,8 +103,8 @@ class RendezvousImpl final : public Rendezvous {
   c10::intrusive_ptr<c10d::TCPStore> store_;
 };
 
-absl::StatusOr<std::unique_ptr<Rendezvous>> OpenStore(const std::string& host, int port, bool is_server,
-                                                      int world_size, std::chrono::milliseconds timeout) {
+absl::StatusOr<std::unique_ptr<Rendezvous>> OpenStore(const std::string& host, int port, bool is_server, int world_size,
+                                                      std::chrono::milliseconds timeout) {
   STRATA_RETURN_IF_ERROR(CheckPort(port));
   STRATA_RETURN_IF_ERROR(CheckTimeout("rendezvous", timeout));
   c10d::TCPStoreOptions options;
@@ -193,8 +193,7 @@ absl::Status ProcessGroupOptions::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat("process group world_size must be >= 1, got ", world_size));
   }
   if (rank < 0 || rank >= world_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("process group rank must be in [0, ", world_size, "), got ", rank));
+    return absl::InvalidArgumentError(absl::StrCat("process group rank must be in [0, ", world_size, "), got ", rank));
   }
   if (device_index < 0) {
     return absl::InvalidArgumentError(absl::StrCat("process group device_index must be >= 0, got ", device_index));
@@ -211,9 +210,9 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGloo(const ProcessGroupOptio
   // Loopback for a gang on one machine; the hostname's address otherwise.
   gloo->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
   auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, options.rank, options.world_size, gloo);
-  return std::unique_ptr<ProcessGroup>(
-      new C10dProcessGroup<c10d::ProcessGroupGloo>(options, std::move(rendezvous), std::move(group), at::kCPU,
-                                                   /*has_reduce_scatter=*/false));
+  return std::unique_ptr<ProcessGroup>(new C10dProcessGroup<c10d::ProcessGroupGloo>(options, std::move(rendezvous),
+                                                                                    std::move(group), at::kCPU,
+                                                                                    /*has_reduce_scatter=*/false));
 }
 #endif
 
@@ -293,8 +292,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Create(const Process
 #else
 bool ProcessGroup::Available(Backend) { return false; }
 
-absl::StatusOr<std::unique_ptr<Rendezvous>> Rendezvous::Host(const std::string&, int, int,
-                                                             std::chrono::milliseconds) {
+absl::StatusOr<std::unique_ptr<Rendezvous>> Rendezvous::Host(const std::string&, int, int, std::chrono::milliseconds) {
   return NoBackend(Backend::kGloo);
 }
 absl::StatusOr<std::unique_ptr<Rendezvous>> Rendezvous::Join(const std::string&, int, std::chrono::milliseconds) {

@@ -31,22 +31,22 @@ struct HardwareFigures {
   // both measured on a minimal model where the arithmetic is negligible.
   double layer_overhead_s = 0.0;
   double decode_step_overhead_s = 0.0;
-  double memory_copy_bytes_per_s = 0.0;      // within the compute device's memory
+  double memory_copy_bytes_per_s = 0.0;  // within the compute device's memory
   // Decoder layers streamed by the offload engine (LayerStreamer) from the
   // host arena and from NVMe: the time a streamed training step takes over
   // a resident one, per byte streamed (on a CPU device streaming does not
   // overlap compute: one core does both).
   double host_stream_bytes_per_s = 0.0;
   double nvme_stream_bytes_per_s = 0.0;
-  double nvme_read_bytes_per_s = 0.0;        // the NVMe store, O_DIRECT
+  double nvme_read_bytes_per_s = 0.0;  // the NVMe store, O_DIRECT
   double nvme_write_bytes_per_s = 0.0;
-  double adam_params_per_s = 0.0;            // CPU AdamW over host states
-  double device_adam_params_per_s = 0.0;     // AdamW by tensor ops on the device
+  double adam_params_per_s = 0.0;         // CPU AdamW over host states
+  double device_adam_params_per_s = 0.0;  // AdamW by tensor ops on the device
   // NVMe-tiled AdamW (states read, updated and written back, pipelined); 0
   // in figures files written before it was measured: then derived from the
   // NVMe read and write rates (NvmeAdamParamsPerSecond).
   double nvme_adam_params_per_s = 0.0;
-  double allreduce_bytes_per_s = 0.0;        // bytes summed per second over 2 ranks
+  double allreduce_bytes_per_s = 0.0;  // bytes summed per second over 2 ranks
   // Resident bytes of a strata process before it loads a model (libtorch,
   // code, thread stacks), which peak RSS adds to the tiers' figures.
   int64_t process_baseline_bytes = 0;

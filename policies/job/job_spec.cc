@@ -74,8 +74,8 @@ std::optional<TextFault> FirstTextFault(const std::string& text, bool one_line) 
 // Loads a spec document: at most kMaxJobSpecBytes, a mapping, no repeated keys.
 absl::StatusOr<YAML::Node> LoadDocument(const std::string& yaml_text, const std::string& source) {
   if (yaml_text.size() > kMaxJobSpecBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": the spec is ", yaml_text.size(),
-                                                   " bytes; a spec may have at most ", kMaxJobSpecBytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": the spec is ", yaml_text.size(), " bytes; a spec may have at most ", kMaxJobSpecBytes));
   }
   if (const auto fault = FirstTextFault(yaml_text, /*one_line=*/false)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -139,7 +139,8 @@ class MapReader {
     }
     if constexpr (std::is_floating_point_v<T>) {
       // YAML spells infinity and NaN .inf and .nan; no setting wants them.
-      if (!std::isfinite(*out)) return KeyError(Path(key), absl::StrCat("must be a finite number, got ", value.Scalar()));
+      if (!std::isfinite(*out))
+        return KeyError(Path(key), absl::StrCat("must be a finite number, got ", value.Scalar()));
     }
     return absl::OkStatus();
   }
@@ -240,8 +241,8 @@ absl::StatusOr<YAML::Node> LoadWithOverrides(const std::string& yaml_text, const
   size_t override_bytes = 0;
   for (const std::string& o : overrides) override_bytes += o.size();
   if (override_bytes > kMaxJobSpecBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": the overrides are ", override_bytes,
-                                                   " bytes; at most ", kMaxJobSpecBytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": the overrides are ", override_bytes, " bytes; at most ", kMaxJobSpecBytes));
   }
   for (const std::string& o : overrides) STRATA_RETURN_IF_ERROR(ApplyOverride(root, o));
   return root;
@@ -251,12 +252,18 @@ absl::StatusOr<YAML::Node> LoadWithOverrides(const std::string& yaml_text, const
 
 const char* AlgorithmName(Algorithm algorithm) {
   switch (algorithm) {
-    case Algorithm::kSft: return "sft";
-    case Algorithm::kRewardModel: return "reward_model";
-    case Algorithm::kRemax: return "remax";
-    case Algorithm::kPpo: return "ppo";
-    case Algorithm::kGrpo: return "grpo";
-    case Algorithm::kRloo: return "rloo";
+    case Algorithm::kSft:
+      return "sft";
+    case Algorithm::kRewardModel:
+      return "reward_model";
+    case Algorithm::kRemax:
+      return "remax";
+    case Algorithm::kPpo:
+      return "ppo";
+    case Algorithm::kGrpo:
+      return "grpo";
+    case Algorithm::kRloo:
+      return "rloo";
   }
   return "?";
 }
@@ -286,8 +293,8 @@ absl::Status JobSpec::Validate() const {
   if (train.micro_batch_size < 0) return KeyError("train.micro_batch_size", "must be >= 0 (0: the whole batch)");
   if (train.reward_normalization != "none" && train.reward_normalization != "batch" &&
       train.reward_normalization != "running") {
-    return KeyError("train.reward_normalization", absl::StrCat("must be none, batch or running, got '",
-                                                               Shown(train.reward_normalization), "'"));
+    return KeyError("train.reward_normalization",
+                    absl::StrCat("must be none, batch or running, got '", Shown(train.reward_normalization), "'"));
   }
   if (train.warmup_iterations < 0 || train.warmup_iterations > train.iterations) {
     return KeyError("train.warmup_iterations", absl::StrCat("must be in [0, train.iterations (", train.iterations,
@@ -308,8 +315,8 @@ absl::Status JobSpec::Validate() const {
     return KeyError("parallel.workers", absl::StrCat("(", parallel.workers, ") must not exceed train.batch_size (",
                                                      train.batch_size, "): every rank needs a share of the batch"));
   }
-  for (const auto& [role, model] : {std::pair{"actor", &actor}, std::pair{"reward", &reward},
-                                    std::pair{"critic", &critic}}) {
+  for (const auto& [role, model] :
+       {std::pair{"actor", &actor}, std::pair{"reward", &reward}, std::pair{"critic", &critic}}) {
     if (!model->placement.step_in_backward) continue;
     const std::string key = absl::StrCat("models.", role, ".placement.step_in_backward");
     if (train.max_grad_norm > 0) {
@@ -325,9 +332,9 @@ absl::Status JobSpec::Validate() const {
   const absl::StatusOr<int> device = offload::ParseDeviceName(memory.device);  // -1: the CPU
   if (!device.ok()) return KeyError("memory.device", std::string(device.status().message()));
   if (*device != memory.device_index) {
-    return KeyError("memory.device", absl::StrCat("'", memory.device, "' names device ", *device,
-                                                  " but the spec carries device_index ", memory.device_index,
-                                                  " (set both when building a spec in code)"));
+    return KeyError("memory.device",
+                    absl::StrCat("'", memory.device, "' names device ", *device, " but the spec carries device_index ",
+                                 memory.device_index, " (set both when building a spec in code)"));
   }
   if (parallel.backend != "auto" && parallel.backend != "gloo" && parallel.backend != "nccl") {
     return KeyError("parallel.backend", absl::StrCat("'", parallel.backend, "' is not one of auto, gloo, nccl"));
@@ -355,9 +362,9 @@ absl::Status JobSpec::Validate() const {
   if (group.samples_per_prompt > kMaxCount) {
     return KeyError("group.samples_per_prompt", absl::StrCat("must be <= ", kMaxCount));
   }
-  for (const auto& [key, name] : {std::pair{"remax.kl_estimator", remax.kl_estimator},
-                                  std::pair{"ppo.kl_estimator", ppo.kl_estimator},
-                                  std::pair{"group.kl_estimator", group.kl_estimator}}) {
+  for (const auto& [key, name] :
+       {std::pair{"remax.kl_estimator", remax.kl_estimator}, std::pair{"ppo.kl_estimator", ppo.kl_estimator},
+        std::pair{"group.kl_estimator", group.kl_estimator}}) {
     if (name != "k1" && name != "k2" && name != "k3") {
       return KeyError(key, absl::StrCat("must be k1, k2 or k3, got '", Shown(name), "'"));
     }
@@ -412,8 +419,9 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::ve
   std::string algorithm;
   if (auto s = r.Read("algorithm", &algorithm); !s.ok()) return with_source(s);
   const std::map<std::string, Algorithm> algorithms = {
-      {"sft", Algorithm::kSft},   {"reward_model", Algorithm::kRewardModel}, {"remax", Algorithm::kRemax},
-      {"ppo", Algorithm::kPpo},   {"grpo", Algorithm::kGrpo},                {"rloo", Algorithm::kRloo}};
+      {"sft", Algorithm::kSft},     {"reward_model", Algorithm::kRewardModel},
+      {"remax", Algorithm::kRemax}, {"ppo", Algorithm::kPpo},
+      {"grpo", Algorithm::kGrpo},   {"rloo", Algorithm::kRloo}};
   if (algorithm.empty()) return with_source(KeyError("algorithm", "is required"));
   auto it = algorithms.find(algorithm);
   if (it == algorithms.end()) {
@@ -546,12 +554,16 @@ JobSpec ResolvePaths(const JobSpec& spec, const std::string& base) {
 
 int64_t RowsPerIteration(const JobSpec& spec) {
   switch (spec.algorithm) {
-    case Algorithm::kRemax: return spec.train.batch_size * 2;
+    case Algorithm::kRemax:
+      return spec.train.batch_size * 2;
     case Algorithm::kGrpo:
-    case Algorithm::kRloo: return spec.train.batch_size * spec.group.samples_per_prompt;
-    case Algorithm::kRewardModel: return spec.train.batch_size * 2;
+    case Algorithm::kRloo:
+      return spec.train.batch_size * spec.group.samples_per_prompt;
+    case Algorithm::kRewardModel:
+      return spec.train.batch_size * 2;
     case Algorithm::kSft:
-    case Algorithm::kPpo: return spec.train.batch_size;
+    case Algorithm::kPpo:
+      return spec.train.batch_size;
   }
   return spec.train.batch_size;
 }
@@ -567,25 +579,24 @@ absl::Status CheckJobLimits(const JobSpec& spec, const JobLimits& limits, const 
   // "rows (train.batch_size B over parallel.workers N x group.samples_per_prompt S)"
   const bool group = spec.algorithm == Algorithm::kGrpo || spec.algorithm == Algorithm::kRloo;
   const int64_t responses = RowsPerIteration(spec) / std::max<int64_t>(spec.train.batch_size, 1);
-  const std::string counted = absl::StrCat(
-      rows, " rows (train.batch_size ", spec.train.batch_size,
-      spec.parallel.workers > 1 ? absl::StrCat(" over parallel.workers ", spec.parallel.workers) : "",
-      group ? absl::StrCat(" x group.samples_per_prompt ", spec.group.samples_per_prompt)
-            : (responses > 1 ? absl::StrCat(" x ", responses, " responses") : ""),
-      ")");
+  const std::string counted =
+      absl::StrCat(rows, " rows (train.batch_size ", spec.train.batch_size,
+                   spec.parallel.workers > 1 ? absl::StrCat(" over parallel.workers ", spec.parallel.workers) : "",
+                   group ? absl::StrCat(" x group.samples_per_prompt ", spec.group.samples_per_prompt)
+                         : (responses > 1 ? absl::StrCat(" x ", responses, " responses") : ""),
+                   ")");
   if (limits.max_rows > 0 && rows > limits.max_rows) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("spec key '", group ? "group.samples_per_prompt" : "train.batch_size",
-                     "': an iteration would decode ", counted, " on a worker; ", who, " at most ", limits.max_rows,
-                     " (more parallel.workers spread them)"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "spec key '", group ? "group.samples_per_prompt" : "train.batch_size", "': an iteration would decode ", counted,
+        " on a worker; ", who, " at most ", limits.max_rows, " (more parallel.workers spread them)"));
   }
   // Activations, logits and the KV cache grow with tokens, not rows.
-  const int64_t per_row = spec.data.max_prompt_tokens + std::max(spec.generation.max_new_tokens,
-                                                                  spec.data.max_response_tokens);
+  const int64_t per_row = spec.data.max_prompt_tokens +
+                          std::max(spec.generation.max_new_tokens, spec.data.max_response_tokens);
   if (limits.max_tokens > 0 && rows > limits.max_tokens / std::max<int64_t>(per_row, 1)) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "spec keys 'data.max_prompt_tokens' + 'generation.max_new_tokens' (", per_row, " tokens a row) x ", counted,
-        " on a worker exceed what ", who, " (", limits.max_tokens, " tokens)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("spec keys 'data.max_prompt_tokens' + 'generation.max_new_tokens' (", per_row, " tokens a row) x ",
+                     counted, " on a worker exceed what ", who, " (", limits.max_tokens, " tokens)"));
   }
   if (limits.max_host_mib > 0 && spec.memory.host_mib > limits.max_host_mib) {
     return absl::ResourceExhaustedError(absl::StrCat("spec key 'memory.host_mib' (", spec.memory.host_mib,
@@ -619,11 +630,12 @@ absl::Status CheckPathsWithin(const JobSpec& spec, const std::string& base, cons
     return false;
   };
   std::vector<std::pair<std::string, const std::string*>> keys = {
-      {"data.train", &spec.data.train},       {"data.eval", &spec.data.eval},
+      {"data.train", &spec.data.train},         {"data.eval", &spec.data.eval},
       {"data.tokenizer", &spec.data.tokenizer}, {"output.dir", &spec.output_dir},
       {"checkpoint.dir", &spec.checkpoint.dir}, {"memory.nvme_dir", &spec.memory.nvme_dir}};
   for (const auto& [name, model] : {std::pair<const char*, const ModelSpec*>{"actor", &spec.actor},
-                                    {"reference", &spec.reference}, {"reward", &spec.reward},
+                                    {"reference", &spec.reference},
+                                    {"reward", &spec.reward},
                                     {"critic", &spec.critic}}) {
     keys.push_back({absl::StrCat("models.", name, ".path"), &model->path});
     keys.push_back({absl::StrCat("models.", name, ".init"), &model->init});

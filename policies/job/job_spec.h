@@ -20,17 +20,17 @@ enum class Algorithm { kSft, kRewardModel, kRemax, kPpo, kGrpo, kRloo };
 const char* AlgorithmName(Algorithm algorithm);
 
 struct ModelSpec {
-  std::string path;       // HF model directory ("" when absent)
-  std::string init;       // config.json to initialise from (SFT / reward model from scratch)
-  std::string rule;       // reward only: a rule-based reward instead of a model
+  std::string path;  // HF model directory ("" when absent)
+  std::string init;  // config.json to initialise from (SFT / reward model from scratch)
+  std::string rule;  // reward only: a rule-based reward instead of a model
   std::string dtype = "fp32";
   offload::ModelPlacement placement;
 };
 
 struct DataSpec {
-  std::string train;             // JSONL
-  std::string eval;              // JSONL; optional
-  std::string tokenizer;         // tokenizer path; default: the first model's directory
+  std::string train;      // JSONL
+  std::string eval;       // JSONL; optional
+  std::string tokenizer;  // tokenizer path; default: the first model's directory
   int64_t max_prompt_tokens = 64;
   int64_t max_response_tokens = 64;
 };
@@ -74,7 +74,7 @@ struct RemaxSpec {
 struct PpoSpec {
   double kl_coef = 0.05;
   std::string kl_estimator = "k1";
-  double kl_target = 0.0;       // > 0: adaptive controller towards this KL
+  double kl_target = 0.0;  // > 0: adaptive controller towards this KL
   double kl_horizon = 10000.0;
   double reward_clip = 10.0;
   double gamma = 1.0;
@@ -95,14 +95,14 @@ struct GroupSpec {  // GRPO and RLOO
 };
 
 struct EvalSpec {
-  int64_t every = 0;        // iterations between evaluations; 0: never
-  std::string rule;         // the rule that scores eval responses (RL)
-  int64_t prompts = 64;     // eval prompts used
+  int64_t every = 0;     // iterations between evaluations; 0: never
+  std::string rule;      // the rule that scores eval responses (RL)
+  int64_t prompts = 64;  // eval prompts used
 };
 
 struct CheckpointSpec {
-  int64_t every = 0;        // iterations between checkpoints; 0: only at the end
-  std::string dir;          // default: <output.dir>/checkpoints
+  int64_t every = 0;  // iterations between checkpoints; 0: only at the end
+  std::string dir;    // default: <output.dir>/checkpoints
 };
 
 struct MemorySpec {
@@ -131,7 +131,7 @@ struct ParallelSpec {
 
 struct JobSpec {
   Algorithm algorithm = Algorithm::kRemax;
-  std::string name;         // optional label
+  std::string name;                            // optional label
   ModelSpec actor, reference, reward, critic;  // per algorithm; see docs/job-spec.md
   DataSpec data;
   TrainSpec train;
@@ -143,7 +143,7 @@ struct JobSpec {
   CheckpointSpec checkpoint;
   MemorySpec memory;
   ParallelSpec parallel;
-  std::string output_dir;   // required
+  std::string output_dir;  // required
 
   // Which models the algorithm uses, and cross-field checks.
   absl::Status Validate() const;

@@ -16,8 +16,7 @@ namespace strata::policies {
 // coefficient stays fixed.
 class KlController {
  public:
-  KlController(double initial, double target, double horizon)
-      : value_(initial), target_(target), horizon_(horizon) {}
+  KlController(double initial, double target, double horizon) : value_(initial), target_(target), horizon_(horizon) {}
   double value() const { return value_; }
   void Update(double observed_kl, int64_t samples);
   void set_value(double v) { value_ = v; }

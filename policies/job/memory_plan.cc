@@ -49,8 +49,8 @@ ModelFootprint PlanModel(const std::string& role, const LlamaConfig& config, con
   f.weights[T(p.weights)] += layers * bytes;
   f.weights[T(offload::Tier::kDevice)] += resident * bytes;
   if (p.weights != offload::Tier::kDevice) {
-    f.weights[T(offload::Tier::kDevice)] +=
-        (p.prefetch_depth + 1) * LayerParams(config) * bytes;  // the streaming window
+    f.weights[T(offload::Tier::kDevice)] += (p.prefetch_depth + 1) * LayerParams(config) *
+                                            bytes;  // the streaming window
   }
   if (trainable) {
     // With step_in_backward only the resident tensors keep a gradient.
@@ -148,15 +148,11 @@ struct ModelShape {
 
   int64_t LayerBytes() const { return layer_params * E; }
   // Elements of the largest tensor: the embedding, the head or an MLP matrix.
-  int64_t LargestTensor() const {
-    return std::max({vocab * H, head_width * H, H * I, heads * head_dim * H});
-  }
+  int64_t LargestTensor() const { return std::max({vocab * H, head_width * H, H * I, heads * head_dim * H}); }
   bool streamed() const { return placement->weights != offload::Tier::kDevice; }
   // The layers a streamed model holds on the device: the one computing and
   // those prefetched, never more than it has.
-  int64_t Window() const {
-    return streamed() ? std::min<int64_t>(placement->prefetch_depth + 1, L) * LayerBytes() : 0;
-  }
+  int64_t Window() const { return streamed() ? std::min<int64_t>(placement->prefetch_depth + 1, L) * LayerBytes() : 0; }
 };
 
 ModelShape ShapeOf(const PlannedModel& m, const offload::ModelPlacement& placement, int64_t workers) {
@@ -177,8 +173,8 @@ ModelShape ShapeOf(const PlannedModel& m, const offload::ModelPlacement& placeme
   s.resident_params = ResidentParameters(c, m.scalar_head);
   s.params = s.resident_params + s.L * s.layer_params;
   s.sharded = workers > 1 && placement.optimizer != offload::Tier::kDevice;
-  s.shard_params =
-      s.sharded ? FullestShard(c.TrainedTensorElements(m.scalar_head), static_cast<int>(workers)) : s.params;
+  s.shard_params = s.sharded ? FullestShard(c.TrainedTensorElements(m.scalar_head), static_cast<int>(workers))
+                             : s.params;
   s.placement = &placement;
   return s;
 }
@@ -254,9 +250,12 @@ class CostModel {
   double Stream(const ModelShape& s) const {
     const double bytes = static_cast<double>(s.L * s.LayerBytes());
     switch (s.placement->weights) {
-      case offload::Tier::kHost: return bytes / f_.host_stream_bytes_per_s;
-      case offload::Tier::kNvme: return bytes / f_.nvme_stream_bytes_per_s;
-      default: return 0.0;
+      case offload::Tier::kHost:
+        return bytes / f_.host_stream_bytes_per_s;
+      case offload::Tier::kNvme:
+        return bytes / f_.nvme_stream_bytes_per_s;
+      default:
+        return 0.0;
     }
   }
   // Compute and streaming overlap: on a GPU the prefetch runs on copy
@@ -303,8 +302,12 @@ class CostModel {
     const double shard = static_cast<double>(s.shard_params);
     double t = 0;
     switch (s.placement->optimizer) {
-      case offload::Tier::kDevice: t = shard / f_.device_adam_params_per_s; break;
-      case offload::Tier::kHost: t = shard / f_.adam_params_per_s; break;
+      case offload::Tier::kDevice:
+        t = shard / f_.device_adam_params_per_s;
+        break;
+      case offload::Tier::kHost:
+        t = shard / f_.adam_params_per_s;
+        break;
       case offload::Tier::kNvme:
         t = shard / f_.NvmeAdamParamsPerSecond();
         break;
@@ -340,8 +343,8 @@ std::pair<int64_t, int64_t> Micro(int64_t rows, int64_t micro) {
 
 }  // namespace
 
-JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& models,
-                         const HardwareFigures& figures, int64_t workers) {
+JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& models, const HardwareFigures& figures,
+                         int64_t workers) {
   workers = std::max<int64_t>(workers, 1);
   JobPrediction out;
   out.micro_batch_size = spec.train.micro_batch_size;
@@ -402,8 +405,12 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
         step_buffers = std::max(step_buffers, layer * (scratch ? 2.0 : 1.0));
       }
       switch (p.optimizer) {
-        case offload::Tier::kDevice: resident[kDev] += 16.0 * params; break;
-        case offload::Tier::kHost: resident[kHost] += grads + 12.0 * shard; break;
+        case offload::Tier::kDevice:
+          resident[kDev] += 16.0 * params;
+          break;
+        case offload::Tier::kHost:
+          resident[kHost] += grads + 12.0 * shard;
+          break;
         case offload::Tier::kNvme:
           resident[kHost] += grads + kNvmeAdamStagingBytes;
           // A tile holds one tensor's elements: a model whose largest tensor
@@ -427,7 +434,8 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
     Placed& added = placed[role];
     added.device = resident[kDev] - before[kDev];
     added.host = resident[kHost] - before[kHost] - (untouched_staging - untouched_before) - step_scratch;
-    added.loaded_kept = static_cast<double>(s.resident_params * s.E) + (p.weights == offload::Tier::kDevice ? layers : 0.0);
+    added.loaded_kept = static_cast<double>(s.resident_params * s.E) +
+                        (p.weights == offload::Tier::kDevice ? layers : 0.0);
   }
   resident[kHost] += step_buffers;
 
@@ -560,8 +568,8 @@ absl::StatusOr<Hardware> ParseHardware(const std::string& text) {
     double number = 0;
     if (digits == 0 || !absl::SimpleAtod(value.substr(0, digits), &number)) return bad("the size is not a number");
     static const std::map<std::string, double> kUnits = {
-        {"", 1.0},           {"B", 1.0},           {"KiB", 1024.0},       {"MiB", 1048576.0},
-        {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}};
+        {"", 1.0},   {"B", 1.0},  {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
+        {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9},     {"TB", 1e12}};
     auto unit = kUnits.find(value.substr(digits));
     if (unit == kUnits.end()) return bad("unknown unit (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)");
     const auto bytes = static_cast<int64_t>(number * unit->second);

@@ -17,14 +17,14 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "policies/config/llama_config.h"
 #include "policies/job/hardware_figures.h"
 #include "policies/job/job_spec.h"
-#include "policies/config/llama_config.h"
 
 namespace strata::policies {
 
 struct ModelFootprint {
-  std::string role;          // actor, reference, reward, critic
+  std::string role;  // actor, reference, reward, critic
   int64_t parameters = 0;
   bool trainable = false;
   // Bytes per tier (device, host, nvme) for each kind of state.
@@ -51,7 +51,7 @@ ModelFootprint PlanModel(const std::string& role, const LlamaConfig& config, con
 struct PlannedModel {
   std::string role;  // actor, reference, reward, critic
   LlamaConfig config;
-  ModelSpec spec;    // dtype and placement
+  ModelSpec spec;  // dtype and placement
   bool trainable = false;
   bool scalar_head = false;
 };
@@ -67,8 +67,8 @@ struct PhasePrediction {
 
 struct JobPrediction {
   std::map<std::string, offload::ModelPlacement> placement;  // by role
-  std::map<std::string, bool> trainable;                      // by role: optimizer fields apply
-  int64_t micro_batch_size = 0;  // as train.micro_batch_size: 0 is the whole batch
+  std::map<std::string, bool> trainable;                     // by role: optimizer fields apply
+  int64_t micro_batch_size = 0;                              // as train.micro_batch_size: 0 is the whole batch
   // "rollout", "score", "update" (RL) or "update" alone (SFT, reward model).
   std::map<std::string, PhasePrediction> phases;
   std::array<int64_t, 3> peak{};  // the largest of the phases
@@ -81,8 +81,8 @@ struct JobPrediction {
 
 // Predicts `spec` as written (placements, micro-batches) over `workers`
 // data-parallel ranks (per-rank figures; optimizer states sharded).
-JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& models,
-                         const HardwareFigures& figures, int64_t workers);
+JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& models, const HardwareFigures& figures,
+                         int64_t workers);
 
 // What a worker offers, per tier; 0 nvme means no NVMe tier.
 struct Hardware {
@@ -101,13 +101,12 @@ absl::StatusOr<Hardware> ParseHardware(const std::string& text);
 
 // Whether a prediction fits, and the tier that overflows most (relative to
 // what it offers) when it does not.
-bool Fits(const JobPrediction& p, const Hardware& hw, std::string* binding_tier = nullptr,
-          double* overshoot = nullptr);
+bool Fits(const JobPrediction& p, const Hardware& hw, std::string* binding_tier = nullptr, double* overshoot = nullptr);
 
 struct FitResult {
   bool fits = false;
-  std::string binding_tier;  // when nothing fits: the tier the nearest miss overflows
-  JobPrediction chosen;      // the fastest that fits, or the nearest miss
+  std::string binding_tier;               // when nothing fits: the tier the nearest miss overflows
+  JobPrediction chosen;                   // the fastest that fits, or the nearest miss
   std::vector<JobPrediction> candidates;  // the others that fit, fastest first
   int64_t tried = 0;
 };

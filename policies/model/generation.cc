@@ -1,7 +1,7 @@
 #include "policies/model/generation.h"
 
-#include <c10/core/GradMode.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/GradMode.h>
 
 #include <algorithm>
 #include <limits>
@@ -47,8 +47,8 @@ absl::StatusOr<GenerationOutput> Generate(const LlamaModel& model, const std::ve
   STRATA_RETURN_IF_ERROR(options.Validate());
   if (prompts.empty()) return absl::InvalidArgumentError("no prompts given");
   if (!options.row_seeds.empty() && options.row_seeds.size() != prompts.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("row_seeds has ", options.row_seeds.size(), " seeds for ",
-                                                   prompts.size(), " prompts"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("row_seeds has ", options.row_seeds.size(), " seeds for ", prompts.size(), " prompts"));
   }
   const LlamaConfig& config = model.config();
   size_t longest = 0;
@@ -109,7 +109,7 @@ absl::StatusOr<GenerationOutput> Generate(const LlamaModel& model, const std::ve
     STRATA_RETURN_IF_ERROR(CheckInterrupt("while generating"));
     at::Tensor hidden = cache ? model.Hidden(step_ids, mask, cache.get()) : model.Hidden(ids, mask);
     const at::Tensor logits = model.LogitsFromHidden(hidden.select(1, hidden.size(1) - 1)).to(at::kCPU);  // [B, V]
-    const at::Tensor next = SampleNextTokens(logits, options, generators);                   // [B]
+    const at::Tensor next = SampleNextTokens(logits, options, generators);                                // [B]
     const at::Tensor logp = at::log_softmax(logits, -1).gather(-1, next.unsqueeze(-1)).squeeze(-1);
     const at::Tensor is_eos = eos.numel() > 0 ? at::isin(next, eos) : at::zeros_like(next, at::kBool);
     bool all_done = true;

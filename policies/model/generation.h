@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "policies/model/llama.h"
 #include "policies/config/sampling.h"
+#include "policies/model/llama.h"
 
 namespace strata::policies {
 

@@ -1,16 +1,16 @@
 #include "policies/model/llama.h"
 
 #include <cmath>
-#include <numeric>
 #include <limits>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "base/file.h"
 #include "base/interrupt.h"
 #include "base/status_macros.h"
-#include "policies/model/layer_source.h"
 #include "policies/checkpoint/safetensors.h"
 #include "policies/checkpoint/tensor_io.h"
+#include "policies/model/layer_source.h"
 
 namespace strata::policies {
 
@@ -54,8 +54,8 @@ absl::StatusOr<LlamaLayerWeights> LlamaLayerWeights::FromNamed(const std::vector
   }
   for (size_t i = 0; i < slots.size(); ++i) {
     if (slots[i].first != names[i]) {
-      return absl::InvalidArgumentError(absl::StrCat("layer tensor ", i, " is '", names[i], "', expected '",
-                                                     slots[i].first, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer tensor ", i, " is '", names[i], "', expected '", slots[i].first, "'"));
     }
     *slots[i].second = std::move(tensors[i]);
   }
@@ -156,10 +156,10 @@ LayerContext MakeLayerContext(const LlamaConfig& config, const at::Tensor& atten
   const at::TensorOptions on_device = at::TensorOptions().dtype(at::kLong).device(attention_mask.device());
   const at::Tensor query_pos = at::arange(s - t, s, on_device).unsqueeze(1);  // [T, 1]
   const at::Tensor key_pos = at::arange(0, s, on_device).unsqueeze(0);        // [1, S]
-  at::Tensor causal = key_pos.le(query_pos);                                   // [T, S]
+  at::Tensor causal = key_pos.le(query_pos);                                  // [T, S]
   if (config.sliding_window > 0) causal = causal.logical_and(key_pos.gt(query_pos - config.sliding_window));
-  const at::Tensor real = attention_mask.to(at::kBool).unsqueeze(1);           // [B, 1, S]
-  const at::Tensor allowed = causal.unsqueeze(0).logical_and(real);            // [B, T, S]
+  const at::Tensor real = attention_mask.to(at::kBool).unsqueeze(1);  // [B, 1, S]
+  const at::Tensor allowed = causal.unsqueeze(0).logical_and(real);   // [B, T, S]
   const double lowest = dtype == at::kBFloat16 ? -3.3895313892515355e38
                         : dtype == at::kHalf   ? -65504.0
                                                : static_cast<double>(std::numeric_limits<float>::lowest());
@@ -212,10 +212,8 @@ at::Tensor DecoderLayerForward(const LlamaConfig& config, const LlamaLayerWeight
   at::Tensor scores = at::matmul(q_grouped, k.transpose(-1, -2)) * (1.0 / std::sqrt(static_cast<double>(d)));
   scores = scores.view({b, n_kv, groups, t, s}) + ctx.attention_bias;
   const at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
-  const at::Tensor attended = at::matmul(probs.view({b, n_kv, groups * t, s}), v)
-                                  .view({b, n_h, t, d})
-                                  .transpose(1, 2)
-                                  .reshape({b, t, n_h * d});
+  const at::Tensor attended =
+      at::matmul(probs.view({b, n_kv, groups * t, s}), v).view({b, n_h, t, d}).transpose(1, 2).reshape({b, t, n_h * d});
   const at::Tensor h = hidden + at::linear(attended, w.o_proj);
 
   const at::Tensor y = RmsNorm(h, w.post_attention_layernorm, config.rms_norm_eps);
@@ -389,8 +387,8 @@ at::Tensor LlamaModel::TokenScores(const at::Tensor& input_ids, const at::Tensor
 
 at::Tensor AtLastToken(const at::Tensor& per_token, const at::Tensor& attention_mask) {
   // Last real token of each row: the largest index whose mask is 1.
-  const at::Tensor columns =
-      at::arange(attention_mask.size(1), at::TensorOptions().dtype(at::kLong).device(attention_mask.device()));
+  const at::Tensor columns = at::arange(attention_mask.size(1),
+                                        at::TensorOptions().dtype(at::kLong).device(attention_mask.device()));
   const at::Tensor index = (attention_mask.to(at::kLong) * columns).argmax(-1);
   return per_token.gather(1, index.view({-1, 1, 1}).expand({per_token.size(0), 1, per_token.size(2)})).squeeze(1);
 }
@@ -420,8 +418,7 @@ size_t LayerWorkingBytes(const LlamaConfig& c, int64_t batch, int64_t seq, at::S
   if (!training) return (4 * bth + 3 * bti) * es + attention;
   const size_t layer_params = static_cast<size_t>(
       c.hidden_size * (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim +
-      c.hidden_size * c.num_attention_heads * c.head_dim + 3 * c.hidden_size * c.intermediate_size +
-      2 * c.hidden_size);
+      c.hidden_size * c.num_attention_heads * c.head_dim + 3 * c.hidden_size * c.intermediate_size + 2 * c.hidden_size);
   // Saved activations and their gradients (x2), plus the weight gradients.
   return 2 * ((10 * bth + 4 * bti) * es + attention) + layer_params * es;
 }

@@ -56,9 +56,9 @@ enum class LlamaHead {
 struct LlamaWeights {
   at::Tensor embed_tokens;  // [V, H]
   std::vector<LlamaLayerWeights> layers;
-  at::Tensor norm;          // [H]
-  at::Tensor lm_head;       // [V, H]; undefined when tied to embed_tokens
-  at::Tensor score;         // [num_labels, H]; only for kScalar
+  at::Tensor norm;     // [H]
+  at::Tensor lm_head;  // [V, H]; undefined when tied to embed_tokens
+  at::Tensor score;    // [num_labels, H]; only for kScalar
 };
 
 // Moves the resident parts of `w` (embeddings, norm, heads) to `device`,
@@ -87,8 +87,8 @@ class KvCache {
 
 // Per-call inputs that every layer shares.
 struct LayerContext {
-  at::Tensor cos, sin;         // [B, T, d], model dtype
-  at::Tensor attention_bias;   // [B, 1, 1, T, S] additive, 0 or a large negative
+  at::Tensor cos, sin;        // [B, T, d], model dtype
+  at::Tensor attention_bias;  // [B, 1, 1, T, S] additive, 0 or a large negative
 };
 
 // Builds rotary tables and the causal + padding mask for a step.
@@ -119,8 +119,7 @@ class LlamaModel {
   // Loads config.json and the safetensors weights of a HF model directory,
   // converting to `dtype` (at::kFloat or at::kBFloat16). Errors name the
   // file and tensor: missing tensors, wrong shapes, unsupported dtypes.
-  static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const std::string& dir, LlamaHead head,
-                                                          at::ScalarType dtype);
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const std::string& dir, LlamaHead head, at::ScalarType dtype);
 
   // Fresh weights drawn from N(0, init_std), norms at 1; reproducible for a seed.
   static std::unique_ptr<LlamaModel> RandomInit(const LlamaConfig& config, LlamaHead head, at::ScalarType dtype,
@@ -145,7 +144,6 @@ class LlamaModel {
   at::Tensor Scores(const at::Tensor& input_ids, const at::Tensor& attention_mask) const;
   // Scalar head at every position: [B, T, num_labels] float32 (critic values).
   at::Tensor TokenScores(const at::Tensor& input_ids, const at::Tensor& attention_mask) const;
-
 
   const LlamaConfig& config() const { return config_; }
   LlamaHead head() const { return head_; }

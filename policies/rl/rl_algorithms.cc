@@ -97,13 +97,11 @@ double Param(const Metrics& params, const std::string& key, double fallback) {
 // its running statistics.
 struct RewardScale {
   double mean = 0, std = 1;
-  at::Tensor Apply(const std::vector<float>& scores) const {
-    return (at::tensor(scores, at::kFloat) - mean) / std;
-  }
+  at::Tensor Apply(const std::vector<float>& scores) const { return (at::tensor(scores, at::kFloat) - mean) / std; }
 };
 
-absl::StatusOr<RewardScale> NormalizeRewards(const JobSpec& spec, const std::vector<float>& raw,
-                                             const Metrics& params, ProcessGroup& gang, Metrics& m) {
+absl::StatusOr<RewardScale> NormalizeRewards(const JobSpec& spec, const std::vector<float>& raw, const Metrics& params,
+                                             ProcessGroup& gang, Metrics& m) {
   const std::string& mode = spec.train.reward_normalization;
   if (mode == "none") return RewardScale{};
   double sum = 0, squares = 0;
@@ -185,8 +183,8 @@ class Remax final : public PhasedAlgorithm {
     const at::Tensor score = Clip(scale.Apply(s.rewards), spec_.remax.reward_clip);
     // The greedy baseline goes through the same map as the samples.
     const at::Tensor baseline = Clip(scale.Apply(g.rewards), spec_.remax.reward_clip);
-    const at::Tensor advantages =
-        RemaxAdvantages(score, baseline, kl, tokens.mask, spec_.remax.kl_coef, spec_.remax.discount);
+    const at::Tensor advantages = RemaxAdvantages(score, baseline, kl, tokens.mask, spec_.remax.kl_coef,
+                                                  spec_.remax.discount);
 
     update_ = PolicyUpdate();
     update_.rollouts = std::move(sampled);
@@ -224,8 +222,8 @@ class Ppo final : public PhasedAlgorithm {
     prompts_ = prompts;
     global_batch_ = global_batch;
     scored_ = false;
-    STRATA_ASSIGN_OR_RETURN(rollouts_,
-                            workers.Generate(RolloutRequest{Ids(prompts), Sampling(spec_, prompts, iteration), 1, false}));
+    STRATA_ASSIGN_OR_RETURN(rollouts_, workers.Generate(RolloutRequest{Ids(prompts),
+                                                                       Sampling(spec_, prompts, iteration), 1, false}));
     return CheckRollouts(rollouts_, prompts.size(), 1, false);
   }
 

@@ -63,7 +63,6 @@ class GlobalMeans {
   std::vector<double> values_;  // sum, count per key
 };
 
-
 }  // namespace strata::policies
 
 #endif  // STRATA_POLICIES_RL_RL_ALGORITHMS_H_

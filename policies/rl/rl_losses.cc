@@ -133,7 +133,8 @@ at::Tensor GrpoAdvantages(const at::Tensor& scores, double eps) {
 
 at::Tensor RlooAdvantages(const at::Tensor& scores) {
   const int64_t g = scores.size(-1);
-  const at::Tensor others = (scores.sum(-1, /*keepdim=*/true) - scores) / static_cast<double>(std::max<int64_t>(g - 1, 1));
+  const at::Tensor others = (scores.sum(-1, /*keepdim=*/true) - scores) /
+                            static_cast<double>(std::max<int64_t>(g - 1, 1));
   return scores - others;
 }
 
@@ -141,8 +142,8 @@ at::Tensor ReinforceLoss(const at::Tensor& logprobs, const at::Tensor& advantage
   return -MaskedMean(advantages.detach() * logprobs, mask);
 }
 
-PpoPolicyLoss PpoClippedLoss(const at::Tensor& logprobs, const at::Tensor& old_logprobs,
-                             const at::Tensor& advantages, const at::Tensor& mask, double clip_range) {
+PpoPolicyLoss PpoClippedLoss(const at::Tensor& logprobs, const at::Tensor& old_logprobs, const at::Tensor& advantages,
+                             const at::Tensor& mask, double clip_range) {
   const at::Tensor log_ratio = logprobs - old_logprobs.detach();
   const at::Tensor ratio = log_ratio.exp();
   const at::Tensor a = advantages.detach();

@@ -73,8 +73,8 @@ struct PpoPolicyLoss {
   at::Tensor approx_kl;  // mean (ratio - 1) - log ratio: KL(old || new) estimate
 };
 // Clipped surrogate: -mean(min(r A, clip(r, 1-eps, 1+eps) A)), r = exp(logp - old_logp).
-PpoPolicyLoss PpoClippedLoss(const at::Tensor& logprobs, const at::Tensor& old_logprobs,
-                             const at::Tensor& advantages, const at::Tensor& mask, double clip_range);
+PpoPolicyLoss PpoClippedLoss(const at::Tensor& logprobs, const at::Tensor& old_logprobs, const at::Tensor& advantages,
+                             const at::Tensor& mask, double clip_range);
 
 struct PpoValueLoss {
   at::Tensor loss;

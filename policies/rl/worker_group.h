@@ -29,16 +29,16 @@ struct Rollout {
 
 struct RolloutRequest {
   std::vector<std::vector<int32_t>> prompts;
-  SamplingOptions sampling;       // its seed makes the rollout reproducible
+  SamplingOptions sampling;  // its seed makes the rollout reproducible
   int64_t samples_per_prompt = 1;
-  bool with_greedy = false;       // also the greedy response of each prompt
+  bool with_greedy = false;  // also the greedy response of each prompt
 };
 
 struct ScoreRequest {
-  bool rewards = true;            // reward model or rule score per rollout
-  bool reference_logprobs = true; // per response token
-  bool values = false;            // critic value per response token (PPO)
-  bool actor_logprobs = false;    // recomputed under the current actor
+  bool rewards = true;             // reward model or rule score per rollout
+  bool reference_logprobs = true;  // per response token
+  bool values = false;             // critic value per response token (PPO)
+  bool actor_logprobs = false;     // recomputed under the current actor
 };
 
 struct Scores {
@@ -56,7 +56,7 @@ struct PolicyUpdate {
   PolicyObjective objective = PolicyObjective::kReinforce;
   // PPO only.
   std::vector<std::vector<float>> old_logprobs;
-  std::vector<std::vector<float>> returns;     // critic targets
+  std::vector<std::vector<float>> returns;  // critic targets
   std::vector<std::vector<float>> old_values;
   double clip_range = 0.2;
   double value_clip = 0.2;

@@ -120,8 +120,7 @@ void ParsePostProcessor(const Json& p, const std::string& where, TemplateTokens*
     for (const auto& [key, slot, slot_id] :
          {std::tuple{"cls", &out->bos, &out->bos_id}, std::tuple{"sep", &out->eos, &out->eos_id}}) {
       const Json& pair = Require(p, key, where);
-      if (!pair.is_array() || pair.size() != 2 || !pair[0].is_string() ||
-          !pair[1].is_number_integer()) {
+      if (!pair.is_array() || pair.size() != 2 || !pair[0].is_string() || !pair[1].is_number_integer()) {
         Fail(absl::StrCat(where, ".", key, " must be [token, id]"));
       }
       *slot = pair[0].get<std::string>();
@@ -166,8 +165,7 @@ struct HfBpeTokenizer::Impl {
   void EncodeText(std::string_view text, bool at_start, std::vector<int32_t>* ids) const;
 };
 
-void HfBpeTokenizer::Impl::EncodeText(std::string_view text, bool at_start,
-                                      std::vector<int32_t>* ids) const {
+void HfBpeTokenizer::Impl::EncodeText(std::string_view text, bool at_start, std::vector<int32_t>* ids) const {
   std::string normalized(text);
   for (const NormalizerStep& step : normalizers) internal::ApplyNormalizer(step, &normalized);
   if (normalized.empty()) return;
@@ -190,11 +188,10 @@ absl::StatusOr<std::unique_ptr<HfBpeTokenizer>> HfBpeTokenizer::FromFile(const s
   return FromJson(text, path);
 }
 
-absl::StatusOr<std::unique_ptr<HfBpeTokenizer>> HfBpeTokenizer::FromJson(
-    const std::string& json_text, const std::string& source) {
+absl::StatusOr<std::unique_ptr<HfBpeTokenizer>> HfBpeTokenizer::FromJson(const std::string& json_text,
+                                                                         const std::string& source) {
   const Json root = Json::parse(json_text, /*cb=*/nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded())
-    return absl::InvalidArgumentError(absl::StrCat(source, ": invalid JSON"));
+  if (root.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(source, ": invalid JSON"));
   auto impl = std::make_unique<Impl>();
   TemplateTokens template_tokens;
   try {
@@ -242,12 +239,11 @@ absl::StatusOr<std::unique_ptr<HfBpeTokenizer>> HfBpeTokenizer::FromJson(
   // Ids index a table; a stray huge id must not allocate gigabytes.
   const size_t entries = impl->model.vocab.size() + impl->added.size();
   if (static_cast<size_t>(max_id) >= 2 * entries + 1024) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        source, ": token id ", max_id, " is far beyond the ", entries, " vocabulary entries"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": token id ", max_id, " is far beyond the ", entries, " vocabulary entries"));
   }
   impl->id_to_token.resize(static_cast<size_t>(max_id) + 1);
-  for (const auto& [token, id] : impl->model.vocab)
-    impl->id_to_token[static_cast<size_t>(id)] = token;
+  for (const auto& [token, id] : impl->model.vocab) impl->id_to_token[static_cast<size_t>(id)] = token;
   for (size_t i = 0; i < impl->added.size(); ++i) {
     const AddedToken& t = impl->added[i];
     impl->id_to_token[static_cast<size_t>(t.id)] = t.content;
@@ -256,9 +252,8 @@ absl::StatusOr<std::unique_ptr<HfBpeTokenizer>> HfBpeTokenizer::FromJson(
     impl->added_by_first_byte[static_cast<uint8_t>(t.content[0])].push_back(i);
   }
   for (auto& bucket : impl->added_by_first_byte) {
-    std::stable_sort(bucket.begin(), bucket.end(), [&](size_t a, size_t b) {
-      return impl->added[a].content.size() > impl->added[b].content.size();
-    });
+    std::stable_sort(bucket.begin(), bucket.end(),
+                     [&](size_t a, size_t b) { return impl->added[a].content.size() > impl->added[b].content.size(); });
   }
 
   auto resolve = [&](const std::optional<std::string>& name, const std::optional<int32_t>& id) {
@@ -280,8 +275,7 @@ absl::StatusOr<std::unique_ptr<HfBpeTokenizer>> HfBpeTokenizer::FromJson(
     return -1;
   };
   if (impl->bos_id < 0) {
-    impl->bos_id =
-        first_present({"<s>", "<|begin_of_text|>", "<bos>", "<|startoftext|>", "<|endoftext|>"});
+    impl->bos_id = first_present({"<s>", "<|begin_of_text|>", "<bos>", "<|startoftext|>", "<|endoftext|>"});
   }
   if (impl->eos_id < 0) {
     impl->eos_id = first_present({"</s>", "<|end_of_text|>", "<eos>", "<|endoftext|>"});
@@ -332,8 +326,7 @@ std::vector<int32_t> HfBpeTokenizer::Encode(const std::string& text) const {
     if (match->single_word) {
       const Utf8Char before = LastChar(t.substr(0, begin));
       const Utf8Char after = end < t.size() ? DecodeUtf8Char(t.substr(end)) : Utf8Char{};
-      if ((before.valid && IsWordChar(before.code_point)) ||
-          (after.valid && IsWordChar(after.code_point))) {
+      if ((before.valid && IsWordChar(before.code_point)) || (after.valid && IsWordChar(after.code_point))) {
         continue;
       }
     }
@@ -389,9 +382,7 @@ std::string HfBpeTokenizer::Decode(const std::vector<int32_t>& ids) const {
   return text;
 }
 
-int32_t HfBpeTokenizer::vocab_size() const {
-  return static_cast<int32_t>(impl_->id_to_token.size());
-}
+int32_t HfBpeTokenizer::vocab_size() const { return static_cast<int32_t>(impl_->id_to_token.size()); }
 int32_t HfBpeTokenizer::bos_id() const { return impl_->bos_id; }
 int32_t HfBpeTokenizer::eos_id() const { return impl_->eos_id; }
 int32_t HfBpeTokenizer::pad_id() const { return impl_->pad_id; }

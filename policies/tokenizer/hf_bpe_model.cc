@@ -39,15 +39,13 @@ void ParseBpeModel(const Json& model, BpeModel* bpe) {
   if (Find(model, "unk_token") != nullptr) {
     const std::string unk = RequireString(model, "unk_token", where);
     const auto it = bpe->vocab.find(unk);
-    if (it == bpe->vocab.end())
-      Fail(absl::StrCat("model.unk_token \"", unk, "\" is not in the vocab"));
+    if (it == bpe->vocab.end()) Fail(absl::StrCat("model.unk_token \"", unk, "\" is not in the vocab"));
     bpe->unk_id = it->second;
   }
   bpe->byte_ids.fill(-1);
   static constexpr char kHex[] = "0123456789ABCDEF";
   for (int b = 0; b < 256; ++b) {
-    const std::string name =
-        absl::StrCat("<0x", std::string(1, kHex[b >> 4]), std::string(1, kHex[b & 15]), ">");
+    const std::string name = absl::StrCat("<0x", std::string(1, kHex[b >> 4]), std::string(1, kHex[b & 15]), ">");
     if (const auto it = bpe->vocab.find(name); it != bpe->vocab.end()) {
       bpe->byte_ids[static_cast<size_t>(b)] = it->second;
     }
@@ -62,8 +60,7 @@ void ParseBpeModel(const Json& model, BpeModel* bpe) {
     if (m.is_string()) {
       const std::string& s = m.get_ref<const std::string&>();
       const size_t space = s.find(' ');
-      if (space == std::string::npos)
-        Fail(absl::StrCat("model.merges[", rank, "] has no space: \"", s, "\""));
+      if (space == std::string::npos) Fail(absl::StrCat("model.merges[", rank, "] has no space: \"", s, "\""));
       left = s.substr(0, space);
       right = s.substr(space + 1);
     } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
@@ -78,15 +75,13 @@ void ParseBpeModel(const Json& model, BpeModel* bpe) {
       Fail(absl::StrCat("model.merges[", rank, "] uses a token that is not in the vocab"));
     }
     // The right part's continuing-subword prefix is not repeated in the merge.
-    const std::string merged =
-        left + (right.size() >= prefix_len ? right.substr(prefix_len) : right);
+    const std::string merged = left + (right.size() >= prefix_len ? right.substr(prefix_len) : right);
     const auto n = bpe->vocab.find(merged);
     if (n == bpe->vocab.end()) {
-      Fail(absl::StrCat("model.merges[", rank, "]: merged token \"", merged,
-                        "\" is not in the vocab"));
+      Fail(absl::StrCat("model.merges[", rank, "]: merged token \"", merged, "\" is not in the vocab"));
     }
-    bpe->merges[(static_cast<uint64_t>(static_cast<uint32_t>(l->second)) << 32) |
-                static_cast<uint32_t>(r->second)] = {static_cast<int32_t>(rank), n->second};
+    bpe->merges[(static_cast<uint64_t>(static_cast<uint32_t>(l->second)) << 32) | static_cast<uint32_t>(r->second)] = {
+        static_cast<int32_t>(rank), n->second};
   }
 }
 
@@ -128,9 +123,8 @@ void BpeModel::EncodeWord(std::string_view word, std::vector<int32_t>* ids) cons
       add(it->second, length);
       continue;
     }
-    if (byte_fallback && std::all_of(s.begin(), s.end(), [&](char b) {
-          return byte_ids[static_cast<uint8_t>(b)] >= 0;
-        })) {
+    if (byte_fallback &&
+        std::all_of(s.begin(), s.end(), [&](char b) { return byte_ids[static_cast<uint8_t>(b)] >= 0; })) {
       for (char b : s) add(byte_ids[static_cast<uint8_t>(b)], 1);
       continue;
     }
@@ -151,9 +145,7 @@ void BpeModel::EncodeWord(std::string_view word, std::vector<int32_t>* ids) cons
     int32_t new_id;
   };
   struct Later {
-    bool operator()(const Merge& a, const Merge& b) const {
-      return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos;
-    }
+    bool operator()(const Merge& a, const Merge& b) const { return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos; }
   };
   std::priority_queue<Merge, std::vector<Merge>, Later> queue;
   for (size_t i = 0; i + 1 < symbols.size(); ++i) {

@@ -22,10 +22,10 @@ struct NormalizerStep {
   enum class Kind { kPrepend, kReplace, kStrip, kUnicode };
   Kind kind = Kind::kReplace;
   UnicodeForm form = UnicodeForm::kNfc;  // kUnicode
-  std::string from;    // kReplace
-  std::string to;      // kReplace; kPrepend: the prefix
-  bool left = false;   // kStrip
-  bool right = false;  // kStrip
+  std::string from;                      // kReplace
+  std::string to;                        // kReplace; kPrepend: the prefix
+  bool left = false;                     // kStrip
+  bool right = false;                    // kStrip
 };
 
 enum class SplitBehavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
@@ -65,8 +65,7 @@ struct Piece {
 };
 
 void ParseNormalizer(const Json& n, const std::string& where, std::vector<NormalizerStep>* out);
-void ParsePreTokenizer(const Json& p, const std::string& where,
-                       std::vector<PreTokenizerStep>* out);
+void ParsePreTokenizer(const Json& p, const std::string& where, std::vector<PreTokenizerStep>* out);
 void ParseDecoder(const Json& d, const std::string& where, std::vector<DecoderStep>* out);
 
 // Metaspace's options, read alike by its pre-tokenizer and its decoder:

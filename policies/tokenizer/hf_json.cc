@@ -48,8 +48,7 @@ std::string StringPattern(const Json& component, const std::string& where) {
   if (const Json* s = Find(pattern, "String"); s != nullptr && s->is_string()) {
     return s->get<std::string>();
   }
-  Fail(absl::StrCat(where, ".pattern: only {\"String\": ...} patterns are supported, got ",
-                    pattern.dump()));
+  Fail(absl::StrCat(where, ".pattern: only {\"String\": ...} patterns are supported, got ", pattern.dump()));
 }
 
 int32_t CheckedId(const Json& value, const std::string& where) {

@@ -44,8 +44,7 @@ int32_t CheckedId(const Json& value, const std::string& where);
 // then parses each, in order, with parse(member, where_of_member, out) and
 // returns true. False (and no call) for any other type.
 template <typename Out>
-bool ExpandSequence(const Json& component, const std::string& type, const char* list_key,
-                    const std::string& where,
+bool ExpandSequence(const Json& component, const std::string& type, const char* list_key, const std::string& where,
                     void (*parse)(const Json&, const std::string&, Out*), Out* out) {
   if (type != "Sequence") return false;
   const Json& list = Require(component, list_key, where);

@@ -24,13 +24,10 @@ SplitBehavior ParseBehavior(const Json& step, const std::string& where) {
   Fail(absl::StrCat(where, ": unknown split behavior \"", name, "\""));
 }
 
-
 // Byte spans of the matches of a literal pattern, left to right.
-std::vector<std::pair<size_t, size_t>> FindLiteral(std::string_view text,
-                                                   std::string_view pattern) {
+std::vector<std::pair<size_t, size_t>> FindLiteral(std::string_view text, std::string_view pattern) {
   std::vector<std::pair<size_t, size_t>> matches;
-  for (size_t pos = text.find(pattern); pos != std::string_view::npos;
-       pos = text.find(pattern, pos + pattern.size())) {
+  for (size_t pos = text.find(pattern); pos != std::string_view::npos; pos = text.find(pattern, pos + pattern.size())) {
     matches.emplace_back(pos, pos + pattern.size());
   }
   return matches;
@@ -38,8 +35,8 @@ std::vector<std::pair<size_t, size_t>> FindLiteral(std::string_view text,
 
 // Hugging Face's NormalizedString::split: turns the matches into pieces
 // according to `behavior`; empty pieces are dropped.
-void SplitPiece(const Piece& piece, const std::vector<std::pair<size_t, size_t>>& matches,
-                SplitBehavior behavior, bool invert, std::vector<Piece>* out) {
+void SplitPiece(const Piece& piece, const std::vector<std::pair<size_t, size_t>>& matches, SplitBehavior behavior,
+                bool invert, std::vector<Piece>* out) {
   struct Span {
     size_t begin;
     size_t end;
@@ -111,8 +108,7 @@ PrependScheme ParsePrependScheme(const Json& step, const std::string& where) {
     if (name == "never") return PrependScheme::kNever;
     Fail(absl::StrCat(where, ": unknown prepend_scheme ", scheme->dump()));
   }
-  return OptionalBool(step, "add_prefix_space", true, where) ? PrependScheme::kAlways
-                                                             : PrependScheme::kNever;
+  return OptionalBool(step, "add_prefix_space", true, where) ? PrependScheme::kAlways : PrependScheme::kNever;
 }
 
 std::string ParseReplacement(const Json& step, const std::string& where) {
@@ -124,8 +120,7 @@ std::string ParseReplacement(const Json& step, const std::string& where) {
   return value->get<std::string>();
 }
 
-void ParsePreTokenizer(const Json& p, const std::string& where,
-                       std::vector<PreTokenizerStep>* out) {
+void ParsePreTokenizer(const Json& p, const std::string& where, std::vector<PreTokenizerStep>* out) {
   const std::string type = TypeOf(p, where);
   if (ExpandSequence(p, type, "pretokenizers", where, &ParsePreTokenizer, out)) return;
   PreTokenizerStep step;
@@ -171,8 +166,8 @@ void ApplyPreTokenizer(const PreTokenizerStep& step, std::vector<Piece>* pieces)
         if (step.add_prefix_space && !piece.text.starts_with(' ')) piece.text.insert(0, " ");
         std::vector<Piece> split;
         if (step.use_regex) {
-          SplitPiece(piece, FindPretokenizerMatches(piece.text, PretokenizerRegex::kGpt2),
-                     SplitBehavior::kIsolated, false, &split);
+          SplitPiece(piece, FindPretokenizerMatches(piece.text, PretokenizerRegex::kGpt2), SplitBehavior::kIsolated,
+                     false, &split);
         } else {
           split.push_back(std::move(piece));
         }
@@ -185,8 +180,7 @@ void ApplyPreTokenizer(const PreTokenizerStep& step, std::vector<Piece>* pieces)
         break;
       }
       case PreTokenizerStep::Kind::kSplitRegex:
-        SplitPiece(piece, FindPretokenizerMatches(piece.text, step.regex), step.behavior,
-                   step.invert, &out);
+        SplitPiece(piece, FindPretokenizerMatches(piece.text, step.regex), step.behavior, step.invert, &out);
         break;
       case PreTokenizerStep::Kind::kSplitString:
         SplitPiece(piece, FindLiteral(piece.text, step.pattern), step.behavior, step.invert, &out);
@@ -199,8 +193,7 @@ void ApplyPreTokenizer(const PreTokenizerStep& step, std::vector<Piece>* pieces)
           piece.text.insert(0, step.replacement);
         }
         if (step.split) {
-          SplitPiece(piece, FindLiteral(piece.text, step.replacement),
-                     SplitBehavior::kMergedWithNext, false, &out);
+          SplitPiece(piece, FindLiteral(piece.text, step.replacement), SplitBehavior::kMergedWithNext, false, &out);
         } else if (!piece.text.empty()) {
           out.push_back(std::move(piece));
         }
@@ -216,9 +209,8 @@ void ApplyPreTokenizer(const PreTokenizerStep& step, std::vector<Piece>* pieces)
           if (c.valid && IsUnicodeNumber(c.code_point)) digits.emplace_back(pos, pos + c.length);
           pos += c.length;
         }
-        SplitPiece(piece, digits,
-                   step.individual_digits ? SplitBehavior::kIsolated : SplitBehavior::kContiguous,
-                   false, &out);
+        SplitPiece(piece, digits, step.individual_digits ? SplitBehavior::kIsolated : SplitBehavior::kContiguous, false,
+                   &out);
         break;
       }
     }

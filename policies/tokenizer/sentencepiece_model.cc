@@ -28,24 +28,21 @@ absl::Status Invalid(const std::string& source, const std::string& what) {
 
 }  // namespace
 
-SentencePieceTokenizer::SentencePieceTokenizer(SentencePieceModelProto proto)
-    : proto_(std::move(proto)) {
+SentencePieceTokenizer::SentencePieceTokenizer(SentencePieceModelProto proto) : proto_(std::move(proto)) {
   set_add_bos(true);
 }
 
 SentencePieceTokenizer::~SentencePieceTokenizer() = default;
 
-absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> SentencePieceTokenizer::FromFile(
-    const std::string& path) {
+absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> SentencePieceTokenizer::FromFile(const std::string& path) {
   STRATA_ASSIGN_OR_RETURN(auto bytes, ReadFileToString(path));
   STRATA_ASSIGN_OR_RETURN(auto proto, ParseSentencePieceModelProto(bytes, path));
   return FromProto(std::move(proto), path);
 }
 
-absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> SentencePieceTokenizer::FromProto(
-    SentencePieceModelProto proto, const std::string& source) {
-  auto tokenizer =
-      std::unique_ptr<SentencePieceTokenizer>(new SentencePieceTokenizer(std::move(proto)));
+absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> SentencePieceTokenizer::FromProto(SentencePieceModelProto proto,
+                                                                                          const std::string& source) {
+  auto tokenizer = std::unique_ptr<SentencePieceTokenizer>(new SentencePieceTokenizer(std::move(proto)));
   STRATA_RETURN_IF_ERROR(tokenizer->Init(source));
   return tokenizer;
 }
@@ -82,8 +79,7 @@ absl::Status SentencePieceTokenizer::Init(const std::string& source) {
     }
     if (p.type == PieceType::kByte) {
       if (!proto_.byte_fallback) {
-        return Invalid(source,
-                       absl::StrCat("byte piece ", p.piece, " found but byte_fallback is off"));
+        return Invalid(source, absl::StrCat("byte piece ", p.piece, " found but byte_fallback is off"));
       }
       const int byte = internal::BytePieceValue(p.piece);
       if (byte < 0) return Invalid(source, absl::StrCat("invalid byte piece ", p.piece));
@@ -98,13 +94,11 @@ absl::Status SentencePieceTokenizer::Init(const std::string& source) {
   if (min_score_ == std::numeric_limits<float>::max()) min_score_ = 0.0f;
   if (max_score_ == std::numeric_limits<float>::min()) max_score_ = 0.0f;
   if (unk_id_ < 0) return Invalid(source, "the model has no unknown piece");
-  if (proto_.byte_fallback &&
-      std::find(byte_ids_.begin(), byte_ids_.end(), -1) != byte_ids_.end()) {
+  if (proto_.byte_fallback && std::find(byte_ids_.begin(), byte_ids_.end(), -1) != byte_ids_.end()) {
     return Invalid(source, "byte_fallback is on but not all 256 byte pieces exist");
   }
   if (!proto_.precompiled_charsmap.empty()) {
-    absl::StatusOr<std::unique_ptr<CharsMap>> map =
-        CharsMap::Create(proto_.precompiled_charsmap, source);
+    absl::StatusOr<std::unique_ptr<CharsMap>> map = CharsMap::Create(proto_.precompiled_charsmap, source);
     if (!map.ok()) return map.status();
     charsmap_ = *std::move(map);
   }
@@ -137,9 +131,7 @@ bool SentencePieceTokenizer::IsType(int32_t id, PieceType type) const {
          proto_.pieces[static_cast<size_t>(id)].type == type;
 }
 
-int32_t SentencePieceTokenizer::vocab_size() const {
-  return static_cast<int32_t>(proto_.pieces.size());
-}
+int32_t SentencePieceTokenizer::vocab_size() const { return static_cast<int32_t>(proto_.pieces.size()); }
 
 int32_t SentencePieceTokenizer::PieceToId(const std::string& piece) const {
   if (const auto it = reserved_pieces_.find(piece); it != reserved_pieces_.end()) {
@@ -172,8 +164,7 @@ size_t SentencePieceTokenizer::MatchUserDefined(std::string_view text) const {
   return longest;
 }
 
-std::pair<std::string_view, size_t> SentencePieceTokenizer::NormalizePrefix(
-    std::string_view input) const {
+std::pair<std::string_view, size_t> SentencePieceTokenizer::NormalizePrefix(std::string_view input) const {
   if (input.empty()) return {std::string_view(), 0};
   // User-defined symbols pass through unnormalized so they stay matchable.
   if (const size_t n = MatchUserDefined(input); n > 0) return {input.substr(0, n), n};
@@ -223,8 +214,7 @@ std::string SentencePieceTokenizer::Normalize(std::string_view input) const {
     if (!remove_extra) is_prev_space = false;
   }
   if (remove_extra) {
-    while (out.size() >= space.size() && out.ends_with(space))
-      out.resize(out.size() - space.size());
+    while (out.size() >= space.size() && out.ends_with(space)) out.resize(out.size() - space.size());
   }
   if (suffix && proto_.add_dummy_prefix) out.append(space);
   return out;

@@ -73,8 +73,7 @@ struct SentencePieceModelProto {
 // (bad varints, lengths past the end, wrong wire types for known fields,
 // unknown enum values). Does not check the vocabulary; see
 // SentencePieceTokenizer::FromProto.
-absl::StatusOr<SentencePieceModelProto> ParseSentencePieceModelProto(std::string_view bytes,
-                                                                     const std::string& source);
+absl::StatusOr<SentencePieceModelProto> ParseSentencePieceModelProto(std::string_view bytes, const std::string& source);
 
 class SentencePieceTokenizer final : public Tokenizer {
  public:
@@ -84,8 +83,8 @@ class SentencePieceTokenizer final : public Tokenizer {
   // Validates the vocabulary the way sentencepiece does (non-empty unique
   // pieces, exactly one <unk>, all 256 byte pieces iff byte_fallback, a valid
   // charsmap); errors name `source`. add_bos() starts true.
-  static absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> FromProto(
-      SentencePieceModelProto proto, const std::string& source);
+  static absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> FromProto(SentencePieceModelProto proto,
+                                                                           const std::string& source);
 
   ~SentencePieceTokenizer() override;
 

@@ -17,14 +17,7 @@ using ModelType = SentencePieceModelProto::ModelType;
 // Protobuf wire format. Only what ModelProto needs: varints, 32/64-bit fixed,
 // length-delimited fields, and skipping groups of unknown fields.
 
-enum WireType : int {
-  kVarint = 0,
-  kFixed64 = 1,
-  kLengthDelimited = 2,
-  kStartGroup = 3,
-  kEndGroup = 4,
-  kFixed32 = 5
-};
+enum WireType : int { kVarint = 0, kFixed64 = 1, kLengthDelimited = 2, kStartGroup = 3, kEndGroup = 4, kFixed32 = 5 };
 
 class WireReader {
  public:
@@ -133,8 +126,7 @@ class MessageParser {
 
   bool Expect(uint32_t field, int wire_type, int expected) {
     if (wire_type == expected) return true;
-    return r_->Fail(
-        absl::StrCat("field ", field, " has wire type ", wire_type, ", expected ", expected));
+    return r_->Fail(absl::StrCat("field ", field, " has wire type ", wire_type, ", expected ", expected));
   }
   bool Varint(uint32_t field, int wire_type, uint64_t* value) {
     return Expect(field, wire_type, kVarint) && r_->ReadVarint(value);
@@ -190,8 +182,7 @@ bool ParseFields(std::string_view bytes, size_t base, std::string* error, OnFiel
   return error->empty();
 }
 
-bool ParsePiece(std::string_view bytes, size_t base, SentencePieceModelProto::Piece* piece,
-                std::string* error) {
+bool ParsePiece(std::string_view bytes, size_t base, SentencePieceModelProto::Piece* piece, std::string* error) {
   return ParseFields(bytes, base, error, [piece](WireReader& r, MessageParser& p, uint32_t field, int wt) {
     switch (field) {
       case 1:
@@ -211,8 +202,7 @@ bool ParsePiece(std::string_view bytes, size_t base, SentencePieceModelProto::Pi
   });
 }
 
-bool ParseTrainerSpec(std::string_view bytes, size_t base, SentencePieceModelProto* m,
-                      std::string* error) {
+bool ParseTrainerSpec(std::string_view bytes, size_t base, SentencePieceModelProto* m, std::string* error) {
   return ParseFields(bytes, base, error, [m](WireReader& r, MessageParser& p, uint32_t field, int wt) {
     switch (field) {
       case 3: {
@@ -250,8 +240,7 @@ bool ParseTrainerSpec(std::string_view bytes, size_t base, SentencePieceModelPro
   });
 }
 
-bool ParseNormalizerSpec(std::string_view bytes, size_t base, SentencePieceModelProto* m,
-                         std::string* error) {
+bool ParseNormalizerSpec(std::string_view bytes, size_t base, SentencePieceModelProto* m, std::string* error) {
   return ParseFields(bytes, base, error, [m](WireReader& r, MessageParser& p, uint32_t field, int wt) {
     switch (field) {
       case 1:
@@ -305,8 +294,7 @@ absl::StatusOr<SentencePieceModelProto> ParseSentencePieceModelProto(std::string
   }
   if (error.empty()) error = r.error();
   if (!error.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": not a valid SentencePiece model: ", error));
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not a valid SentencePiece model: ", error));
   }
   return model;
 }

@@ -25,8 +25,7 @@ constexpr float kUnkPenalty = 10.0f;
 
 }  // namespace
 
-std::vector<SentencePieceTokenizer::Result> SentencePieceTokenizer::EncodeBpe(
-    std::string_view normalized) const {
+std::vector<SentencePieceTokenizer::Result> SentencePieceTokenizer::EncodeBpe(std::string_view normalized) const {
   // sentencepiece's BPE: start from characters (user-defined symbols are
   // single frozen symbols) and repeatedly merge the adjacent pair whose
   // concatenation is the highest-scoring piece, leftmost on ties.
@@ -54,8 +53,7 @@ std::vector<SentencePieceTokenizer::Result> SentencePieceTokenizer::EncodeBpe(
     size_t length = MatchUserDefined(normalized.substr(pos));
     const bool freeze = length > 0;
     if (!freeze) {
-      length = std::min(Utf8LengthFromLeadByte(static_cast<uint8_t>(normalized[pos])),
-                        normalized.size() - pos);
+      length = std::min(Utf8LengthFromLeadByte(static_cast<uint8_t>(normalized[pos])), normalized.size() - pos);
     }
     const int index = static_cast<int>(symbols.size());
     symbols.push_back({index - 1, -1, freeze, pos, length});
@@ -71,8 +69,8 @@ std::vector<SentencePieceTokenizer::Result> SentencePieceTokenizer::EncodeBpe(
   auto piece_of = [&](const Symbol& s) { return normalized.substr(s.begin, s.length); };
   auto maybe_add = [&](int left, int right) {
     if (left < 0 || right < 0 || symbols[left].freeze || symbols[right].freeze) return;
-    const std::string_view merged =
-        normalized.substr(symbols[left].begin, symbols[left].length + symbols[right].length);
+    const std::string_view merged = normalized.substr(symbols[left].begin,
+                                                      symbols[left].length + symbols[right].length);
     const int32_t id = LookupNormal(merged);
     if (id < 0) return;
     agenda.push({left, right, proto_.pieces[static_cast<size_t>(id)].score, merged.size()});
@@ -116,8 +114,7 @@ std::vector<SentencePieceTokenizer::Result> SentencePieceTokenizer::EncodeBpe(
   return results;
 }
 
-std::vector<SentencePieceTokenizer::Result> SentencePieceTokenizer::EncodeUnigram(
-    std::string_view normalized) const {
+std::vector<SentencePieceTokenizer::Result> SentencePieceTokenizer::EncodeUnigram(std::string_view normalized) const {
   // Viterbi over the lattice of all pieces, computed on the fly as in
   // sentencepiece's optimized unigram encoder: best_ends_at[i] is the best
   // path covering normalized[0, i). Score arithmetic mirrors sentencepiece's
@@ -134,8 +131,8 @@ std::vector<SentencePieceTokenizer::Result> SentencePieceTokenizer::EncodeUnigra
   while (starts_at < size) {
     const float score_till_here = best[starts_at].score;
     bool has_single_node = false;
-    const size_t char_length = std::min(
-        Utf8LengthFromLeadByte(static_cast<uint8_t>(normalized[starts_at])), size - starts_at);
+    const size_t char_length = std::min(Utf8LengthFromLeadByte(static_cast<uint8_t>(normalized[starts_at])),
+                                        size - starts_at);
     normal_trie_->ForEachPrefix(normalized.substr(starts_at), [&](size_t length, int32_t id) {
       const auto& piece = proto_.pieces[static_cast<size_t>(id)];
       if (piece.type == PieceType::kUnused) return;
@@ -173,8 +170,7 @@ std::vector<SentencePieceTokenizer::Result> SentencePieceTokenizer::EncodeUnigra
   return results;
 }
 
-std::vector<SentencePieceTokenizer::Result> SentencePieceTokenizer::EncodeWord(
-    std::string_view normalized) const {
+std::vector<SentencePieceTokenizer::Result> SentencePieceTokenizer::EncodeWord(std::string_view normalized) const {
   // Words start at each U+2581 (or end after it with the suffix convention).
   std::vector<Result> results;
   const bool suffix = proto_.treat_whitespace_as_suffix;
@@ -198,14 +194,12 @@ std::vector<SentencePieceTokenizer::Result> SentencePieceTokenizer::EncodeWord(
   return results;
 }
 
-std::vector<SentencePieceTokenizer::Result> SentencePieceTokenizer::EncodeChar(
-    std::string_view normalized) const {
+std::vector<SentencePieceTokenizer::Result> SentencePieceTokenizer::EncodeChar(std::string_view normalized) const {
   std::vector<Result> results;
   for (size_t pos = 0; pos < normalized.size();) {
     size_t length = MatchUserDefined(normalized.substr(pos));
     if (length == 0) {
-      length = std::min(Utf8LengthFromLeadByte(static_cast<uint8_t>(normalized[pos])),
-                        normalized.size() - pos);
+      length = std::min(Utf8LengthFromLeadByte(static_cast<uint8_t>(normalized[pos])), normalized.size() - pos);
     }
     const std::string_view piece = normalized.substr(pos, length);
     results.push_back({piece, LookupOrUnk(piece)});

@@ -6,16 +6,15 @@
 
 namespace strata::policies {
 
-absl::StatusOr<std::unique_ptr<SentencePieceTokenizer::CharsMap>>
-SentencePieceTokenizer::CharsMap::Create(std::string_view blob, const std::string& source) {
+absl::StatusOr<std::unique_ptr<SentencePieceTokenizer::CharsMap>> SentencePieceTokenizer::CharsMap::Create(
+    std::string_view blob, const std::string& source) {
   if (blob.size() <= 4) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": precompiled_charsmap is truncated"));
   }
   uint32_t trie_bytes = 0;
   for (int i = 3; i >= 0; --i) trie_bytes = (trie_bytes << 8) | static_cast<uint8_t>(blob[i]);
   if (trie_bytes >= blob.size() || trie_bytes < 4 || blob.size() - 4 < trie_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": precompiled_charsmap has an invalid trie size"));
+    return absl::InvalidArgumentError(absl::StrCat(source, ": precompiled_charsmap has an invalid trie size"));
   }
   auto map = std::unique_ptr<CharsMap>(new CharsMap);
   map->units_.resize(trie_bytes / 4);
@@ -29,8 +28,7 @@ SentencePieceTokenizer::CharsMap::Create(std::string_view blob, const std::strin
   return map;
 }
 
-std::pair<std::string_view, size_t> SentencePieceTokenizer::CharsMap::LongestMatch(
-    std::string_view input) const {
+std::pair<std::string_view, size_t> SentencePieceTokenizer::CharsMap::LongestMatch(std::string_view input) const {
   size_t best_length = 0;
   uint32_t best_value = 0;
   size_t id = Offset(units_[0]);

@@ -26,8 +26,7 @@ class SentencePieceTokenizer::CharsMap {
  public:
   // INVALID_ARGUMENT naming `source` when the blob is too short for its
   // declared trie size.
-  static absl::StatusOr<std::unique_ptr<CharsMap>> Create(std::string_view blob,
-                                                          const std::string& source);
+  static absl::StatusOr<std::unique_ptr<CharsMap>> Create(std::string_view blob, const std::string& source);
 
   // The replacement of the longest rule matching a prefix of `input` and the
   // bytes it consumes; {"", 0} when no rule matches.

@@ -13,8 +13,7 @@ namespace {
 
 using Json = nlohmann::json;
 
-absl::Status FieldError(const std::string& path, const std::string& field,
-                        const std::string& what) {
+absl::Status FieldError(const std::string& path, const std::string& field, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(path, ": field \"", field, "\" ", what));
 }
 
@@ -48,14 +47,12 @@ absl::Status ReadOptionalToken(const Json& root, const std::string& field, const
 }
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 }  // namespace
 
-absl::StatusOr<TokenizerConfig> ParseTokenizerConfig(const std::string& json_text,
-                                                     const std::string& path) {
+absl::StatusOr<TokenizerConfig> ParseTokenizerConfig(const std::string& json_text, const std::string& path) {
   const Json root = Json::parse(json_text, /*cb=*/nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(path, ": invalid JSON"));
   if (!root.is_object()) {
@@ -93,8 +90,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& pa
       }
     }
     if (tokenizer_path.empty()) {
-      return absl::NotFoundError(
-          absl::StrCat(path, ": no tokenizer.json or tokenizer.model in this directory"));
+      return absl::NotFoundError(absl::StrCat(path, ": no tokenizer.json or tokenizer.model in this directory"));
     }
   } else if (IsRegularFile(path)) {
     tokenizer_path = path;
@@ -106,8 +102,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& pa
   if (EndsWith(tokenizer_path, ".json")) {
     STRATA_ASSIGN_OR_RETURN(tokenizer, HfBpeTokenizer::FromFile(tokenizer_path));
   } else {
-    absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> sp =
-        SentencePieceTokenizer::FromFile(tokenizer_path);
+    absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> sp = SentencePieceTokenizer::FromFile(tokenizer_path);
     if (!sp.ok()) return sp.status();
     tokenizer = *std::move(sp);
   }

@@ -37,8 +37,7 @@ struct TokenizerConfig {
 
 // Parses the text of a tokenizer_config.json. INVALID_ARGUMENT naming `path`
 // (and the field) when the JSON is malformed or a used field has the wrong type.
-absl::StatusOr<TokenizerConfig> ParseTokenizerConfig(const std::string& json_text,
-                                                     const std::string& path);
+absl::StatusOr<TokenizerConfig> ParseTokenizerConfig(const std::string& json_text, const std::string& path);
 
 class Tokenizer {
  public:

@@ -217,8 +217,8 @@ constexpr CodepointRange kNumberRanges[] = {
 
 bool InRanges(const CodepointRange* begin, const CodepointRange* end, char32_t cp) {
   // First range whose last code point is >= cp; cp is inside if it starts <= cp.
-  const CodepointRange* it = std::lower_bound(
-      begin, end, cp, [](const CodepointRange& r, char32_t value) { return r.last < value; });
+  const CodepointRange* it = std::lower_bound(begin, end, cp,
+                                              [](const CodepointRange& r, char32_t value) { return r.last < value; });
   return it != end && it->first <= cp;
 }
 
@@ -312,8 +312,8 @@ size_t MatchGpt2At(const std::vector<ClassifiedChar>& c, size_t i) {
 size_t MatchLlama3At(const std::vector<ClassifiedChar>& c, size_t i, size_t max_digits) {
   if (const size_t n = MatchContraction(c, i, /*ignore_case=*/true); n > 0) return i + n;
   // [^\r\n\p{L}\p{N}]?\p{L}+
-  if (c[i].cls != CharClass::kLetter && c[i].cls != CharClass::kNumber && !IsCrLf(c[i]) &&
-      i + 1 < c.size() && c[i + 1].cls == CharClass::kLetter) {
+  if (c[i].cls != CharClass::kLetter && c[i].cls != CharClass::kNumber && !IsCrLf(c[i]) && i + 1 < c.size() &&
+      c[i + 1].cls == CharClass::kLetter) {
     return RunEnd(c, i + 1, CharClass::kLetter);
   }
   if (c[i].cls == CharClass::kLetter) return RunEnd(c, i, CharClass::kLetter);
@@ -349,14 +349,12 @@ Utf8Char DecodeUtf8Char(std::string_view text) {
   if ((b0 & 0xE0) == 0xC0 && text.size() >= 2 && IsTrailByte(byte(1))) {
     const char32_t cp = ((b0 & 0x1F) << 6) | (byte(1) & 0x3F);
     if (cp >= 0x80) return {cp, 2, true};
-  } else if ((b0 & 0xF0) == 0xE0 && text.size() >= 3 && IsTrailByte(byte(1)) &&
-             IsTrailByte(byte(2))) {
+  } else if ((b0 & 0xF0) == 0xE0 && text.size() >= 3 && IsTrailByte(byte(1)) && IsTrailByte(byte(2))) {
     const char32_t cp = ((b0 & 0x0F) << 12) | ((byte(1) & 0x3F) << 6) | (byte(2) & 0x3F);
     if (cp >= 0x800 && IsScalarValue(cp)) return {cp, 3, true};
-  } else if ((b0 & 0xF8) == 0xF0 && text.size() >= 4 && IsTrailByte(byte(1)) &&
-             IsTrailByte(byte(2)) && IsTrailByte(byte(3))) {
-    const char32_t cp =
-        ((b0 & 0x07) << 18) | ((byte(1) & 0x3F) << 12) | ((byte(2) & 0x3F) << 6) | (byte(3) & 0x3F);
+  } else if ((b0 & 0xF8) == 0xF0 && text.size() >= 4 && IsTrailByte(byte(1)) && IsTrailByte(byte(2)) &&
+             IsTrailByte(byte(3))) {
+    const char32_t cp = ((b0 & 0x07) << 18) | ((byte(1) & 0x3F) << 12) | ((byte(2) & 0x3F) << 6) | (byte(3) & 0x3F);
     if (cp >= 0x10000 && IsScalarValue(cp)) return {cp, 4, true};
   }
   return invalid;
@@ -491,8 +489,7 @@ bool RecognizePretokenizerRegex(std::string_view pattern, PretokenizerRegex* kin
   return true;
 }
 
-std::vector<std::pair<size_t, size_t>> FindPretokenizerMatches(std::string_view text,
-                                                               PretokenizerRegex kind) {
+std::vector<std::pair<size_t, size_t>> FindPretokenizerMatches(std::string_view text, PretokenizerRegex kind) {
   const std::vector<ClassifiedChar> chars = ClassifyText(text);
   std::vector<std::pair<size_t, size_t>> matches;
   size_t i = 0;
@@ -526,16 +523,16 @@ std::vector<std::pair<size_t, size_t>> FindPretokenizerMatches(std::string_view 
 namespace {
 
 std::string TransformValidUtf8(std::string_view run, UnicodeForm form) {
-  icu::UnicodeString text = icu::UnicodeString::fromUTF8(icu::StringPiece(run.data(), static_cast<int32_t>(run.size())));
+  icu::UnicodeString text = icu::UnicodeString::fromUTF8(
+      icu::StringPiece(run.data(), static_cast<int32_t>(run.size())));
   if (form == UnicodeForm::kLowercase) {
     text.toLower(icu::Locale::getRoot());
   } else {
     UErrorCode error = U_ZERO_ERROR;
-    const icu::Normalizer2* normalizer =
-        form == UnicodeForm::kNfc    ? icu::Normalizer2::getNFCInstance(error)
-        : form == UnicodeForm::kNfd  ? icu::Normalizer2::getNFDInstance(error)
-        : form == UnicodeForm::kNfkc ? icu::Normalizer2::getNFKCInstance(error)
-                                     : icu::Normalizer2::getNFKDInstance(error);
+    const icu::Normalizer2* normalizer = form == UnicodeForm::kNfc    ? icu::Normalizer2::getNFCInstance(error)
+                                         : form == UnicodeForm::kNfd  ? icu::Normalizer2::getNFDInstance(error)
+                                         : form == UnicodeForm::kNfkc ? icu::Normalizer2::getNFKCInstance(error)
+                                                                      : icu::Normalizer2::getNFKDInstance(error);
     if (U_FAILURE(error)) return std::string(run);  // ICU's data is missing: leave the text as it is
     text = normalizer->normalize(text, error);
     if (U_FAILURE(error)) return std::string(run);

@@ -73,8 +73,7 @@ bool RecognizePretokenizerRegex(std::string_view pattern, PretokenizerRegex* kin
 // regex in `text`, leftmost first, with the backtracking semantics of the
 // Oniguruma engine Hugging Face uses. Bytes that are not valid UTF-8 are
 // treated as single characters of the "other" class.
-std::vector<std::pair<size_t, size_t>> FindPretokenizerMatches(std::string_view text,
-                                                               PretokenizerRegex kind);
+std::vector<std::pair<size_t, size_t>> FindPretokenizerMatches(std::string_view text, PretokenizerRegex kind);
 
 }  // namespace strata::policies
 

@@ -62,8 +62,7 @@ absl::Status LayerwiseTrainerImpl::LoadState(const std::vector<std::string>& pat
     size_t which = 0;
     while (which < files.size() && files[which]->Find(p.name + kStateSuffixes[0]) == nullptr) ++which;
     if (which == files.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(absl::StrJoin(paths, ", "),
-                                                     ": no optimizer state for ", p.name));
+      return absl::InvalidArgumentError(absl::StrCat(absl::StrJoin(paths, ", "), ": no optimizer state for ", p.name));
     }
     const SafetensorsFile* file = files[which].get();
     const std::string& path = paths[which];

@@ -26,9 +26,15 @@ absl::Status LayerwiseTrainerImpl::OptimizerStep() {
   const std::vector<ParamState*> params = HeldParams(/*layers=*/!options_.step_in_backward);
   absl::Status status;
   switch (options_.optimizer) {
-    case offload::Tier::kHost: status = HostStep(params); break;
-    case offload::Tier::kNvme: status = NvmeStep(params); break;
-    case offload::Tier::kDevice: status = DeviceStep(); break;
+    case offload::Tier::kHost:
+      status = HostStep(params);
+      break;
+    case offload::Tier::kNvme:
+      status = NvmeStep(params);
+      break;
+    case offload::Tier::kDevice:
+      status = DeviceStep();
+      break;
   }
   if (!status.ok()) return status;
   for (ParamState& p : params_) {

@@ -73,8 +73,8 @@ absl::StatusOr<std::unique_ptr<LayerwiseTrainer>> LayerwiseTrainer::Create(const
                                                                            const LayerwiseTrainerOptions& options,
                                                                            offload::NvmeStore* nvme) {
   if (source->num_layers() != config.num_hidden_layers) {
-    return absl::InvalidArgumentError(absl::StrCat("layer source has ", source->num_layers(), " layers, config has ",
-                                                   config.num_hidden_layers));
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer source has ", source->num_layers(), " layers, config has ", config.num_hidden_layers));
   }
   offload::ModelPlacement placement;  // validates the optimizer / gradient pair
   placement.weights = offload::Tier::kDevice;

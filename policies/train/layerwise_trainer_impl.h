@@ -43,7 +43,7 @@ double SquaredNorm(const float* x, int64_t n);
 class LayerwiseTrainerImpl final : public LayerwiseTrainer {
  public:
   LayerwiseTrainerImpl(const LlamaConfig& config, LlamaHead head, LlamaWeights resident, LayerSource* source,
-                   offload::HostArena* arena, const LayerwiseTrainerOptions& options);
+                       offload::HostArena* arena, const LayerwiseTrainerOptions& options);
   ~LayerwiseTrainerImpl() override;
   absl::StatusOr<double> ForwardBackward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
                                          const LossFn& loss_fn, bool sum_over_gang) override;
@@ -112,9 +112,7 @@ class LayerwiseTrainerImpl final : public LayerwiseTrainer {
   // the gradient-byte counters.
   absl::Status AllocateGrad(ParamState& p);
   void ReleaseGrad(ParamState& p);
-  bool data_parallel() const {
-    return options_.data_parallel != nullptr && options_.data_parallel->world_size() > 1;
-  }
+  bool data_parallel() const { return options_.data_parallel != nullptr && options_.data_parallel->world_size() > 1; }
   absl::Status AllocateState(ParamState& state, const at::Tensor& value);
   // The host bytes the optimizer may write p's new weights into, or empty.
   std::span<std::byte> WriteTarget(const ParamState& p);
@@ -154,10 +152,10 @@ class LayerwiseTrainerImpl final : public LayerwiseTrainer {
   // sums (they go back to the arena once it is done).
   std::deque<std::vector<ParamState*>> summing_;
   int64_t grad_bytes_ = 0, grad_bytes_peak_ = 0;  // host gradient buffers, now and at most
-  bool summed_since_step_ = false;        // data parallel: gradients already summed
-  bool sum_this_pass_ = true;             // this ForwardBackward sums over the gang
-  int64_t passes_since_step_ = 0;         // ForwardBackward calls since OptimizerStep
-  double layer_squares_ = 0.0;            // step_in_backward: the layers' gradient sum of squares
+  bool summed_since_step_ = false;                // data parallel: gradients already summed
+  bool sum_this_pass_ = true;                     // this ForwardBackward sums over the gang
+  int64_t passes_since_step_ = 0;                 // ForwardBackward calls since OptimizerStep
+  double layer_squares_ = 0.0;                    // step_in_backward: the layers' gradient sum of squares
   double last_grad_norm_ = 0.0;
   std::vector<ParamState> params_;
   std::vector<std::vector<size_t>> layer_params_;  // params_ index per layer tensor

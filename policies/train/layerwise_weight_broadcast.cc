@@ -37,7 +37,8 @@ absl::Status LayerwiseTrainerImpl::BroadcastUpdatedWeights(
 }
 
 absl::Status LayerwiseTrainerImpl::BroadcastPart(const std::vector<const ParamState*>& part, at::ScalarType dtype,
-                                                 int owner, const std::function<at::Tensor(const ParamState&)>& updated) {
+                                                 int owner,
+                                                 const std::function<at::Tensor(const ParamState&)>& updated) {
   int64_t numel = 0;
   for (const ParamState* p : part) numel += p->numel;
   auto buffer = arena_->Allocate(static_cast<size_t>(numel) * c10::elementSize(dtype));

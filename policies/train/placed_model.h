@@ -10,21 +10,21 @@
 
 #include "absl/status/statusor.h"
 #include "offload/host/host_arena.h"
-#include "offload/stream/layer_streamer.h"
 #include "offload/nvme/nvme_store.h"
+#include "offload/stream/layer_streamer.h"
 #include "offload/tiers/placement.h"
 #include "policies/model/layer_source.h"
-#include "policies/train/layerwise_trainer.h"
 #include "policies/model/llama.h"
+#include "policies/train/layerwise_trainer.h"
 
 namespace strata::policies {
 
 // Memory shared by every model of a worker; each must outlive the models.
 struct OffloadContext {
-  offload::HostArena* arena = nullptr;       // host homes, optimizer states, staging
-  offload::NvmeStore* nvme = nullptr;        // required by nvme placements
+  offload::HostArena* arena = nullptr;            // host homes, optimizer states, staging
+  offload::NvmeStore* nvme = nullptr;             // required by nvme placements
   offload::TierAccountant* accountant = nullptr;  // optional: home bytes per tier
-  size_t device_budget_bytes = 0;            // 0: unlimited
+  size_t device_budget_bytes = 0;                 // 0: unlimited
   // Where the model computes: the CPU, or cuda:N in a CUDA build (the arena
   // should then be pinned). Inputs must be on it; outputs are.
   at::Device device = at::kCPU;

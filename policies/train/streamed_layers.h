@@ -26,9 +26,7 @@ class StreamedLayerSource final : public LayerSource {
   absl::Status Store(int64_t layer, size_t index, const at::Tensor& value) override {
     return streamer_->StoreTensor(layer, index, value);
   }
-  std::span<std::byte> WritableHome(int64_t layer, size_t index) override {
-    return streamer_->HostHome(layer, index);
-  }
+  std::span<std::byte> WritableHome(int64_t layer, size_t index) override { return streamer_->HostHome(layer, index); }
 
  private:
   offload::LayerStreamer* streamer_;

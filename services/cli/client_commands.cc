@@ -5,8 +5,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
-#include <thread>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -160,8 +160,9 @@ absl::StatusOr<std::string> RunWatch(const ClientOptions& options, const std::st
       last_event = event.id();
       json j = json::parse(event.json(), nullptr, false);
       if (event.type() == "state") {
-        if (progress) std::fprintf(progress, "%s%s %s\n", tty ? "\r\033[K" : "", job_id.c_str(),
-                                   v1::JobState_Name(event.state()).c_str());
+        if (progress)
+          std::fprintf(progress, "%s%s %s\n", tty ? "\r\033[K" : "", job_id.c_str(),
+                       v1::JobState_Name(event.state()).c_str());
         if (event.state() >= v1::SUCCEEDED) final_state = event.state();
       } else if (event.type() == "metrics" && progress && j.is_object()) {
         std::string line = absl::StrFormat("iteration %d", j.value("iteration", int64_t{0}) + 1);

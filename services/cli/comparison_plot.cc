@@ -180,8 +180,8 @@ absl::Status WriteComparisonPlot(const std::vector<RunCurves>& runs, const std::
           : cairo_image_surface_create(CAIRO_FORMAT_RGB24, static_cast<int>(kWidth), static_cast<int>(kHeight)),
       cairo_surface_destroy);
   if (cairo_surface_status(surface.get()) != CAIRO_STATUS_SUCCESS) {
-    return absl::UnavailableError(
-        absl::StrCat("--plot: cannot create ", path, ": ", cairo_status_to_string(cairo_surface_status(surface.get()))));
+    return absl::UnavailableError(absl::StrCat("--plot: cannot create ", path, ": ",
+                                               cairo_status_to_string(cairo_surface_status(surface.get()))));
   }
   std::unique_ptr<cairo_t, decltype(&cairo_destroy)> context(cairo_create(surface.get()), cairo_destroy);
   cairo_t* cr = context.get();

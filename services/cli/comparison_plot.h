@@ -15,7 +15,7 @@
 namespace strata::services {
 
 struct RunCurves {
-  std::string name;  // the run directory's last component
+  std::string name;                                   // the run directory's last component
   std::vector<std::pair<double, double>> eval_score;  // (iteration, score)
   std::vector<std::pair<double, double>> kl;          // (iteration, objective/kl)
   std::map<std::string, double> phase_seconds;        // "rollout" -> mean s per iteration

@@ -14,10 +14,10 @@
 #include "base/log.h"
 #include "base/status_macros.h"
 #include "bench/adam_bench.h"
-#include "bench/generate_bench.h"
-#include "bench/io_bench.h"
 #include "bench/allreduce_bench.h"
 #include "bench/figures_bench.h"
+#include "bench/generate_bench.h"
+#include "bench/io_bench.h"
 #include "bench/stream_bench.h"
 #include "bench/tokenizer_bench.h"
 #include "bench/transfer_bench.h"
@@ -158,14 +158,14 @@ struct TrainCommands {
     train_cmd->add_option("--out", train.out_dir, "output directory (replaces output.dir)");
     train_cmd->add_option("--metrics", train.metrics_path, "metrics file (JSON lines); default <out>/metrics.jsonl");
     train_cmd->add_flag("--resume", train.resume, "continue from the latest checkpoint");
-    train_cmd->add_flag("--overwrite", train.overwrite,
-                        "start afresh where an earlier run left checkpoints, removing them")
+    train_cmd
+        ->add_flag("--overwrite", train.overwrite, "start afresh where an earlier run left checkpoints, removing them")
         ->excludes("--resume");
-    train_cmd->add_option("--workers", train.workers,
-                          "data-parallel ranks in this process (replaces parallel.workers)")
+    train_cmd->add_option("--workers", train.workers, "data-parallel ranks in this process (replaces parallel.workers)")
         ->check(CLI::PositiveNumber);
-    train_cmd->add_option("--collective-timeout-ms", train.collective_timeout_ms,
-                          "how long the ranks wait in a collective for a slow or stuck rank (at least 1000)")
+    train_cmd
+        ->add_option("--collective-timeout-ms", train.collective_timeout_ms,
+                     "how long the ranks wait in a collective for a slow or stuck rank (at least 1000)")
         ->check(CLI::Range(1000, 24 * 3600 * 1000));
     train_cmd->add_option("--set", train.overrides, "override a spec field: key.path=value (repeatable)");
     train_cmd->callback([&] { run = [&] { return Finish("train", strata::services::RunTrain(train)); }; });
@@ -215,11 +215,13 @@ struct ServerCommands {
     worker->add_option("--allow-path", wk.allow_paths, "another directory job paths may use (repeatable)");
     worker->add_option("--max-host-mib", wk.max_host_mib, "largest memory.host_mib accepted (default 90% of RAM)")
         ->check(CLI::NonNegativeNumber);
-    worker->add_option("--max-rows", wk.max_rows,
-                       "most rows (prompts x responses) an iteration may decode on this worker")
+    worker
+        ->add_option("--max-rows", wk.max_rows,
+                     "most rows (prompts x responses) an iteration may decode on this worker")
         ->check(CLI::PositiveNumber);
-    worker->add_option("--max-tokens", wk.max_tokens,
-                       "most tokens (rows x (prompt + new tokens)) an iteration may hold on this worker")
+    worker
+        ->add_option("--max-tokens", wk.max_tokens,
+                     "most tokens (rows x (prompt + new tokens)) an iteration may hold on this worker")
         ->check(CLI::PositiveNumber);
     worker->add_option("--device-budget-mib", wk.device_budget_mib, "device budget for jobs that name none");
     worker->add_option("--id", wk.worker_id, "worker id (default worker-<listen>)");
@@ -267,7 +269,7 @@ struct ClientCommands {
     submit->callback([&] {
       run = [&] {
         return Finish("submit", strata::services::RunSubmit(client, submit_spec, submit_overrides, submit_request_id,
-                                                                      submit_continue));
+                                                            submit_continue));
       };
     });
     auto* jobs = app.add_subcommand("jobs", "List jobs, newest first");
@@ -424,8 +426,8 @@ struct BenchCommands {
     });
 #endif
 
-    auto* bench_stream =
-        bench->add_subcommand("stream", "Training step with layers streamed from host / NVMe vs resident");
+    auto* bench_stream = bench->add_subcommand("stream",
+                                               "Training step with layers streamed from host / NVMe vs resident");
     bench_stream->add_option("--layers", sb.layers, "decoder layers");
     bench_stream->add_option("--hidden", sb.hidden, "hidden size (multiple of 64)");
     bench_stream->add_option("--vocab", sb.vocab, "vocabulary size");

@@ -32,7 +32,7 @@ absl::StatusOr<std::unique_ptr<policies::Tokenizer>> MaybeLoadTokenizer(const st
 }
 
 absl::StatusOr<std::unique_ptr<policies::LlamaModel>> LoadLanguageModel(const std::string& dir,
-                                                                         const std::string& dtype_name) {
+                                                                        const std::string& dtype_name) {
   auto dtype = policies::ParseModelDType(dtype_name);
   if (!dtype.ok()) return absl::InvalidArgumentError(absl::StrCat("--dtype: ", dtype.status().message()));
   if (!IsDirectory(dir)) return absl::NotFoundError(absl::StrCat("--model: ", dir, " is not a directory"));
@@ -72,8 +72,8 @@ absl::StatusOr<std::string> RunGenerate(const GenerateRequest& request) {
   std::vector<int32_t> prompt_ids;
   if (request.prompt.has_value()) {
     if (tokenizer == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "--prompt needs a tokenizer, but ", request.model_dir, " has no tokenizer.json or tokenizer.model"));
+      return absl::FailedPreconditionError(absl::StrCat("--prompt needs a tokenizer, but ", request.model_dir,
+                                                        " has no tokenizer.json or tokenizer.model"));
     }
     prompt_ids = tokenizer->EncodeForPrompt(*request.prompt);
     if (prompt_ids.empty()) return absl::InvalidArgumentError("--prompt: encodes to no tokens");
@@ -122,9 +122,8 @@ absl::StatusOr<std::string> RunLogProbs(const LogProbsRequest& request) {
     }
   }
   if (static_cast<int64_t>(request.ids.size()) > config.max_position_embeddings) {
-    return absl::InvalidArgumentError(absl::StrCat("--ids: ", request.ids.size(),
-                                                   " tokens exceed max_position_embeddings ",
-                                                   config.max_position_embeddings));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--ids: ", request.ids.size(), " tokens exceed max_position_embeddings ", config.max_position_embeddings));
   }
   c10::NoGradGuard no_grad;
   const at::Tensor ids =
@@ -147,8 +146,8 @@ absl::StatusOr<std::string> RunTokenize(const TokenizeRequest& request) {
   }
   for (int32_t id : *request.decode_ids) {
     if (id >= tokenizer->vocab_size()) {
-      return absl::InvalidArgumentError(absl::StrCat("--decode: token id ", id, " is outside the vocabulary [0, ",
-                                                     tokenizer->vocab_size(), ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--decode: token id ", id, " is outside the vocabulary [0, ", tokenizer->vocab_size(), ")"));
     }
   }
   const std::string text = tokenizer->Decode(*request.decode_ids);

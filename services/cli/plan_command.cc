@@ -32,12 +32,10 @@ json PeakJson(const std::array<int64_t, 3>& peak) {
 json PredictionJson(const JobPrediction& p) {
   json j;
   for (const auto& [role, placement] : p.placement) {
-    j["placement"][role] = {{"weights", offload::TierName(placement.weights)},
-                            {"optimizer", offload::TierName(placement.optimizer)},
-                            {"gradients", offload::TierName(placement.gradients)},
-                            {"prefetch", placement.prefetch_depth},
-                            {"step_in_backward", placement.step_in_backward},
-                            {"trainable", Trained(p, role)}};
+    j["placement"][role] = {
+        {"weights", offload::TierName(placement.weights)},     {"optimizer", offload::TierName(placement.optimizer)},
+        {"gradients", offload::TierName(placement.gradients)}, {"prefetch", placement.prefetch_depth},
+        {"step_in_backward", placement.step_in_backward},      {"trainable", Trained(p, role)}};
   }
   j["micro_batch_size"] = p.micro_batch_size;
   j["peak_bytes"] = PeakJson(p.peak);
@@ -53,20 +51,19 @@ std::string PlacementLine(const JobPrediction& p) {
   std::vector<std::string> parts;
   for (const auto& [role, placement] : p.placement) {
     const bool trained = Trained(p, role);
-    parts.push_back(absl::StrCat(role, " ", offload::TierName(placement.weights),
-                                 trained ? absl::StrCat("/", offload::TierName(placement.optimizer)) : "",
-                                 placement.weights == offload::Tier::kDevice
-                                     ? ""
-                                     : absl::StrCat(" prefetch ", placement.prefetch_depth),
-                                 trained && placement.step_in_backward ? " step-in-backward" : ""));
+    parts.push_back(absl::StrCat(
+        role, " ", offload::TierName(placement.weights),
+        trained ? absl::StrCat("/", offload::TierName(placement.optimizer)) : "",
+        placement.weights == offload::Tier::kDevice ? "" : absl::StrCat(" prefetch ", placement.prefetch_depth),
+        trained && placement.step_in_backward ? " step-in-backward" : ""));
   }
   return absl::StrCat(absl::StrJoin(parts, ", "), "; micro-batch ",
                       p.micro_batch_size > 0 ? absl::StrCat(p.micro_batch_size) : std::string("whole"));
 }
 
 std::string PredictionText(const JobPrediction& p) {
-  std::string text = absl::StrFormat("  %-10s %-8s %-10s %-10s %-9s %s\n", "model", "weights", "optimizer",
-                                     "gradients", "prefetch", "step in backward");
+  std::string text = absl::StrFormat("  %-10s %-8s %-10s %-10s %-9s %s\n", "model", "weights", "optimizer", "gradients",
+                                     "prefetch", "step in backward");
   for (const auto& [role, placement] : p.placement) {
     const bool trained = Trained(p, role);
     const bool streamed = placement.weights != offload::Tier::kDevice;
@@ -77,7 +74,7 @@ std::string PredictionText(const JobPrediction& p) {
                             trained && placement.step_in_backward ? "yes" : "");
   }
   text += absl::StrFormat("  micro-batch: %s\n", p.micro_batch_size > 0 ? absl::StrCat(p.micro_batch_size, " rows")
-                                                                          : std::string("the whole batch"));
+                                                                        : std::string("the whole batch"));
   text += absl::StrFormat("  %-10s %12s %12s %12s %10s\n", "phase", "device", "host", "nvme", "time");
   for (const char* name : {"rollout", "score", "update"}) {
     auto it = p.phases.find(name);
@@ -159,7 +156,8 @@ absl::StatusOr<std::string> RunPlan(const PlanOptions& options) {
       all.push_back(j);
       continue;
     }
-    const policies::FitResult fit = policies::FitJob(spec, models, figures, hardware, workers, !options.fixed_micro_batch);
+    const policies::FitResult fit = policies::FitJob(spec, models, figures, hardware, workers,
+                                                     !options.fixed_micro_batch);
     j["fits"] = fit.fits;
     j["tried"] = fit.tried;
     if (!fit.fits) j["binding_tier"] = fit.binding_tier;
@@ -170,9 +168,8 @@ absl::StatusOr<std::string> RunPlan(const PlanOptions& options) {
       text += absl::StrFormat("  fits %s: the fastest of %d placements that fit (%d tried):\n", options.fit,
                               fit.candidates.size() + 1, fit.tried);
     } else {
-      text += absl::StrFormat(
-          "  does NOT fit %s: no placement of the %d tried; %s binds. The nearest miss:\n", options.fit, fit.tried,
-          fit.binding_tier);
+      text += absl::StrFormat("  does NOT fit %s: no placement of the %d tried; %s binds. The nearest miss:\n",
+                              options.fit, fit.tried, fit.binding_tier);
     }
     text += PredictionText(fit.chosen);
     for (size_t i = 0; i < fit.candidates.size() && i < 3; ++i) {

@@ -88,9 +88,8 @@ absl::StatusOr<std::string> RunCompare(const std::vector<std::string>& run_dirs,
   row("  score s", [&](const json& s) { return num(s, "time/score_s_mean"); });
   row("  update s", [&](const json& s) { return num(s, "time/update_s_mean"); });
   for (const char* tier : {"device", "host", "nvme"}) {
-    row(absl::StrCat("peak ", tier), [&](const json& s) {
-      return MiB(s.value(absl::StrCat("memory/", tier, "_peak_bytes"), 0.0));
-    });
+    row(absl::StrCat("peak ", tier),
+        [&](const json& s) { return MiB(s.value(absl::StrCat("memory/", tier, "_peak_bytes"), 0.0)); });
   }
   return out;
 }

@@ -7,22 +7,22 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <mutex>
-#include <chrono>
-#include <cstdlib>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "base/log.h"
 #include "base/status_macros.h"
 #include "services/coordinator/coordinator.h"
-#include "services/store/redis_job_store.h"
-#include "services/store/redis_client.h"
 #include "services/rpc/rpc_metrics.h"
 #include "services/rpc/wire.h"
+#include "services/store/redis_client.h"
+#include "services/store/redis_job_store.h"
 #include "services/telemetry/service_metrics.h"
 #include "services/worker/worker_service.h"
 
@@ -99,9 +99,11 @@ absl::StatusOr<std::string> RunCoordinatorServer(const CoordinatorCommand& comma
   std::map<std::string, Caller> callers;
   std::string worker_token;
   if (!command.tokens_file.empty()) {
-    if (!command.token_file.empty()) return absl::InvalidArgumentError("--tokens-file and --token-file exclude each other");
+    if (!command.token_file.empty())
+      return absl::InvalidArgumentError("--tokens-file and --token-file exclude each other");
     if (command.worker_token_file.empty()) {
-      return absl::InvalidArgumentError("--tokens-file needs --worker-token-file: the token workers and the coordinator share");
+      return absl::InvalidArgumentError(
+          "--tokens-file needs --worker-token-file: the token workers and the coordinator share");
     }
     STRATA_ASSIGN_OR_RETURN(callers, ReadTokensFile(command.tokens_file));
     STRATA_ASSIGN_OR_RETURN(worker_token, ReadSecretFile(command.worker_token_file, "--worker-token-file"));
@@ -242,15 +244,15 @@ absl::StatusOr<std::string> RunWorkerServer(const WorkerCommand& command) {
         request.set_address(command.listen);
         request.set_working_directory(std::filesystem::current_path().string());
         // What this worker can hold, for the coordinator's admission check.
-        (*request.mutable_memory_bytes())["host"] =
-            static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
+        (*request.mutable_memory_bytes())["host"] = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) *
+                                                    static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
         if (command.device_budget_mib > 0) {
           (*request.mutable_memory_bytes())["device"] = command.device_budget_mib << 20;
         }
         // Free space where jobs that name no memory.nvme_dir keep NVMe state.
-        if (struct statvfs fs {}; !command.nvme_dir.empty() && ::statvfs(command.nvme_dir.c_str(), &fs) == 0) {
-          (*request.mutable_memory_bytes())["nvme"] =
-              static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
+        if (struct statvfs fs{}; !command.nvme_dir.empty() && ::statvfs(command.nvme_dir.c_str(), &fs) == 0) {
+          (*request.mutable_memory_bytes())["nvme"] = static_cast<int64_t>(fs.f_bavail) *
+                                                      static_cast<int64_t>(fs.f_frsize);
         }
         v1::RegisterWorkerResponse response;
         status = stub->RegisterWorker(&context, request, &response);

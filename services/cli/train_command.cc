@@ -22,10 +22,9 @@ absl::StatusOr<std::string> RunTrain(const TrainRequest& request) {
     // later --resume would take the newest of either run's.
     STRATA_ASSIGN_OR_RETURN(auto earlier, LatestCheckpoint(spec.checkpoint.dir));
     if (!earlier.first.empty() && !request.overwrite) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("checkpoint.dir ", spec.checkpoint.dir, " holds an earlier run's checkpoints (newest: ",
-                       earlier.first, "): pass --resume to continue that run, or --overwrite to start over and ",
-                       "remove them"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint.dir ", spec.checkpoint.dir, " holds an earlier run's checkpoints (newest: ", earlier.first,
+          "): pass --resume to continue that run, or --overwrite to start over and ", "remove them"));
     }
     if (!earlier.first.empty()) STRATA_RETURN_IF_ERROR(RemoveCheckpoints(spec.checkpoint.dir));
   }

@@ -16,8 +16,8 @@ struct TrainRequest {
   std::string out_dir;                 // --out: replaces output.dir
   std::string metrics_path;            // --metrics
   bool resume = false;
-  bool overwrite = false;              // --overwrite: a fresh run removes earlier checkpoints
-  int workers = 0;                     // --workers: replaces parallel.workers (0: keep)
+  bool overwrite = false;  // --overwrite: a fresh run removes earlier checkpoints
+  int workers = 0;         // --workers: replaces parallel.workers (0: keep)
   // --collective-timeout-ms: bounds forming the gang and each collective.
   // A rank's phase may run this much longer than another's before the
   // collective that ends it fails (a long scoring pass on a larger shard).

@@ -59,8 +59,9 @@ absl::StatusOr<AdmittedJob> AdmitJob(JobStore& store, JobSpecs& specs, const Cal
       // Host: the process's predicted peak RSS (the arena, mapped model
       // files, and on a CPU device the device tier too), what the OOM
       // killer would see.
-      const std::pair<const char*, int64_t> needs[] = {
-          {"host", plan.process_rss_bytes}, {"device", plan.peak[0]}, {"nvme", plan.peak[2]}};
+      const std::pair<const char*, int64_t> needs[] = {{"host", plan.process_rss_bytes},
+                                                       {"device", plan.peak[0]},
+                                                       {"nvme", plan.peak[2]}};
       for (const auto& [tier, bytes] : needs) {
         auto offer = largest.find(tier);
         if (offer != largest.end() && offer->second > 0 && bytes > offer->second) {
@@ -91,18 +92,19 @@ absl::StatusOr<AdmittedJob> AdmitJob(JobStore& store, JobSpecs& specs, const Cal
     // with the creation.
     STRATA_ASSIGN_OR_RETURN(auto ended, VisibleJob(store, caller, request.continue_job_id()));
     if (ended.tenant != caller.tenant) {
-      return absl::FailedPreconditionError(absl::StrCat("job ", ended.id, " belongs to tenant '", ended.tenant,
-                                                        "'; only its tenant can continue it"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", ended.id, " belongs to tenant '", ended.tenant, "'; only its tenant can continue it"));
     }
     // It writes where the ended job wrote: its metrics file goes on from
     // the checkpoint's line, and its checkpoints join the ended job's.
     STRATA_ASSIGN_OR_RETURN(auto ended_spec, specs.Of(ended));
-    for (const auto& [key, now, then] : {std::tuple<const char*, std::string, std::string>{
-                                             "output.dir", spec.output_dir, ended_spec->output_dir},
-                                         {"checkpoint.dir", spec.checkpoint.dir, ended_spec->checkpoint.dir}}) {
+    for (const auto& [key, now, then] :
+         {std::tuple<const char*, std::string, std::string>{"output.dir", spec.output_dir, ended_spec->output_dir},
+          {"checkpoint.dir", spec.checkpoint.dir, ended_spec->checkpoint.dir}}) {
       if (now != then) {
         return absl::InvalidArgumentError(absl::StrCat("spec key '", key, "' is '", now, "' where job ", ended.id,
-                                                       " had '", then, "': a job continues where the job it "
+                                                       " had '", then,
+                                                       "': a job continues where the job it "
                                                        "continues wrote"));
       }
     }

@@ -1,8 +1,8 @@
 #include "services/coordinator/coordinator.h"
 
 #include <chrono>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "base/file.h"
@@ -109,8 +109,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Handle(grpc::CallbackServerContext
   return reactor;
 }
 
-absl::Status CoordinatorService::Submit(const Caller& caller, const v1::SubmitJobRequest& request,
-                                        v1::Job* response) {
+absl::Status CoordinatorService::Submit(const Caller& caller, const v1::SubmitJobRequest& request, v1::Job* response) {
   WorkerOffer offer;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -136,7 +135,8 @@ absl::Status CoordinatorService::Submit(const Caller& caller, const v1::SubmitJo
 
 grpc::ServerUnaryReactor* CoordinatorService::SubmitJob(grpc::CallbackServerContext* context,
                                                         const v1::SubmitJobRequest* request, v1::Job* response) {
-  return Handle(context, [this, request, response](const Caller& caller) { return Submit(caller, *request, response); });
+  return Handle(context,
+                [this, request, response](const Caller& caller) { return Submit(caller, *request, response); });
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::GetJob(grpc::CallbackServerContext* context,
@@ -187,8 +187,8 @@ grpc::ServerUnaryReactor* CoordinatorService::CancelJob(grpc::CallbackServerCont
                                                         const v1::CancelJobRequest* request, v1::Job* response) {
   return Handle(context, [this, request, response](const Caller& caller) -> absl::Status {
     STRATA_RETURN_IF_ERROR(VisibleJob(*store_, caller, request->job_id()).status());
-    STRATA_ASSIGN_OR_RETURN(
-        auto job, store_->Transition(request->job_id(), {JobState::kQueued, JobState::kRunning}, JobState::kCancelled));
+    STRATA_ASSIGN_OR_RETURN(auto job, store_->Transition(request->job_id(), {JobState::kQueued, JobState::kRunning},
+                                                         JobState::kCancelled));
     events_.Publish(job.id, "state", nlohmann::json{{"state", "CANCELLED"}}.dump());
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -347,9 +347,8 @@ void CoordinatorService::SchedulerLoop() {
         // What a job was told is forgotten once it says nothing new or has
         // left the queue, so that the next reason to wait is told again.
         std::erase_if(told_waiting_, [&](const auto& told) {
-          return std::none_of(plan.decisions.begin(), plan.decisions.end(), [&](const GangDecision& d) {
-            return d.job_id == told.first && !d.waiting.empty();
-          });
+          return std::none_of(plan.decisions.begin(), plan.decisions.end(),
+                              [&](const GangDecision& d) { return d.job_id == told.first && !d.waiting.empty(); });
         });
         for (size_t i = 0; i < jobs.size(); ++i) {
           const GangDecision& decision = plan.decisions[i];
@@ -421,7 +420,7 @@ void CoordinatorService::RunOnGang(uint64_t run, JobRecord job, std::vector<Work
   std::string names;
   for (const WorkerRecord& w : workers) names += (names.empty() ? "" : ", ") + w.id;
   std::unique_ptr<JobGang> gang;  // set once every rank has joined
-  bool progressed = false;           // an iteration completed in this run
+  bool progressed = false;        // an iteration completed in this run
   auto run_job = [&]() -> absl::Status {
     STRATA_ASSIGN_OR_RETURN(auto spec, specs_.Of(job));
     STRATA_ASSIGN_OR_RETURN(gang, fleet_->StartGang(job, workers));
@@ -496,9 +495,9 @@ void CoordinatorService::RunOnGang(uint64_t run, JobRecord job, std::vector<Work
                         "; check that the workers reach each other (rank 0's address, the ports c10d picks)"));
     } else {
       requeued = true;
-      const std::string message =
-          absl::StrCat("gang (", names, ") lost: ", status.message(), lost.empty() ? "" : "; not answering: ", lost,
-                       "; job requeued, retried in ", decision.retry_in.count() / 1000.0, " s");
+      const std::string message = absl::StrCat("gang (", names, ") lost: ", status.message(),
+                                               lost.empty() ? "" : "; not answering: ", lost,
+                                               "; job requeued, retried in ", decision.retry_in.count() / 1000.0, " s");
       RecordOutcome(job.id, job.worker, JobState::kQueued, {{"worker", ""}},
                     {{"log", json{{"message", message}}.dump()}, {"state", json{{"state", "QUEUED"}}.dump()}});
     }
@@ -521,9 +520,15 @@ std::map<std::string, int64_t> CoordinatorService::WorkerStateCounts() {
   const auto now = std::chrono::steady_clock::now();
   for (const WorkerRecord& worker : *workers) {
     switch (StateOfWorkerLocked(worker.id, now)) {
-      case WorkerState::kBusy: ++counts["busy"]; break;
-      case WorkerState::kKeptOut: ++counts["backoff"]; break;
-      case WorkerState::kFree: ++counts[held_workers_.count(worker.id) ? "held" : "idle"]; break;
+      case WorkerState::kBusy:
+        ++counts["busy"];
+        break;
+      case WorkerState::kKeptOut:
+        ++counts["backoff"];
+        break;
+      case WorkerState::kFree:
+        ++counts[held_workers_.count(worker.id) ? "held" : "idle"];
+        break;
     }
   }
   return counts;
@@ -593,6 +598,5 @@ void CoordinatorService::RememberWorkerDirectory(const std::string& worker_id, c
   std::lock_guard<std::mutex> lock(mu_);
   worker_directories_[worker_id] = dir;
 }
-
 
 }  // namespace strata::services

@@ -152,7 +152,7 @@ class CoordinatorService final : public strata::v1::Coordinator::CallbackService
   // rank's unload: that loop's end must not make the new gang's workers
   // look orphaned, and the old gang's workers are not the new loop's.
   std::map<std::string, std::multiset<std::string>> jobs_in_flight_;
-  std::map<std::string, Backoff> job_backoff_;     // jobs requeued after a lost gang
+  std::map<std::string, Backoff> job_backoff_;  // jobs requeued after a lost gang
   // Queued jobs told why they wait (too few registered workers, or behind
   // an older gang job), and what they were told, so that each reason is
   // said once.

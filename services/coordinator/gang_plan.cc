@@ -8,7 +8,7 @@ namespace strata::services {
 
 GangPlan PlanGangs(const std::vector<QueuedGangJob>& jobs, const std::vector<SchedulableWorker>& workers) {
   GangPlan plan;
-  std::set<std::string> taken;                   // given to a job earlier in this pass
+  std::set<std::string> taken;                         // given to a job earlier in this pass
   std::map<std::string, const QueuedGangJob*> holder;  // held worker -> the job holding it
   const int64_t registered = static_cast<int64_t>(workers.size());
   for (const QueuedGangJob& job : jobs) {
@@ -24,13 +24,13 @@ GangPlan PlanGangs(const std::vector<QueuedGangJob>& jobs, const std::vector<Sch
       // for a job of one) leave the job waiting, and it holds nothing: more
       // may never register.
       decision.waiting = absl::StrCat("waiting: the job needs ", job.workers, job.workers == 1 ? " worker" : " workers",
-                                      " (spec key 'parallel.workers'); ", registered,
-                                      registered == 1 ? " is" : " are", " registered");
+                                      " (spec key 'parallel.workers'); ", registered, registered == 1 ? " is" : " are",
+                                      " registered");
       continue;
     }
     std::vector<std::string> gang;
-    int64_t answering = 0;       // busy or free
-    int64_t free_but_held = 0;   // free, held for an older job
+    int64_t answering = 0;      // busy or free
+    int64_t free_but_held = 0;  // free, held for an older job
     const QueuedGangJob* behind = nullptr;
     for (const SchedulableWorker& worker : workers) {
       if (worker.state == WorkerState::kKeptOut) continue;

@@ -5,11 +5,16 @@ namespace v1 = strata::v1;
 
 strata::v1::JobState ToProtoState(JobState state) {
   switch (state) {
-    case JobState::kQueued: return v1::QUEUED;
-    case JobState::kRunning: return v1::RUNNING;
-    case JobState::kSucceeded: return v1::SUCCEEDED;
-    case JobState::kFailed: return v1::FAILED;
-    case JobState::kCancelled: return v1::CANCELLED;
+    case JobState::kQueued:
+      return v1::QUEUED;
+    case JobState::kRunning:
+      return v1::RUNNING;
+    case JobState::kSucceeded:
+      return v1::SUCCEEDED;
+    case JobState::kFailed:
+      return v1::FAILED;
+    case JobState::kCancelled:
+      return v1::CANCELLED;
   }
   return v1::JOB_STATE_UNSPECIFIED;
 }

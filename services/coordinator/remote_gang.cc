@@ -59,10 +59,10 @@ absl::Status CheckPhaseReplies(const PhaseRequest& request, const std::vector<Ph
       const auto it = replies[r].metrics.find(key);
       // The ranks derive global metrics from the same all-reduced sums.
       if (it == replies[r].metrics.end() || std::abs(it->second - value) > 1e-9 * (1 + std::abs(value))) {
-        return absl::InternalError(absl::StrCat(
-            "rank ", r, ": ", request.phase, ": malformed reply: ", key, " = ",
-            it == replies[r].metrics.end() ? std::string("(missing)") : absl::StrCat(it->second),
-            " where rank 0 reports ", value));
+        return absl::InternalError(
+            absl::StrCat("rank ", r, ": ", request.phase, ": malformed reply: ", key, " = ",
+                         it == replies[r].metrics.end() ? std::string("(missing)") : absl::StrCat(it->second),
+                         " where rank 0 reports ", value));
       }
     }
   }

@@ -31,7 +31,7 @@ absl::Status RemoteRankOptions::Validate() const {
 }
 
 absl::StatusOr<std::unique_ptr<RemoteRank>> RemoteRank::Create(RemoteRankOptions options,
-                                                              std::shared_ptr<grpc::ChannelCredentials> credentials) {
+                                                               std::shared_ptr<grpc::ChannelCredentials> credentials) {
   STRATA_RETURN_IF_ERROR(options.Validate());
   if (credentials == nullptr) return absl::InvalidArgumentError("worker credentials: null");
   grpc::ChannelArguments args;
@@ -73,8 +73,8 @@ absl::Status RemoteRank::Call(const char* method,
   if (status.ok()) return absl::OkStatus();
   if (status.error_code() == grpc::StatusCode::CANCELLED && cancelled_.load()) {
     // CancelCalls gave up on this worker: to the coordinator, it is lost.
-    return absl::UnavailableError(
-        absl::StrCat("worker ", options_.address, " unavailable: ", method, ": given up (", status.error_message(), ")"));
+    return absl::UnavailableError(absl::StrCat("worker ", options_.address, " unavailable: ", method, ": given up (",
+                                               status.error_message(), ")"));
   }
   // No reply in time is indistinguishable from a dead worker to the
   // coordinator, and both mean the same to it: the job moves elsewhere.
@@ -102,7 +102,8 @@ absl::StatusOr<int> RemoteRank::OpenRendezvous(int world_size, std::chrono::mill
   STRATA_RETURN_IF_ERROR(
       Call("OpenRendezvous", &v1::Worker::Stub::OpenRendezvous, options_.control_timeout, request, &response));
   if (response.port() <= 0 || response.port() > 65535) {
-    return BadReply(options_.address, "OpenRendezvous", absl::InvalidArgumentError(absl::StrCat("port ", response.port())));
+    return BadReply(options_.address, "OpenRendezvous",
+                    absl::InvalidArgumentError(absl::StrCat("port ", response.port())));
   }
   return response.port();
 }
@@ -154,8 +155,8 @@ absl::Status RemoteRank::Unload() {
 
 absl::StatusOr<v1::WorkerStats> RemoteRank::GetStats() {
   v1::WorkerStats response;
-  if (auto s =
-          Call("GetStats", &v1::Worker::Stub::GetStats, options_.control_timeout, v1::GetStatsRequest(), &response);
+  if (auto s = Call("GetStats", &v1::Worker::Stub::GetStats, options_.control_timeout, v1::GetStatsRequest(),
+                    &response);
       !s.ok()) {
     return s;
   }

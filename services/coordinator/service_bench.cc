@@ -161,8 +161,8 @@ absl::StatusOr<std::string> RunServiceBench(const ServiceBenchRequest& request) 
                                      request.clients, request.seconds, request.addr, "call", "calls", "errors",
                                      "p50 ms", "p90 ms", "p99 ms", "max ms");
   for (const auto& [call, s] : result.calls) {
-    j[call] = {{"calls", s.calls}, {"errors", s.errors}, {"p50_ms", s.p50_ms}, {"p90_ms", s.p90_ms},
-               {"p99_ms", s.p99_ms}, {"max_ms", s.max_ms}};
+    j[call] = {{"calls", s.calls},   {"errors", s.errors}, {"p50_ms", s.p50_ms},
+               {"p90_ms", s.p90_ms}, {"p99_ms", s.p99_ms}, {"max_ms", s.max_ms}};
     text += absl::StrFormat("  %-13s %8d %7d %9.2f %9.2f %9.2f %9.2f\n", call, s.calls, s.errors, s.p50_ms, s.p90_ms,
                             s.p99_ms, s.max_ms);
   }

@@ -17,9 +17,9 @@ namespace strata::services {
 
 struct ServiceBenchRequest {
   std::string addr = "127.0.0.1:50051";
-  std::string token;            // bearer token
-  std::string redis;            // redis://HOST:PORT of the same stack (the peer); "" skips it
-  std::string spec_yaml;        // the job each client submits
+  std::string token;      // bearer token
+  std::string redis;      // redis://HOST:PORT of the same stack (the peer); "" skips it
+  std::string spec_yaml;  // the job each client submits
   int clients = 50;
   double seconds = 10;
   bool json = false;

@@ -20,9 +20,9 @@ void Progress(const JobRunOptions& o, int64_t it, int64_t total, const json& m) 
   if (o.progress == nullptr) return;
   auto get = [&](const char* key) { return m.contains(key) && m[key].is_number() ? m[key].get<double>() : NAN; };
   std::string detail;
-  for (auto [label, key] : {std::pair{"reward", "objective/scores"}, std::pair{"kl", "objective/kl"},
-                            std::pair{"loss", "loss/train_avg"}, std::pair{"acc", "eval/pairwise_accuracy"},
-                            std::pair{"eval", "eval/score"}}) {
+  for (auto [label, key] :
+       {std::pair{"reward", "objective/scores"}, std::pair{"kl", "objective/kl"}, std::pair{"loss", "loss/train_avg"},
+        std::pair{"acc", "eval/pairwise_accuracy"}, std::pair{"eval", "eval/score"}}) {
     const double v = get(key);
     if (!std::isnan(v)) detail += absl::StrFormat(" %s %.3f", label, v);
   }
@@ -107,8 +107,8 @@ absl::Status RunJob(const policies::JobSpec& spec, Gang& gang, const JobRunOptio
       }
     }
   }
-  STRATA_RETURN_IF_ERROR(run(phases::kStart, start, {{"metrics_lines", static_cast<double>(metrics_lines)}}, resume_dir)
-                             .status());
+  STRATA_RETURN_IF_ERROR(
+      run(phases::kStart, start, {{"metrics_lines", static_cast<double>(metrics_lines)}}, resume_dir).status());
 
   for (int64_t it = start; it < spec.train.iterations; ++it) {
     json line;

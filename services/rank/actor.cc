@@ -62,8 +62,8 @@ absl::StatusOr<std::vector<policies::Rollout>> Actor::Generate(const policies::R
   std::vector<policies::Rollout> out;
   STRATA_ASSIGN_OR_RETURN(auto sampled, generate(prompts, sampling));
   for (size_t i = 0; i < prompts.size(); ++i) {
-    out.push_back({prompt_index[i], prompts[i], sampled.tokens[i], sampled.logprobs[i], false,
-                   truncated(sampled.tokens[i])});
+    out.push_back(
+        {prompt_index[i], prompts[i], sampled.tokens[i], sampled.logprobs[i], false, truncated(sampled.tokens[i])});
   }
   if (request.with_greedy) {
     policies::SamplingOptions greedy = request.sampling;
@@ -123,9 +123,13 @@ absl::StatusOr<policies::TrainStats> Actor::TrainSft(const std::vector<policies:
     const double scale = begin == end ? 0.0 : Share(static_cast<double>(Tokens(r)), tokens[0]);
     if (begin == end) p = {&kZeroWeightRow}, r = {&kZeroWeightRow};
     const Packed packed = Pack(p, r, passes_.device);
-    STRATA_ASSIGN_OR_RETURN(auto part, AccumulateStep(*model_, packed, [&](const at::Tensor& logits) {
-                              return policies::CrossEntropyLoss(ResponseLogProbs(logits, packed), packed.response_mask);
-                            }, scale, j + 1 == micros.size()));
+    STRATA_ASSIGN_OR_RETURN(auto part, AccumulateStep(
+                                           *model_, packed,
+                                           [&](const at::Tensor& logits) {
+                                             return policies::CrossEntropyLoss(ResponseLogProbs(logits, packed),
+                                                                               packed.response_mask);
+                                           },
+                                           scale, j + 1 == micros.size()));
     loss += part;
   }
   STRATA_RETURN_IF_ERROR(model_->trainer()->OptimizerStep());

@@ -29,7 +29,8 @@ absl::StatusOr<CheckpointState> ParseCheckpointState(const std::string& text, co
                                             " differs from the directory's ", iteration));
   }
   if (state.contains("run_id")) {
-    if (!state["run_id"].is_string()) return absl::DataLossError(absl::StrCat(dir, "/state.json: run_id is not a string"));
+    if (!state["run_id"].is_string())
+      return absl::DataLossError(absl::StrCat(dir, "/state.json: run_id is not a string"));
     out.run_id = state["run_id"].get<std::string>();
   }
   if (state.contains("algorithm") && state["algorithm"].is_object()) {

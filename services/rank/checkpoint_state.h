@@ -14,8 +14,8 @@ namespace strata::services {
 
 // What a checkpoint's state.json says.
 struct CheckpointState {
-  int64_t metrics_lines = 0;  // lines of metrics.jsonl the checkpoint follows
-  std::string run_id;         // the job that wrote it ("" before job ids)
+  int64_t metrics_lines = 0;                // lines of metrics.jsonl the checkpoint follows
+  std::string run_id;                       // the job that wrote it ("" before job ids)
   std::map<std::string, double> algorithm;  // the driver's saved scalars
 };
 // Parses the state.json of checkpoint `dir`, written after `iteration`

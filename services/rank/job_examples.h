@@ -15,11 +15,11 @@
 namespace strata::services {
 
 struct JobExamples {
-  std::vector<policies::TextPair> sft;                         // SFT
-  std::vector<policies::PreferencePair> pairs, eval_pairs;     // reward model
-  std::vector<std::vector<int32_t>> prompts, eval_prompts;     // RL
-  std::vector<std::string> eval_prompt_text;                   // RL: what the eval rule reads
-  size_t examples = 0;  // the training examples, whichever kind
+  std::vector<policies::TextPair> sft;                      // SFT
+  std::vector<policies::PreferencePair> pairs, eval_pairs;  // reward model
+  std::vector<std::vector<int32_t>> prompts, eval_prompts;  // RL
+  std::vector<std::string> eval_prompt_text;                // RL: what the eval rule reads
+  size_t examples = 0;                                      // the training examples, whichever kind
 };
 
 // Reads data.train (and data.eval: RL takes its first eval.prompts) as the

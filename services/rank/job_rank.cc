@@ -117,7 +117,8 @@ absl::StatusOr<std::unique_ptr<JobRank>> JobRank::Create(const policies::JobSpec
     std::error_code ec;
     std::filesystem::create_directories(spec.output_dir, ec);
     if (ec) {
-      return absl::PermissionDeniedError(absl::StrCat("output.dir: cannot create ", spec.output_dir, ": ", ec.message()));
+      return absl::PermissionDeniedError(
+          absl::StrCat("output.dir: cannot create ", spec.output_dir, ": ", ec.message()));
     }
   }
   STRATA_ASSIGN_OR_RETURN(auto data, ReadJobExamples(spec, tokenizer));
@@ -162,10 +163,11 @@ absl::StatusOr<PhaseReply> JobRank::Run(const PhaseRequest& request) {
     return reply;
   }
   const bool rl = algorithm_ != nullptr;
-  const bool known = rl ? (phase == phases::kRollout || phase == phases::kScore || phase == phases::kUpdate) : phase == phases::kTrain;
+  const bool known = rl ? (phase == phases::kRollout || phase == phases::kScore || phase == phases::kUpdate)
+                        : phase == phases::kTrain;
   if (!known) {
-    return absl::InvalidArgumentError(absl::StrCat("phase '", phase, "' is not one of this ",
-                                                   policies::AlgorithmName(spec_.algorithm), " job's"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("phase '", phase, "' is not one of this ", policies::AlgorithmName(spec_.algorithm), " job's"));
   }
   // Timed and measured phases: the reply carries this rank's figures.
   const std::string measured = phase == phases::kTrain ? phases::kUpdate : phase;
@@ -194,10 +196,10 @@ absl::StatusOr<PhaseReply> JobRank::Run(const PhaseRequest& request) {
     for (const auto& [key, value] : models_.OptimizerMetrics()) reply.metrics[key] = value;
   }
   // NVMe traffic of the phase (the process's: with in-process ranks, theirs together).
-  reply.metrics["nvme/" + measured + "_read_bytes"] =
-      static_cast<double>(EngineCounters::Read(counters.nvme_read_bytes) - nvme_read);
-  reply.metrics["nvme/" + measured + "_written_bytes"] =
-      static_cast<double>(EngineCounters::Read(counters.nvme_written_bytes) - nvme_written);
+  reply.metrics["nvme/" + measured + "_read_bytes"] = static_cast<double>(
+      EngineCounters::Read(counters.nvme_read_bytes) - nvme_read);
+  reply.metrics["nvme/" + measured + "_written_bytes"] = static_cast<double>(
+      EngineCounters::Read(counters.nvme_written_bytes) - nvme_written);
   reply.metrics["time/" + measured + "_s"] =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   for (const auto& [tier, bytes] : models_.PhaseMemory(measured).peak_bytes) {
@@ -268,11 +270,11 @@ absl::StatusOr<policies::Metrics> JobRank::Evaluate() {
       STRATA_ASSIGN_OR_RETURN(auto rollouts, models_.Generate(request));
       for (const auto& r : rollouts) {
         if (r.prompt_index < 0 || static_cast<size_t>(r.prompt_index) >= which.size()) {
-          return absl::InternalError(absl::StrCat("evaluation rollout of prompt ", r.prompt_index,
-                                                  " does not fit the batch"));
+          return absl::InternalError(
+              absl::StrCat("evaluation rollout of prompt ", r.prompt_index, " does not fit the batch"));
         }
         total += eval_rule_(data_->eval_prompt_text[which[static_cast<size_t>(r.prompt_index)]],
-                                  tokenizer_.Decode(r.response));
+                            tokenizer_.Decode(r.response));
         count += 1;
       }
     }
@@ -311,13 +313,15 @@ absl::StatusOr<PhaseReply> JobRank::FindCheckpoint(const PhaseRequest& request) 
   const bool continued = std::find(options_.resumable_run_ids.begin(), options_.resumable_run_ids.end(), owner) !=
                          options_.resumable_run_ids.end();
   if (!options_.run_id.empty() && owner != options_.run_id && !known_own && !continued) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint.dir ", spec_.checkpoint.dir, " holds checkpoints of ",
-        owner.empty() ? std::string("an earlier run") : absl::StrCat("job ", owner), " (newest: ", dir,
-        "); give job ", options_.run_id, " its own output.dir, or remove that run's outputs",
-        owner.empty() ? std::string()
-                      : absl::StrCat(", or, if job ", owner, " ended FAILED or CANCELLED, continue it from them "
-                                     "(`strata submit --continue ", owner, "`)")));
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint.dir ", spec_.checkpoint.dir, " holds checkpoints of ",
+                     owner.empty() ? std::string("an earlier run") : absl::StrCat("job ", owner), " (newest: ", dir,
+                     "); give job ", options_.run_id, " its own output.dir, or remove that run's outputs",
+                     owner.empty() ? std::string()
+                                   : absl::StrCat(", or, if job ", owner,
+                                                  " ended FAILED or CANCELLED, continue it from them "
+                                                  "(`strata submit --continue ",
+                                                  owner, "`)")));
   }
   reply.text = dir;
   reply.metrics["iteration"] = static_cast<double>(iteration);

@@ -42,8 +42,7 @@ class JobRank {
   // Reads and tokenizes the job's data and checks what its loop will need
   // (an eval rule); errors name the spec key or file. `models` and `gang`
   // must outlive the rank. The gang may not be larger than the batch.
-  static absl::StatusOr<std::unique_ptr<JobRank>> Create(const policies::JobSpec& spec,
-                                                         LocalWorkerGroup& models,
+  static absl::StatusOr<std::unique_ptr<JobRank>> Create(const policies::JobSpec& spec, LocalWorkerGroup& models,
                                                          const policies::Tokenizer& tokenizer,
                                                          policies::ProcessGroup& gang, JobRankOptions options);
   ~JobRank();

@@ -12,13 +12,14 @@ absl::StatusOr<GangBackend> ChooseGangBackend(const policies::JobSpec& spec) {
   GangBackend chosen;
   chosen.device_index = device < 0 ? 0 : device;
   const std::string& named = spec.parallel.backend;
-  if (named == "nccl" || (named == "auto" && device >= 0 && policies::ProcessGroup::Available(policies::Backend::kNccl))) {
+  if (named == "nccl" ||
+      (named == "auto" && device >= 0 && policies::ProcessGroup::Available(policies::Backend::kNccl))) {
     chosen.backend = policies::Backend::kNccl;
   }
   chosen.group_of_one = named != "auto";
   if (chosen.group_of_one && !policies::ProcessGroup::Available(chosen.backend)) {
-    return absl::UnimplementedError(absl::StrCat("parallel.backend: ", named, ": this build has no ",
-                                                 policies::BackendName(chosen.backend)));
+    return absl::UnimplementedError(
+        absl::StrCat("parallel.backend: ", named, ": this build has no ", policies::BackendName(chosen.backend)));
   }
   return chosen;
 }

@@ -13,8 +13,8 @@
 #include "absl/status/statusor.h"
 #include "policies/dist/process_group.h"
 #include "policies/job/job_spec.h"
-#include "services/rank/job_rank.h"
 #include "services/driver/job_runner.h"
+#include "services/rank/job_rank.h"
 #include "services/rank/local_worker_group.h"
 
 namespace strata::services {
@@ -24,7 +24,7 @@ namespace strata::services {
 // also builds a group for a gang of one (to run its path on one GPU).
 struct GangBackend {
   policies::Backend backend = policies::Backend::kGloo;
-  int device_index = 0;       // the GPU NCCL runs on
+  int device_index = 0;  // the GPU NCCL runs on
   bool group_of_one = false;
 };
 absl::StatusOr<GangBackend> ChooseGangBackend(const policies::JobSpec& spec);
@@ -33,9 +33,9 @@ class LocalGang final : public Gang {
  public:
   // Loads `ranks` copies of the job's models and data. UNIMPLEMENTED for
   // more than one rank in a build without Gloo.
-  static absl::StatusOr<std::unique_ptr<LocalGang>> Create(const policies::JobSpec& spec, int ranks,
-                                                           const JobRankOptions& options,
-                                                           std::chrono::milliseconds timeout = std::chrono::seconds(60));
+  static absl::StatusOr<std::unique_ptr<LocalGang>> Create(
+      const policies::JobSpec& spec, int ranks, const JobRankOptions& options,
+      std::chrono::milliseconds timeout = std::chrono::seconds(60));
   ~LocalGang() override;
 
   absl::StatusOr<PhaseReply> Run(const PhaseRequest& request) override;

@@ -25,7 +25,7 @@ LocalWorkerGroup::~LocalWorkerGroup() {
 }
 
 absl::StatusOr<std::unique_ptr<LocalWorkerGroup>> LocalWorkerGroup::Create(const policies::JobSpec& spec,
-                                                                          policies::ProcessGroup* gang) {
+                                                                           policies::ProcessGroup* gang) {
   STRATA_RETURN_IF_ERROR(spec.Validate());
   std::unique_ptr<LocalWorkerGroup> group(new LocalWorkerGroup(spec));
   if (gang == nullptr) {
@@ -79,8 +79,8 @@ absl::Status LocalWorkerGroup::LoadModels() {
       if (spec_.algorithm == Algorithm::kPpo) {
         policies::ModelSpec critic_spec = spec_.critic;
         if (critic_spec.path.empty()) critic_spec.path = spec_.reward.path;
-        STRATA_ASSIGN_OR_RETURN(
-            critic, memory_->Place("critic", critic_spec, LlamaHead::kScalar, true, spec_.ppo.critic_lr));
+        STRATA_ASSIGN_OR_RETURN(critic,
+                                memory_->Place("critic", critic_spec, LlamaHead::kScalar, true, spec_.ppo.critic_lr));
       }
       tokenizer_dir = spec_.actor.path;
       break;
@@ -275,8 +275,8 @@ absl::Status LocalWorkerGroup::LoadCheckpoint(const std::string& dir) {
 }
 
 absl::Status LocalWorkerGroup::CopyTokenizer(const std::string& dir) const {
-  const std::string from =
-      IsDirectory(tokenizer_path_) ? tokenizer_path_ : std::filesystem::path(tokenizer_path_).parent_path().string();
+  const std::string from = IsDirectory(tokenizer_path_) ? tokenizer_path_
+                                                        : std::filesystem::path(tokenizer_path_).parent_path().string();
   for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json"}) {
     const std::string source = JoinPath(from, name);
     if (!IsRegularFile(source)) continue;
@@ -290,8 +290,8 @@ absl::Status LocalWorkerGroup::SaveOutput(const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return absl::PermissionDeniedError(absl::StrCat("output.dir: cannot create ", dir, ": ", ec.message()));
-  policies::PlacedModel* model =
-      spec_.algorithm == policies::Algorithm::kRewardModel ? scorer_->reward_model() : &actor_->model();
+  policies::PlacedModel* model = spec_.algorithm == policies::Algorithm::kRewardModel ? scorer_->reward_model()
+                                                                                      : &actor_->model();
   STRATA_RETURN_IF_ERROR(model->Save(dir));
   return CopyTokenizer(dir);
 }

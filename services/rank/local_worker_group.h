@@ -49,8 +49,7 @@ class LocalWorkerGroup final : public policies::WorkerGroup {
   absl::StatusOr<policies::UpdateStats> Update(const policies::PolicyUpdate& update) override;
   absl::StatusOr<policies::TrainStats> TrainSft(const std::vector<policies::TextPair>& batch) override;
   absl::StatusOr<policies::TrainStats> TrainRewardModel(const std::vector<policies::PreferencePair>& batch) override;
-  absl::StatusOr<policies::TrainStats> EvaluateRewardModel(
-      const std::vector<policies::PreferencePair>& pairs) override;
+  absl::StatusOr<policies::TrainStats> EvaluateRewardModel(const std::vector<policies::PreferencePair>& pairs) override;
   policies::MemoryStats BeginPhase(const std::string& phase) override;
   policies::MemoryStats PhaseMemory(const std::string& phase) override;
   absl::Status BeginIteration(int64_t iteration) override;

@@ -65,7 +65,8 @@ absl::Status MetricsLog::Start(std::optional<int64_t> resumed_lines) {
   } else {
     STRATA_RETURN_IF_ERROR(TruncateLines(path_, *resumed_lines));
   }
-  STRATA_ASSIGN_OR_RETURN(tensorboard_, TensorBoardWriter::Open(tensorboard_dir_, /*fresh=*/!resumed_lines.has_value()));
+  STRATA_ASSIGN_OR_RETURN(tensorboard_,
+                          TensorBoardWriter::Open(tensorboard_dir_, /*fresh=*/!resumed_lines.has_value()));
   return absl::OkStatus();
 }
 

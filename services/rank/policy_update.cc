@@ -21,7 +21,8 @@ absl::StatusOr<UpdateSteps> UpdateSteps::Plan(const policies::PolicyUpdate& upda
   }
   if (ppo && !has_critic) return absl::FailedPreconditionError("PPO update but this job has no critic");
   const bool sharded = !update.rows.empty();
-  if (sharded && update.rows.size() != n) return absl::InvalidArgumentError("update: one global row per rollout needed");
+  if (sharded && update.rows.size() != n)
+    return absl::InvalidArgumentError("update: one global row per rollout needed");
   const int64_t total = sharded ? update.global_rows : static_cast<int64_t>(n);
   std::map<int64_t, size_t> local_row;
   for (size_t i = 0; i < n; ++i) {
@@ -35,7 +36,8 @@ absl::StatusOr<UpdateSteps> UpdateSteps::Plan(const policies::PolicyUpdate& upda
   std::vector<int64_t> order(static_cast<size_t>(total));
   std::iota(order.begin(), order.end(), 0);
   std::mt19937_64 rng(update.shuffle_seed);
-  const size_t per = (static_cast<size_t>(total) + static_cast<size_t>(minibatches) - 1) / static_cast<size_t>(minibatches);
+  const size_t per = (static_cast<size_t>(total) + static_cast<size_t>(minibatches) - 1) /
+                     static_cast<size_t>(minibatches);
   for (int64_t epoch = 0; epoch < epochs; ++epoch) {
     if (ppo) std::shuffle(order.begin(), order.end(), rng);
     for (size_t start = 0; start < order.size(); start += per) {
@@ -88,7 +90,9 @@ std::vector<UpdateMicroBatch> UpdateSteps::MicroBatchesOf(size_t k) const {
     UpdateMicroBatch m;
     m.packed = Pack(prompts, responses, passes_.device);
     const int64_t width = m.packed.targets.size(1);
-    auto rows = [&](const std::vector<std::vector<float>>& r) { return policies::PadRows(r, width).to(passes_.device); };
+    auto rows = [&](const std::vector<std::vector<float>>& r) {
+      return policies::PadRows(r, width).to(passes_.device);
+    };
     m.advantages = rows(adv);
     if (ppo) m.old_logprobs = rows(old_lp), m.returns = rows(ret), m.old_values = rows(old_v);
     m.scale = Share(micro_tokens, global_tokens_[2 * k]);

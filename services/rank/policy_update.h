@@ -15,9 +15,9 @@ namespace strata::services {
 // One micro-batch of a gradient step, on the device.
 struct UpdateMicroBatch {
   Packed packed;
-  at::Tensor advantages;                          // [N, R]
-  at::Tensor old_logprobs, returns, old_values;   // [N, R], PPO only
-  double scale = 0;  // its tokens' share of the step's tokens over the gang
+  at::Tensor advantages;                         // [N, R]
+  at::Tensor old_logprobs, returns, old_values;  // [N, R], PPO only
+  double scale = 0;                              // its tokens' share of the step's tokens over the gang
 };
 
 // Minibatches are drawn from the global batch's rows, the same on every

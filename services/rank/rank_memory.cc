@@ -49,7 +49,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LoadOrInit(const policies::ModelSpec
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RankMemory>> RankMemory::Create(const policies::JobSpec& spec,
-                                                              policies::ProcessGroup& gang) {
+                                                               policies::ProcessGroup& gang) {
   const at::Device device = offload::ComputeDevice(spec.memory.device_index);
   // Refuses a device this build or machine cannot use.
   auto monitor = offload::DeviceMemoryMonitor::ForDevice(device);
@@ -134,8 +134,8 @@ absl::StatusOr<std::unique_ptr<policies::PlacedModel>> RankMemory::Place(const s
   options.trainer.max_grad_norm = spec_.train.max_grad_norm;
   options.trainer.data_parallel = &gang_;
   options.batch = spec_.train.batch_size;
-  options.seq =
-      spec_.data.max_prompt_tokens + std::max(spec_.data.max_response_tokens, spec_.generation.max_new_tokens);
+  options.seq = spec_.data.max_prompt_tokens +
+                std::max(spec_.data.max_response_tokens, spec_.generation.max_new_tokens);
   policies::OffloadContext context;
   context.arena = arena_.get();
   context.nvme = nvme_.get();

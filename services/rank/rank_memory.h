@@ -35,8 +35,7 @@ class RankMemory {
   // Loads models.<key> (or initialises it from its config) and places it
   // under its placement; a trainable one gets an optimizer at `lr` that
   // sums its gradients over the gang. Errors name the model.
-  absl::StatusOr<std::unique_ptr<policies::PlacedModel>> Place(const std::string& key,
-                                                               const policies::ModelSpec& model,
+  absl::StatusOr<std::unique_ptr<policies::PlacedModel>> Place(const std::string& key, const policies::ModelSpec& model,
                                                                policies::LlamaHead head, bool trainable, double lr);
 
   // Where the models compute (memory.device).

@@ -68,8 +68,7 @@ class RunCheckpoints {
   // (the driver records it when rank 0 has replied). Errors are this rank's
   // own or a collective's; rank 0 removes what a failed or interrupted
   // commit wrote.
-  absl::StatusOr<std::string> Commit(int64_t iteration, const CheckpointState& state,
-                                     const CheckpointWriters& writers);
+  absl::StatusOr<std::string> Commit(int64_t iteration, const CheckpointState& state, const CheckpointWriters& writers);
 
  private:
   const std::string dir_;

@@ -54,12 +54,15 @@ absl::StatusOr<policies::TrainStats> Scorer::TrainRewardModel(const std::vector<
     const Packed packed = PackPairs(part, passes_.device);
     const int64_t n = static_cast<int64_t>(part.size());
     double accuracy = 0;
-    STRATA_ASSIGN_OR_RETURN(auto part_loss, AccumulateStep(*reward_, packed, [&](const at::Tensor& values) {
-                              rewards::PreferenceObjective objective =
-                                  rewards::PreferenceFromTokenScores(values, packed.mask, n);
-                              accuracy = objective.accuracy;
-                              return objective.loss;
-                            }, scale, j + 1 == micros.size()));
+    STRATA_ASSIGN_OR_RETURN(auto part_loss, AccumulateStep(
+                                                *reward_, packed,
+                                                [&](const at::Tensor& values) {
+                                                  rewards::PreferenceObjective objective =
+                                                      rewards::PreferenceFromTokenScores(values, packed.mask, n);
+                                                  accuracy = objective.accuracy;
+                                                  return objective.loss;
+                                                },
+                                                scale, j + 1 == micros.size()));
     loss += part_loss;
     weighted_accuracy += scale * accuracy;
   }

@@ -83,7 +83,8 @@ grpc::Status TokenAuthenticator::Check(const grpc::CallbackServerContext* contex
   if (token_.empty()) return grpc::Status::OK;
   auto token = BearerToken(context);
   if (!token.ok()) return ToGrpcStatus(token.status());
-  if (!ConstantTimeEquals(*token, token_)) return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "invalid bearer token");
+  if (!ConstantTimeEquals(*token, token_))
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "invalid bearer token");
   return grpc::Status::OK;
 }
 

@@ -16,11 +16,16 @@ namespace strata::services {
 
 const char* JobStateName(JobState state) {
   switch (state) {
-    case JobState::kQueued: return "QUEUED";
-    case JobState::kRunning: return "RUNNING";
-    case JobState::kSucceeded: return "SUCCEEDED";
-    case JobState::kFailed: return "FAILED";
-    case JobState::kCancelled: return "CANCELLED";
+    case JobState::kQueued:
+      return "QUEUED";
+    case JobState::kRunning:
+      return "RUNNING";
+    case JobState::kSucceeded:
+      return "SUCCEEDED";
+    case JobState::kFailed:
+      return "FAILED";
+    case JobState::kCancelled:
+      return "CANCELLED";
   }
   return "UNKNOWN";
 }
@@ -168,8 +173,8 @@ absl::Status CheckTransition(const std::vector<JobState>& from, const std::map<s
     }
     int64_t number = 0;
     if ((field == "iteration" || field == "iterations") && !absl::SimpleAtoi(value, &number)) {
-      return absl::InvalidArgumentError(absl::StrCat("Transition: field ", field, " must be an integer, got \"",
-                                                     absl::CHexEscape(value), "\""));
+      return absl::InvalidArgumentError(
+          absl::StrCat("Transition: field ", field, " must be an integer, got \"", absl::CHexEscape(value), "\""));
     }
   }
   return absl::OkStatus();

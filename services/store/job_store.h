@@ -51,9 +51,9 @@ struct JobRecord {
   // Not stored: true on the record Transition returns when that transition
   // was the job's first start.
   bool first_start = false;
-  std::string worker;      // worker running it, if any
-  std::string request_id;  // client's idempotency key, if any (unique per tenant)
-  std::string tenant;      // who owns it ("" in single-token deployments)
+  std::string worker;          // worker running it, if any
+  std::string request_id;      // client's idempotency key, if any (unique per tenant)
+  std::string tenant;          // who owns it ("" in single-token deployments)
   std::string checkpoint_dir;  // latest recorded checkpoint (highest iteration)
   int64_t checkpoint_iteration = 0;
   // Every run whose checkpoints this one may resume: the ended job it
@@ -73,8 +73,8 @@ struct JobEventRecord {
 
 struct WorkerRecord {
   std::string id;
-  std::string address;  // host:port of its gRPC service
-  std::string job_id;   // job it is working on, "" when idle
+  std::string address;                 // host:port of its gRPC service
+  std::string job_id;                  // job it is working on, "" when idle
   int64_t last_heartbeat_unix_ms = 0;  // Redis server clock; set by the store
 };
 
@@ -98,8 +98,9 @@ class JobStore {
   // token for the next page ("" on the last page). Tokens are opaque and stay
   // valid while jobs are created (no duplicates, no skips). page_size 0 means
   // 50; at most 1000. INVALID_ARGUMENT for a negative size or a bad token.
-  virtual absl::StatusOr<std::pair<std::vector<JobRecord>, std::string>> List(int page_size, const std::string& page_token,
-                                                                      std::optional<JobState> state) = 0;
+  virtual absl::StatusOr<std::pair<std::vector<JobRecord>, std::string>> List(int page_size,
+                                                                              const std::string& page_token,
+                                                                              std::optional<JobState> state) = 0;
 
   // Atomically moves the job to `to` if its state is one of `from` and not
   // terminal, and its fields hold the values `expect` names (only worker:
@@ -110,8 +111,8 @@ class JobStore {
   // iterations (INVALID_ARGUMENT for others). Returns the job as stored
   // after the change.
   virtual absl::StatusOr<JobRecord> Transition(const std::string& id, std::vector<JobState> from, JobState to,
-                                       const std::map<std::string, std::string>& fields = {},
-                                       const std::map<std::string, std::string>& expect = {}) = 0;
+                                               const std::map<std::string, std::string>& fields = {},
+                                               const std::map<std::string, std::string>& expect = {}) = 0;
 
   // Records the last completed iteration. NOT_FOUND for an unknown job.
   // Accepted in any state: a late report from a cancelled job is still true.
@@ -127,14 +128,15 @@ class JobStore {
   // Appends {type, json} to the job's event stream and returns the entry id.
   // The stream keeps about the store's cap of newest entries. NOT_FOUND for
   // an unknown job.
-  virtual absl::StatusOr<std::string> AppendEvent(const std::string& id, const std::string& type, const std::string& json) = 0;
+  virtual absl::StatusOr<std::string> AppendEvent(const std::string& id, const std::string& type,
+                                                  const std::string& json) = 0;
 
   // Up to `count` (0 means 100) entries after `after_id` ("" = from the
   // start), oldest first. When there are none yet, waits up to `block_ms` for
   // one (0 = return at once) and returns an empty vector on timeout.
   // NOT_FOUND for an unknown job; INVALID_ARGUMENT for a malformed after_id.
-  virtual absl::StatusOr<std::vector<JobEventRecord>> ReadEvents(const std::string& id, const std::string& after_id, int count,
-                                                         int block_ms) = 0;
+  virtual absl::StatusOr<std::vector<JobEventRecord>> ReadEvents(const std::string& id, const std::string& after_id,
+                                                                 int count, int block_ms) = 0;
 
   // The newest event of the job, if any. NOT_FOUND for an unknown job.
   virtual absl::StatusOr<std::optional<JobEventRecord>> LastEvent(const std::string& id) = 0;

@@ -51,8 +51,7 @@ bool IsStreamId(const std::string& id);
 absl::Status CheckTransition(const std::vector<JobState>& from, const std::map<std::string, std::string>& fields,
                              const std::map<std::string, std::string>& expect);
 // The FAILED_PRECONDITION a transition from `current` gets.
-absl::Status TransitionRefused(const std::string& id, JobState current, const std::vector<JobState>& from,
-                               JobState to);
+absl::Status TransitionRefused(const std::string& id, JobState current, const std::vector<JobState>& from, JobState to);
 // The FAILED_PRECONDITION a transition gets when `field` holds `actual`.
 absl::Status ClaimMoved(const std::string& id, JobState current, const std::string& field, const std::string& actual,
                         const std::string& expected, JobState to);

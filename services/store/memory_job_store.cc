@@ -53,8 +53,8 @@ absl::StatusOr<JobRecord> MemoryJobStore::Create(JobRecord job, bool* created) {
     if (auto existing = requests_.find(request_key); existing != requests_.end()) {
       const Job* first = Find(existing->second);
       if (first == nullptr) {
-        return absl::InternalError(absl::StrCat("request_id ", job.request_id, " names job ", existing->second,
-                                                ", which no longer exists"));
+        return absl::InternalError(
+            absl::StrCat("request_id ", job.request_id, " names job ", existing->second, ", which no longer exists"));
       }
       return first->record;
     }
@@ -64,7 +64,8 @@ absl::StatusOr<JobRecord> MemoryJobStore::Create(JobRecord job, bool* created) {
     ended = Find(continued);
     if (ended == nullptr) return JobNotFound(continued);
     const JobState state = ended->record.state;
-    if (state != JobState::kFailed && state != JobState::kCancelled) return NotContinuable(continued, JobStateName(state));
+    if (state != JobState::kFailed && state != JobState::kCancelled)
+      return NotContinuable(continued, JobStateName(state));
     if (!ended->record.continued_by.empty()) return ContinuedAlready(continued, ended->record.continued_by);
   }
   std::string id = NewJobId();
@@ -98,8 +99,8 @@ absl::StatusOr<JobRecord> MemoryJobStore::Get(const std::string& id) {
 }
 
 absl::StatusOr<std::pair<std::vector<JobRecord>, std::string>> MemoryJobStore::List(int page_size,
-                                                                                   const std::string& page_token,
-                                                                                   std::optional<JobState> state) {
+                                                                                    const std::string& page_token,
+                                                                                    std::optional<JobState> state) {
   STRATA_ASSIGN_OR_RETURN(page_size, PageSize(page_size));
   int64_t before = INT64_MAX;
   if (!page_token.empty()) {
@@ -216,8 +217,8 @@ absl::StatusOr<std::vector<JobEventRecord>> MemoryJobStore::ReadEvents(const std
   auto collect = [&] {
     const Job* job = Find(id);
     if (job == nullptr) return false;
-    for (auto it = job->events.upper_bound(after); it != job->events.end() && events.size() < static_cast<size_t>(count);
-         ++it) {
+    for (auto it = job->events.upper_bound(after);
+         it != job->events.end() && events.size() < static_cast<size_t>(count); ++it) {
       events.push_back(it->second);
     }
     return !events.empty();

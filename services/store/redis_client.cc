@@ -45,9 +45,8 @@ bool AllDigits(const std::string& s) {
 
 absl::StatusOr<RedisEndpoint> ParseRedisUrl(const std::string& url) {
   auto bad = [&url](const std::string& why) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("JobStoreOptions.redis_url \"", RedactUrl(url), "\": ", why,
-                     " (expected redis://[[user]:password@]host[:port][/db])"));
+    return absl::InvalidArgumentError(absl::StrCat("JobStoreOptions.redis_url \"", RedactUrl(url), "\": ", why,
+                                                   " (expected redis://[[user]:password@]host[:port][/db])"));
   };
   constexpr char kScheme[] = "redis://";
   if (!absl::StartsWith(url, kScheme)) return bad("must start with redis://");
@@ -128,8 +127,7 @@ bool IsStringReply(const redisReply* reply) {
 }
 
 absl::StatusOr<std::unique_ptr<RedisConnection>> RedisConnection::Open(const RedisEndpoint& endpoint,
-                                                                       int connect_timeout_ms,
-                                                                       int command_timeout_ms) {
+                                                                       int connect_timeout_ms, int command_timeout_ms) {
   const std::string address = endpoint.Address();
   ContextPtr context(redisConnectWithTimeout(endpoint.host.c_str(), endpoint.port, ToTimeval(connect_timeout_ms)));
   if (context == nullptr) return absl::UnavailableError(absl::StrCat("redis at ", address, ": out of memory"));
@@ -175,8 +173,7 @@ absl::StatusOr<ReplyPtr> RedisConnection::Command(const std::vector<std::string>
   return reply;
 }
 
-absl::StatusOr<std::vector<ReplyPtr>> RedisConnection::Pipeline(
-    const std::vector<std::vector<std::string>>& commands) {
+absl::StatusOr<std::vector<ReplyPtr>> RedisConnection::Pipeline(const std::vector<std::vector<std::string>>& commands) {
   for (const auto& argv : commands) {
     std::vector<const char*> args;
     std::vector<size_t> lengths;

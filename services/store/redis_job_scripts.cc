@@ -12,7 +12,6 @@ constexpr char kNowLua[] =
     "local t = redis.call('TIME')\n"
     "local now = string.format('%.0f', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))\n";
 
-
 // KEYS: job, request, jobs, jobs:state:QUEUED, jobs:seq, the continued job
 // (the job itself when none).
 // ARGV: id, has_request ("1"/"0"), continued job id or "", field, value, ...
@@ -138,15 +137,24 @@ return {'OK', out}
 
 std::string ScriptSource(ScriptId id) {
   switch (id) {
-    case kCreateScript: return absl::StrCat(kNowLua, kCreateLua);
-    case kTransitionScript: return absl::StrCat(kNowLua, kTransitionLua);
-    case kProgressScript: return absl::StrCat(kNowLua, kProgressLua);
-    case kCheckpointScript: return absl::StrCat(kNowLua, kCheckpointLua);
-    case kAppendEventScript: return kAppendEventLua;
-    case kRegisterWorkerScript: return absl::StrCat(kNowLua, kRegisterWorkerLua);
-    case kHeartbeatScript: return absl::StrCat(kNowLua, kHeartbeatLua);
-    case kListWorkersScript: return kListWorkersLua;
-    case kNumScripts: break;
+    case kCreateScript:
+      return absl::StrCat(kNowLua, kCreateLua);
+    case kTransitionScript:
+      return absl::StrCat(kNowLua, kTransitionLua);
+    case kProgressScript:
+      return absl::StrCat(kNowLua, kProgressLua);
+    case kCheckpointScript:
+      return absl::StrCat(kNowLua, kCheckpointLua);
+    case kAppendEventScript:
+      return kAppendEventLua;
+    case kRegisterWorkerScript:
+      return absl::StrCat(kNowLua, kRegisterWorkerLua);
+    case kHeartbeatScript:
+      return absl::StrCat(kNowLua, kHeartbeatLua);
+    case kListWorkersScript:
+      return kListWorkersLua;
+    case kNumScripts:
+      break;
   }
   return "";
 }

@@ -26,7 +26,6 @@ using namespace store_checks;  // NOLINT: this file implements their contract
 // ListByState fetches job hashes in pipelined batches of this many.
 constexpr size_t kFetchBatch = 256;
 
-
 // A flat [field, value, ...] array reply as a map. INTERNAL for anything else.
 absl::StatusOr<std::map<std::string, std::string>> HashFromReply(const redisReply* reply, const std::string& what) {
   if (reply == nullptr || reply->type != REDIS_REPLY_ARRAY || reply->elements % 2 != 0) {
@@ -161,7 +160,9 @@ class RedisJobStore final : public JobStore {
 class RedisJobStore::Impl {
  public:
   Impl(const RedisStoreOptions& options, RedisEndpoint endpoint)
-      : options_(options), address_(endpoint.Address()), pool_(std::move(endpoint), options.connect_timeout_ms, options.command_timeout_ms,
+      : options_(options),
+        address_(endpoint.Address()),
+        pool_(std::move(endpoint), options.connect_timeout_ms, options.command_timeout_ms,
               options.max_idle_connections) {}
 
   // Loads every script once so calls can use EVALSHA; also proves Redis answers.
@@ -263,7 +264,6 @@ class RedisJobStore::Impl {
 RedisJobStore::RedisJobStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 RedisJobStore::~RedisJobStore() = default;
 
-
 absl::StatusOr<JobRecord> RedisJobStore::Create(JobRecord job, bool* created) {
   if (created != nullptr) *created = false;
   STRATA_RETURN_IF_ERROR(ValidateRequestId(job.request_id));
@@ -286,8 +286,8 @@ absl::StatusOr<JobRecord> RedisJobStore::Create(JobRecord job, bool* created) {
   for (const std::string& run : job.resumable_run_ids) STRATA_RETURN_IF_ERROR(ValidateJobId("resumable run id", run));
   // Tenants' idempotency keys live apart: one tenant's request id never
   // returns another's job.
-  const std::string request_key =
-      impl_->Key(job.tenant.empty() ? "request:" + job.request_id : "request:" + job.tenant + ":" + job.request_id);
+  const std::string request_key = impl_->Key(job.tenant.empty() ? "request:" + job.request_id
+                                                                : "request:" + job.tenant + ":" + job.request_id);
   // A random id can collide with an existing one (48 bits); the script
   // refuses to overwrite, and a few fresh draws make a repeat vanishingly rare.
   for (int attempt = 0; attempt < 5; ++attempt) {
@@ -316,8 +316,8 @@ absl::StatusOr<JobRecord> RedisJobStore::Create(JobRecord job, bool* created) {
       const std::string existing = ReplyString((*reply)->element[1]);
       auto existing_job = Get(existing);
       if (!existing_job.ok() && absl::IsNotFound(existing_job.status())) {
-        return absl::InternalError(absl::StrCat("request_id ", job.request_id, " names job ", existing,
-                                                ", which no longer exists"));
+        return absl::InternalError(
+            absl::StrCat("request_id ", job.request_id, " names job ", existing, ", which no longer exists"));
       }
       return existing_job;
     }
@@ -337,8 +337,8 @@ absl::StatusOr<JobRecord> RedisJobStore::Get(const std::string& id) {
 }
 
 absl::StatusOr<std::pair<std::vector<JobRecord>, std::string>> RedisJobStore::List(int page_size,
-                                                                              const std::string& page_token,
-                                                                              std::optional<JobState> state) {
+                                                                                   const std::string& page_token,
+                                                                                   std::optional<JobState> state) {
   STRATA_ASSIGN_OR_RETURN(page_size, PageSize(page_size));
   std::string max = "+inf";
   if (!page_token.empty()) {
@@ -363,8 +363,8 @@ absl::StatusOr<std::pair<std::vector<JobRecord>, std::string>> RedisJobStore::Li
 }
 
 absl::StatusOr<JobRecord> RedisJobStore::Transition(const std::string& id, std::vector<JobState> from, JobState to,
-                                               const std::map<std::string, std::string>& fields,
-                                               const std::map<std::string, std::string>& expect) {
+                                                    const std::map<std::string, std::string>& fields,
+                                                    const std::map<std::string, std::string>& expect) {
   STRATA_RETURN_IF_ERROR(ValidateJobId("job id", id));
   STRATA_RETURN_IF_ERROR(CheckTransition(from, fields, expect));
   std::vector<std::string> args = {JobStateName(to), std::to_string(from.size())};
@@ -430,8 +430,8 @@ absl::Status RedisJobStore::RecordCheckpoint(const std::string& id, int64_t iter
 
 absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> RedisJobStore::ListCheckpoints(const std::string& id) {
   STRATA_RETURN_IF_ERROR(ValidateJobId("job id", id));
-  STRATA_ASSIGN_OR_RETURN(
-      auto replies, impl_->Pipeline({{"EXISTS", impl_->JobKey(id)}, {"HGETALL", impl_->JobKey(id) + ":checkpoints"}}));
+  STRATA_ASSIGN_OR_RETURN(auto replies, impl_->Pipeline({{"EXISTS", impl_->JobKey(id)},
+                                                         {"HGETALL", impl_->JobKey(id) + ":checkpoints"}}));
   const redisReply* exists = replies[0].get();
   if (exists->type != REDIS_REPLY_INTEGER) return impl_->Unexpected("EXISTS");
   if (exists->integer == 0) return JobNotFound(id);
@@ -449,7 +449,7 @@ absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> RedisJobStore::List
 }
 
 absl::StatusOr<std::string> RedisJobStore::AppendEvent(const std::string& id, const std::string& type,
-                                                  const std::string& json) {
+                                                       const std::string& json) {
   STRATA_RETURN_IF_ERROR(ValidateJobId("job id", id));
   if (type.empty()) return absl::InvalidArgumentError("event type is empty");
   auto reply = impl_->RunScript(kAppendEventScript, {impl_->JobKey(id), impl_->JobKey(id) + ":events"},
@@ -463,8 +463,9 @@ absl::StatusOr<std::string> RedisJobStore::AppendEvent(const std::string& id, co
   return ReplyString((*reply)->element[1]);
 }
 
-absl::StatusOr<std::vector<JobEventRecord>> RedisJobStore::ReadEvents(const std::string& id, const std::string& after_id,
-                                                                 int count, int block_ms) {
+absl::StatusOr<std::vector<JobEventRecord>> RedisJobStore::ReadEvents(const std::string& id,
+                                                                      const std::string& after_id, int count,
+                                                                      int block_ms) {
   STRATA_RETURN_IF_ERROR(ValidateJobId("job id", id));
   STRATA_ASSIGN_OR_RETURN(count, EventCount(after_id, count, block_ms));
 
@@ -605,8 +606,7 @@ absl::StatusOr<std::vector<WorkerRecord>> RedisJobStore::ListWorkers() {
     }
     workers.push_back(std::move(worker));
   }
-  std::sort(workers.begin(), workers.end(),
-            [](const WorkerRecord& a, const WorkerRecord& b) { return a.id < b.id; });
+  std::sort(workers.begin(), workers.end(), [](const WorkerRecord& a, const WorkerRecord& b) { return a.id < b.id; });
   return workers;
 }
 

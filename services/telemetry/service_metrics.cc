@@ -75,11 +75,10 @@ class ScrapeTimeFigures final : public prometheus::Collectable {
     counter("strata_nvme_written_bytes_total", "Bytes the NVMe tier wrote to its slot files.", c.nvme_written_bytes);
     counter("strata_cpu_adam_parameters_total", "Parameter updates made by CPU Adam (rate() = parameters/s).",
             c.adam_parameters);
-    counter("strata_generated_tokens_total", "Tokens decoded by generation (rate() = tokens/s).",
-            c.generated_tokens);
+    counter("strata_generated_tokens_total", "Tokens decoded by generation (rate() = tokens/s).", c.generated_tokens);
     const auto [resident, peak] = ProcessResidentBytes();
-    out.push_back(Family("strata_process_resident_memory_bytes", "Resident memory of this process.",
-                         MetricType::Gauge));
+    out.push_back(
+        Family("strata_process_resident_memory_bytes", "Resident memory of this process.", MetricType::Gauge));
     AddValue(out.back(), static_cast<double>(resident));
     out.push_back(Family("strata_process_resident_memory_peak_bytes",
                          "Peak resident memory of this process since it started (VmHWM).", MetricType::Gauge));
@@ -109,10 +108,10 @@ class ScrapeTimeFigures final : public prometheus::Collectable {
   ServiceMetrics::CountSource workers_;
 };
 
-const prometheus::Histogram::BucketBoundaries kPhaseBuckets = {0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
+const prometheus::Histogram::BucketBoundaries kPhaseBuckets = {0.01, 0.05, 0.1, 0.25, 0.5, 1,   2.5, 5,
                                                                10,   30,   60,  120,  300, 600, 1800};
-const prometheus::Histogram::BucketBoundaries kRpcBuckets = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
-                                                             0.1,    0.25,  0.5,    1,     2.5,  10,    60, 300};
+const prometheus::Histogram::BucketBoundaries kRpcBuckets = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                                             0.25,   0.5,   1,      2.5,   10,   60,    300};
 const prometheus::Histogram::BucketBoundaries kQueueBuckets = {0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, 14400};
 
 }  // namespace

@@ -13,13 +13,13 @@
 #include "absl/strings/str_cat.h"
 #include "base/engine_counters.h"
 #include "base/interrupt.h"
+#include "base/log.h"
 #include "base/status_macros.h"
 #include "offload/device/device_memory.h"
 #include "offload/device/device_transfer.h"
-#include "base/log.h"
 #include "policies/job/job_spec.h"
-#include "services/rpc/wire.h"
 #include "services/rank/local_gang.h"
+#include "services/rpc/wire.h"
 #include "services/telemetry/service_metrics.h"
 
 namespace strata::services {
@@ -150,9 +150,8 @@ grpc::ServerUnaryReactor* WorkerService::Submit(grpc::CallbackServerContext* con
     std::lock_guard<std::mutex> lock(executor_mu_);
     if (executor_ != nullptr) {
       // The context, request and response stay valid until Finish.
-      executor_->Submit([this, context, reactor, work = std::move(work)] {
-        reactor->Finish(ToGrpcStatus(RunWork(context, work)));
-      });
+      executor_->Submit(
+          [this, context, reactor, work = std::move(work)] { reactor->Finish(ToGrpcStatus(RunWork(context, work))); });
       return reactor;
     }
   }
@@ -224,9 +223,8 @@ grpc::ServerUnaryReactor* WorkerService::OpenRendezvous(grpc::CallbackServerCont
     if (request->job_id().empty()) return absl::InvalidArgumentError("job_id: empty");
     DropStaleJob(request->job_id());
     DropJob();
-    STRATA_ASSIGN_OR_RETURN(rendezvous_,
-                            policies::Rendezvous::Host("0.0.0.0", 0, request->world_size(),
-                                                       std::chrono::milliseconds(request->timeout_ms())));
+    STRATA_ASSIGN_OR_RETURN(rendezvous_, policies::Rendezvous::Host("0.0.0.0", 0, request->world_size(),
+                                                                    std::chrono::milliseconds(request->timeout_ms())));
     job_id_ = request->job_id();
     response->set_port(rendezvous_->port());
     return absl::OkStatus();
@@ -282,8 +280,8 @@ grpc::ServerUnaryReactor* WorkerService::StartRank(grpc::CallbackServerContext* 
     std::move(drop_on_failure).Cancel();
     response->set_tokenizer_path(group_->tokenizer_path());
     response->set_working_directory(std::filesystem::current_path().string());
-    STRATA_LOG(Info) << "worker " << options_.worker_id << " is rank " << options.rank << " of "
-                     << options.world_size << " for job " << job_id_;
+    STRATA_LOG(Info) << "worker " << options_.worker_id << " is rank " << options.rank << " of " << options.world_size
+                     << " for job " << job_id_;
     return absl::OkStatus();
   });
 }
@@ -307,12 +305,12 @@ void RecordPhaseMetrics(const policies::Metrics& metrics, const LocalWorkerGroup
 
 }  // namespace
 
-grpc::ServerUnaryReactor* WorkerService::RunPhase(grpc::CallbackServerContext* context,
-                                                  const v1::PhaseRequest* request, v1::PhaseReply* response) {
+grpc::ServerUnaryReactor* WorkerService::RunPhase(grpc::CallbackServerContext* context, const v1::PhaseRequest* request,
+                                                  v1::PhaseReply* response) {
   return SubmitForJob(context, request->job_id(), [this, request, response](LocalWorkerGroup& group) -> absl::Status {
     if (rank_ == nullptr) return absl::FailedPreconditionError("RunPhase before StartRank");
-    PhaseRequest phase{request->phase(), request->iteration(), {request->params().begin(), request->params().end()},
-                       request->text()};
+    PhaseRequest phase{
+        request->phase(), request->iteration(), {request->params().begin(), request->params().end()}, request->text()};
     phase_ = phase.phase == phases::kTrain ? phases::kUpdate : phase.phase;
     const int64_t tokens_before = EngineCounters::Read(GlobalEngineCounters().generated_tokens);
     STRATA_ASSIGN_OR_RETURN(auto reply, rank_->Run(phase));

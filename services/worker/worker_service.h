@@ -22,11 +22,11 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "services/rpc/auth.h"
-#include "services/rpc/executor.h"
 #include "policies/dist/process_group.h"
 #include "services/rank/job_rank.h"
 #include "services/rank/local_worker_group.h"
+#include "services/rpc/auth.h"
+#include "services/rpc/executor.h"
 #include "strata/v1/worker.grpc.pb.h"
 
 namespace strata::services {
@@ -86,8 +86,7 @@ class WorkerService final : public strata::v1::Worker::CallbackService {
   // Joins the gang, loads the models and the job's data (JobRank). Returns
   // once every rank has joined; DEADLINE_EXCEEDED when they do not within
   // the request's timeout. Drops a stale job as OpenRendezvous does.
-  grpc::ServerUnaryReactor* StartRank(grpc::CallbackServerContext* context,
-                                      const strata::v1::StartRankRequest* request,
+  grpc::ServerUnaryReactor* StartRank(grpc::CallbackServerContext* context, const strata::v1::StartRankRequest* request,
                                       strata::v1::StartRankResponse* response) override;
   // One phase on this rank: FAILED_PRECONDITION before StartRank and for a
   // job id other than the loaded one, INTERNAL (the exception's message)

@@ -86,7 +86,7 @@ TEST(FileTest, RemoveTreeRemovesEverythingButWhatALinkPointsAt) {
   EXPECT_TRUE(RemoveTree(tree));
   EXPECT_FALSE(IsDirectory(tree));
   EXPECT_TRUE(IsRegularFile(JoinPath(outside, "kept")));
-  EXPECT_TRUE(RemoveTree(tree));  // already gone
+  EXPECT_TRUE(RemoveTree(tree));                       // already gone
   EXPECT_TRUE(RemoveTree(JoinPath(outside, "kept")));  // a single file
   EXPECT_FALSE(IsRegularFile(JoinPath(outside, "kept")));
 }

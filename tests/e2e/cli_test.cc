@@ -4,8 +4,8 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
-#include "gtest/gtest.h"
 #include "base/file.h"
+#include "gtest/gtest.h"
 #include "tests/testutil/testutil.h"
 
 namespace strata {
@@ -20,8 +20,8 @@ class CliTest : public ::testing::Test {
     dir_ = new testing::TempDir();
     auto probe = RunCommand({testing::ReferencePython(), "-c", "import torch"});
     if (!probe.ok() || probe->exit_code != 0) return;
-    auto run = RunCommand({testing::ReferencePython(), testing::SourcePath("tests/policies/model/llama_reference.py"), dir_->path(),
-                           "gqa_untied"});
+    auto run = RunCommand({testing::ReferencePython(), testing::SourcePath("tests/policies/model/llama_reference.py"),
+                           dir_->path(), "gqa_untied"});
     if (!run.ok() || run->exit_code != 0) return;
     auto text = ReadFileToString(dir_->Join("expected.json"));
     if (text.ok()) expected_ = new json(json::parse(*text));
@@ -57,8 +57,8 @@ std::string Join(const std::vector<int32_t>& ids) {
 
 TEST_F(CliTest, GenerateGreedyFromIdsMatchesReference) {
   const auto prompt = (*expected_)["prompts"][0].get<std::vector<int32_t>>();
-  auto r = Strata({"generate", "--model", ModelDir(), "--prompt-ids", Join(prompt), "--max-new-tokens", "8",
-                   "--greedy", "--ignore-eos", "--json"});
+  auto r = Strata({"generate", "--model", ModelDir(), "--prompt-ids", Join(prompt), "--max-new-tokens", "8", "--greedy",
+                   "--ignore-eos", "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.error;
   const json out = json::parse(r.output);
   EXPECT_EQ(out["prompt_ids"].get<std::vector<int32_t>>(), prompt);  // used as given: no BOS added
@@ -67,9 +67,9 @@ TEST_F(CliTest, GenerateGreedyFromIdsMatchesReference) {
 }
 
 TEST_F(CliTest, SampledGenerationIsSeededAndBf16Runs) {
-  std::vector<std::string> args = {"generate", "--model", ModelDir(), "--prompt-ids", "1,5,9", "--max-new-tokens",
-                                   "6", "--temperature", "0.9", "--top-p", "0.95", "--top-k", "40", "--seed", "4",
-                                   "--json"};
+  std::vector<std::string> args = {"generate", "--model",       ModelDir(), "--prompt-ids", "1,5,9", "--max-new-tokens",
+                                   "6",        "--temperature", "0.9",      "--top-p",      "0.95",  "--top-k",
+                                   "40",       "--seed",        "4",        "--json"};
   auto a = Strata(args);
   auto b = Strata(args);
   ASSERT_EQ(a.exit_code, 0) << a.error;
@@ -154,14 +154,14 @@ class CliTokenizerTest : public ::testing::Test {
 
 TEST_F(CliTokenizerTest, TokenizeMatchesSpmEncodeAndDecodes) {
   const std::string text = "The critic updates a checkpoint with naïve ünïcode 漢字!";
-  auto ours = RunCommand({testing::StrataBinary(), "tokenize", "--tokenizer", dir_.Join("spm.model"), "--text", text,
-                          "--json"});
+  auto ours = RunCommand(
+      {testing::StrataBinary(), "tokenize", "--tokenizer", dir_.Join("spm.model"), "--text", text, "--json"});
   ASSERT_TRUE(ours.ok());
   ASSERT_EQ(ours->exit_code, 0) << ours->error;
   const auto ids = json::parse(ours->output)["ids"].get<std::vector<int32_t>>();
   testing::WriteTextFile(dir_.Join("in.txt"), text + "\n");
-  auto ref = RunCommand({"spm_encode", "--model=" + dir_.Join("spm.model"), "--output_format=id",
-                         "--input=" + dir_.Join("in.txt")});
+  auto ref = RunCommand(
+      {"spm_encode", "--model=" + dir_.Join("spm.model"), "--output_format=id", "--input=" + dir_.Join("in.txt")});
   ASSERT_TRUE(ref.ok() && ref->exit_code == 0);
   std::string want = ref->output;
   while (!want.empty() && want.back() == '\n') want.pop_back();
@@ -169,8 +169,8 @@ TEST_F(CliTokenizerTest, TokenizeMatchesSpmEncodeAndDecodes) {
   for (size_t i = 0; i < ids.size(); ++i) got += (i ? " " : "") + std::to_string(ids[i]);
   EXPECT_EQ(got, want);
 
-  auto decoded = RunCommand({testing::StrataBinary(), "tokenize", "--tokenizer", dir_.Join("spm.model"), "--decode",
-                             Join(ids), "--json"});
+  auto decoded = RunCommand(
+      {testing::StrataBinary(), "tokenize", "--tokenizer", dir_.Join("spm.model"), "--decode", Join(ids), "--json"});
   ASSERT_TRUE(decoded.ok());
   ASSERT_EQ(decoded->exit_code, 0) << decoded->error;
   EXPECT_EQ(json::parse(decoded->output)["text"], text);

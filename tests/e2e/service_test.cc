@@ -14,26 +14,26 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
-#include <nlohmann/json.hpp>
 
-#include "services/coordinator/service_bench.h"
-#include "gtest/gtest.h"
 #include <grpcpp/health_check_service_interface.h>
 #include "absl/strings/numbers.h"
 #include "absl/strings/strip.h"
 #include "base/file.h"
-#include "services/rpc/auth.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "gtest/gtest.h"
+#include "services/coordinator/service_bench.h"
+#include "services/driver/job_runner.h"
+#include "services/rpc/auth.h"
 #include "services/rpc/wire.h"
+#include "services/store/redis_job_store.h"
 #include "strata/v1/coordinator.grpc.pb.h"
 #include "strata/v1/worker.grpc.pb.h"
-#include "services/driver/job_runner.h"
-#include "services/store/redis_job_store.h"
+#include "tests/e2e/run_metrics.h"
 #include "tests/testutil/child_process.h"
 #include "tests/testutil/redis_server.h"
-#include "tests/e2e/run_metrics.h"
 #include "tests/testutil/testutil.h"
 
 namespace strata {
@@ -59,8 +59,8 @@ class ServiceTest : public ::testing::Test {
     testing::WriteTextFile(dir_.Join("config.json"), R"({"vocab_size": 259, "hidden_size": 64, "intermediate_size": 128,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
         "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0})");
-    auto init = testing::RunCommand({testing::StrataBinary(), "init-model", "--config", dir_.Join("config.json"),
-                                     "--out", model_, "--seed", "3"});
+    auto init = testing::RunCommand(
+        {testing::StrataBinary(), "init-model", "--config", dir_.Join("config.json"), "--out", model_, "--seed", "3"});
     ASSERT_TRUE(init.ok() && init->exit_code == 0);
     for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
       std::filesystem::copy_file(testing::SourcePath(std::string("examples/tiny/data/") + f), JoinPath(model_, f));
@@ -108,10 +108,10 @@ class ServiceTest : public ::testing::Test {
   // `cwd` and `token_file` default to the fixture's.
   void StartCoordinator(std::vector<std::string> prefix = {}, std::string cwd = "", std::string token_file = "") {
     std::vector<std::string> argv = std::move(prefix);
-    argv.insert(argv.end(), {testing::StrataBinary(), "coordinator", "--listen", coordinator_addr_, "--redis",
-                             redis_->url(),
-                             // A gang's ranks give up on a lost rank within 5 s.
-                             "--collective-timeout-ms", "5000"});
+    argv.insert(argv.end(),
+                {testing::StrataBinary(), "coordinator", "--listen", coordinator_addr_, "--redis", redis_->url(),
+                 // A gang's ranks give up on a lost rank within 5 s.
+                 "--collective-timeout-ms", "5000"});
     for (const std::string& a : MetricsFlag(0)) argv.push_back(a);
     if (token_file.empty()) {
       for (const std::string& a : CoordinatorAuth()) argv.push_back(a);
@@ -137,10 +137,9 @@ class ServiceTest : public ::testing::Test {
       argv.insert(argv.end(), env.begin(), env.end());
     }
     argv.insert(argv.end(), {testing::StrataBinary(), "worker", "--listen", worker_addr_[i], "--coordinator",
-                                     coordinator_addr_, "--token-file", dir_.Join("token"), "--id",
-                                     absl::StrCat("w", i),
-                                     // Job paths: the fixture's directory (the working directory) and
-                                     // the repository's example data.
+                             coordinator_addr_, "--token-file", dir_.Join("token"), "--id", absl::StrCat("w", i),
+                             // Job paths: the fixture's directory (the working directory) and
+                             // the repository's example data.
                              "--allow-path", testing::SourcePath("examples")});
     for (const std::string& a : MetricsFlag(1 + static_cast<size_t>(i))) argv.push_back(a);
     auto p = ChildProcess::Spawn(argv, dir_.Join(absl::StrCat("worker", i, ".log")), dir_.path());
@@ -151,8 +150,8 @@ class ServiceTest : public ::testing::Test {
   // A worker's health turns SERVING once it has registered with the
   // coordinator; the health stream reports the change (no polling).
   void WaitUntilRegistered(int i) {
-    auto health =
-        grpc::health::v1::Health::NewStub(grpc::CreateChannel(worker_addr_[i], grpc::InsecureChannelCredentials()));
+    auto health = grpc::health::v1::Health::NewStub(
+        grpc::CreateChannel(worker_addr_[i], grpc::InsecureChannelCredentials()));
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
     context.set_wait_for_ready(true);
@@ -173,16 +172,21 @@ class ServiceTest : public ::testing::Test {
     return absl::StrCat(R"(
 algorithm: remax
 models:
-  actor: {path: )", model_, R"(}
+  actor: {path: )",
+                        model_, R"(}
   reward: {rule: vowel_fraction}
 data:
-  train: )", testing::SourcePath("examples/tiny/data/prompts.jsonl"), R"(
+  train: )",
+                        testing::SourcePath("examples/tiny/data/prompts.jsonl"), R"(
   max_prompt_tokens: 16
-train: {iterations: )", iterations, R"(, batch_size: 4, lr: 1.0e-3, seed: 5}
+train: {iterations: )",
+                        iterations, R"(, batch_size: 4, lr: 1.0e-3, seed: 5}
 generation: {max_new_tokens: 8}
-checkpoint: {every: )", checkpoint_every, R"(}
+checkpoint: {every: )",
+                        checkpoint_every, R"(}
 memory: {host_mib: 128}
-output: {dir: )", dir_.Join(out), "}\n");
+output: {dir: )",
+                        dir_.Join(out), "}\n");
   }
 
   void Auth(grpc::ClientContext* context, const std::string& token = kToken) {
@@ -328,8 +332,7 @@ output: {dir: )", dir_.Join(out), "}\n");
       return ms;
     };
     int64_t gang_ended_ms = -1;
-    ASSERT_TRUE(absl::SimpleAtoi(gang_events.back().id().substr(0, gang_events.back().id().find('-')),
-                                 &gang_ended_ms));
+    ASSERT_TRUE(absl::SimpleAtoi(gang_events.back().id().substr(0, gang_events.back().id().find('-')), &gang_ended_ms));
     EXPECT_GE(started_ms(small_events), gang_ended_ms);
   }
 
@@ -368,7 +371,8 @@ output: {dir: )", dir_.Join(out), "}\n");
     return [n](const v1::JobEvent& e) { return (e.type() == "metrics" && e.iteration() >= n) || Ended(e); };
   }
   static int Count(const std::vector<v1::JobEvent>& events, const std::string& type) {
-    return static_cast<int>(std::count_if(events.begin(), events.end(), [&](const auto& e) { return e.type() == type; }));
+    return static_cast<int>(
+        std::count_if(events.begin(), events.end(), [&](const auto& e) { return e.type() == type; }));
   }
 
   testing::TempDir dir_;
@@ -470,9 +474,9 @@ TEST_F(ServiceTest, WorkerKilledMidJobResumesFromCheckpoint) {
   }
   ASSERT_TRUE(requeued) << "the job never went back to the queue";
   ASSERT_GE(resumed_at, 0);
-  EXPECT_EQ(resumed_at % 2, 0);              // resumed at a checkpoint
-  EXPECT_LE(resumed_at, reported + 1);       // nothing skipped
-  EXPECT_GE(resumed_at, reported + 1 - 2);   // lost at most one interval
+  EXPECT_EQ(resumed_at % 2, 0);             // resumed at a checkpoint
+  EXPECT_LE(resumed_at, reported + 1);      // nothing skipped
+  EXPECT_GE(resumed_at, reported + 1 - 2);  // lost at most one interval
   EXPECT_EQ(all.back().state(), v1::SUCCEEDED);
 }
 
@@ -565,8 +569,7 @@ TEST_F(ServiceTest, JobThatEndsWhileRedisIsDownIsRecordedOnceRedisIsBack) {
   // saved after it): Redis stays down until the coordinator has failed to
   // record the end at least once, however slowly the machine runs it.
   const std::string failed_attempt = "recording SUCCEEDED (attempt 1)";
-  while (coordinator_->Log().find(failed_attempt) == std::string::npos &&
-         std::chrono::steady_clock::now() < deadline) {
+  while (coordinator_->Log().find(failed_attempt) == std::string::npos && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));  // polls a file another process writes
   }
   ASSERT_NE(coordinator_->Log().find(failed_attempt), std::string::npos) << coordinator_->Log();
@@ -642,17 +645,23 @@ TEST_F(ServiceTest, BadInputGetsTheRightCodeAndServersKeepServing) {
       {Spec(1, "x"), {"algorithm=dpo"}, grpc::StatusCode::INVALID_ARGUMENT, "algorithm"},
       {Spec(1, "x"), {"train.lr=-0.1"}, grpc::StatusCode::INVALID_ARGUMENT, "train.lr"},
       {Spec(1, "x"), {"train.batch_size=1000000"}, grpc::StatusCode::RESOURCE_EXHAUSTED, "train.batch_size"},
-      {Spec(1, "x"), {"algorithm=grpo", "group.samples_per_prompt=100000"}, grpc::StatusCode::RESOURCE_EXHAUSTED,
+      {Spec(1, "x"),
+       {"algorithm=grpo", "group.samples_per_prompt=100000"},
+       grpc::StatusCode::RESOURCE_EXHAUSTED,
        "spec key 'group.samples_per_prompt'"},
       {Spec(1, "x"), {"memory.host_mib=100000000"}, grpc::StatusCode::RESOURCE_EXHAUSTED, "spec key 'memory.host_mib'"},
-      {Spec(1, "x"), {"train.batch_size=2000", "generation.max_new_tokens=4000"}, grpc::StatusCode::RESOURCE_EXHAUSTED,
+      {Spec(1, "x"),
+       {"train.batch_size=2000", "generation.max_new_tokens=4000"},
+       grpc::StatusCode::RESOURCE_EXHAUSTED,
        "'generation.max_new_tokens' (4016 tokens a row) x 4000 rows"},
       // Found by a probe: each used to pass, or to fail without saying why.
       {Spec(1, "x"), {"train.lr=.inf"}, grpc::StatusCode::INVALID_ARGUMENT, "train.lr' must be a finite number"},
       {Spec(1, "x"), {"train.seed=-1"}, grpc::StatusCode::INVALID_ARGUMENT, "train.seed' must be >= 0"},
       {Spec(1, "x") + "train: {iterations: 3}\n", {}, grpc::StatusCode::INVALID_ARGUMENT, "'train' appears twice"},
       {"algorithm: remax\n\xff\xfe\x80 random bytes", {}, grpc::StatusCode::INVALID_ARGUMENT, "not UTF-8 text"},
-      {Spec(1, "x") + "#" + std::string(2 << 20, 'x') + "\n", {}, grpc::StatusCode::INVALID_ARGUMENT,
+      {Spec(1, "x") + "#" + std::string(2 << 20, 'x') + "\n",
+       {},
+       grpc::StatusCode::INVALID_ARGUMENT,
        "a spec may have at most 1048576"},
   };
   for (const auto& c : cases) {
@@ -821,8 +830,8 @@ TEST_F(ServiceTest, ServersRefuseExposedSecretsAndMissingTokens) {
 // Kubernetes stops routing clients to a coordinator that cannot take jobs),
 // SERVING again once it is back. The health stream reports each change.
 TEST_F(ServiceTest, CoordinatorHealthIsNotServingWhileRedisIsDown) {
-  auto health =
-      grpc::health::v1::Health::NewStub(grpc::CreateChannel(coordinator_addr_, grpc::InsecureChannelCredentials()));
+  auto health = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel(coordinator_addr_, grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
   grpc::health::v1::HealthCheckRequest request;
@@ -853,13 +862,13 @@ TEST_F(ServiceTest, TlsCoordinatorServesClientsThatTrustItsCa) {
     ASSERT_TRUE(r.ok() && r->exit_code == 0) << argv[1] << ": " << (r.ok() ? r->error : r.status().ToString());
   };
   const auto d = [&](const char* f) { return dir_.Join(f); };
-  run({"openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", d("ca.key"), "-out", d("ca.pem"),
-       "-days", "1", "-subj", "/CN=strata-test-ca"});
-  run({"openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", d("server.key"), "-out", d("server.csr"),
-       "-subj", "/CN=localhost"});
+  run({"openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", d("ca.key"), "-out", d("ca.pem"), "-days",
+       "1", "-subj", "/CN=strata-test-ca"});
+  run({"openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", d("server.key"), "-out", d("server.csr"), "-subj",
+       "/CN=localhost"});
   testing::WriteTextFile(d("ext.cnf"), "subjectAltName=DNS:localhost,IP:127.0.0.1\n");
-  run({"openssl", "x509", "-req", "-in", d("server.csr"), "-CA", d("ca.pem"), "-CAkey", d("ca.key"),
-       "-CAcreateserial", "-out", d("server.pem"), "-days", "1", "-extfile", d("ext.cnf")});
+  run({"openssl", "x509", "-req", "-in", d("server.csr"), "-CA", d("ca.pem"), "-CAkey", d("ca.key"), "-CAcreateserial",
+       "-out", d("server.pem"), "-days", "1", "-extfile", d("ext.cnf")});
   auto port = testing::RedisServer::FreePort();
   ASSERT_TRUE(port.ok());
   const std::string addr = absl::StrCat("localhost:", *port);
@@ -871,10 +880,9 @@ TEST_F(ServiceTest, TlsCoordinatorServesClientsThatTrustItsCa) {
   grpc::SslCredentialsOptions ssl;
   ssl.pem_root_certs = *ReadFileToString(d("ca.pem"));
   auto channel = grpc::CreateChannel(addr, grpc::SslCredentials(ssl));
-  ASSERT_TRUE(channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(20)))
-      << (*tls)->Log();
-  auto trusted = testing::RunCommand({testing::StrataBinary(), "jobs", "--addr", addr, "--tls-ca", d("ca.pem"),
-                                      "--token-file", d("token")});
+  ASSERT_TRUE(channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(20))) << (*tls)->Log();
+  auto trusted = testing::RunCommand(
+      {testing::StrataBinary(), "jobs", "--addr", addr, "--tls-ca", d("ca.pem"), "--token-file", d("token")});
   ASSERT_TRUE(trusted.ok());
   EXPECT_EQ(trusted->exit_code, 0) << trusted->error;
   auto plaintext = testing::RunCommand({testing::StrataBinary(), "jobs", "--addr", addr, "--token-file", d("token")});
@@ -896,8 +904,8 @@ TEST_F(ServiceTest, MutualTlsJobRunsAndClientsWithoutACertificateAreRefused) {
     ASSERT_TRUE(r.ok() && r->exit_code == 0) << argv[1] << ": " << (r.ok() ? r->error : r.status().ToString());
   };
   const auto d = [&](const std::string& f) { return dir_.Join(f); };
-  run({"openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", d("ca.key"), "-out", d("ca.pem"),
-       "-days", "1", "-subj", "/CN=strata-test-ca"});
+  run({"openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", d("ca.key"), "-out", d("ca.pem"), "-days",
+       "1", "-subj", "/CN=strata-test-ca"});
   testing::WriteTextFile(d("ext.cnf"),
                          "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n");
   for (const std::string name : {"node", "client"}) {
@@ -906,8 +914,8 @@ TEST_F(ServiceTest, MutualTlsJobRunsAndClientsWithoutACertificateAreRefused) {
     run({"openssl", "x509", "-req", "-in", d(name + ".csr"), "-CA", d("ca.pem"), "-CAkey", d("ca.key"),
          "-CAcreateserial", "-out", d(name + ".pem"), "-days", "1", "-extfile", d("ext.cnf")});
   }
-  const std::vector<std::string> node_tls = {"--tls-cert", d("node.pem"), "--tls-key", d("node.key"), "--tls-ca",
-                                             d("ca.pem")};
+  const std::vector<std::string> node_tls = {"--tls-cert",  d("node.pem"), "--tls-key",
+                                             d("node.key"), "--tls-ca",    d("ca.pem")};
   // A stack of its own (Redis included), so the fixture's plaintext
   // coordinator never sees this worker.
   auto redis = testing::RedisServer::Start();
@@ -916,20 +924,29 @@ TEST_F(ServiceTest, MutualTlsJobRunsAndClientsWithoutACertificateAreRefused) {
   auto worker_port = testing::RedisServer::FreePort();
   ASSERT_TRUE(coordinator_port.ok() && worker_port.ok());
   const std::string coordinator = absl::StrCat("localhost:", *coordinator_port);
-  std::vector<std::string> argv = {testing::StrataBinary(), "coordinator", "--listen", coordinator, "--redis",
-                                   (*redis)->url(), "--token-file", d("token")};
+  std::vector<std::string> argv = {testing::StrataBinary(), "coordinator",  "--listen", coordinator, "--redis",
+                                   (*redis)->url(),         "--token-file", d("token")};
   argv.insert(argv.end(), node_tls.begin(), node_tls.end());
   auto coordinator_process = ChildProcess::Spawn(argv, d("mtls-coordinator.log"), CoordinatorDirectory());
   ASSERT_TRUE(coordinator_process.ok());
-  argv = {testing::StrataBinary(), "worker", "--listen", absl::StrCat("localhost:", *worker_port), "--coordinator",
-          coordinator, "--token-file", d("token"), "--id", "mtls-worker", "--allow-path",
+  argv = {testing::StrataBinary(),
+          "worker",
+          "--listen",
+          absl::StrCat("localhost:", *worker_port),
+          "--coordinator",
+          coordinator,
+          "--token-file",
+          d("token"),
+          "--id",
+          "mtls-worker",
+          "--allow-path",
           testing::SourcePath("examples")};
   argv.insert(argv.end(), node_tls.begin(), node_tls.end());
   auto worker_process = ChildProcess::Spawn(argv, d("mtls-worker.log"), dir_.path());
   ASSERT_TRUE(worker_process.ok());
 
-  const std::vector<std::string> client = {"--addr", coordinator, "--token-file", d("token"), "--tls-ca", d("ca.pem"),
-                                           "--tls-cert", d("client.pem"), "--tls-key", d("client.key")};
+  const std::vector<std::string> client = {"--addr",    coordinator,  "--token-file",  d("token"),  "--tls-ca",
+                                           d("ca.pem"), "--tls-cert", d("client.pem"), "--tls-key", d("client.key")};
   testing::WriteTextFile(d("mtls.yaml"), Spec(2, "mtls-run"));
   std::vector<std::string> submit = {testing::StrataBinary(), "submit", d("mtls.yaml")};
   submit.insert(submit.end(), client.begin(), client.end());
@@ -965,13 +982,13 @@ TEST_F(ServiceTest, MutualTlsJobRunsAndClientsWithoutACertificateAreRefused) {
   EXPECT_EQ(watched->exit_code, 0) << watched->output << watched->error << (*worker_process)->Log();
 
   // Trusting the CA is not enough: the coordinator wants a certificate.
-  auto anonymous = testing::RunCommand({testing::StrataBinary(), "jobs", "--addr", coordinator, "--token-file",
-                                        d("token"), "--tls-ca", d("ca.pem")});
+  auto anonymous = testing::RunCommand(
+      {testing::StrataBinary(), "jobs", "--addr", coordinator, "--token-file", d("token"), "--tls-ca", d("ca.pem")});
   ASSERT_TRUE(anonymous.ok());
   EXPECT_NE(anonymous->exit_code, 0);
   EXPECT_NE(anonymous->error.find("UNAVAILABLE"), std::string::npos) << anonymous->error;
-  auto half = testing::RunCommand({testing::StrataBinary(), "jobs", "--addr", coordinator, "--tls-ca", d("ca.pem"),
-                                   "--tls-cert", d("client.pem")});
+  auto half = testing::RunCommand(
+      {testing::StrataBinary(), "jobs", "--addr", coordinator, "--tls-ca", d("ca.pem"), "--tls-cert", d("client.pem")});
   ASSERT_TRUE(half.ok());
   EXPECT_NE(half->error.find("--tls-cert and --tls-key go together"), std::string::npos) << half->error;
 }
@@ -1026,8 +1043,8 @@ TEST_P(GangTest, TwoWorkerGangMatchesOneWorker) {
   EXPECT_TRUE(IsRegularFile(dir_.Join("gang2/model.safetensors")));
   // Each rank checkpointed its half of the optimizer states.
   const std::string model_dir = algorithm == "reward_model" ? "reward" : "actor";
-  EXPECT_TRUE(IsRegularFile(
-      dir_.Join("gang2/checkpoints/iter-000002/" + model_dir + "/optimizer-rank1-of-2.safetensors")));
+  EXPECT_TRUE(
+      IsRegularFile(dir_.Join("gang2/checkpoints/iter-000002/" + model_dir + "/optimizer-rank1-of-2.safetensors")));
 }
 
 INSTANTIATE_TEST_SUITE_P(Algorithms, GangTest, ::testing::Values("sft", "reward_model", "remax", "ppo"));
@@ -1094,10 +1111,9 @@ TEST_F(ServiceTest, SlowRankInARolloutIsWaitedForWhileItAnswers) {
 // all-reduce timed out and the job was requeued, to repeat the same slow
 // evaluation.)
 TEST_F(ServiceTest, SlowRankInAnEvaluationIsWaitedForWhileItAnswers) {
-  ExpectTwoRankJobSucceedsWithoutRequeue(
-      "gangeval", "stall@evaluate:1:12", {1},
-      {"data.eval=" + testing::SourcePath("examples/tiny/data/eval_prompts.jsonl"), "eval.every=2",
-       "eval.rule=vowel_fraction", "eval.prompts=6"});
+  ExpectTwoRankJobSucceedsWithoutRequeue("gangeval", "stall@evaluate:1:12", {1},
+                                         {"data.eval=" + testing::SourcePath("examples/tiny/data/eval_prompts.jsonl"),
+                                          "eval.every=2", "eval.rule=vowel_fraction", "eval.prompts=6"});
   const auto worker_log = ReadFileToString(dir_.Join("worker1.log"));
   ASSERT_TRUE(worker_log.ok());
   EXPECT_NE(worker_log->find("stall@evaluate:1:12: working 12 s longer"), std::string::npos) << *worker_log;
@@ -1153,7 +1169,7 @@ TEST_F(ServiceTest, RankThatHangsIsGivenUpAndTheJobRequeued) {
   ASSERT_FALSE(until_requeued.empty());
   EXPECT_EQ(until_requeued.back().state(), v1::QUEUED) << coordinator_->Log();
   EXPECT_EQ(Watch(job.id(), Ended).back().state(), v1::SUCCEEDED) << Get(job.id()).error_message() << "\n"
-                                                                   << coordinator_->Log();
+                                                                  << coordinator_->Log();
   EXPECT_EQ(Get(job.id()).iteration(), 8);
 }
 
@@ -1180,7 +1196,8 @@ TEST_F(ServiceTest, RequeuedJobWhoseCheckpointIsGoneFailsNamingIt) {
   EXPECT_NE(failed.error_message().find("/gangmoved/checkpoints/iter-000002 is not in checkpoint.dir"),
             std::string::npos)
       << failed.error_message();
-  EXPECT_EQ(testing::RunMetrics(dir_.Join("gangmoved/metrics.jsonl")).size(), 3u) << "the metrics file was started over";
+  EXPECT_EQ(testing::RunMetrics(dir_.Join("gangmoved/metrics.jsonl")).size(), 3u)
+      << "the metrics file was started over";
 }
 
 // A rank that dies in a phase that ends in no collective ends that phase
@@ -1438,7 +1455,8 @@ TEST_F(ServiceTest, AContinuationWhoseCheckpointsWereRemovedFailsSayingHowToStar
   EXPECT_NE(failed.error_message().find("the job continues job " + first.id()), std::string::npos)
       << failed.error_message();
   EXPECT_NE(failed.error_message().find("without --continue"), std::string::npos) << failed.error_message();
-  EXPECT_EQ(testing::RunMetrics(dir_.Join("contgone/metrics.jsonl")).size(), lines) << "the metrics file was started over";
+  EXPECT_EQ(testing::RunMetrics(dir_.Join("contgone/metrics.jsonl")).size(), lines)
+      << "the metrics file was started over";
 }
 
 // The coordinator opens no job file: run as an unprivileged user that
@@ -1478,7 +1496,7 @@ TEST_F(ServiceTest, CoordinatorWithoutAccessToJobFilesRunsTheJob) {
   ASSERT_TRUE(submitted.ok()) << submitted.error_message() << "\nalive " << coordinator_->Alive() << "\n"
                               << coordinator_->Log();
   EXPECT_EQ(Watch(job.id(), Ended).back().state(), v1::SUCCEEDED) << Get(job.id()).error_message() << "\n"
-                                                                   << coordinator_->Log();
+                                                                  << coordinator_->Log();
   EXPECT_TRUE(IsRegularFile(dir_.Join("nofiles/model.safetensors")));
   EXPECT_EQ(testing::RunMetrics(dir_.Join("nofiles/metrics.jsonl")).size(), 2u);
 }
@@ -1493,8 +1511,8 @@ class TenantTest : public ServiceTest {
 
   std::vector<std::string> CoordinatorAuth() override {
     const std::string tokens = dir_.Join("tokens");
-    testing::WriteTextFile(tokens, absl::StrCat("# token tenant [admin]\n", kAlice, " alice\n", kBob, " bob\n",
-                                                kRoot, " ops admin\n"));
+    testing::WriteTextFile(tokens, absl::StrCat("# token tenant [admin]\n", kAlice, " alice\n", kBob, " bob\n", kRoot,
+                                                " ops admin\n"));
     ::chmod(tokens.c_str(), 0600);
     return {"--tokens-file", tokens, "--worker-token-file", dir_.Join("token")};
   }
@@ -1678,9 +1696,9 @@ TEST_F(NoWorkerServiceTest, AGangJobSaysWhenTooFewWorkersRemainRegistered) {
     return (e.type() == "log" && e.json().find("are registered") != std::string::npos) || Ended(e);
   });
   ASSERT_FALSE(events.empty());
-  EXPECT_NE(
-      events.back().json().find("waiting: the job needs 2 workers (spec key 'parallel.workers'); 0 are registered"),
-      std::string::npos)
+  EXPECT_NE(events.back().json().find(
+                "waiting: the job needs 2 workers (spec key 'parallel.workers'); 0 are registered"),
+            std::string::npos)
       << events.back().json();
   v1::Job cancelled;
   EXPECT_TRUE(Cancel(job.id(), &cancelled).ok());
@@ -1869,7 +1887,8 @@ class MetricsTest : public ServiceTest {
   // GET /metrics of metrics_addr_[slot], checked by promtool.
   std::string Scrape(size_t slot) {
     const std::string file = dir_.Join(absl::StrCat("scrape", slot, "-", scrapes_++, ".txt"));
-    auto got = testing::RunCommand({"curl", "-sSf", "-o", file, absl::StrCat("http://", metrics_addr_[slot], "/metrics")});
+    auto got = testing::RunCommand(
+        {"curl", "-sSf", "-o", file, absl::StrCat("http://", metrics_addr_[slot], "/metrics")});
     EXPECT_TRUE(got.ok() && got->exit_code == 0) << (got.ok() ? got->error : got.status().ToString());
     auto check = testing::RunCommand({"sh", "-c", "promtool check metrics < " + file});
     EXPECT_TRUE(check.ok() && check->exit_code == 0)
@@ -1925,7 +1944,8 @@ TEST_F(MetricsTest, ScrapesShowTheJobMoveOnTheCoordinatorAndTheWorkers) {
     const std::string worker = Scrape(slot);
     for (const char* phase : {"rollout", "score", "update"}) {
       EXPECT_EQ(Sample(worker, absl::StrCat("strata_phase_seconds_count{phase=\"", phase, "\"}")), 3)
-          << "worker " << slot << " phase " << phase << "\n" << worker;
+          << "worker " << slot << " phase " << phase << "\n"
+          << worker;
     }
     EXPECT_GT(Sample(worker, R"(strata_rpc_server_seconds_count{code="OK",method="Worker/RunPhase"})"), 0);
     // 2 prompts of this rank x (1 sample + 1 greedy) x at most 8 tokens, 3 times.
@@ -1965,8 +1985,8 @@ TEST_F(MetricsTest, CancelInterruptsARunningRollout) {
   testing::WriteTextFile(dir_.Join("long.json"), R"({"vocab_size": 259, "hidden_size": 256,
       "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4,
       "max_position_embeddings": 1024, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0})");
-  auto init = testing::RunCommand({testing::StrataBinary(), "init-model", "--config", dir_.Join("long.json"), "--out",
-                                   big, "--seed", "3"});
+  auto init = testing::RunCommand(
+      {testing::StrataBinary(), "init-model", "--config", dir_.Join("long.json"), "--out", big, "--seed", "3"});
   ASSERT_TRUE(init.ok() && init->exit_code == 0);
   for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
     std::filesystem::copy_file(JoinPath(model_, f), JoinPath(big, f));

@@ -12,12 +12,12 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "base/file.h"
 #include "gtest/gtest.h"
+#include "offload/host/cuda_host.h"
+#include "offload/host/host_arena.h"
 #include "policies/checkpoint/safetensors.h"
 #include "policies/checkpoint/tensor_io.h"
-#include "offload/host/cuda_host.h"
-#include "base/file.h"
-#include "offload/host/host_arena.h"
 #include "policies/dist/process_group.h"
 #include "services/driver/job_runner.h"
 #include "tests/e2e/run_metrics.h"
@@ -38,8 +38,8 @@ class TrainTest : public ::testing::Test {
  protected:
   void SetUp() override {
     model_ = dir_.Join("model");
-    auto init = Strata({"init-model", "--config", testing::SourcePath("examples/tiny/model.json"), "--out", model_,
-                        "--seed", "5"});
+    auto init = Strata(
+        {"init-model", "--config", testing::SourcePath("examples/tiny/model.json"), "--out", model_, "--seed", "5"});
     ASSERT_EQ(init.exit_code, 0) << init.error;
     for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
       std::filesystem::copy_file(testing::SourcePath(std::string("examples/tiny/data/") + f), JoinPath(model_, f));
@@ -52,8 +52,10 @@ models:
   reward: {rule: vowel_fraction}
   critic: {path: )" + model_ + R"(}
 data:
-  train: )" + testing::SourcePath("examples/tiny/data/prompts.jsonl") + R"(
-  eval: )" + testing::SourcePath("examples/tiny/data/eval_prompts.jsonl") + R"(
+  train: )" + testing::SourcePath("examples/tiny/data/prompts.jsonl") +
+                                      R"(
+  eval: )" + testing::SourcePath("examples/tiny/data/eval_prompts.jsonl") +
+                                      R"(
   max_prompt_tokens: 16
 train: {iterations: 4, batch_size: 4, lr: 1.0e-3, seed: 7}
 generation: {max_new_tokens: 8}
@@ -89,9 +91,9 @@ TEST_P(ResumeTest, ResumedRunReproducesUninterruptedMetrics) {
   // normalisation, which a resumed run must continue exactly. (A decaying schedule spans train.iterations,
   // which the stopped run here shortens; LearningRateScale is a function
   // of the spec and the iteration alone, see JobSpecTest.)
-  const std::vector<std::string> controls = {"--set", "train.max_grad_norm=0.5", "--set",
-                                             "train.warmup_iterations=2", "--set",
-                                             "train.reward_normalization=running"};
+  const std::vector<std::string> controls = {"--set", "train.max_grad_norm=0.5",
+                                             "--set", "train.warmup_iterations=2",
+                                             "--set", "train.reward_normalization=running"};
   auto train = [&](std::vector<std::string> args) {
     args.insert(args.begin(), "train");
     args.insert(args.end(), controls.begin(), controls.end());
@@ -113,8 +115,8 @@ TEST_P(ResumeTest, ResumedRunReproducesUninterruptedMetrics) {
   for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "iteration " << i;
   // The contract's metric names are there.
   for (const char* key : {"iteration", "objective/scores", "objective/kl", "objective/rlhf_reward", "loss/policy_avg",
-                          "objective/entropy", "policy/entropy_per_token", "response/clipped_fraction",
-                          "optimizer/lr", "optimizer/grad_norm"}) {
+                          "objective/entropy", "policy/entropy_per_token", "response/clipped_fraction", "optimizer/lr",
+                          "optimizer/grad_norm"}) {
     EXPECT_TRUE(want[1].contains(key)) << key;
   }
   // The warmup: half the learning rate, then all of it.
@@ -178,8 +180,8 @@ TEST_F(TrainTest, ACheckpointCutShortIsRemovedByTheNextRun) {
     if (entry.path().filename().string().rfind("iter-000003.tmp-", 0) == 0) unfinished = entry.path().string();
   }
   ASSERT_FALSE(unfinished.empty()) << killed->error;
-  auto resumed = Strata({"train", spec_, "--out", out, "--resume", "--set", "checkpoint.every=1", "--set",
-                         "train.iterations=3"});
+  auto resumed = Strata(
+      {"train", spec_, "--out", out, "--resume", "--set", "checkpoint.every=1", "--set", "train.iterations=3"});
   ASSERT_EQ(resumed.exit_code, 0) << resumed.error;
   EXPECT_NE(resumed.error.find("removed 1 checkpoint(s) an earlier run left half-written"), std::string::npos)
       << resumed.error;
@@ -206,8 +208,8 @@ TEST_F(TrainTest, AFreshRunDoesNotMixWithAnEarlierRunsCheckpoints) {
             std::string::npos)
       << again.error;
   EXPECT_EQ(testing::RunMetrics(out + "/metrics.jsonl").size(), 4u) << "the refused run wrote nothing";
-  auto overwritten =
-      Strata({"train", spec_, "--out", out, "--set", "train.seed=8", "--set", "train.iterations=2", "--overwrite"});
+  auto overwritten = Strata(
+      {"train", spec_, "--out", out, "--set", "train.seed=8", "--set", "train.iterations=2", "--overwrite"});
   ASSERT_EQ(overwritten.exit_code, 0) << overwritten.error;
   EXPECT_FALSE(IsDirectory(out + "/checkpoints/iter-000002"));
   EXPECT_EQ(testing::RunMetrics(out + "/metrics.jsonl").size(), 2u);
@@ -231,8 +233,7 @@ TEST_F(TrainTest, ResumeRefusesOptimizerShardsThatAreNotOneGangs) {
   auto mixed = Strata({"train", spec_, "--out", out, "--resume"});
   EXPECT_NE(mixed.exit_code, 0);
   EXPECT_NE(mixed.error.find("DATA_LOSS"), std::string::npos) << mixed.error;
-  EXPECT_NE(mixed.error.find("optimizer states of gangs of 2 and 3 ranks together"), std::string::npos)
-      << mixed.error;
+  EXPECT_NE(mixed.error.find("optimizer states of gangs of 2 and 3 ranks together"), std::string::npos) << mixed.error;
   std::filesystem::remove(stray);
   std::filesystem::rename(rank1, rank1 + ".moved");
   auto missing = Strata({"train", spec_, "--out", out, "--resume"});
@@ -253,18 +254,21 @@ INSTANTIATE_TEST_SUITE_P(Algorithms, ResumeTest, ::testing::Values("remax", "ppo
 TEST_F(TrainTest, PlacementChangesMemoryNotMetrics) {
   auto resident = Strata({"train", spec_, "--out", dir_.Join("resident"), "--set", "train.iterations=2"});
   ASSERT_EQ(resident.exit_code, 0) << resident.error;
-  std::vector<std::string> args = {"train", spec_, "--out", dir_.Join("streamed"), "--set", "train.iterations=2",
-                                   "--set", "models.actor.placement.weights=host", "--set",
-                                   "models.actor.placement.optimizer=nvme", "--set",
-                                   "models.reference.placement.weights=nvme", "--set",
-                                   "memory.nvme_dir=" + dir_.Join("nvme")};
+  std::vector<std::string> args = {"train", spec_,
+                                   "--out", dir_.Join("streamed"),
+                                   "--set", "train.iterations=2",
+                                   "--set", "models.actor.placement.weights=host",
+                                   "--set", "models.actor.placement.optimizer=nvme",
+                                   "--set", "models.reference.placement.weights=nvme",
+                                   "--set", "memory.nvme_dir=" + dir_.Join("nvme")};
   // Pinned (locked + io_uring fixed buffers) where the 256 MiB arena may be
   // locked: root, or a memlock limit that allows it.
   const bool can_pin = ::geteuid() == 0 || offload::MemlockLimitBytes() >= (size_t{256} << 20);
   if (can_pin) args.insert(args.end(), {"--set", "memory.pin_host=true"});
   auto streamed = Strata(args);
   ASSERT_EQ(streamed.exit_code, 0) << streamed.error;
-  EXPECT_EQ(testing::RunMetrics(dir_.Join("streamed/metrics.jsonl")), testing::RunMetrics(dir_.Join("resident/metrics.jsonl")));
+  EXPECT_EQ(testing::RunMetrics(dir_.Join("streamed/metrics.jsonl")),
+            testing::RunMetrics(dir_.Join("resident/metrics.jsonl")));
   std::ifstream a(dir_.Join("resident/metrics.jsonl")), b(dir_.Join("streamed/metrics.jsonl"));
   std::string la, lb;
   std::getline(a, la);
@@ -487,8 +491,7 @@ TEST_F(TrainTest, ResumeReshardsTheOptimizerAcrossGangSizes) {
     // differs by reduction-order noise, and its clip fractions by a few
     // tokens (tests/e2e/run_metrics.h).
     testing::ExpectSameMetrics(testing::RunMetrics(dir_.Join("whole/metrics.jsonl")),
-                               testing::RunMetrics(dir_.Join(out + "/metrics.jsonl")),
-                               kPpoCounted, out);
+                               testing::RunMetrics(dir_.Join(out + "/metrics.jsonl")), kPpoCounted, out);
   }
   // The two-rank checkpoint holds one optimizer file per rank.
   EXPECT_TRUE(IsRegularFile(dir_.Join("split21/checkpoints/iter-000002/actor/optimizer-rank0-of-2.safetensors")));
@@ -565,8 +568,8 @@ TEST_F(TrainTest, CollectiveTimeoutBoundsHowFarTheRanksMayDrift) {
 // such a build.
 TEST_F(TrainTest, WithoutGlooSeveralWorkersAreRefusedAtOnce) {
   if (HasGloo()) GTEST_SKIP() << "this build has Gloo";
-  auto result = Strata({"train", spec_, "--out", dir_.Join("refused"), "--workers", "2", "--set",
-                        "train.iterations=1"});
+  auto result = Strata(
+      {"train", spec_, "--out", dir_.Join("refused"), "--workers", "2", "--set", "train.iterations=1"});
   EXPECT_NE(result.exit_code, 0);
   EXPECT_NE(result.error.find("UNIMPLEMENTED: this build has no Gloo"), std::string::npos) << result.error;
   EXPECT_EQ(result.error.find("TCPStore"), std::string::npos) << result.error;
@@ -651,10 +654,10 @@ TEST_F(TrainTest, TensorBoardCurvesMatchTheMetricsFile) {
 // family's extra tensors go through the streamer and the optimizer like the
 // rest), and the trained model is written back in the family's HF layout.
 TEST_F(TrainTest, EachFamilyTrainsStreamedAsItDoesResident) {
-  for (const auto& [family, extra] : std::vector<std::pair<std::string, std::string>>{
-           {"mistral", R"("sliding_window": 6)"},
-           {"qwen2", R"("use_sliding_window": false)"},
-           {"qwen3", R"("head_dim": 48, "attention_bias": false)"}}) {
+  for (const auto& [family, extra] :
+       std::vector<std::pair<std::string, std::string>>{{"mistral", R"("sliding_window": 6)"},
+                                                        {"qwen2", R"("use_sliding_window": false)"},
+                                                        {"qwen3", R"("head_dim": 48, "attention_bias": false)"}}) {
     SCOPED_TRACE(family);
     const std::string dir = dir_.Join(family);
     std::filesystem::create_directories(dir);
@@ -669,8 +672,10 @@ TEST_F(TrainTest, EachFamilyTrainsStreamedAsItDoesResident) {
     for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
       std::filesystem::copy_file(testing::SourcePath(std::string("examples/tiny/data/") + f), JoinPath(model, f));
     }
-    const std::vector<std::string> common = {"train", spec_, "--set", "train.iterations=2", "--set",
-                                             "models.actor.path=" + model, "--set", "models.critic.path=" + model};
+    const std::vector<std::string> common = {"train", spec_,
+                                             "--set", "train.iterations=2",
+                                             "--set", "models.actor.path=" + model,
+                                             "--set", "models.critic.path=" + model};
     auto with = [&](std::vector<std::string> extra_args) {
       std::vector<std::string> args = common;
       args.insert(args.end(), extra_args.begin(), extra_args.end());
@@ -682,7 +687,8 @@ TEST_F(TrainTest, EachFamilyTrainsStreamedAsItDoesResident) {
                           "models.actor.placement.optimizer=nvme", "--set", "models.reference.placement.weights=nvme",
                           "--set", "memory.nvme_dir=" + JoinPath(dir, "nvme")});
     ASSERT_EQ(streamed.exit_code, 0) << streamed.error;
-    EXPECT_EQ(testing::RunMetrics(JoinPath(dir, "streamed/metrics.jsonl")), testing::RunMetrics(JoinPath(dir, "resident/metrics.jsonl")));
+    EXPECT_EQ(testing::RunMetrics(JoinPath(dir, "streamed/metrics.jsonl")),
+              testing::RunMetrics(JoinPath(dir, "resident/metrics.jsonl")));
     const json written = json::parse(*ReadFileToString(JoinPath(dir, "streamed/config.json")));
     EXPECT_EQ(written["model_type"], family);
     EXPECT_EQ(written["architectures"][0].get<std::string>().rfind(family == "mistral" ? "Mistral" : "Qwen", 0), 0u)
@@ -699,17 +705,19 @@ TEST_F(TrainTest, QwenAndLlama3RecipesRunTheirChain) {
     SCOPED_TRACE(family);
     std::filesystem::copy(testing::SourcePath("examples"), dir_.Join("examples"),
                           std::filesystem::copy_options::recursive | std::filesystem::copy_options::skip_existing);
-    auto run = testing::RunCommand({"bash", "-c",
-                                    absl::StrCat("cd ", dir_.path(), " && STRATA_BIN=", testing::StrataBinary(),
-                                                 " STRATA_TOKENIZER_PACKAGES=",
-                                                 testing::SourcePath("tests/policies/tokenizer/reference"),
-                                                 " bash examples/recipes.sh run ", family, " --quick")});
+    auto run = testing::RunCommand(
+        {"bash", "-c",
+         absl::StrCat("cd ", dir_.path(), " && STRATA_BIN=", testing::StrataBinary(),
+                      " STRATA_TOKENIZER_PACKAGES=", testing::SourcePath("tests/policies/tokenizer/reference"),
+                      " bash examples/recipes.sh run ", family, " --quick")});
     ASSERT_TRUE(run.ok()) << run.status();
     ASSERT_EQ(run->exit_code, 0) << run->output << run->error;
     for (const char* stage : {"sft", "reward", "remax", "ppo"}) {
-      const json config = json::parse(*ReadFileToString(dir_.Join(absl::StrCat("out/", family, "/", stage, "/config.json"))));
+      const json config = json::parse(
+          *ReadFileToString(dir_.Join(absl::StrCat("out/", family, "/", stage, "/config.json"))));
       EXPECT_EQ(config["model_type"], family == std::string("qwen3") ? "qwen3" : "llama") << stage;
-      EXPECT_EQ(testing::RunMetrics(dir_.Join(absl::StrCat("out/", family, "/", stage, "/metrics.jsonl"))).size(), 2u) << stage;
+      EXPECT_EQ(testing::RunMetrics(dir_.Join(absl::StrCat("out/", family, "/", stage, "/metrics.jsonl"))).size(), 2u)
+          << stage;
     }
     EXPECT_TRUE(IsRegularFile(dir_.Join(absl::StrCat("out/", family, "/remax_vs_ppo.png"))));
   }

@@ -6,8 +6,8 @@
 #include <cstring>
 
 #include "gtest/gtest.h"
-#include "offload/host/cuda_host.h"
 #include "offload/device/device_memory.h"
+#include "offload/host/cuda_host.h"
 #include "offload/host/host_arena.h"
 #include "offload/stream/layer_streamer.h"
 #include "tests/testutil/testutil.h"

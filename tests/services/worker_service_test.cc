@@ -12,16 +12,16 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "policies/dist/process_group.h"
 #include "policies/job/job_spec.h"
 #include "policies/model/llama.h"
-#include "base/status_macros.h"
-#include "policies/dist/process_group.h"
-#include "services/rank/job_rank.h"
-#include "services/driver/job_runner.h"
-#include "services/rank/local_worker_group.h"
 #include "services/coordinator/remote_rank.h"
+#include "services/driver/job_runner.h"
+#include "services/rank/job_rank.h"
+#include "services/rank/local_worker_group.h"
 #include "services/rpc/wire.h"
 #include "services/worker/worker_service.h"
 #include "tests/testutil/testutil.h"
@@ -57,7 +57,8 @@ class WorkerServiceTest : public ::testing::Test {
   static void SaveTinyModel(const std::string& dir, int64_t hidden,
                             const std::function<void(policies::LlamaModel&)>& edit = nullptr) {
     auto config = policies::LlamaConfig::FromJson(absl::StrCat(R"({
-      "vocab_size": 259, "hidden_size": )", hidden, R"(, "intermediate_size": )", 2 * hidden, R"(,
+      "vocab_size": 259, "hidden_size": )",
+                                                               hidden, R"(, "intermediate_size": )", 2 * hidden, R"(,
       "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
       "max_position_embeddings": 128, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0})"),
                                                   "tiny config");

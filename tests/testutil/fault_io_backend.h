@@ -62,8 +62,7 @@ class FaultIoBackend final : public offload::IoBackend {
     out->insert(out->end(), injected_.begin(), injected_.end());
     injected_.clear();
     // Never wait for more than the inner backend actually has in flight.
-    const int need =
-        std::min(std::max(min_results - injected, 0), static_cast<int>(running_.size()));
+    const int need = std::min(std::max(min_results - injected, 0), static_cast<int>(running_.size()));
     std::vector<offload::IoBackendResult> real;
     STRATA_RETURN_IF_ERROR(inner_->Reap(need, &real));
     for (offload::IoBackendResult& r : real) {

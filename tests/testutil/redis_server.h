@@ -130,16 +130,25 @@ class RedisServer {
   absl::Status Launch() {
     const std::vector<std::string> argv = {
         "redis-server",
-        "--port", std::to_string(port_),
-        "--bind", "127.0.0.1",
-        "--dir", dir_.path(),
-        "--appendonly", "yes",
-        "--save", "",  // no RDB snapshots: the append-only file alone must carry the data
-        "--daemonize", "no",
-        "--logfile", dir_.Join("redis.log"),
-        "--databases", "1",
+        "--port",
+        std::to_string(port_),
+        "--bind",
+        "127.0.0.1",
+        "--dir",
+        dir_.path(),
+        "--appendonly",
+        "yes",
+        "--save",
+        "",  // no RDB snapshots: the append-only file alone must carry the data
+        "--daemonize",
+        "no",
+        "--logfile",
+        dir_.Join("redis.log"),
+        "--databases",
+        "1",
         // Cron at 100 Hz: a SIGTERM'd server exits in ~10 ms instead of ~100 ms.
-        "--hz", "100",
+        "--hz",
+        "100",
     };
     std::vector<char*> args;
     for (const auto& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));

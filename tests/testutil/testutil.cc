@@ -7,10 +7,10 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
-#include "base/status_macros.h"
-#include "gtest/gtest.h"
 #include "base/file.h"
+#include "base/status_macros.h"
 #include "base/subprocess.h"
+#include "gtest/gtest.h"
 
 namespace strata::testing {
 
@@ -24,9 +24,7 @@ TempDir::TempDir() {
   path_ = templ;
 }
 
-TempDir::~TempDir() {
-  RemoveTree(path_);
-}
+TempDir::~TempDir() { RemoveTree(path_); }
 
 absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv) {
   TempDir scratch;
@@ -56,9 +54,7 @@ std::string ReferencePython() {
 
 std::string StrataBinary() { return JoinPath(STRATA_BINARY_DIR, "strata"); }
 
-std::string SourcePath(const std::string& relative) {
-  return JoinPath(STRATA_SOURCE_DIR, relative);
-}
+std::string SourcePath(const std::string& relative) { return JoinPath(STRATA_SOURCE_DIR, relative); }
 
 void WriteTextFile(const std::string& path, const std::string& contents) {
   const absl::Status status = WriteFileAtomically(path, contents);

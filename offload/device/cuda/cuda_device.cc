@@ -20,8 +20,8 @@ namespace {
 
 absl::Status CudaError(const std::string& what, cudaError_t error) {
   ::cudaGetLastError();  // so a later check does not report this failure again
-  return absl::InternalError(absl::StrCat("device transfer: ", what, ": ", std::string(::cudaGetErrorName(error)),
-                                          ": ", std::string(::cudaGetErrorString(error))));
+  return absl::InternalError(absl::StrCat("device transfer: ", what, ": ", std::string(::cudaGetErrorName(error)), ": ",
+                                          std::string(::cudaGetErrorString(error))));
 }
 
 absl::Status TorchError(const std::string& what, const std::exception& e) {
@@ -86,8 +86,8 @@ class CudaTransfer final : public DeviceTransfer {
       at::cuda::CUDAEvent produced;
       produced.record(c10::cuda::getCurrentCUDAStream(index_));
       produced.block(download_stream_);
-      if (const cudaError_t e = ::cudaMemcpyAsync(host.data(), device_tensor.data_ptr(), bytes,
-                                                  cudaMemcpyDeviceToHost, download_stream_.stream());
+      if (const cudaError_t e = ::cudaMemcpyAsync(host.data(), device_tensor.data_ptr(), bytes, cudaMemcpyDeviceToHost,
+                                                  download_stream_.stream());
           e != cudaSuccess) {
         return CudaError(absl::StrCat("device-to-host copy of ", bytes, " bytes"), e);
       }

@@ -40,7 +40,10 @@ const std::vector<int64_t> kSizes = {1, 7, 1023, 100003};
 // Our copy of one parameter tensor and its optimizer state.
 struct Buffers {
   explicit Buffers(std::vector<float> init)
-      : param(std::move(init)), exp_avg(param.size()), exp_avg_sq(param.size()), bf16(param.size()),
+      : param(std::move(init)),
+        exp_avg(param.size()),
+        exp_avg_sq(param.size()),
+        bf16(param.size()),
         fp32(param.size()) {}
   std::vector<float> param, exp_avg, exp_avg_sq;
   std::vector<uint16_t> bf16;
@@ -126,17 +129,15 @@ void CheckAgainstTorch(const AdamOptions& adam, const std::string& label) {
   }
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   if (adam.decoupled) {
-    optimizer = std::make_unique<torch::optim::AdamW>(
-        params, torch::optim::AdamWOptions(adam.lr)
-                    .betas(std::make_tuple(adam.beta1, adam.beta2))
-                    .eps(adam.eps)
-                    .weight_decay(adam.weight_decay));
+    optimizer = std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(adam.lr)
+                                                                  .betas(std::make_tuple(adam.beta1, adam.beta2))
+                                                                  .eps(adam.eps)
+                                                                  .weight_decay(adam.weight_decay));
   } else {
-    optimizer = std::make_unique<torch::optim::Adam>(
-        params, torch::optim::AdamOptions(adam.lr)
-                    .betas(std::make_tuple(adam.beta1, adam.beta2))
-                    .eps(adam.eps)
-                    .weight_decay(adam.weight_decay));
+    optimizer = std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(adam.lr)
+                                                                 .betas(std::make_tuple(adam.beta1, adam.beta2))
+                                                                 .eps(adam.eps)
+                                                                 .weight_decay(adam.weight_decay));
   }
   auto cpu_adam = MakeAdam(adam);
   ASSERT_NE(cpu_adam, nullptr);
@@ -188,7 +189,7 @@ void CheckAgainstTorch(const AdamOptions& adam, const std::string& label) {
     EXPECT_LE(v.max_abs, 1e-6 * v.max_ref) << "largest |exp_avg_sq| " << v.max_ref;
     // Informational: on the build we test against, all three are 0.
     ::testing::Test::RecordProperty(absl::StrCat(label, "_n", kSizes[i], "_mismatched_bits"),
-                   std::to_string(p.mismatched + m.mismatched + v.mismatched));
+                                    std::to_string(p.mismatched + m.mismatched + v.mismatched));
     // The device copies are the updated weights.
     EXPECT_EQ(0, std::memcmp(ours[i].fp32.data(), ours[i].param.data(), ours[i].param.size() * sizeof(float)));
   }
@@ -415,8 +416,8 @@ TEST(CpuAdamTest, Bf16DeviceCopyMatchesTorchConversion) {
     const std::vector<float> grad(bits.size(), 0.5f);
     ASSERT_TRUE(still->Step(SpanOf(b, grad, 1)).ok());
     EXPECT_EQ(CountBitDifferences(b.param, weights), 0);
-    const torch::Tensor ref = torch::from_blob(weights.data(), {static_cast<int64_t>(weights.size())})
-                                  .to(at::kBFloat16);
+    const torch::Tensor ref =
+        torch::from_blob(weights.data(), {static_cast<int64_t>(weights.size())}).to(at::kBFloat16);
     for (size_t i = 0; i < bits.size(); ++i) {
       uint16_t want;
       std::memcpy(&want, static_cast<const uint16_t*>(ref.data_ptr()) + i, sizeof(want));

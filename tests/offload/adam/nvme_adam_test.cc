@@ -91,9 +91,9 @@ TEST_F(NvmeAdamTest, UnknownTensorAndWrongSizeAreErrors) {
   EXPECT_NE(status.message().find("w"), std::string::npos);
   NvmeAdamOptions bad;
   bad.staging_buffers = 1;
-  EXPECT_NE(NvmeAdamState::Create(bad, store_.get(), arena_.get(), adam_.get()).status().message().find(
-                "staging_buffers"),
-            std::string::npos);
+  EXPECT_NE(
+      NvmeAdamState::Create(bad, store_.get(), arena_.get(), adam_.get()).status().message().find("staging_buffers"),
+      std::string::npos);
 }
 
 }  // namespace

@@ -81,8 +81,7 @@ std::unique_ptr<IoEngine> MakeFaultEngine(FaultIoBackend** fault, int max_retrie
   return *std::move(engine);
 }
 
-IoRequest Request(IoOp op, int fd, int64_t offset, std::byte* buffer, int64_t length,
-                  const std::string& path) {
+IoRequest Request(IoOp op, int fd, int64_t offset, std::byte* buffer, int64_t length, const std::string& path) {
   IoRequest r;
   r.op = op;
   r.file = fd;
@@ -94,8 +93,7 @@ IoRequest Request(IoOp op, int fd, int64_t offset, std::byte* buffer, int64_t le
 }
 
 // Writes then reads back each size at a block-aligned offset of one file.
-void ExpectRoundTrips(IoEngine& engine, const std::string& path, int flags,
-                      const std::vector<int64_t>& sizes) {
+void ExpectRoundTrips(IoEngine& engine, const std::string& path, int flags, const std::vector<int64_t>& sizes) {
   ScopedFd fd(path, O_RDWR | O_CREAT | O_CLOEXEC | flags);
   ASSERT_GE(fd.get(), 0) << path << ": " << std::strerror(errno);
   int64_t offset = 0;
@@ -159,9 +157,7 @@ void ExpectChunkedAndQueueFull(IoEngineKind kind) {
   EXPECT_EQ(engine->stats().bytes, 4 << 20);
 }
 
-TEST(IoEngineTest, SplitsLargeTransfersAndKeepsQueueFullPosix) {
-  ExpectChunkedAndQueueFull(IoEngineKind::kPosix);
-}
+TEST(IoEngineTest, SplitsLargeTransfersAndKeepsQueueFullPosix) { ExpectChunkedAndQueueFull(IoEngineKind::kPosix); }
 
 TEST(IoEngineTest, SplitsLargeTransfersAndKeepsQueueFullUring) {
   if (auto probe = ProbeUring(); !probe.ok()) GTEST_SKIP() << "kernel refuses io_uring: " << probe;
@@ -275,8 +271,7 @@ TEST(IoEngineTest, ErrorNamesFileAndOffset) {
   const absl::Status status = engine->Run({&write, 1});
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
   EXPECT_NE(status.message().find(path), std::string::npos) << status;
-  EXPECT_NE(status.message().find(absl::StrCat("offset ", 2 * kChunk)), std::string::npos)
-      << status;
+  EXPECT_NE(status.message().find(absl::StrCat("offset ", 2 * kChunk)), std::string::npos) << status;
   EXPECT_EQ(engine->pending(), 0);
 }
 
@@ -303,8 +298,7 @@ TEST(IoEngineTest, ManyTransfersCompleteWithTheirTags) {
   FillPattern(out.span(), 11);
   std::vector<IoRequest> writes;
   for (int i = 0; i < kTransfers; ++i) {
-    writes.push_back(Request(IoOp::kWrite, fd.get(), i * 3 * kChunk, out.data() + i * 3 * kChunk,
-                             3 * kChunk, path));
+    writes.push_back(Request(IoOp::kWrite, fd.get(), i * 3 * kChunk, out.data() + i * 3 * kChunk, 3 * kChunk, path));
     writes.back().tag = 1000 + i;
   }
   ASSERT_TRUE(engine->Submit(writes).ok());
@@ -352,9 +346,7 @@ TEST(IoEngineTest, FixedFilesAndBuffersUring) {
   ExpectFixedFilesAndBuffersRoundTrip(IoEngineKind::kUring);
 }
 
-TEST(IoEngineTest, FixedFilesAndBuffersPosix) {
-  ExpectFixedFilesAndBuffersRoundTrip(IoEngineKind::kPosix);
-}
+TEST(IoEngineTest, FixedFilesAndBuffersPosix) { ExpectFixedFilesAndBuffersRoundTrip(IoEngineKind::kPosix); }
 
 TEST(IoEngineTest, ZeroLengthTransferCompletes) {
   auto engine = MakeEngine(IoEngineKind::kPosix);

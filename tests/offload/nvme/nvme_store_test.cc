@@ -11,16 +11,16 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/file.h"
 #include "gtest/gtest.h"
 #include "offload/nvme/aligned_buffer.h"
-#include "base/file.h"
 #include "offload/nvme/io_backend.h"
 #include "tests/testutil/fault_io_backend.h"
 #include "tests/testutil/testutil.h"
@@ -60,8 +60,7 @@ std::unique_ptr<NvmeStore> OpenStore(const NvmeStoreOptions& options) {
 }
 
 // A store whose engine runs over a fault-injecting posix backend.
-std::unique_ptr<NvmeStore> OpenFaultStore(const NvmeStoreOptions& options,
-                                          FaultIoBackend** fault) {
+std::unique_ptr<NvmeStore> OpenFaultStore(const NvmeStoreOptions& options, FaultIoBackend** fault) {
   IoEngineOptions engine_options;
   engine_options.kind = IoEngineKind::kPosix;
   engine_options.queue_depth = options.queue_depth;
@@ -79,8 +78,7 @@ std::unique_ptr<NvmeStore> OpenFaultStore(const NvmeStoreOptions& options,
 
 // Gets `id` both into unaligned memory (fully bounced) and into an aligned
 // buffer (bulk in place, tail bounced) and compares with `expected`.
-void ExpectContents(NvmeStore& store, const std::string& id,
-                    const std::vector<std::byte>& expected) {
+void ExpectContents(NvmeStore& store, const std::string& id, const std::vector<std::byte>& expected) {
   SCOPED_TRACE(id);
   const size_t size = expected.size();
   auto stored_size = store.Size(id);
@@ -202,9 +200,7 @@ uint64_t Fnv1a64(const std::string& bytes) {
 // Mounts a filesystem for one test (root only); unmounts on scope exit.
 class ScopedMount {
  public:
-  ScopedMount(const std::string& target, const char* fstype, unsigned long flags,
-              const char* data)
-      : target_(target) {
+  ScopedMount(const std::string& target, const char* fstype, unsigned long flags, const char* data) : target_(target) {
     if (::mount(fstype, target.c_str(), fstype, flags, data) == 0) {
       mounted_ = true;
     } else {
@@ -651,9 +647,7 @@ TEST(NvmeStoreTest, SmallChangesAreJournalledAndFoldedInAtOpen) {
   const std::vector<std::string> lines = JournalLines(dir.path());
   ASSERT_EQ(lines.size(), 4u) << JournalText(dir.path());
   EXPECT_EQ(lines[0].rfind("strata-nvme-journal 1 1 ", 0), 0u) << lines[0];
-  EXPECT_EQ(lines[1].rfind("1 slot 8192 " + NvmeStore::SlotFileName("t") + " t val 5000 t ", 0),
-            0u)
-      << lines[1];
+  EXPECT_EQ(lines[1].rfind("1 slot 8192 " + NvmeStore::SlotFileName("t") + " t val 5000 t ", 0), 0u) << lines[1];
   EXPECT_EQ(lines[2].rfind("2 inv t ", 0), 0u) << lines[2];
   EXPECT_EQ(lines[3].rfind("3 val 6000 t ", 0), 0u) << lines[3];
   EXPECT_EQ(ManifestGeneration(dir.path()), 1u);
@@ -687,8 +681,7 @@ TEST(NvmeStoreTest, BatchesCommitOnceEachWayAndReadsNotAtAll) {
   const std::vector<std::string> lines = JournalLines(dir.path());
   ASSERT_EQ(lines.size(), 4u) << JournalText(dir.path());
   EXPECT_EQ(lines[2].rfind("2 inv t0 inv t1 inv t2 inv t3 ", 0), 0u) << lines[2];
-  EXPECT_EQ(lines[3].rfind("3 val 10000 t0 val 10001 t1 val 10002 t2 val 10003 t3 ", 0), 0u)
-      << lines[3];
+  EXPECT_EQ(lines[3].rfind("3 val 10000 t0 val 10001 t1 val 10002 t2 val 10003 t3 ", 0), 0u) << lines[3];
 
   const std::string before = ReadText(dir.Join("JOURNAL"));
   std::vector<std::vector<std::byte>> out(4);
@@ -828,8 +821,7 @@ TEST(NvmeStoreTest, CorruptMiddleJournalRecordIsDataLoss) {
   testing::WriteTextFile(dir.Join("JOURNAL"), text);
   const auto store = NvmeStore::Open(Options(dir.path()));
   EXPECT_EQ(store.status().code(), absl::StatusCode::kDataLoss) << store.status();
-  EXPECT_NE(store.status().message().find(dir.Join("JOURNAL")), std::string::npos)
-      << store.status();
+  EXPECT_NE(store.status().message().find(dir.Join("JOURNAL")), std::string::npos) << store.status();
   EXPECT_NE(store.status().message().find("line 3"), std::string::npos) << store.status();
 }
 
@@ -846,8 +838,7 @@ TEST(NvmeStoreTest, MissingJournalIsDataLoss) {
   for (int attempt = 0; attempt < 2; ++attempt) {
     const auto store = NvmeStore::Open(Options(dir.path()));
     EXPECT_EQ(store.status().code(), absl::StatusCode::kDataLoss) << store.status();
-    EXPECT_NE(store.status().message().find(dir.Join("JOURNAL")), std::string::npos)
-        << store.status();
+    EXPECT_NE(store.status().message().find(dir.Join("JOURNAL")), std::string::npos) << store.status();
   }
 }
 
@@ -909,8 +900,7 @@ std::map<std::string, std::vector<std::byte>> Churn(NvmeStore& store, int operat
   return expected;
 }
 
-void ExpectExactly(NvmeStore& store,
-                   const std::map<std::string, std::vector<std::byte>>& expected) {
+void ExpectExactly(NvmeStore& store, const std::map<std::string, std::vector<std::byte>>& expected) {
   std::vector<std::string> ids;
   for (const auto& [id, data] : expected) ids.push_back(id);
   EXPECT_EQ(store.Ids(), ids);
@@ -964,7 +954,7 @@ TEST(NvmeStoreTest, JournalStaysBoundedOverManySmallPuts) {
     // Over the limit by at most the one commit that crossed it.
     ASSERT_LE(JournalText(dir.path()).size(), 4096u + 256u) << i;
   }
-  EXPECT_LE(largest, 64 << 10);  // the zero-filled preallocation, never more
+  EXPECT_LE(largest, 64 << 10);                    // the zero-filled preallocation, never more
   EXPECT_GT(ManifestGeneration(dir.path()), 20u);  // it did compact, many times
   for (int i = kPuts - 16; i < kPuts; ++i) {
     ExpectContents(*store, absl::StrCat("t", i % 16), Pattern(64, i));
@@ -1002,8 +992,7 @@ TEST(NvmeStoreTest, Version1ManifestIsReadAndRewritten) {
   testing::WriteTextFile(dir.Join("MANIFEST"), "strata-nvme-store 7 1\nend 0 0\n");
   const auto store = NvmeStore::Open(Options(dir.path()));
   EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition) << store.status();
-  EXPECT_NE(store.status().message().find(dir.Join("MANIFEST")), std::string::npos)
-      << store.status();
+  EXPECT_NE(store.status().message().find(dir.Join("MANIFEST")), std::string::npos) << store.status();
   EXPECT_NE(store.status().message().find("version '7'"), std::string::npos) << store.status();
 }
 
@@ -1018,8 +1007,7 @@ TEST(NvmeStoreTest, DISABLED_SmallPutLatency) {
   constexpr int kPuts = 200;
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < kPuts; ++i) ASSERT_TRUE(store->Put("t", data).ok());
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("[ timing   ] %d Puts of 4 KiB: mean %.3f ms\n", kPuts, seconds * 1e3 / kPuts);
 }
 

@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "gmock/gmock.h"
-#include "gtest/gtest.h"
 #include <nlohmann/json.hpp>
 #include "base/file.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
 #include "tests/testutil/testutil.h"
 
 namespace strata::policies {
@@ -57,8 +57,7 @@ struct OwnedTensors {
     for (int64_t d : shape) numel *= d;
     AddBytes(name, dtype, std::move(shape), RandomBytes(numel * DTypeSize(dtype), seed));
   }
-  void AddBytes(const std::string& name, DType dtype, std::vector<int64_t> shape,
-                std::vector<std::byte> bytes) {
+  void AddBytes(const std::string& name, DType dtype, std::vector<int64_t> shape, std::vector<std::byte> bytes) {
     storage.push_back(std::make_unique<std::vector<std::byte>>(std::move(bytes)));
     tensors.push_back({name, dtype, std::move(shape), *storage.back()});
   }
@@ -75,8 +74,7 @@ void ExpectSameTensor(const TensorToWrite& want, const TensorView& got) {
   EXPECT_EQ(static_cast<size_t>(got.numel()) * DTypeSize(got.dtype), got.data.size());
 }
 
-void ExpectError(const absl::Status& status, absl::StatusCode code,
-                 const std::vector<std::string>& needles) {
+void ExpectError(const absl::Status& status, absl::StatusCode code, const std::vector<std::string>& needles) {
   EXPECT_EQ(status.code(), code) << status;
   for (const std::string& needle : needles) {
     EXPECT_THAT(std::string(status.message()), HasSubstr(needle));
@@ -90,8 +88,7 @@ absl::Status OpenRaw(const testing::TempDir& dir, const std::string& contents) {
 }
 
 // Opens a hand-made header that must be rejected naming the file and `tensor`.
-void ExpectHeaderRejected(const std::string& header, const std::string& data,
-                          const std::string& tensor) {
+void ExpectHeaderRejected(const std::string& header, const std::string& data, const std::string& tensor) {
   testing::TempDir dir;
   std::vector<std::string> needles = {dir.Join(kBadName)};
   if (!tensor.empty()) needles.push_back("'" + tensor + "'");
@@ -107,9 +104,10 @@ std::set<std::string> ListDir(const std::string& dir) {
 }
 
 TEST(SafetensorsTest, DTypeNamesRoundTripAndSizesMatchTheFormat) {
-  const std::vector<std::pair<DType, size_t>> all = {
-      {DType::kF64, 8}, {DType::kF32, 4}, {DType::kF16, 2}, {DType::kBF16, 2}, {DType::kI64, 8},
-      {DType::kI32, 4}, {DType::kI16, 2}, {DType::kI8, 1},  {DType::kU8, 1},   {DType::kBool, 1}};
+  const std::vector<std::pair<DType, size_t>> all = {{DType::kF64, 8},  {DType::kF32, 4}, {DType::kF16, 2},
+                                                     {DType::kBF16, 2}, {DType::kI64, 8}, {DType::kI32, 4},
+                                                     {DType::kI16, 2},  {DType::kI8, 1},  {DType::kU8, 1},
+                                                     {DType::kBool, 1}};
   for (const auto& [dtype, size] : all) {
     const std::string name(DTypeName(dtype));
     auto parsed = ParseDType(name);
@@ -136,8 +134,7 @@ TEST(SafetensorsTest, RoundTripIsBitExactForEveryDType) {
   in.Add("u8", DType::kU8, {13}, 9);
   in.Add("bool", DType::kBool, {3}, 10);
   // NaN payloads and signed zeros must survive untouched.
-  in.AddBytes("nan.f32", DType::kF32, {3},
-              BytesOf<uint32_t>({0x7fc00001u, 0xffbfffffu, 0x80000000u}));
+  in.AddBytes("nan.f32", DType::kF32, {3}, BytesOf<uint32_t>({0x7fc00001u, 0xffbfffffu, 0x80000000u}));
   const std::string path = dir.Join("all.safetensors");
   ASSERT_TRUE(WriteSafetensors(path, in.tensors).ok());
 
@@ -179,8 +176,9 @@ TEST(SafetensorsTest, MetadataIsPreserved) {
   testing::TempDir dir;
   OwnedTensors in;
   in.Add("w", DType::kF32, {2}, 1);
-  const std::map<std::string, std::string> metadata = {
-      {"format", "pt"}, {"step", "1200"}, {"note", "quotes \" and \\ and \xc3\xa9"}};
+  const std::map<std::string, std::string> metadata = {{"format", "pt"},
+                                                       {"step", "1200"},
+                                                       {"note", "quotes \" and \\ and \xc3\xa9"}};
   const std::string path = dir.Join("meta.safetensors");
   ASSERT_TRUE(WriteSafetensors(path, in.tensors, metadata).ok());
   auto file = SafetensorsFile::Open(path);
@@ -251,16 +249,13 @@ TEST(SafetensorsTest, WriteRejectsDuplicateReservedAndNegativeShapes) {
   OwnedTensors dup;
   dup.Add("same", DType::kU8, {1}, 1);
   dup.Add("same", DType::kU8, {1}, 2);
-  ExpectError(WriteSafetensors(path, dup.tensors), absl::StatusCode::kInvalidArgument,
-              {"'same'", "duplicate"});
+  ExpectError(WriteSafetensors(path, dup.tensors), absl::StatusCode::kInvalidArgument, {"'same'", "duplicate"});
   OwnedTensors reserved;
   reserved.Add("__metadata__", DType::kU8, {1}, 1);
-  ExpectError(WriteSafetensors(path, reserved.tensors), absl::StatusCode::kInvalidArgument,
-              {"__metadata__"});
+  ExpectError(WriteSafetensors(path, reserved.tensors), absl::StatusCode::kInvalidArgument, {"__metadata__"});
   OwnedTensors negative;
   negative.AddBytes("neg", DType::kU8, {-1}, {});
-  ExpectError(WriteSafetensors(path, negative.tensors), absl::StatusCode::kInvalidArgument,
-              {"'neg'", "negative"});
+  ExpectError(WriteSafetensors(path, negative.tensors), absl::StatusCode::kInvalidArgument, {"'neg'", "negative"});
   EXPECT_FALSE(IsRegularFile(path));
 }
 
@@ -303,8 +298,7 @@ TEST(SafetensorsTest, HeaderThatIsNotJsonIsRejected) {
 
 TEST(SafetensorsTest, HeaderThatIsNotAnObjectIsRejected) {
   testing::TempDir dir;
-  ExpectError(OpenRaw(dir, Frame("[1, 2, 3]")), absl::StatusCode::kInvalidArgument,
-              {dir.Join(kBadName), "object"});
+  ExpectError(OpenRaw(dir, Frame("[1, 2, 3]")), absl::StatusCode::kInvalidArgument, {dir.Join(kBadName), "object"});
 }
 
 TEST(SafetensorsTest, EntryMissingAFieldIsRejected) {
@@ -317,70 +311,58 @@ TEST(SafetensorsTest, EntryMissingAFieldIsRejected) {
 TEST(SafetensorsTest, EntryWithWrongTypesIsRejected) {
   const std::string data(8, '\0');
   ExpectHeaderRejected(R"({"t1": [1, 2]})", data, "t1");
-  ExpectHeaderRejected(R"({"t2": {"dtype": 32, "shape": [2], "data_offsets": [0, 8]}})", data,
-                       "t2");
-  ExpectHeaderRejected(R"({"t3": {"dtype": "F32", "shape": "2", "data_offsets": [0, 8]}})", data,
-                       "t3");
-  ExpectHeaderRejected(R"({"t4": {"dtype": "F32", "shape": [2.5], "data_offsets": [0, 8]}})",
-                       data, "t4");
-  ExpectHeaderRejected(R"({"t5": {"dtype": "F32", "shape": [2], "data_offsets": [0]}})", data,
-                       "t5");
-  ExpectHeaderRejected(R"({"t6": {"dtype": "F32", "shape": [2], "data_offsets": ["0", "8"]}})",
-                       data, "t6");
-  ExpectHeaderRejected(R"({"t7": {"dtype": "F32", "shape": [2], "data_offsets": [-8, 0]}})",
-                       data, "t7");
-  ExpectHeaderRejected(
-      R"({"t8": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "__metadata__": {"k": 1}})",
-      data, "");
+  ExpectHeaderRejected(R"({"t2": {"dtype": 32, "shape": [2], "data_offsets": [0, 8]}})", data, "t2");
+  ExpectHeaderRejected(R"({"t3": {"dtype": "F32", "shape": "2", "data_offsets": [0, 8]}})", data, "t3");
+  ExpectHeaderRejected(R"({"t4": {"dtype": "F32", "shape": [2.5], "data_offsets": [0, 8]}})", data, "t4");
+  ExpectHeaderRejected(R"({"t5": {"dtype": "F32", "shape": [2], "data_offsets": [0]}})", data, "t5");
+  ExpectHeaderRejected(R"({"t6": {"dtype": "F32", "shape": [2], "data_offsets": ["0", "8"]}})", data, "t6");
+  ExpectHeaderRejected(R"({"t7": {"dtype": "F32", "shape": [2], "data_offsets": [-8, 0]}})", data, "t7");
+  ExpectHeaderRejected(R"({"t8": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "__metadata__": {"k": 1}})",
+                       data, "");
 }
 
 TEST(SafetensorsTest, UnknownDTypeIsRejected) {
   testing::TempDir dir;
-  ExpectError(
-      OpenRaw(dir, Frame(R"({"q.weight": {"dtype": "Q4_K", "shape": [2], "data_offsets": [0, 1]}})",
-                         std::string(1, '\0'))),
-      absl::StatusCode::kInvalidArgument, {dir.Join(kBadName), "'q.weight'", "Q4_K"});
+  ExpectError(OpenRaw(dir, Frame(R"({"q.weight": {"dtype": "Q4_K", "shape": [2], "data_offsets": [0, 1]}})",
+                                 std::string(1, '\0'))),
+              absl::StatusCode::kInvalidArgument, {dir.Join(kBadName), "'q.weight'", "Q4_K"});
 }
 
 TEST(SafetensorsTest, NegativeDimensionIsRejected) {
-  ExpectHeaderRejected(R"({"neg.dim": {"dtype": "F32", "shape": [2, -1], "data_offsets": [0, 0]}})",
-                       "", "neg.dim");
+  ExpectHeaderRejected(R"({"neg.dim": {"dtype": "F32", "shape": [2, -1], "data_offsets": [0, 0]}})", "", "neg.dim");
 }
 
 TEST(SafetensorsTest, BeginAfterEndIsRejected) {
-  ExpectHeaderRejected(R"({"rev": {"dtype": "U8", "shape": [0], "data_offsets": [8, 4]}})",
-                       std::string(8, '\0'), "rev");
+  ExpectHeaderRejected(R"({"rev": {"dtype": "U8", "shape": [0], "data_offsets": [8, 4]}})", std::string(8, '\0'),
+                       "rev");
 }
 
 TEST(SafetensorsTest, OffsetsOutsideTheDataBufferAreRejected) {
   testing::TempDir dir;
-  ExpectError(
-      OpenRaw(dir, Frame(R"({"far": {"dtype": "F32", "shape": [2], "data_offsets": [100, 108]}})",
-                         std::string(8, '\0'))),
-      absl::StatusCode::kInvalidArgument, {dir.Join(kBadName), "'far'", "[100, 108]"});
+  ExpectError(OpenRaw(dir, Frame(R"({"far": {"dtype": "F32", "shape": [2], "data_offsets": [100, 108]}})",
+                                 std::string(8, '\0'))),
+              absl::StatusCode::kInvalidArgument, {dir.Join(kBadName), "'far'", "[100, 108]"});
 }
 
 TEST(SafetensorsTest, ShapeThatDisagreesWithOffsetsIsRejected) {
   testing::TempDir dir;
-  ExpectError(
-      OpenRaw(dir, Frame(R"({"mis": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 12]}})",
-                         std::string(16, '\0'))),
-      absl::StatusCode::kInvalidArgument, {dir.Join(kBadName), "'mis'", "16", "12"});
+  ExpectError(OpenRaw(dir, Frame(R"({"mis": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 12]}})",
+                                 std::string(16, '\0'))),
+              absl::StatusCode::kInvalidArgument, {dir.Join(kBadName), "'mis'", "16", "12"});
 }
 
 TEST(SafetensorsTest, OverlappingTensorsAreRejected) {
   testing::TempDir dir;
   const std::string header = R"({"first": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
       "second": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})";
-  ExpectError(OpenRaw(dir, Frame(header, std::string(12, '\0'))),
-              absl::StatusCode::kInvalidArgument,
+  ExpectError(OpenRaw(dir, Frame(header, std::string(12, '\0'))), absl::StatusCode::kInvalidArgument,
               {dir.Join(kBadName), "'first'", "'second'", "overlap"});
   // The overlap is caught even when the later entry sits wholly inside an
   // earlier, longer one.
   const std::string nested = R"({"outer": {"dtype": "U8", "shape": [16], "data_offsets": [0, 16]},
       "inner": {"dtype": "U8", "shape": [2], "data_offsets": [4, 6]}})";
-  ExpectError(OpenRaw(dir, Frame(nested, std::string(16, '\0'))),
-              absl::StatusCode::kInvalidArgument, {"'outer'", "'inner'", "overlap"});
+  ExpectError(OpenRaw(dir, Frame(nested, std::string(16, '\0'))), absl::StatusCode::kInvalidArgument,
+              {"'outer'", "'inner'", "overlap"});
 }
 
 TEST(SafetensorsTest, ZeroSizeTensorInsideAnotherIsNotAnOverlap) {
@@ -399,8 +381,7 @@ TEST(SafetensorsTest, TruncatedFileIsRejected) {
   ASSERT_TRUE(WriteSafetensors(good, in.tensors).ok());
   auto bytes = ReadFileToString(good);
   ASSERT_TRUE(bytes.ok());
-  ExpectError(OpenRaw(dir, bytes->substr(0, bytes->size() - 3)),
-              absl::StatusCode::kInvalidArgument,
+  ExpectError(OpenRaw(dir, bytes->substr(0, bytes->size() - 3)), absl::StatusCode::kInvalidArgument,
               {dir.Join(kBadName), "'tail.weight'", "truncated"});
 }
 
@@ -410,12 +391,10 @@ TEST(SafetensorsTest, ShapeWhoseSizeOverflowsIsRejected) {
       R"({"huge": {"dtype": "F64", "shape": [1099511627776, 1099511627776, 1099511627776],
           "data_offsets": [0, 0]}})",
       "", "huge");
-  ExpectHeaderRejected(
-      R"({"wraps": {"dtype": "F32", "shape": [4611686018427387904], "data_offsets": [0, 0]}})",
-      "", "wraps");
-  ExpectHeaderRejected(
-      R"({"big": {"dtype": "U8", "shape": [18446744073709551615], "data_offsets": [0, 0]}})", "",
-      "big");
+  ExpectHeaderRejected(R"({"wraps": {"dtype": "F32", "shape": [4611686018427387904], "data_offsets": [0, 0]}})", "",
+                       "wraps");
+  ExpectHeaderRejected(R"({"big": {"dtype": "U8", "shape": [18446744073709551615], "data_offsets": [0, 0]}})", "",
+                       "big");
 }
 
 TEST(SafetensorsTest, ReadsFileWrittenByAnIndependentPythonWriter) {
@@ -454,9 +433,8 @@ with open(sys.argv[1], "wb") as f:
 
   auto ckpt = Checkpoint::Open(path);
   ASSERT_TRUE(ckpt.ok()) << ckpt.status();
-  EXPECT_EQ((*ckpt)->Names(),
-            (std::vector<std::string>{"bf.bf16", "bytes.u8", "empty.i32", "half.f16", "ids.i64",
-                                      "mask.bool", "scalar.f64", "weights.f32"}));
+  EXPECT_EQ((*ckpt)->Names(), (std::vector<std::string>{"bf.bf16", "bytes.u8", "empty.i32", "half.f16", "ids.i64",
+                                                        "mask.bool", "scalar.f64", "weights.f32"}));
   auto expect = [&](const std::string& name, DType dtype, std::vector<int64_t> shape,
                     const std::vector<std::byte>& bytes) {
     SCOPED_TRACE(name);
@@ -527,13 +505,13 @@ print(json.dumps(out))
 // hand in ShardedWriteReadsBackBitExactWithTheRightWeightMap.
 OwnedTensors ShardingInput() {
   OwnedTensors in;
-  in.Add("a", DType::kF32, {4, 4}, 1);    // 64 bytes
-  in.Add("b", DType::kF16, {8}, 2);       // 16
-  in.Add("c", DType::kI64, {3}, 3);       // 24
-  in.Add("d", DType::kU8, {100}, 4);      // 100, over the limit on its own
-  in.Add("e", DType::kBF16, {2, 3}, 5);   // 12
-  in.Add("f", DType::kF32, {}, 6);        // 4
-  in.Add("g", DType::kF32, {0}, 7);       // 0
+  in.Add("a", DType::kF32, {4, 4}, 1);   // 64 bytes
+  in.Add("b", DType::kF16, {8}, 2);      // 16
+  in.Add("c", DType::kI64, {3}, 3);      // 24
+  in.Add("d", DType::kU8, {100}, 4);     // 100, over the limit on its own
+  in.Add("e", DType::kBF16, {2, 3}, 5);  // 12
+  in.Add("f", DType::kF32, {}, 6);       // 4
+  in.Add("g", DType::kF32, {0}, 7);      // 0
   return in;
 }
 
@@ -560,22 +538,17 @@ TEST(CheckpointTest, ShardedWriteReadsBackBitExactWithTheRightWeightMap) {
   OwnedTensors in = ShardingInput();
   ASSERT_TRUE(WriteCheckpoint(dir.path(), in.tensors, /*max_shard_bytes=*/80).ok());
   EXPECT_EQ(ListDir(dir.path()),
-            (std::set<std::string>{"model-00001-of-00004.safetensors",
-                                   "model-00002-of-00004.safetensors",
-                                   "model-00003-of-00004.safetensors",
-                                   "model-00004-of-00004.safetensors",
+            (std::set<std::string>{"model-00001-of-00004.safetensors", "model-00002-of-00004.safetensors",
+                                   "model-00003-of-00004.safetensors", "model-00004-of-00004.safetensors",
                                    "model.safetensors.index.json"}));
 
   auto text = ReadFileToString(dir.Join("model.safetensors.index.json"));
   ASSERT_TRUE(text.ok());
   const Json index = Json::parse(*text);
   EXPECT_EQ(index["metadata"]["total_size"], 220);
-  const Json want_map = {{"a", "model-00001-of-00004.safetensors"},
-                         {"b", "model-00001-of-00004.safetensors"},
-                         {"c", "model-00002-of-00004.safetensors"},
-                         {"d", "model-00003-of-00004.safetensors"},
-                         {"e", "model-00004-of-00004.safetensors"},
-                         {"f", "model-00004-of-00004.safetensors"},
+  const Json want_map = {{"a", "model-00001-of-00004.safetensors"}, {"b", "model-00001-of-00004.safetensors"},
+                         {"c", "model-00002-of-00004.safetensors"}, {"d", "model-00003-of-00004.safetensors"},
+                         {"e", "model-00004-of-00004.safetensors"}, {"f", "model-00004-of-00004.safetensors"},
                          {"g", "model-00004-of-00004.safetensors"}};
   EXPECT_EQ(index["weight_map"], want_map) << index.dump();
 
@@ -627,8 +600,7 @@ TEST(CheckpointTest, RewritingShardedRemovesTheStaleFileAndUnlistedShards) {
   // Fewer, larger shards: the four old ones must not linger.
   ASSERT_TRUE(WriteCheckpoint(dir.path(), in.tensors, 128).ok());
   EXPECT_EQ(ListDir(dir.path()),
-            (std::set<std::string>{"model-00001-of-00002.safetensors",
-                                   "model-00002-of-00002.safetensors",
+            (std::set<std::string>{"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
                                    "model.safetensors.index.json"}));
   auto ckpt = Checkpoint::Open(dir.path());
   ASSERT_TRUE(ckpt.ok()) << ckpt.status();
@@ -641,8 +613,7 @@ TEST(CheckpointTest, WriteCreatesTheDirectoryAndRejectsDuplicatesAcrossShards) {
   in.Add("x", DType::kF32, {16}, 1);
   in.Add("x", DType::kF32, {16}, 2);
   const std::string out = dir.Join("new_ckpt");
-  ExpectError(WriteCheckpoint(out, in.tensors, 64), absl::StatusCode::kInvalidArgument,
-              {out, "'x'", "duplicate"});
+  ExpectError(WriteCheckpoint(out, in.tensors, 64), absl::StatusCode::kInvalidArgument, {out, "'x'", "duplicate"});
   EXPECT_FALSE(IsDirectory(out));
   OwnedTensors ok = ShardingInput();
   ASSERT_TRUE(WriteCheckpoint(out, ok.tensors, 80).ok());
@@ -671,8 +642,7 @@ TEST(CheckpointTest, GetOfMissingTensorNamesTheTensorAndDirectory) {
   auto ckpt = Checkpoint::Open(dir.path());
   ASSERT_TRUE(ckpt.ok()) << ckpt.status();
   EXPECT_FALSE((*ckpt)->Has("lm_head.weight"));
-  ExpectError((*ckpt)->Get("lm_head.weight").status(), absl::StatusCode::kNotFound,
-              {"lm_head.weight", dir.path()});
+  ExpectError((*ckpt)->Get("lm_head.weight").status(), absl::StatusCode::kNotFound, {"lm_head.weight", dir.path()});
 }
 
 TEST(CheckpointTest, MissingShardIsNotFoundNamingTheShardAndIndex) {
@@ -701,13 +671,11 @@ TEST(CheckpointTest, MalformedIndexIsRejectedNamingTheIndex) {
   testing::TempDir dir;
   const std::string index = dir.Join("model.safetensors.index.json");
   for (const std::string& text :
-       {std::string("{\"weight_map\": {"), std::string("{\"metadata\": {}}"),
-        std::string("{\"weight_map\": [\"a\"]}"), std::string("[]"),
-        std::string("{\"weight_map\": {\"a\": 3}}")}) {
+       {std::string("{\"weight_map\": {"), std::string("{\"metadata\": {}}"), std::string("{\"weight_map\": [\"a\"]}"),
+        std::string("[]"), std::string("{\"weight_map\": {\"a\": 3}}")}) {
     SCOPED_TRACE(text);
     testing::WriteTextFile(index, text);
-    ExpectError(Checkpoint::Open(dir.path()).status(), absl::StatusCode::kInvalidArgument,
-                {index});
+    ExpectError(Checkpoint::Open(dir.path()).status(), absl::StatusCode::kInvalidArgument, {index});
   }
 }
 
@@ -721,10 +689,9 @@ TEST(CheckpointTest, ShardPathEscapingTheDirectoryIsRejected) {
 
 TEST(CheckpointTest, MalformedShardErrorNamesTheShardAndTensor) {
   testing::TempDir dir;
-  testing::WriteTextFile(
-      dir.Join("model-00001-of-00001.safetensors"),
-      Frame(R"({"bad.w": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})",
-            std::string(8, '\0')));
+  testing::WriteTextFile(dir.Join("model-00001-of-00001.safetensors"),
+                         Frame(R"({"bad.w": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})",
+                               std::string(8, '\0')));
   testing::WriteTextFile(dir.Join("model.safetensors.index.json"),
                          R"({"weight_map": {"bad.w": "model-00001-of-00001.safetensors"}})");
   ExpectError(Checkpoint::Open(dir.path()).status(), absl::StatusCode::kInvalidArgument,
@@ -733,10 +700,8 @@ TEST(CheckpointTest, MalformedShardErrorNamesTheShardAndTensor) {
 
 TEST(CheckpointTest, DirectoryWithoutCheckpointIsNotFound) {
   testing::TempDir dir;
-  ExpectError(Checkpoint::Open(dir.path()).status(), absl::StatusCode::kNotFound,
-              {dir.path(), "model.safetensors"});
-  ExpectError(Checkpoint::Open(dir.Join("absent")).status(), absl::StatusCode::kNotFound,
-              {dir.Join("absent")});
+  ExpectError(Checkpoint::Open(dir.path()).status(), absl::StatusCode::kNotFound, {dir.path(), "model.safetensors"});
+  ExpectError(Checkpoint::Open(dir.Join("absent")).status(), absl::StatusCode::kNotFound, {dir.Join("absent")});
 }
 
 }  // namespace

@@ -9,9 +9,9 @@ TEST(TensorDealerTest, EachTensorGoesToTheRankWithTheFewestElementsLowestOnATie)
   TensorDealer dealer(3);
   EXPECT_EQ(dealer.Deal(10), 0);  // all empty: the lowest
   EXPECT_EQ(dealer.Deal(4), 1);
-  EXPECT_EQ(dealer.Deal(4), 2);   // 10, 4, 0
-  EXPECT_EQ(dealer.Deal(1), 1);   // 10, 4, 4: the lowest of the tie
-  EXPECT_EQ(dealer.Deal(0), 2);   // 10, 5, 4
+  EXPECT_EQ(dealer.Deal(4), 2);  // 10, 4, 0
+  EXPECT_EQ(dealer.Deal(1), 1);  // 10, 4, 4: the lowest of the tie
+  EXPECT_EQ(dealer.Deal(0), 2);  // 10, 5, 4
   EXPECT_EQ(dealer.dealt(), (std::vector<int64_t>{10, 5, 4}));
   EXPECT_EQ(dealer.most(), 10);
 }

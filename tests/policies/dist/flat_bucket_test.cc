@@ -91,13 +91,13 @@ TEST(FlatBucketTest, ReduceScatterIsChosenOnlyWhereItMovesLess) {
     }
     return owned;
   };
-  EXPECT_TRUE(ReduceScatterMovesLess(parts({{4}, {4}})));          // balanced: half the traffic
-  EXPECT_FALSE(ReduceScatterMovesLess(parts({{8}, {}})));          // one owner of 2: as much, no gain
+  EXPECT_TRUE(ReduceScatterMovesLess(parts({{4}, {4}})));                            // balanced: half the traffic
+  EXPECT_FALSE(ReduceScatterMovesLess(parts({{8}, {}})));                            // one owner of 2: as much, no gain
   EXPECT_FALSE(ReduceScatterMovesLess(parts({{131}, {}, {}, {}, {}, {}, {}, {}})));  // an embedding over 8
   // A Llama-2-7B decoder layer over 8 ranks, in millions: 3 MLP matrices of
   // 45, 4 attention matrices of 16.8 (norms left out), one rank each.
   EXPECT_TRUE(ReduceScatterMovesLess(parts({{45}, {45}, {45}, {17}, {17}, {17}, {17}, {}})));
-  EXPECT_FALSE(ReduceScatterMovesLess(parts({{}, {}})));          // nothing to move
+  EXPECT_FALSE(ReduceScatterMovesLess(parts({{}, {}})));  // nothing to move
 }
 
 }  // namespace

@@ -32,7 +32,7 @@ TEST(JobSpecTest, ParsesDefaultsAndFields) {
   EXPECT_EQ(spec->reward.rule, "vowel_fraction");
   EXPECT_EQ(spec->train.iterations, 5);
   EXPECT_DOUBLE_EQ(spec->train.lr, 1e-4);
-  EXPECT_EQ(spec->train.batch_size, 16);                 // default
+  EXPECT_EQ(spec->train.batch_size, 16);                     // default
   EXPECT_EQ(spec->checkpoint.dir, "out/remax/checkpoints");  // derived default
   EXPECT_EQ(spec->actor.placement.weights, offload::Tier::kDevice);
 }
@@ -219,8 +219,8 @@ TEST(JobSpecTest, PpoNeedsACriticOrRewardModel) {
 // A worker's row limits count its own rank's share: rank 0 takes
 // ceil(batch / workers) prompts, each with all its responses.
 TEST(JobSpecTest, RowLimitsCountOneRanksShare) {
-  auto spec = ParseJobSpec(kRemax, {"algorithm=grpo", "train.batch_size=5", "group.samples_per_prompt=4",
-                                    "parallel.workers=2"},
+  auto spec = ParseJobSpec(kRemax,
+                           {"algorithm=grpo", "train.batch_size=5", "group.samples_per_prompt=4", "parallel.workers=2"},
                            "job.yaml");
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(RowsPerIteration(*spec), 20);
@@ -237,8 +237,8 @@ TEST(JobSpecTest, RowLimitsCountOneRanksShare) {
       << refused;
   // Tokens likewise: 12 rows of (prompt + new tokens).
   limits.max_rows = 0;
-  const int64_t per_row =
-      spec->data.max_prompt_tokens + std::max(spec->generation.max_new_tokens, spec->data.max_response_tokens);
+  const int64_t per_row = spec->data.max_prompt_tokens +
+                          std::max(spec->generation.max_new_tokens, spec->data.max_response_tokens);
   limits.max_tokens = 12 * per_row;
   EXPECT_TRUE(CheckJobLimits(*spec, limits, "this worker accepts").ok());
   limits.max_tokens = 12 * per_row - 1;

@@ -3,8 +3,8 @@
 #include <filesystem>
 
 #include "base/file.h"
-#include "policies/config/tensor_dealer.h"
 #include "gtest/gtest.h"
+#include "policies/config/tensor_dealer.h"
 #include "tests/testutil/testutil.h"
 
 namespace strata::policies {
@@ -146,12 +146,13 @@ TEST(MemoryPlanTest, ModelsLoadOneAtATime) {
       "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 8,
       "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "tie_word_embeddings": false})")
                   .ok());
-  const std::string yaml = "algorithm: remax\nmodels:\n  actor: {path: " + dir.path() +
-                           ", placement: {weights: nvme, optimizer: nvme, step_in_backward: true}}\n  reference: {path: " + dir.path() +
-                           ", placement: {weights: nvme}}\n  reward: {path: " + dir.path() +
-                           ", placement: {weights: nvme}}\ndata: {train: p.jsonl, max_prompt_tokens: 16}\n"
-                           "train: {batch_size: 4, max_grad_norm: 0}\ngeneration: {max_new_tokens: 8}\n"
-                           "memory: {nvme_dir: /tmp, host_mib: 4096}\noutput: {dir: out}\n";
+  const std::string yaml =
+      "algorithm: remax\nmodels:\n  actor: {path: " + dir.path() +
+      ", placement: {weights: nvme, optimizer: nvme, step_in_backward: true}}\n  reference: {path: " + dir.path() +
+      ", placement: {weights: nvme}}\n  reward: {path: " + dir.path() +
+      ", placement: {weights: nvme}}\ndata: {train: p.jsonl, max_prompt_tokens: 16}\n"
+      "train: {batch_size: 4, max_grad_norm: 0}\ngeneration: {max_new_tokens: 8}\n"
+      "memory: {nvme_dir: /tmp, host_mib: 4096}\noutput: {dir: out}\n";
   auto spec = ParseJobSpec(yaml, {}, "test");
   ASSERT_TRUE(spec.ok()) << spec.status();
   auto models = JobModels(*spec);

@@ -8,9 +8,9 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "gtest/gtest.h"
-#include "base/interrupt.h"
 #include "base/file.h"
+#include "base/interrupt.h"
+#include "gtest/gtest.h"
 #include "policies/model/generation.h"
 #include "tests/testutil/testutil.h"
 
@@ -40,7 +40,8 @@ const Reference* GetReference(const std::string& variant, std::string* skip_reas
     return nullptr;
   }
   const std::string out = root->Join(variant);
-  auto run = testing::RunCommand({python, testing::SourcePath("tests/policies/model/llama_reference.py"), out, variant});
+  auto run = testing::RunCommand(
+      {python, testing::SourcePath("tests/policies/model/llama_reference.py"), out, variant});
   if (!run.ok() || run->exit_code != 0) {
     ADD_FAILURE() << "reference script failed for " << variant;
     return nullptr;
@@ -277,7 +278,8 @@ TEST(LlamaCheckpointTest, WrongShapeIsNamedWithBothShapes) {
 TEST(LlamaConfigTest, BadFieldsAreNamed) {
   auto bad_heads = LlamaConfig::FromJson(
       R"({"hidden_size": 64, "num_attention_heads": 8, "num_key_value_heads": 3, "vocab_size": 10,
-          "intermediate_size": 8, "num_hidden_layers": 1})", "config.json");
+          "intermediate_size": 8, "num_hidden_layers": 1})",
+      "config.json");
   ASSERT_FALSE(bad_heads.ok());
   EXPECT_NE(bad_heads.status().message().find("num_key_value_heads"), std::string::npos);
   auto bad_type = LlamaConfig::FromJson(R"({"hidden_size": "big"})", "config.json");
@@ -301,18 +303,18 @@ TEST(LlamaConfigTest, FamiliesRoundTripAndUnsupportedFieldsAreNamed) {
     int64_t window;
     std::string causal_lm;
   };
-  for (const Case& c : std::vector<Case>{
-           {R"({"model_type": "mistral", "sliding_window": 4096, )" + shape + "}", ModelFamily::kMistral, false, false,
-            4096, "MistralForCausalLM"},
-           {R"({"model_type": "mistral", "sliding_window": null, )" + shape + "}", ModelFamily::kMistral, false, false,
-            0, "MistralForCausalLM"},
-           {R"({"model_type": "qwen2", "use_sliding_window": false, )" + shape + "}", ModelFamily::kQwen2, true,
-            false, 0, "Qwen2ForCausalLM"},
-           {R"({"model_type": "qwen3", "head_dim": 128, )" + shape + "}", ModelFamily::kQwen3, false, true, 0,
-            "Qwen3ForCausalLM"},
-           {R"({"architectures": ["Qwen2ForSequenceClassification"], )" + shape + "}", ModelFamily::kQwen2, true,
-            false, 0, "Qwen2ForCausalLM"},
-           {"{" + shape + "}", ModelFamily::kLlama, false, false, 0, "LlamaForCausalLM"}}) {
+  for (const Case& c :
+       std::vector<Case>{{R"({"model_type": "mistral", "sliding_window": 4096, )" + shape + "}", ModelFamily::kMistral,
+                          false, false, 4096, "MistralForCausalLM"},
+                         {R"({"model_type": "mistral", "sliding_window": null, )" + shape + "}", ModelFamily::kMistral,
+                          false, false, 0, "MistralForCausalLM"},
+                         {R"({"model_type": "qwen2", "use_sliding_window": false, )" + shape + "}", ModelFamily::kQwen2,
+                          true, false, 0, "Qwen2ForCausalLM"},
+                         {R"({"model_type": "qwen3", "head_dim": 128, )" + shape + "}", ModelFamily::kQwen3, false,
+                          true, 0, "Qwen3ForCausalLM"},
+                         {R"({"architectures": ["Qwen2ForSequenceClassification"], )" + shape + "}",
+                          ModelFamily::kQwen2, true, false, 0, "Qwen2ForCausalLM"},
+                         {"{" + shape + "}", ModelFamily::kLlama, false, false, 0, "LlamaForCausalLM"}}) {
     auto parsed = LlamaConfig::FromJson(c.json, "config.json");
     ASSERT_TRUE(parsed.ok()) << c.json << ": " << parsed.status();
     EXPECT_EQ(parsed->family, c.family) << c.json;
@@ -364,8 +366,8 @@ TEST(LlamaCheckpointTest, FamilyTensorsSaveAndLoadUnderHfNames) {
       return out;
     };
     const auto got = names(**loaded);
-    const std::string extra =
-        family == ModelFamily::kQwen2 ? "model.layers.1.self_attn.v_proj.bias" : "model.layers.1.self_attn.k_norm.weight";
+    const std::string extra = family == ModelFamily::kQwen2 ? "model.layers.1.self_attn.v_proj.bias"
+                                                            : "model.layers.1.self_attn.k_norm.weight";
     EXPECT_NE(std::find(got.begin(), got.end(), extra), got.end()) << extra;
     EXPECT_EQ(got, names(*model));
     int64_t count = 0;
@@ -379,8 +381,9 @@ TEST(LlamaCheckpointTest, FamilyTensorsSaveAndLoadUnderHfNames) {
 // Named() tensors, for every family's layout and head.
 TEST(LlamaConfigTest, TrainedTensorElementsAreTheModelsTensorsInTheTrainersOrder) {
   for (ModelFamily family : {ModelFamily::kLlama, ModelFamily::kQwen2, ModelFamily::kQwen3}) {
-    for (const auto& [head, tied] : {std::pair{LlamaHead::kLanguageModel, false},
-                                     std::pair{LlamaHead::kLanguageModel, true}, std::pair{LlamaHead::kScalar, false}}) {
+    for (const auto& [head, tied] :
+         {std::pair{LlamaHead::kLanguageModel, false}, std::pair{LlamaHead::kLanguageModel, true},
+          std::pair{LlamaHead::kScalar, false}}) {
       LlamaConfig c = TinyConfig();
       c.family = family;
       c.qkv_bias = family == ModelFamily::kQwen2;

@@ -34,9 +34,7 @@ class ScriptedWorkers final : public WorkerGroup {
   absl::StatusOr<UpdateStats> Update(const PolicyUpdate&) override { return UpdateStats{}; }
   absl::StatusOr<TrainStats> TrainSft(const std::vector<TextPair>&) override { return TrainStats{}; }
   absl::StatusOr<TrainStats> TrainRewardModel(const std::vector<PreferencePair>&) override { return TrainStats{}; }
-  absl::StatusOr<TrainStats> EvaluateRewardModel(const std::vector<PreferencePair>&) override {
-    return TrainStats{};
-  }
+  absl::StatusOr<TrainStats> EvaluateRewardModel(const std::vector<PreferencePair>&) override { return TrainStats{}; }
   MemoryStats BeginPhase(const std::string&) override { return {}; }
   MemoryStats PhaseMemory(const std::string&) override { return {}; }
   absl::Status SaveCheckpoint(const std::string&) override { return absl::OkStatus(); }
@@ -130,9 +128,7 @@ class ShortWorkers final : public WorkerGroup {
   absl::StatusOr<UpdateStats> Update(const PolicyUpdate&) override { return UpdateStats{}; }
   absl::StatusOr<TrainStats> TrainSft(const std::vector<TextPair>&) override { return TrainStats{}; }
   absl::StatusOr<TrainStats> TrainRewardModel(const std::vector<PreferencePair>&) override { return TrainStats{}; }
-  absl::StatusOr<TrainStats> EvaluateRewardModel(const std::vector<PreferencePair>&) override {
-    return TrainStats{};
-  }
+  absl::StatusOr<TrainStats> EvaluateRewardModel(const std::vector<PreferencePair>&) override { return TrainStats{}; }
   MemoryStats BeginPhase(const std::string&) override { return {}; }
   MemoryStats PhaseMemory(const std::string&) override { return {}; }
   absl::Status SaveCheckpoint(const std::string&) override { return absl::OkStatus(); }

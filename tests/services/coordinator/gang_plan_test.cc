@@ -53,9 +53,8 @@ TEST(PlanGangsTest, AnotherTenantsJobIsNotNamed) {
 // still get the workers beyond them (and a younger gang job that then
 // finds too few holds what is left).
 TEST(PlanGangsTest, AGangJobInItsBackoffHoldsItsWorkersAndNoMore) {
-  const auto plan =
-      PlanGangs({Job("requeued", 2, /*backing_off=*/true), Job("small", 1), Job("pair", 2)},
-                {{"w0", kFree}, {"w1", kFree}, {"w2", kFree}, {"w3", kFree}});
+  const auto plan = PlanGangs({Job("requeued", 2, /*backing_off=*/true), Job("small", 1), Job("pair", 2)},
+                              {{"w0", kFree}, {"w1", kFree}, {"w2", kFree}, {"w3", kFree}});
   EXPECT_TRUE(plan.decisions[0].gang.empty());
   EXPECT_EQ(plan.decisions[0].waiting, "");
   EXPECT_EQ(plan.decisions[1].gang, (Gang{"w2"}));
@@ -84,10 +83,12 @@ TEST(PlanGangsTest, NoHoldWhileTheGangNeedsAWorkerThatStoppedAnswering) {
 
 TEST(PlanGangsTest, TooFewRegisteredIsToldAndHoldsNothing) {
   const auto plan = PlanGangs({Job("big", 3), Job("small", 1)}, {{"w0", kFree}, {"w1", kFree}});
-  EXPECT_EQ(plan.decisions[0].waiting, "waiting: the job needs 3 workers (spec key 'parallel.workers'); 2 are registered");
+  EXPECT_EQ(plan.decisions[0].waiting,
+            "waiting: the job needs 3 workers (spec key 'parallel.workers'); 2 are registered");
   EXPECT_EQ(plan.decisions[1].gang, (Gang{"w0"}));
   const auto none = PlanGangs({Job("one", 1)}, {});
-  EXPECT_EQ(none.decisions[0].waiting, "waiting: the job needs 1 worker (spec key 'parallel.workers'); 0 are registered");
+  EXPECT_EQ(none.decisions[0].waiting,
+            "waiting: the job needs 1 worker (spec key 'parallel.workers'); 0 are registered");
 }
 
 // Two gang jobs waiting: each holds what it would take, in age order; a

@@ -53,8 +53,7 @@ TEST(MergeRepliesTest, AMalformedShareNamesTheRank) {
   extra = whole;
   AddMeanShare("eval/loss", 1, 2, extra);
   AddMeanShare("eval/score", 1, -2, negative);
-  for (const auto& [rank1, expected] :
-       std::vector<std::pair<policies::Metrics, std::string>>{
+  for (const auto& [rank1, expected] : std::vector<std::pair<policies::Metrics, std::string>>{
            {no_count, "rank 1: malformed reply: mean_count/eval/score is missing"},
            {{}, "rank 1: malformed reply: mean_sum/eval/score is missing"},
            {extra, "rank 1: malformed reply: mean_count/eval/loss which rank 0 lacks"},

@@ -26,7 +26,7 @@ TEST(GangBackendTest, AutoOnAGpuIsNcclWhereTheBuildHasIt) {
   auto chosen = ChooseGangBackend(Spec("cuda:1", "auto"));
   ASSERT_TRUE(chosen.ok()) << chosen.status();
   EXPECT_EQ(chosen->backend, policies::ProcessGroup::Available(policies::Backend::kNccl) ? policies::Backend::kNccl
-                                                                                        : policies::Backend::kGloo);
+                                                                                         : policies::Backend::kGloo);
   EXPECT_EQ(chosen->device_index, 1);
 }
 

@@ -61,8 +61,8 @@ TEST(RunCheckpointTest, OptimizerShardsAreOneGangsWhole) {
   WriteTextFile(OptimizerStatePath(dir.path(), 1, 2), "");
   auto whole = OptimizerStateFiles(dir.path());
   ASSERT_TRUE(whole.ok()) << whole.status();
-  EXPECT_EQ(*whole, (std::vector<std::string>{OptimizerStatePath(dir.path(), 0, 2),
-                                              OptimizerStatePath(dir.path(), 1, 2)}));
+  EXPECT_EQ(*whole,
+            (std::vector<std::string>{OptimizerStatePath(dir.path(), 0, 2), OptimizerStatePath(dir.path(), 1, 2)}));
 
   WriteTextFile(OptimizerStatePath(dir.path(), 0, 1), "");
   auto mixed = OptimizerStateFiles(dir.path());

@@ -34,7 +34,8 @@ TEST(SecretFileTest, PrivateFilesAreReadOthersAreRefusedNamingTheFix) {
 
 TEST(TokensFileTest, ParsesTenantsAndAdminsAndNamesBadLines) {
   testing::TempDir dir;
-  auto callers = ReadTokensFile(Write(dir, "tokens", "# comment\n\nta alice\ntb bob  # trailing\ntr ops admin\n", 0600));
+  auto callers = ReadTokensFile(
+      Write(dir, "tokens", "# comment\n\nta alice\ntb bob  # trailing\ntr ops admin\n", 0600));
   ASSERT_TRUE(callers.ok()) << callers.status();
   ASSERT_EQ(callers->size(), 3u);
   EXPECT_EQ(callers->at("ta").tenant, "alice");

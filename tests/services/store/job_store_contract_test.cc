@@ -48,8 +48,7 @@ class JobStoreContractTest : public ::testing::TestWithParam<std::string> {
   }
 
   static int64_t SystemNowMs() {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(
-               std::chrono::system_clock::now().time_since_epoch())
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
         .count();
   }
 
@@ -257,9 +256,9 @@ TEST_P(JobStoreContractTest, TransitionsFollowTheStateMachine) {
 
   EXPECT_EQ(store_->Transition("job-000000000000", {JobState::kQueued}, JobState::kRunning).status().code(),
             absl::StatusCode::kNotFound);
-  EXPECT_EQ(store_->Transition(failed_id, {}, JobState::kRunning).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  auto bad_field = store_->Transition(CreateJob(*store_, "f"), {JobState::kQueued}, JobState::kRunning, {{"state", "X"}});
+  EXPECT_EQ(store_->Transition(failed_id, {}, JobState::kRunning).status().code(), absl::StatusCode::kInvalidArgument);
+  auto bad_field = store_->Transition(CreateJob(*store_, "f"), {JobState::kQueued}, JobState::kRunning,
+                                      {{"state", "X"}});
   EXPECT_EQ(bad_field.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(bad_field.status().message(), "state")) << bad_field.status();
 }
@@ -299,8 +298,8 @@ TEST_P(JobStoreContractTest, ATransitionCanRequireTheGangThatClaimedTheJob) {
   const std::string id = CreateJob(*store_, "claimed");
   ASSERT_TRUE(store_->Transition(id, {JobState::kQueued}, JobState::kRunning, {{"worker", "w0,w1"}}).ok());
   // The first run's requeue lands; the next run claims the job on another gang.
-  ASSERT_TRUE(store_->Transition(id, {JobState::kRunning}, JobState::kQueued, {{"worker", ""}}, {{"worker", "w0,w1"}})
-                  .ok());
+  ASSERT_TRUE(
+      store_->Transition(id, {JobState::kRunning}, JobState::kQueued, {{"worker", ""}}, {{"worker", "w0,w1"}}).ok());
   ASSERT_TRUE(store_->Transition(id, {JobState::kQueued}, JobState::kRunning, {{"worker", "w0,w2"}}).ok());
   // The first run's retry of its requeue finds the job RUNNING on w0,w2: refused.
   auto retry = store_->Transition(id, {JobState::kRunning}, JobState::kQueued, {{"worker", ""}}, {{"worker", "w0,w1"}});
@@ -315,18 +314,18 @@ TEST_P(JobStoreContractTest, ATransitionCanRequireTheGangThatClaimedTheJob) {
   auto done = store_->Transition(id, {JobState::kRunning}, JobState::kSucceeded, {}, {{"worker", "w0,w2"}});
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_EQ(done->state, JobState::kSucceeded);
-  auto bad = store_->Transition(CreateJob(*store_, "bad"), {JobState::kQueued}, JobState::kRunning, {}, {{"state", "QUEUED"}});
+  auto bad = store_->Transition(CreateJob(*store_, "bad"), {JobState::kQueued}, JobState::kRunning, {},
+                                {{"state", "QUEUED"}});
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_P(JobStoreContractTest, CancelledIsTerminal) {
   const std::string id = CreateJob(*store_, "cancel");
   ASSERT_TRUE(store_->Transition(id, {JobState::kQueued, JobState::kRunning}, JobState::kCancelled).ok());
-  for (const JobState to : {JobState::kQueued, JobState::kRunning, JobState::kSucceeded, JobState::kFailed,
-                            JobState::kCancelled}) {
+  for (const JobState to :
+       {JobState::kQueued, JobState::kRunning, JobState::kSucceeded, JobState::kFailed, JobState::kCancelled}) {
     auto moved = store_->Transition(
-        id, {JobState::kQueued, JobState::kRunning, JobState::kSucceeded, JobState::kFailed, JobState::kCancelled},
-        to);
+        id, {JobState::kQueued, JobState::kRunning, JobState::kSucceeded, JobState::kFailed, JobState::kCancelled}, to);
     EXPECT_EQ(moved.status().code(), absl::StatusCode::kFailedPrecondition) << JobStateName(to);
     EXPECT_TRUE(absl::StrContains(moved.status().message(), "CANCELLED")) << moved.status();
   }
@@ -510,8 +509,9 @@ TEST_P(JobStoreContractTest, CheckpointsAreRecordedAndListed) {
   EXPECT_EQ(job->checkpoint_dir, "/ckpt/iter-12");
   auto list = store_->ListCheckpoints(id);
   ASSERT_TRUE(list.ok()) << list.status();
-  const std::vector<std::pair<int64_t, std::string>> expected = {
-      {4, "/ckpt/iter-4"}, {8, "/ckpt/iter-8"}, {12, "/ckpt/iter-12"}};
+  const std::vector<std::pair<int64_t, std::string>> expected = {{4, "/ckpt/iter-4"},
+                                                                 {8, "/ckpt/iter-8"},
+                                                                 {12, "/ckpt/iter-12"}};
   EXPECT_EQ(*list, expected);
   EXPECT_EQ(store_->RecordCheckpoint("job-000000000000", 1, "/x").code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(store_->SetProgress("job-000000000000", 1).code(), absl::StatusCode::kNotFound);
@@ -558,8 +558,8 @@ TEST_P(JobStoreContractTest, WorkerRegistrationExpiresAfterItsTtl) {
 }
 
 TEST(JobStateTest, NamesRoundTrip) {
-  for (const JobState state : {JobState::kQueued, JobState::kRunning, JobState::kSucceeded, JobState::kFailed,
-                               JobState::kCancelled}) {
+  for (const JobState state :
+       {JobState::kQueued, JobState::kRunning, JobState::kSucceeded, JobState::kFailed, JobState::kCancelled}) {
     auto parsed = ParseJobState(JobStateName(state));
     ASSERT_TRUE(parsed.ok());
     EXPECT_EQ(*parsed, state);

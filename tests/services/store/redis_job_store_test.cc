@@ -127,9 +127,9 @@ TEST_F(RedisJobStoreTest, CommandTimeoutIsUnavailableAndTheLateReplyIsNeverRead)
 }
 
 TEST(RedisStoreOptionsTest, MalformedRedisUrlIsInvalidArgumentNamingTheField) {
-  for (const std::string url : {"", "localhost:6379", "http://127.0.0.1:6379", "redis://", "redis://:6379",
-                                "redis://host:notaport", "redis://host:70000", "redis://host:", "redis://host/db0",
-                                "redis://secret@host:6379", "redis://[::1:6379"}) {
+  for (const std::string url :
+       {"", "localhost:6379", "http://127.0.0.1:6379", "redis://", "redis://:6379", "redis://host:notaport",
+        "redis://host:70000", "redis://host:", "redis://host/db0", "redis://secret@host:6379", "redis://[::1:6379"}) {
     RedisStoreOptions options;
     options.redis_url = url;
     const absl::Status status = options.Validate();
@@ -143,8 +143,8 @@ TEST(RedisStoreOptionsTest, MalformedRedisUrlIsInvalidArgumentNamingTheField) {
   EXPECT_TRUE(options.Validate().ok());
   options.redis_url = "redis://user:hunter2@host:bad";
   EXPECT_FALSE(absl::StrContains(options.Validate().message(), "hunter2")) << "the password leaked into a message";
-  for (const std::string url : {"redis://127.0.0.1", "redis://localhost:6380/3", "redis://[::1]:6379",
-                                "redis://:pw@10.0.0.1:6379"}) {
+  for (const std::string url :
+       {"redis://127.0.0.1", "redis://localhost:6380/3", "redis://[::1]:6379", "redis://:pw@10.0.0.1:6379"}) {
     options.redis_url = url;
     EXPECT_TRUE(options.Validate().ok()) << url << ": " << options.Validate();
   }
