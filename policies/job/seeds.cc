@@ -21,6 +21,8 @@ uint64_t UpdateShuffleSeed(uint64_t job_seed, int64_t iteration) {
   return IterationSeed(job_seed, iteration) ^ 0x9e3779b97f4a7c15ULL;
 }
 
+uint64_t ModelInitSeed(uint64_t job_seed) { return job_seed; }
+
 uint64_t EpochShuffleSeed(uint64_t job_seed, uint64_t epoch) { return job_seed * 1315423911ULL + epoch; }
 
 }  // namespace strata::policies

@@ -30,6 +30,10 @@ uint64_t EvaluationSeed(uint64_t job_seed);
 // not the same draw.
 uint64_t UpdateShuffleSeed(uint64_t job_seed, int64_t iteration);
 
+// The seed of a model's random initialization (a model without weights, a
+// fresh scalar head): the job seed itself, as every job so far drew it.
+uint64_t ModelInitSeed(uint64_t job_seed);
+
 // The seed that shuffles the examples of `epoch`: batch contents depend only
 // on (job seed, iteration). A linear mix, kept as first written: changing it
 // would change every job's batches.

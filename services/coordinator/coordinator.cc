@@ -329,6 +329,7 @@ void CoordinatorService::SchedulerLoop() {
       // mark the chosen workers busy; claim the jobs in Redis after it.
       GangPlan plan;
       std::vector<uint64_t> runs(jobs.size(), 0);
+      std::set<std::string> live;  // jobs whose specs stay parsed
       {
         std::lock_guard<std::mutex> guard(mu_);
         const auto now = std::chrono::steady_clock::now();
@@ -357,7 +358,10 @@ void CoordinatorService::SchedulerLoop() {
           for (const std::string& w : decision.gang) busy_workers_[w] = runs[i];
         }
         held_workers_ = plan.held;
+        for (const auto& [job_id, loop_workers] : jobs_in_flight_) live.insert(job_id);
       }
+      for (const JobRecord& job : *queued) live.insert(job.id);
+      specs_.KeepOnly(live);
       for (size_t i = 0; i < jobs.size(); ++i) {
         const JobRecord& job = (*queued)[i];
         const GangDecision& decision = plan.decisions[i];
@@ -563,7 +567,7 @@ std::string CoordinatorService::KeepOutSilentWorkers(const std::string& job_id,
 void CoordinatorService::RecordOutcome(const std::string& job_id, const std::string& workers, JobState to,
                                        const std::map<std::string, std::string>& fields,
                                        const std::vector<std::pair<std::string, std::string>>& events) {
-  std::chrono::milliseconds delay = options_.record_retry_first;
+  std::chrono::milliseconds delay = std::max(options_.record_retry_first, std::chrono::milliseconds(1));
   for (int attempt = 1;; ++attempt) {
     auto moved = store_->Transition(job_id, {JobState::kRunning}, to, fields, {{"worker", workers}});
     bool recorded = moved.ok();

@@ -26,4 +26,9 @@ void JobSpecs::Forget(const std::string& job_id) {
   specs_.erase(job_id);
 }
 
+void JobSpecs::KeepOnly(const std::set<std::string>& live) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::erase_if(specs_, [&](const auto& entry) { return !live.count(entry.first); });
+}
+
 }  // namespace strata::services

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -22,6 +23,9 @@ class JobSpecs {
   void Remember(const std::string& job_id, std::shared_ptr<const policies::JobSpec> spec);
   // Once the job has ended here.
   void Forget(const std::string& job_id);
+  // Forgets every job but `live` (the queued and running ones): a spec a
+  // scheduler pass cached from a copy of a job cancelled meanwhile goes too.
+  void KeepOnly(const std::set<std::string>& live);
 
  private:
   std::mutex mu_;

@@ -133,6 +133,12 @@ absl::StatusOr<policies::Scores> LocalWorkerGroup::ScoreRows(const std::vector<p
   if (rollouts.empty()) return scores;
   c10::NoGradGuard no_grad;
   const Packed packed = PackRollouts(rollouts, memory_->device());
+  if ((request.rewards || request.reference_logprobs) && scorer_ == nullptr) {
+    return absl::FailedPreconditionError("rewards or reference log-probs requested but this job has no scorer");
+  }
+  if (request.actor_logprobs && actor_ == nullptr) {
+    return absl::FailedPreconditionError("actor log-probs requested but this job has no actor");
+  }
   if (request.rewards) scores.rewards = scorer_->Rewards(packed, rollouts);
   if (request.reference_logprobs) scores.reference_logprobs = scorer_->ReferenceLogProbs(packed, rollouts);
   if (request.actor_logprobs) scores.actor_logprobs = actor_->LogProbs(packed, rollouts);

@@ -30,7 +30,9 @@ class UpdateSteps {
   // Checks `update` (INVALID_ARGUMENT naming what does not fit; PPO without
   // a critic is FAILED_PRECONDITION), draws its steps, and sums their
   // tokens and micro-batch counts over the gang (collectives: every rank
-  // plans). `update` must outlive the steps.
+  // plans). A rank whose update fails the checks returns before the sums,
+  // and the others' sums end at the collective timeout. `update` must
+  // outlive the steps.
   static absl::StatusOr<UpdateSteps> Plan(const policies::PolicyUpdate& update, bool has_critic,
                                           const PassOptions& passes);
 

@@ -10,6 +10,7 @@
 #include "base/file.h"
 #include "base/log.h"
 #include "base/status_macros.h"
+#include "policies/job/seeds.h"
 #include "rewards/reward_model.h"
 
 namespace strata::services {
@@ -124,7 +125,7 @@ RankMemory::~RankMemory() {
 absl::StatusOr<std::unique_ptr<policies::PlacedModel>> RankMemory::Place(const std::string& key,
                                                                          const policies::ModelSpec& model,
                                                                          LlamaHead head, bool trainable, double lr) {
-  STRATA_ASSIGN_OR_RETURN(auto loaded, LoadOrInit(model, head, key, spec_.train.seed));
+  STRATA_ASSIGN_OR_RETURN(auto loaded, LoadOrInit(model, head, key, policies::ModelInitSeed(spec_.train.seed)));
   policies::PlacedModelOptions options;
   options.name = key;
   options.placement = model.placement;

@@ -47,7 +47,7 @@ class Scorer {
   absl::StatusOr<policies::TrainStats> EvaluateRewardModel(const std::vector<policies::PreferencePair>& pairs);
 
  private:
-  // Declared so that the reference goes first.
+  // Members are destroyed in reverse order: the reference is freed first.
   std::unique_ptr<policies::PlacedModel> reward_;
   rewards::RuleFn rule_;
   std::unique_ptr<policies::PlacedModel> reference_;

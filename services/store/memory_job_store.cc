@@ -200,7 +200,8 @@ absl::StatusOr<std::string> MemoryJobStore::AppendEvent(const std::string& id, c
   last_event_ = now > last_event_.first ? EventId{now, 0} : EventId{last_event_.first, last_event_.second + 1};
   const std::string entry_id = absl::StrCat(last_event_.first, "-", last_event_.second);
   job->events[last_event_] = JobEventRecord{entry_id, type, json};
-  while (static_cast<int64_t>(job->events.size()) > options_.max_events_per_job) job->events.erase(job->events.begin());
+  const int64_t cap = std::max<int64_t>(options_.max_events_per_job, 1);
+  while (static_cast<int64_t>(job->events.size()) > cap) job->events.erase(job->events.begin());
   appended_.notify_all();
   return entry_id;
 }
@@ -258,7 +259,8 @@ absl::StatusOr<std::map<std::string, int64_t>> MemoryJobStore::CountByState() {
 
 void MemoryJobStore::PruneWorkers() {
   const int64_t now = Now();
-  std::erase_if(workers_, [now](const auto& entry) { return entry.second.expires_unix_ms <= now; });
+  // As Redis expires a key: once its time has passed.
+  std::erase_if(workers_, [now](const auto& entry) { return entry.second.expires_unix_ms < now; });
 }
 
 absl::Status MemoryJobStore::RegisterWorker(const WorkerRecord& worker, int ttl_ms) {

@@ -19,16 +19,6 @@ TEST(BatchOrderTest, BatchesAreThoseOfEarlierReleases) {
   EXPECT_EQ(BatchIndices(5, 3, 3, 7), (std::vector<size_t>{0, 4, 1}));
 }
 
-TEST(BatchOrderTest, AnIterationDrawsTheSameBatchWhenAskedAgainOrAlone) {
-  for (int64_t it = 0; it < 6; ++it) {
-    EXPECT_EQ(BatchIndices(7, 4, it, 42), BatchIndices(7, 4, it, 42)) << "iteration " << it;
-  }
-  // Asked for out of order (as a resumed run does), the same batch.
-  const auto late = BatchIndices(7, 4, 5, 42);
-  EXPECT_EQ(BatchIndices(7, 4, 0, 42).size(), 4u);
-  EXPECT_EQ(BatchIndices(7, 4, 5, 42), late);
-}
-
 TEST(BatchOrderTest, EachEpochIsAPermutationOfTheExamples) {
   const size_t examples = 6;
   std::vector<size_t> seen;

@@ -15,6 +15,7 @@ TEST(SeedsTest, ValuesAreThoseEveryJobSoFarDrewWith) {
   EXPECT_EQ(EvaluationSeed(42), 0x134f7096918175ceULL);
   EXPECT_EQ(UpdateShuffleSeed(42, 3), 0x6458817d5b2da3efULL);
   EXPECT_EQ(EpochShuffleSeed(42, 2), 0xcdd069768ULL);
+  EXPECT_EQ(ModelInitSeed(42), 42u);
 }
 
 TEST(SeedsTest, PromptsAndSamplesDrawFromStreamsOfTheirOwn) {
