@@ -87,9 +87,13 @@ absl::Status ValidateTtl(int ttl_ms) {
   return absl::OkStatus();
 }
 
-absl::Status ValidateRequestId(const std::string& request_id) {
+absl::Status ValidateRequestId(const std::string& tenant, const std::string& request_id) {
   if (request_id.size() > kMaxRequestIdLength) {
     return absl::InvalidArgumentError(absl::StrCat("request_id is longer than ", kMaxRequestIdLength, " bytes"));
+  }
+  if (tenant.empty() && request_id.find(':') != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request_id \"", absl::CHexEscape(request_id), "\" may not contain ':' without a tenant"));
   }
   return absl::OkStatus();
 }

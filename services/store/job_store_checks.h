@@ -24,7 +24,10 @@ inline constexpr std::array<JobState, 5> kAllStates = {JobState::kQueued, JobSta
 absl::Status ValidateJobId(const std::string& what, const std::string& id);
 absl::Status ValidateWorkerId(const std::string& id);
 absl::Status ValidateTtl(int ttl_ms);
-absl::Status ValidateRequestId(const std::string& request_id);
+// A tenant's request ids are keyed under its name ("<tenant>:<id>"); a
+// caller without a tenant may not use ':' in one, or its key could name
+// a tenant's request.
+absl::Status ValidateRequestId(const std::string& tenant, const std::string& request_id);
 absl::Status ValidateIteration(int64_t iteration);
 // "job-" and 12 hex digits (48 random bits).
 std::string NewJobId();

@@ -44,7 +44,7 @@ MemoryJobStore::Job* MemoryJobStore::Find(const std::string& id) {
 
 absl::StatusOr<JobRecord> MemoryJobStore::Create(JobRecord job, bool* created) {
   if (created != nullptr) *created = false;
-  STRATA_RETURN_IF_ERROR(ValidateRequestId(job.request_id));
+  STRATA_RETURN_IF_ERROR(ValidateRequestId(job.tenant, job.request_id));
   for (const std::string& run : job.resumable_run_ids) STRATA_RETURN_IF_ERROR(ValidateJobId("resumable run id", run));
   const std::string continued = job.continues();
   const std::string request_key = job.tenant.empty() ? job.request_id : job.tenant + ":" + job.request_id;

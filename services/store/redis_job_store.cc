@@ -266,7 +266,7 @@ RedisJobStore::~RedisJobStore() = default;
 
 absl::StatusOr<JobRecord> RedisJobStore::Create(JobRecord job, bool* created) {
   if (created != nullptr) *created = false;
-  STRATA_RETURN_IF_ERROR(ValidateRequestId(job.request_id));
+  STRATA_RETURN_IF_ERROR(ValidateRequestId(job.tenant, job.request_id));
   const bool has_request = !job.request_id.empty();
   const std::vector<std::pair<const char*, std::string>> fields = {
       {"algorithm", job.algorithm},

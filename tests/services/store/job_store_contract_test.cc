@@ -123,6 +123,27 @@ TEST_P(JobStoreContractTest, CreateWithSameRequestIdReturnsTheFirstJob) {
   EXPECT_NE(other->id, first->id);
 }
 
+// A request id is one tenant's: another tenant's (or the admin's) same id
+// makes another job, and no id of a caller without a tenant can stand for
+// a tenant's.
+TEST_P(JobStoreContractTest, RequestIdsAreKeptApartByTenant) {
+  JobRecord alice = NewJob("alice", "b");
+  alice.tenant = "a";
+  auto first = store_->Create(alice, nullptr);
+  ASSERT_TRUE(first.ok()) << first.status();
+  bool created = false;
+  auto admin = store_->Create(NewJob("admin", "b"), &created);
+  ASSERT_TRUE(admin.ok()) << admin.status();
+  EXPECT_TRUE(created);
+  EXPECT_NE(admin->id, first->id);
+  auto lookalike = store_->Create(NewJob("admin", "a:b"), &created);
+  EXPECT_EQ(lookalike.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(lookalike.status().message(), "request_id")) << lookalike.status();
+  JobRecord colon = NewJob("alice-colon", "x:y");
+  colon.tenant = "a";
+  EXPECT_TRUE(store_->Create(colon, nullptr).ok()) << "a tenant's ids may hold ':'";
+}
+
 TEST_P(JobStoreContractTest, ConcurrentCreatesWithSameRequestIdMakeOneJob) {
   constexpr int kThreads = 12;
   std::latch start(kThreads);
