@@ -9,13 +9,20 @@
 #include "base/file.h"
 #include "base/status_macros.h"
 #include "policies/rl/rl_algorithms.h"
+#include "services/rank/actor.h"
+#include "services/rank/critic.h"
 #include "services/rank/gang_sum.h"
+#include "services/rank/packed_batch.h"
 #include "services/rank/policy_update.h"
+#include "services/rank/rank_memory.h"
 #include "services/rank/run_checkpoint.h"
+#include "services/rank/scorer.h"
 
 namespace strata::services {
 
 using policies::LlamaHead;
+
+LocalWorkerGroup::LocalWorkerGroup(policies::JobSpec spec) : spec_(std::move(spec)) {}
 
 LocalWorkerGroup::~LocalWorkerGroup() {
   // Models (and their streamers) hold buffers of the arena and the store.
@@ -40,6 +47,8 @@ absl::StatusOr<std::unique_ptr<LocalWorkerGroup>> LocalWorkerGroup::Create(const
   STRATA_RETURN_IF_ERROR(group->LoadModels());
   return group;
 }
+
+offload::DeviceMemoryMonitor& LocalWorkerGroup::device_monitor() const { return memory_->monitor(); }
 
 absl::Status LocalWorkerGroup::LoadModels() {
   using policies::Algorithm;

@@ -20,13 +20,14 @@
 #include "policies/rl/worker_group.h"
 #include "policies/tokenizer/tokenizer.h"
 #include "policies/train/placed_model.h"
-#include "services/rank/actor.h"
-#include "services/rank/critic.h"
-#include "services/rank/packed_batch.h"
-#include "services/rank/rank_memory.h"
-#include "services/rank/scorer.h"
+#include "services/rank/pass_options.h"
 
 namespace strata::services {
+
+class Actor;
+class Critic;
+class RankMemory;
+class Scorer;
 
 class LocalWorkerGroup final : public policies::WorkerGroup {
  public:
@@ -73,10 +74,10 @@ class LocalWorkerGroup final : public policies::WorkerGroup {
   const std::string& tokenizer_path() const { return tokenizer_path_; }
 
   // Measures the job's compute device (memory.device).
-  offload::DeviceMemoryMonitor& device_monitor() const { return memory_->monitor(); }
+  offload::DeviceMemoryMonitor& device_monitor() const;
 
  private:
-  explicit LocalWorkerGroup(policies::JobSpec spec) : spec_(std::move(spec)) {}
+  explicit LocalWorkerGroup(policies::JobSpec spec);
   // Places the models of the job's algorithm, then loads the tokenizer and
   // gives the models their roles.
   absl::Status LoadModels();

@@ -13,15 +13,9 @@
 #include "policies/dist/process_group.h"
 #include "policies/rl/worker_group.h"
 #include "policies/train/placed_model.h"
+#include "services/rank/pass_options.h"
 
 namespace strata::services {
-
-// How a role's passes run on this rank.
-struct PassOptions {
-  policies::ProcessGroup* gang = nullptr;  // sums gradients and figures; outlives the role
-  at::Device device = at::kCPU;            // where the models compute (memory.device)
-  int64_t micro_batch_size = 0;            // train.micro_batch_size: rows per pass, 0 = all
-};
 
 // Prompt + response rows, right-padded, with the indices that pick out the
 // response tokens' predictions: the output at position p-1+k predicts
