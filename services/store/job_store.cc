@@ -98,6 +98,10 @@ absl::Status ValidateRequestId(const std::string& tenant, const std::string& req
   return absl::OkStatus();
 }
 
+std::string RequestKey(const std::string& tenant, const std::string& request_id) {
+  return tenant.empty() ? request_id : absl::StrCat(tenant, ":", request_id);
+}
+
 absl::Status ValidateIteration(int64_t iteration) {
   if (iteration < 0) return absl::InvalidArgumentError(absl::StrCat("iteration must not be negative, got ", iteration));
   return absl::OkStatus();

@@ -28,6 +28,8 @@ absl::Status ValidateTtl(int ttl_ms);
 // caller without a tenant may not use ':' in one, or its key could name
 // a tenant's request.
 absl::Status ValidateRequestId(const std::string& tenant, const std::string& request_id);
+// The key a request id is kept under: "<tenant>:<id>", or "<id>" without a tenant.
+std::string RequestKey(const std::string& tenant, const std::string& request_id);
 absl::Status ValidateIteration(int64_t iteration);
 // "job-" and 12 hex digits (48 random bits).
 std::string NewJobId();

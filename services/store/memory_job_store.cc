@@ -47,7 +47,7 @@ absl::StatusOr<JobRecord> MemoryJobStore::Create(JobRecord job, bool* created) {
   STRATA_RETURN_IF_ERROR(ValidateRequestId(job.tenant, job.request_id));
   for (const std::string& run : job.resumable_run_ids) STRATA_RETURN_IF_ERROR(ValidateJobId("resumable run id", run));
   const std::string continued = job.continues();
-  const std::string request_key = job.tenant.empty() ? job.request_id : job.tenant + ":" + job.request_id;
+  const std::string request_key = RequestKey(job.tenant, job.request_id);
   std::lock_guard<std::mutex> lock(mu_);
   if (!job.request_id.empty()) {
     if (auto existing = requests_.find(request_key); existing != requests_.end()) {

@@ -286,8 +286,7 @@ absl::StatusOr<JobRecord> RedisJobStore::Create(JobRecord job, bool* created) {
   for (const std::string& run : job.resumable_run_ids) STRATA_RETURN_IF_ERROR(ValidateJobId("resumable run id", run));
   // Tenants' idempotency keys live apart: one tenant's request id never
   // returns another's job.
-  const std::string request_key = impl_->Key(job.tenant.empty() ? "request:" + job.request_id
-                                                                : "request:" + job.tenant + ":" + job.request_id);
+  const std::string request_key = impl_->Key("request:" + RequestKey(job.tenant, job.request_id));
   // A random id can collide with an existing one (48 bits); the script
   // refuses to overwrite, and a few fresh draws make a repeat vanishingly rare.
   for (int attempt = 0; attempt < 5; ++attempt) {
