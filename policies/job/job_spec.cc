@@ -4,11 +4,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <ctime>
 #include <filesystem>
 #include <functional>
 #include <optional>
+#include <regex>
 #include <set>
 
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -25,6 +30,13 @@ absl::Status KeyError(const std::string& path, const std::string& why) {
 
 // Bad input quoted back in an error, cut short: a 10 MB value must not
 // become a 10 MB error that hides the message around it.
+// YYYY-MM-DD, optionally followed by THH:MM[:SS[.ffffff]] and an offset
+// (Z or +HH:MM): the forms Python's datetime.fromisoformat reads.
+bool IsIsoDateTime(const std::string& text) {
+  static const std::regex kIso(R"(\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?(Z|[+-]\d{2}:\d{2})?)?)");
+  return std::regex_match(text, kIso);
+}
+
 std::string Shown(const std::string& text) {
   constexpr size_t kMax = 64;
   if (text.size() <= kMax) return text;
@@ -98,6 +110,33 @@ absl::StatusOr<YAML::Node> LoadDocument(const std::string& yaml_text, const std:
 
 // Reads one YAML mapping, remembering which keys were used so that anything
 // left over is reported as unknown.
+nlohmann::json YamlToJson(const YAML::Node& node) {
+  if (node.IsMap()) {
+    nlohmann::json object = nlohmann::json::object();
+    for (const auto& entry : node) object[entry.first.Scalar()] = YamlToJson(entry.second);
+    return object;
+  }
+  if (node.IsSequence()) {
+    nlohmann::json array = nlohmann::json::array();
+    for (const auto& item : node) array.push_back(YamlToJson(item));
+    return array;
+  }
+  if (!node.IsScalar()) return nullptr;
+  const std::string& text = node.Scalar();
+  if (node.Tag() == "!") return text;  // quoted
+  if (text == "~" || text == "null" || text == "Null" || text == "NULL") return nullptr;
+  if (text == "true" || text == "True" || text == "TRUE") return true;
+  if (text == "false" || text == "False" || text == "FALSE") return false;
+  int64_t integer = 0;
+  if (absl::SimpleAtoi(text, &integer)) return integer;
+  double number = 0;
+  if (absl::SimpleAtod(text, &number) && std::isfinite(number) &&
+      text.find_first_of("0123456789") != std::string::npos) {
+    return number;
+  }
+  return text;
+}
+
 class MapReader {
  public:
   MapReader(YAML::Node node, std::string path) : node_(std::move(node)), path_(std::move(path)) {}
@@ -142,6 +181,40 @@ class MapReader {
       if (!std::isfinite(*out))
         return KeyError(Path(key), absl::StrCat("must be a finite number, got ", value.Scalar()));
     }
+    return absl::OkStatus();
+  }
+
+  // A sequence of scalars of type T; absent or null leaves `out` as it is.
+  template <typename T>
+  absl::Status ReadList(const std::string& key, std::vector<T>* out) {
+    used_.insert(key);
+    if (!node_ || !node_.IsMap()) return absl::OkStatus();
+    YAML::Node value = node_[key];
+    if (!value || value.IsNull()) return absl::OkStatus();
+    if (!value.IsSequence()) return KeyError(Path(key), absl::StrCat("must be a list, each item ", TypeName<T>()));
+    std::vector<T> items;
+    for (size_t i = 0; i < value.size(); ++i) {
+      try {
+        if (!value[i].IsScalar()) throw YAML::Exception(YAML::Mark(), "");
+        items.push_back(value[i].as<T>());
+      } catch (const YAML::Exception&) {
+        return KeyError(absl::StrCat(Path(key), "[", i, "]"), absl::StrCat("must be ", TypeName<T>()));
+      }
+    }
+    *out = std::move(items);
+    return absl::OkStatus();
+  }
+
+  // A mapping of any YAML values, as the text of a JSON object: plain
+  // scalars that read as null, true/false, integers or numbers become those,
+  // quoted ones stay strings.
+  absl::Status ReadJsonObject(const std::string& key, std::string* out) {
+    used_.insert(key);
+    if (!node_ || !node_.IsMap()) return absl::OkStatus();
+    YAML::Node value = node_[key];
+    if (!value || value.IsNull()) return absl::OkStatus();
+    if (!value.IsMap()) return KeyError(Path(key), "must be a mapping");
+    *out = YamlToJson(value).dump();
     return absl::OkStatus();
   }
 
@@ -303,6 +376,25 @@ absl::Status JobSpec::Validate() const {
   if (train.log_every < 1) return KeyError("train.log_every", "must be >= 1");
   if (data.max_prompt_tokens < 1) return KeyError("data.max_prompt_tokens", "must be >= 1");
   if (data.max_response_tokens < 1) return KeyError("data.max_response_tokens", "must be >= 1");
+  for (const auto& [key, value] :
+       {std::pair{"data.prompt_key", &data.prompt_key}, std::pair{"data.response_key", &data.response_key},
+        std::pair{"data.chosen_key", &data.chosen_key}, std::pair{"data.rejected_key", &data.rejected_key}}) {
+    if (value->empty()) return KeyError(key, "must not be empty");
+  }
+  if (data.overlong_prompts != "truncate_left" && data.overlong_prompts != "drop") {
+    return KeyError("data.overlong_prompts",
+                    absl::StrCat("must be truncate_left or drop, got '", Shown(data.overlong_prompts), "'"));
+  }
+  if (!data.template_date.empty() && !IsIsoDateTime(data.template_date)) {
+    return KeyError("data.template_date",
+                    absl::StrCat("must be an ISO 8601 date and time (2026-11-27T15:40:00+00:00), got '",
+                                 Shown(data.template_date), "'"));
+  }
+  for (size_t i = 0; i < generation.stop_token_ids.size(); ++i) {
+    if (generation.stop_token_ids[i] < 0) {
+      return KeyError(absl::StrCat("generation.stop_token_ids[", i, "]"), "must be >= 0");
+    }
+  }
   if (generation.max_new_tokens < 1) return KeyError("generation.max_new_tokens", "must be >= 1");
   if (!(generation.temperature > 0)) return KeyError("generation.temperature", "must be > 0");
   if (!(generation.top_p > 0 && generation.top_p <= 1)) return KeyError("generation.top_p", "must be in (0, 1]");
@@ -445,6 +537,17 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::ve
     STRATA_RETURN_IF_ERROR(data.Read("tokenizer", &spec.data.tokenizer));
     STRATA_RETURN_IF_ERROR(data.Read("max_prompt_tokens", &spec.data.max_prompt_tokens));
     STRATA_RETURN_IF_ERROR(data.Read("max_response_tokens", &spec.data.max_response_tokens));
+    STRATA_RETURN_IF_ERROR(data.Read("prompt_key", &spec.data.prompt_key));
+    STRATA_RETURN_IF_ERROR(data.Read("label_key", &spec.data.label_key));
+    STRATA_RETURN_IF_ERROR(data.Read("response_key", &spec.data.response_key));
+    STRATA_RETURN_IF_ERROR(data.Read("chosen_key", &spec.data.chosen_key));
+    STRATA_RETURN_IF_ERROR(data.Read("rejected_key", &spec.data.rejected_key));
+    STRATA_RETURN_IF_ERROR(data.Read("apply_chat_template", &spec.data.apply_chat_template));
+    STRATA_RETURN_IF_ERROR(data.Read("chat_template_file", &spec.data.chat_template_file));
+    STRATA_RETURN_IF_ERROR(data.Read("chat_template_name", &spec.data.chat_template_name));
+    STRATA_RETURN_IF_ERROR(data.ReadJsonObject("template_args", &spec.data.template_args_json));
+    STRATA_RETURN_IF_ERROR(data.Read("template_date", &spec.data.template_date));
+    STRATA_RETURN_IF_ERROR(data.Read("overlong_prompts", &spec.data.overlong_prompts));
     STRATA_RETURN_IF_ERROR(data.CheckNoUnknownKeys());
 
     STRATA_ASSIGN_OR_RETURN(auto train, r.Child("train"));
@@ -466,6 +569,7 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::ve
     STRATA_RETURN_IF_ERROR(gen.Read("temperature", &spec.generation.temperature));
     STRATA_RETURN_IF_ERROR(gen.Read("top_p", &spec.generation.top_p));
     STRATA_RETURN_IF_ERROR(gen.Read("top_k", &spec.generation.top_k));
+    STRATA_RETURN_IF_ERROR(gen.ReadList("stop_token_ids", &spec.generation.stop_token_ids));
     STRATA_RETURN_IF_ERROR(gen.CheckNoUnknownKeys());
 
     STRATA_ASSIGN_OR_RETURN(auto remax, r.Child("remax"));
@@ -546,10 +650,20 @@ JobSpec ResolvePaths(const JobSpec& spec, const std::string& base) {
   fix(out.data.train);
   fix(out.data.eval);
   fix(out.data.tokenizer);
+  fix(out.data.chat_template_file);
   fix(out.output_dir);
   fix(out.checkpoint.dir);
   fix(out.memory.nvme_dir);
   return out;
+}
+
+std::string TemplateDateOf(int64_t unix_ms) {
+  const std::time_t seconds = static_cast<std::time_t>(unix_ms / 1000);
+  std::tm utc{};
+  gmtime_r(&seconds, &utc);
+  char text[32];
+  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%S+00:00", &utc);
+  return text;
 }
 
 int64_t RowsPerIteration(const JobSpec& spec) {
@@ -630,9 +744,10 @@ absl::Status CheckPathsWithin(const JobSpec& spec, const std::string& base, cons
     return false;
   };
   std::vector<std::pair<std::string, const std::string*>> keys = {
-      {"data.train", &spec.data.train},         {"data.eval", &spec.data.eval},
-      {"data.tokenizer", &spec.data.tokenizer}, {"output.dir", &spec.output_dir},
-      {"checkpoint.dir", &spec.checkpoint.dir}, {"memory.nvme_dir", &spec.memory.nvme_dir}};
+      {"data.train", &spec.data.train},          {"data.eval", &spec.data.eval},
+      {"data.tokenizer", &spec.data.tokenizer},  {"data.chat_template_file", &spec.data.chat_template_file},
+      {"output.dir", &spec.output_dir},          {"checkpoint.dir", &spec.checkpoint.dir},
+      {"memory.nvme_dir", &spec.memory.nvme_dir}};
   for (const auto& [name, model] : {std::pair<const char*, const ModelSpec*>{"actor", &spec.actor},
                                     {"reference", &spec.reference},
                                     {"reward", &spec.reward},

@@ -33,6 +33,29 @@ struct DataSpec {
   std::string tokenizer;  // tokenizer path; default: the first model's directory
   int64_t max_prompt_tokens = 64;
   int64_t max_response_tokens = 64;
+  // Which field of a record holds what (OpenRLHF's names). A prompt,
+  // response, chosen or rejected value is a string or a conversation (a
+  // list of {"role", "content", ...} messages).
+  std::string prompt_key = "prompt";
+  std::string label_key;  // optional: a reference answer kept for reward sources
+  std::string response_key = "response";
+  std::string chosen_key = "chosen";
+  std::string rejected_key = "rejected";
+  // Whether a string prompt is rendered through the chat template as one
+  // user message (a conversation always is; a string otherwise is raw text).
+  bool apply_chat_template = false;
+  std::string chat_template_file;  // a Jinja file replacing the model's template
+  std::string chat_template_name;  // one of the model's named templates; "" = "default"
+  // Handed to the template beside the messages, e.g. {"enable_thinking": false}:
+  // a JSON object, kept as its text so the spec stays free of a JSON type.
+  std::string template_args_json = "{}";
+  // What the template's strftime_now() sees (ISO 8601, e.g.
+  // 2026-11-27T15:40:00+00:00). The service sets it when the job is
+  // submitted, so a resumed job renders what its first run rendered.
+  std::string template_date;
+  // A prompt longer than max_prompt_tokens: "truncate_left" keeps its end
+  // (what the response follows), "drop" leaves the record out.
+  std::string overlong_prompts = "truncate_left";
 };
 
 struct TrainSpec {
@@ -62,6 +85,10 @@ struct GenerationSpec {
   double temperature = 1.0;
   double top_p = 1.0;
   int64_t top_k = 0;
+  // Token ids that end a response besides the model's own end-of-turn ids
+  // (config.json's and generation_config.json's eos_token_id, the
+  // tokenizer's eos token).
+  std::vector<int64_t> stop_token_ids;
 };
 
 struct RemaxSpec {
@@ -151,6 +178,10 @@ struct JobSpec {
   // memory.nvme_dir (or the worker's --nvme-dir) must then be set.
   bool UsesNvme() const;
 };
+
+// `unix_ms` in the form data.template_date takes (UTC, to the second):
+// 2026-11-27T15:40:00+00:00.
+std::string TemplateDateOf(int64_t unix_ms);
 
 // Rows one iteration decodes or scores across the gang: prompts times the
 // responses each gets (ReMax: a sample and the greedy one; GRPO/RLOO:

@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "policies/config/sampling.h"
+#include "policies/data/examples.h"
 
 namespace strata::policies {
 
@@ -77,17 +78,6 @@ struct UpdateStats {
   double clipfrac = 0;
   double value_clipfrac = 0;
   double approx_kl = 0;
-};
-
-struct TextPair {  // SFT example, or the chosen side of a preference
-  std::vector<int32_t> prompt;
-  std::vector<int32_t> response;
-};
-
-struct PreferencePair {
-  std::vector<int32_t> prompt;
-  std::vector<int32_t> chosen;
-  std::vector<int32_t> rejected;
 };
 
 struct TrainStats {

@@ -70,11 +70,13 @@ struct ModelCommands {
   strata::services::TokenizeRequest tok;
   std::string tok_text;
   std::string tok_decode;
+  std::string tok_messages;
   strata::services::InitModelRequest init;
   CLI::Option* prompt_opt = nullptr;
   CLI::Option* ids_opt = nullptr;
   CLI::Option* text_opt = nullptr;
   CLI::Option* decode_opt = nullptr;
+  CLI::Option* messages_opt = nullptr;
 
   void Register(CLI::App& app, Runner& run) {
     // strata generate
@@ -118,15 +120,34 @@ struct ModelCommands {
     });
 
     // strata tokenize
-    auto* tokenize = app.add_subcommand("tokenize", "Encode text or decode ids (no BOS/EOS added)");
+    auto* tokenize = app.add_subcommand(
+        "tokenize", "Encode text or decode ids (no BOS/EOS added), or render a conversation through the chat template");
     tokenize->add_option("--tokenizer", tok.tokenizer_path, "model dir, tokenizer.json or tokenizer.model")->required();
     text_opt = tokenize->add_option("--text", tok_text, "text to encode");
     decode_opt = tokenize->add_option("--decode", tok_decode, "ids to decode: 1,2,3");
+    messages_opt = tokenize->add_option("--messages", tok_messages,
+                                        "JSON file: a conversation ([{\"role\", \"content\"}, ...] or "
+                                        "{\"messages\": [...]}) to render with the model's chat template and encode");
     text_opt->excludes(decode_opt);
+    messages_opt->excludes(text_opt)->excludes(decode_opt);
+    tokenize->add_flag("--add-generation-prompt", tok.add_generation_prompt, "end with the assistant's turn opening")
+        ->needs(messages_opt);
+    tokenize
+        ->add_option("--template-arg", tok.template_args,
+                     "NAME=VALUE handed to the template (repeatable; VALUE as JSON when it parses: "
+                     "enable_thinking=false)")
+        ->needs(messages_opt);
+    tokenize->add_option("--chat-template", tok.chat_template_file, "Jinja file to use instead of the model's template")
+        ->needs(messages_opt);
+    tokenize->add_option("--template-name", tok.template_name, "one of the model's named templates (default: default)")
+        ->needs(messages_opt);
+    tokenize->add_option("--template-date", tok.template_date, "what strftime_now() sees, ISO 8601 (default: now)")
+        ->needs(messages_opt);
     tokenize->add_flag("--json", tok.json, "print one JSON object");
     tokenize->callback([&] {
       run = [&] {
         if (!text_opt->empty()) tok.text = tok_text;
+        if (!messages_opt->empty()) tok.messages_file = tok_messages;
         if (!decode_opt->empty()) {
           if (auto s = FillIds(tok_decode, "--decode", &tok.decode_ids); !s.ok()) return Finish("tokenize", s);
         }

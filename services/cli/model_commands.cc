@@ -5,12 +5,17 @@
 #include <charconv>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <regex>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/file.h"
 #include "base/log.h"
 #include "base/status_macros.h"
+#include "policies/data/chat_renderer.h"
+#include "policies/data/chat_template.h"
+#include "policies/data/dataset.h"
 #include "policies/model/generation.h"
 #include "policies/model/llama.h"
 #include "policies/tokenizer/tokenizer.h"
@@ -37,6 +42,78 @@ absl::StatusOr<std::unique_ptr<policies::LlamaModel>> LoadLanguageModel(const st
   if (!dtype.ok()) return absl::InvalidArgumentError(absl::StrCat("--dtype: ", dtype.status().message()));
   if (!IsDirectory(dir)) return absl::NotFoundError(absl::StrCat("--model: ", dir, " is not a directory"));
   return policies::LlamaModel::Load(dir, policies::LlamaHead::kLanguageModel, *dtype);
+}
+
+// The conversation in a --messages file: a list of messages, or an object
+// holding one under "messages", checked as a job's data is checked.
+absl::StatusOr<json> ReadConversation(const std::string& path) {
+  auto text = ReadFileToString(path);
+  if (!text.ok()) return absl::Status(text.status().code(), absl::StrCat("--messages: ", text.status().message()));
+  json file;
+  try {
+    file = json::parse(*text);
+  } catch (const json::parse_error& e) {
+    return absl::InvalidArgumentError(absl::StrCat("--messages: ", path, ": not JSON (error at byte ", e.byte, ")"));
+  }
+  json messages = file.is_object() && file.contains("messages") ? file["messages"] : file;
+  if (!messages.is_array()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--messages: ", path,
+        ": not a conversation (expected a list of {\"role\", \"content\"} messages, or {\"messages\": [...]})"));
+  }
+  const policies::Record record{json{{"messages", messages}}, path};
+  if (auto checked = policies::ReadText(record, "messages"); !checked.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--messages: ", checked.status().message()));
+  }
+  return messages;
+}
+
+// --template-arg NAME=VALUE, repeated: VALUE as JSON when it parses, else
+// the string itself (so enable_thinking=false is a boolean, name=Ada text).
+absl::StatusOr<json> TemplateArgs(const std::vector<std::string>& items) {
+  json args = json::object();
+  for (const std::string& item : items) {
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--template-arg: '", item, "' is not NAME=VALUE"));
+    }
+    const std::string value = item.substr(eq + 1);
+    json parsed = json::parse(value, /*cb=*/nullptr, /*allow_exceptions=*/false);
+    args[item.substr(0, eq)] = parsed.is_discarded() ? json(value) : std::move(parsed);
+  }
+  return args;
+}
+
+// The conversation rendered once through the model's chat template, as a
+// job's data would be (policies/data/job_data.h).
+absl::StatusOr<std::string> RenderConversation(const TokenizeRequest& request) {
+  STRATA_ASSIGN_OR_RETURN(json messages, ReadConversation(*request.messages_file));
+  policies::ChatTemplateContext context;
+  STRATA_ASSIGN_OR_RETURN(context.template_args, TemplateArgs(request.template_args));
+  // The spec's data.template_date rule: what Python's fromisoformat reads.
+  static const std::regex kIso(R"(\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?(Z|[+-]\d{2}:\d{2})?)?)");
+  if (!request.template_date.empty() && !std::regex_match(request.template_date, kIso)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--template-date: must be an ISO 8601 date and time (2026-11-27T15:40:00+00:00), got '",
+                     request.template_date, "'"));
+  }
+  context.date = request.template_date;
+  auto found = policies::LoadChatTemplate(request.tokenizer_path, {request.chat_template_file, request.template_name});
+  if (!found.ok()) {
+    // The fix it names is the spec's key; say the flag that does the same here.
+    const std::string why(found.status().message());
+    const char* flag = absl::StrContains(why, "data.chat_template_file")   ? " (here: --chat-template FILE)"
+                       : absl::StrContains(why, "data.chat_template_name") ? " (here: --template-name)"
+                                                                           : "";
+    return absl::Status(found.status().code(), absl::StrCat(why, flag));
+  }
+  const std::string origin = found->origin;
+  const policies::ChatRenderer renderer(*std::move(found), std::move(context));
+  STRATA_ASSIGN_OR_RETURN(auto rendered, renderer.Render({{std::move(messages), request.add_generation_prompt}}));
+  if (!rendered[0].error.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("chat template ", origin, ": ", rendered[0].error));
+  }
+  return std::move(rendered[0].text);
 }
 
 }  // namespace
@@ -135,10 +212,25 @@ absl::StatusOr<std::string> RunLogProbs(const LogProbsRequest& request) {
 }
 
 absl::StatusOr<std::string> RunTokenize(const TokenizeRequest& request) {
-  if (request.text.has_value() == request.decode_ids.has_value()) {
-    return absl::InvalidArgumentError("give exactly one of --text and --decode");
+  if (request.text.has_value() + request.decode_ids.has_value() + request.messages_file.has_value() != 1) {
+    return absl::InvalidArgumentError("give exactly one of --text, --decode and --messages");
+  }
+  if (!request.messages_file.has_value() &&
+      (request.add_generation_prompt || !request.template_args.empty() || !request.chat_template_file.empty() ||
+       !request.template_name.empty() || !request.template_date.empty())) {
+    return absl::InvalidArgumentError(
+        "--add-generation-prompt, --template-arg, --chat-template, --template-name and --template-date need "
+        "--messages");
   }
   STRATA_ASSIGN_OR_RETURN(auto tokenizer, policies::Tokenizer::Load(request.tokenizer_path));
+  if (request.messages_file.has_value()) {
+    STRATA_ASSIGN_OR_RETURN(const std::string text, RenderConversation(request));
+    // The template wrote every special token; Encode adds none.
+    const std::vector<int32_t> ids = tokenizer->Encode(text);
+    if (request.json) return Dump(json{{"text", text}, {"ids", ids}});
+    const bool ends_line = !text.empty() && text.back() == '\n';
+    return absl::StrCat(text, ends_line ? "" : "\n", absl::StrJoin(ids, ","), "\n");
+  }
   if (request.text.has_value()) {
     const std::vector<int32_t> ids = tokenizer->Encode(*request.text);
     if (request.json) return Dump(json{{"ids", ids}});

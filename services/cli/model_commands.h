@@ -39,8 +39,21 @@ struct LogProbsRequest {
 
 struct TokenizeRequest {
   std::string tokenizer_path;  // model dir, tokenizer.json or tokenizer.model
+  // Exactly one of the three: text to encode, ids to decode, or a JSON file
+  // holding a conversation (a list of {"role", "content", ...} messages, or
+  // {"messages": [...]}) to render through the model's chat template.
   std::optional<std::string> text;
   std::optional<std::vector<int32_t>> decode_ids;
+  std::optional<std::string> messages_file;
+  // The rest only with messages_file, as a job's data.* keys of the same
+  // meaning render it.
+  bool add_generation_prompt = false;
+  // NAME=VALUE each (data.template_args): VALUE as JSON when it parses
+  // (true, 3, "x", {...}), else as a string. A repeated NAME: the last wins.
+  std::vector<std::string> template_args;
+  std::string chat_template_file;  // replaces the model's template (data.chat_template_file)
+  std::string template_name;       // one of the model's named templates (data.chat_template_name)
+  std::string template_date;       // ISO 8601, what strftime_now() formats; "" = now
   bool json = false;
 };
 
@@ -55,6 +68,12 @@ struct InitModelRequest {
 
 absl::StatusOr<std::string> RunGenerate(const GenerateRequest& request);
 absl::StatusOr<std::string> RunLogProbs(const LogProbsRequest& request);
+// With messages_file: the rendered text and its ids (Tokenizer::Encode, no
+// special tokens added beyond what the template wrote, as
+// apply_chat_template(tokenize=True) gives them). INVALID_ARGUMENT naming
+// the file for one that is not a conversation, or naming the template's
+// origin with Jinja's message when the template raises; NOT_FOUND when the
+// model has no chat template.
 absl::StatusOr<std::string> RunTokenize(const TokenizeRequest& request);
 // Writes a freshly initialised model directory (config.json + safetensors).
 absl::StatusOr<std::string> RunInitModel(const InitModelRequest& request);

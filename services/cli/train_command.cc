@@ -3,14 +3,43 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/file.h"
 #include "base/status_macros.h"
 #include "services/driver/job_runner.h"
 #include "services/rank/local_gang.h"
 
 namespace strata::services {
+
+namespace {
+
+// The chat template's strftime_now() date of a local run: the spec's, else
+// the first run's, kept in output.dir so that --resume renders what the
+// first run rendered.
+absl::Status FixTemplateDate(bool resume, policies::JobSpec* spec) {
+  if (!spec->data.template_date.empty()) return absl::OkStatus();
+  const std::string path = JoinPath(spec->output_dir, "template_date");
+  if (resume && IsRegularFile(path)) {
+    STRATA_ASSIGN_OR_RETURN(auto date, ReadFileToString(path));
+    spec->data.template_date = std::string(absl::StripAsciiWhitespace(date));
+    return absl::OkStatus();
+  }
+  spec->data.template_date = policies::TemplateDateOf(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count());
+  std::error_code ec;
+  std::filesystem::create_directories(spec->output_dir, ec);
+  if (ec)
+    return absl::PermissionDeniedError(
+        absl::StrCat("output.dir: cannot create ", spec->output_dir, ": ", ec.message()));
+  return WriteFileAtomically(path, spec->data.template_date + "\n");
+}
+
+}  // namespace
 
 absl::StatusOr<std::string> RunTrain(const TrainRequest& request) {
   std::vector<std::string> overrides = request.overrides;
@@ -28,6 +57,7 @@ absl::StatusOr<std::string> RunTrain(const TrainRequest& request) {
     }
     if (!earlier.first.empty()) STRATA_RETURN_IF_ERROR(RemoveCheckpoints(spec.checkpoint.dir));
   }
+  STRATA_RETURN_IF_ERROR(FixTemplateDate(request.resume, &spec));
   const auto start = std::chrono::steady_clock::now();
   JobRankOptions rank;
   rank.metrics_path = request.metrics_path;

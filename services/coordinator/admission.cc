@@ -23,7 +23,7 @@ absl::StatusOr<JobRecord> VisibleJob(JobStore& store, const Caller& caller, cons
 
 absl::StatusOr<AdmittedJob> AdmitJob(JobStore& store, JobSpecs& specs, const Caller& caller,
                                      const v1::SubmitJobRequest& request, const WorkerOffer& offer,
-                                     const AdmissionLimits& admission) {
+                                     const AdmissionLimits& admission, int64_t submitted_unix_ms) {
   if (!MayUseJobs(caller)) return absl::PermissionDeniedError("a worker credential cannot submit jobs");
   std::vector<std::string> overrides(request.overrides().begin(), request.overrides().end());
   STRATA_ASSIGN_OR_RETURN(auto yaml, policies::ApplyOverrides(request.spec_yaml(), overrides, "spec"));
@@ -113,6 +113,21 @@ absl::StatusOr<AdmittedJob> AdmitJob(JobStore& store, JobSpecs& specs, const Cal
     job.checkpoint_dir = ended.checkpoint_dir;
     job.checkpoint_iteration = ended.checkpoint_iteration;
     job.iteration = ended.checkpoint_iteration;
+  }
+  // The chat template's strftime_now() is fixed when the job is submitted
+  // (a continuation keeps the date of the job it continues), so that every
+  // run of the job renders the same prompts.
+  if (spec.data.template_date.empty()) {
+    spec.data.template_date = policies::TemplateDateOf(submitted_unix_ms);
+    if (!request.continue_job_id().empty()) {
+      STRATA_ASSIGN_OR_RETURN(auto ended, VisibleJob(store, caller, request.continue_job_id()));
+      STRATA_ASSIGN_OR_RETURN(auto ended_spec, specs.Of(ended));
+      if (!ended_spec->data.template_date.empty()) spec.data.template_date = ended_spec->data.template_date;
+    }
+    STRATA_ASSIGN_OR_RETURN(
+        job.spec_yaml,
+        policies::ApplyOverrides(job.spec_yaml, {absl::StrCat("data.template_date=\"", spec.data.template_date, "\"")},
+                                 "spec"));
   }
   return AdmittedJob{std::move(job), std::make_shared<const policies::JobSpec>(std::move(spec))};
 }

@@ -47,10 +47,11 @@ struct AdmittedJob {
 
 // Parses and checks a submission. INVALID_ARGUMENT naming the spec key,
 // RESOURCE_EXHAUSTED when no worker (or too few) can take it,
-// FAILED_PRECONDITION for another tenant's continuation.
+// FAILED_PRECONDITION for another tenant's continuation. A spec without
+// data.template_date gets the submission time (`submitted_unix_ms`).
 absl::StatusOr<AdmittedJob> AdmitJob(JobStore& store, JobSpecs& specs, const Caller& caller,
                                      const strata::v1::SubmitJobRequest& request, const WorkerOffer& offer,
-                                     const AdmissionLimits& limits);
+                                     const AdmissionLimits& limits, int64_t submitted_unix_ms);
 
 }  // namespace strata::services
 

@@ -121,7 +121,10 @@ absl::Status CoordinatorService::Submit(const Caller& caller, const v1::SubmitJo
   AdmissionLimits limits;
   limits.max_rollout_rows = options_.max_rollout_rows;
   limits.max_rollout_tokens = options_.max_rollout_tokens;
-  STRATA_ASSIGN_OR_RETURN(AdmittedJob admitted, AdmitJob(*store_, specs_, caller, request, offer, limits));
+  const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             std::chrono::system_clock::now().time_since_epoch())
+                             .count();
+  STRATA_ASSIGN_OR_RETURN(AdmittedJob admitted, AdmitJob(*store_, specs_, caller, request, offer, limits, now_ms));
   bool created = false;
   STRATA_ASSIGN_OR_RETURN(auto stored, store_->Create(admitted.record, &created));
   if (created) {

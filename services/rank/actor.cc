@@ -21,7 +21,7 @@ absl::StatusOr<std::vector<policies::Rollout>> Actor::Generate(const policies::R
       prompt_index.push_back(static_cast<int64_t>(p));
     }
   }
-  const auto& eos = actor.config().eos_token_ids;
+  const std::vector<int64_t>& eos = stop_ids_;
   const int64_t pad = tokenizer_.pad_id() >= 0 ? tokenizer_.pad_id() : 0;
   if (!request.sampling.row_seeds.empty() && request.sampling.row_seeds.size() != request.prompts.size()) {
     return absl::InvalidArgumentError(absl::StrCat("rollout: ", request.sampling.row_seeds.size(), " row seeds for ",
@@ -108,9 +108,9 @@ absl::Status Actor::PolicyStep(const std::vector<UpdateMicroBatch>& micros, cons
 absl::StatusOr<policies::TrainStats> Actor::TrainSft(const std::vector<policies::TextPair>& batch) {
   if (model_->trainer() == nullptr) return absl::FailedPreconditionError("no trainable actor");
   if (batch.empty()) return absl::InvalidArgumentError("SFT step: empty batch");
-  std::vector<const std::vector<int32_t>*> prompts, responses;
-  for (const auto& pair : batch) prompts.push_back(&pair.prompt), responses.push_back(&pair.response);
-  std::vector<double> tokens = {static_cast<double>(Tokens(responses))};
+  std::vector<const policies::TextPair*> examples;
+  for (const auto& pair : batch) examples.push_back(&pair);
+  std::vector<double> tokens = {static_cast<double>(TrainedTokens(examples))};
   STRATA_RETURN_IF_ERROR(SumOverGang(*passes_.gang, tokens));
   STRATA_ASSIGN_OR_RETURN(const auto gang_micros,
                           GangMicroBatches(*passes_.gang, {batch.size()}, passes_.micro_batch_size));
@@ -118,11 +118,17 @@ absl::StatusOr<policies::TrainStats> Actor::TrainSft(const std::vector<policies:
   double loss = 0;
   for (size_t j = 0; j < micros.size(); ++j) {
     const auto [begin, end] = micros[j];
-    std::vector<const std::vector<int32_t>*> p(prompts.begin() + begin, prompts.begin() + end),
-        r(responses.begin() + begin, responses.begin() + end);
-    const double scale = begin == end ? 0.0 : Share(static_cast<double>(Tokens(r)), tokens[0]);
-    if (begin == end) p = {&kZeroWeightRow}, r = {&kZeroWeightRow};
-    const Packed packed = Pack(p, r, passes_.device);
+    std::vector<const std::vector<int32_t>*> p, r;
+    std::vector<const std::vector<uint8_t>*> masks;
+    for (size_t i = begin; i < end; ++i) {
+      p.push_back(&batch[i].prompt), r.push_back(&batch[i].response), masks.push_back(&batch[i].response_loss_mask);
+    }
+    const double scale =
+        begin == end
+            ? 0.0
+            : Share(static_cast<double>(TrainedTokens({examples.begin() + begin, examples.begin() + end})), tokens[0]);
+    if (begin == end) p = {&kZeroWeightRow}, r = {&kZeroWeightRow}, masks.clear();
+    const Packed packed = Pack(p, r, passes_.device, masks);
     STRATA_ASSIGN_OR_RETURN(auto part, AccumulateStep(
                                            *model_, packed,
                                            [&](const at::Tensor& logits) {

@@ -20,8 +20,11 @@ namespace strata::services {
 // gang in `passes` must outlive it.
 class Actor {
  public:
-  Actor(std::unique_ptr<policies::PlacedModel> model, const policies::Tokenizer& tokenizer, PassOptions passes)
-      : model_(std::move(model)), tokenizer_(tokenizer), passes_(passes) {}
+  // A response ends at the first of `stop_ids`, which it keeps (the policy
+  // learns to produce it).
+  Actor(std::unique_ptr<policies::PlacedModel> model, const policies::Tokenizer& tokenizer,
+        std::vector<int64_t> stop_ids, PassOptions passes)
+      : model_(std::move(model)), tokenizer_(tokenizer), stop_ids_(std::move(stop_ids)), passes_(passes) {}
 
   policies::PlacedModel& model() { return *model_; }
 
@@ -41,6 +44,7 @@ class Actor {
  private:
   std::unique_ptr<policies::PlacedModel> model_;
   const policies::Tokenizer& tokenizer_;
+  const std::vector<int64_t> stop_ids_;
   const PassOptions passes_;
 };
 

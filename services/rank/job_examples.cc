@@ -1,45 +1,35 @@
 #include "services/rank/job_examples.h"
 
+#include <memory>
+#include <optional>
+
+#include "base/log.h"
 #include "base/status_macros.h"
-#include "policies/data/dataset.h"
-#include "policies/data/prompt_encoder.h"
+#include "policies/data/chat_renderer.h"
+#include "policies/data/chat_template.h"
 
 namespace strata::services {
 
-using policies::Algorithm;
-
-absl::StatusOr<JobExamples> ReadJobExamples(const policies::JobSpec& spec, const policies::Tokenizer& tokenizer) {
-  JobExamples data;
-  const policies::PromptEncoder encode(tokenizer, spec.data);
-  auto read_pairs = [&](const std::string& path, std::vector<policies::PreferencePair>* out) -> absl::Status {
-    STRATA_ASSIGN_OR_RETURN(auto rows, policies::ReadJsonl(path, {"prompt", "chosen", "rejected"}));
-    for (const auto& r : rows) {
-      out->push_back({encode.Prompt(r["prompt"]), encode.Response(r["chosen"]), encode.Response(r["rejected"])});
-    }
-    return absl::OkStatus();
-  };
-  if (spec.algorithm == Algorithm::kSft) {
-    STRATA_ASSIGN_OR_RETURN(auto rows, policies::ReadJsonl(spec.data.train, {"prompt", "response"}));
-    for (const auto& r : rows) data.sft.push_back({encode.Prompt(r["prompt"]), encode.Response(r["response"])});
-    data.examples = data.sft.size();
-  } else if (spec.algorithm == Algorithm::kRewardModel) {
-    STRATA_RETURN_IF_ERROR(read_pairs(spec.data.train, &data.pairs));
-    if (!spec.data.eval.empty()) {
-      STRATA_RETURN_IF_ERROR(read_pairs(spec.data.eval, &data.eval_pairs));
-    }
-    data.examples = data.pairs.size();
+absl::StatusOr<policies::JobData> ReadJobExamples(const policies::JobSpec& spec, const policies::Tokenizer& tokenizer,
+                                                  const std::string& tokenizer_path,
+                                                  const std::vector<int64_t>& stop_ids) {
+  policies::ChatSetup chat;
+  std::optional<policies::ChatRenderer> renderer;
+  // A model without a template is fine until a record needs one.
+  absl::StatusOr<policies::ChatTemplate> found =
+      policies::LoadChatTemplate(tokenizer_path, {spec.data.chat_template_file, spec.data.chat_template_name});
+  if (found.ok()) {
+    STRATA_ASSIGN_OR_RETURN(auto context, policies::ChatContextOf(spec.data, tokenizer, stop_ids));
+    renderer.emplace(*std::move(found), std::move(context));
+    chat.renderer = &*renderer;
+  } else if (!spec.data.chat_template_file.empty() || !spec.data.chat_template_name.empty() ||
+             found.status().code() != absl::StatusCode::kNotFound) {
+    return absl::Status(found.status().code(), absl::StrCat("data: ", found.status().message()));
   } else {
-    STRATA_ASSIGN_OR_RETURN(auto rows, policies::ReadJsonl(spec.data.train, {"prompt"}));
-    for (const auto& r : rows) data.prompts.push_back(encode.Prompt(r["prompt"]));
-    if (!spec.data.eval.empty()) {
-      STRATA_ASSIGN_OR_RETURN(auto eval_rows, policies::ReadJsonl(spec.data.eval, {"prompt"}));
-      for (size_t i = 0; i < eval_rows.size() && static_cast<int64_t>(i) < spec.eval.prompts; ++i) {
-        data.eval_prompt_text.push_back(eval_rows[i]["prompt"]);
-        data.eval_prompts.push_back(encode.Prompt(data.eval_prompt_text.back()));
-      }
-    }
-    data.examples = data.prompts.size();
+    chat.unavailable = found.status();
   }
+  STRATA_ASSIGN_OR_RETURN(auto data, policies::ReadJobData(spec, tokenizer, chat));
+  if (chat.renderer != nullptr) STRATA_LOG(Info) << "chat template: " << chat.renderer->chat_template().origin;
   return data;
 }
 

@@ -18,6 +18,7 @@
 #include "base/log.h"
 #include "base/status_macros.h"
 #include "policies/data/batch_order.h"
+#include "policies/data/chat_tokens.h"
 #include "policies/job/seeds.h"
 #include "rewards/rule_rewards.h"
 #include "services/telemetry/service_metrics.h"
@@ -121,13 +122,23 @@ absl::StatusOr<std::unique_ptr<JobRank>> JobRank::Create(const policies::JobSpec
           absl::StrCat("output.dir: cannot create ", spec.output_dir, ": ", ec.message()));
     }
   }
-  STRATA_ASSIGN_OR_RETURN(auto data, ReadJobExamples(spec, tokenizer));
-  rank->data_ = std::make_unique<JobExamples>(std::move(data));
+  STRATA_ASSIGN_OR_RETURN(auto data,
+                          ReadJobExamples(spec, tokenizer, models.tokenizer_path(), models.stop_token_ids()));
+  rank->data_ = std::make_unique<policies::JobData>(std::move(data));
+  if (gang.rank() == 0) {
+    STRATA_LOG(Info) << rank->data_->examples << " examples; the first prompt as the policy sees it:\n"
+                     << rank->data_->sample_prompt;
+    if (rank->data_->overlong_prompts > 0) {
+      STRATA_LOG(Warning) << rank->data_->overlong_prompts << " prompts over data.max_prompt_tokens ("
+                          << spec.data.max_prompt_tokens << ") were "
+                          << (spec.data.overlong_prompts == "drop" ? "dropped" : "cut to their end");
+    }
+  }
   if (spec.algorithm != Algorithm::kSft && spec.algorithm != Algorithm::kRewardModel) {
     STRATA_ASSIGN_OR_RETURN(rank->algorithm_, policies::RlAlgorithm::Create(spec));
     // RL evaluation: sampled responses to the eval prompts scored by the rule.
     const std::string rule_name = !spec.eval.rule.empty() ? spec.eval.rule : spec.reward.rule;
-    if (spec.eval.every > 0 && !rank->data_->eval_prompts.empty()) {
+    if (spec.eval.every > 0 && !rank->data_->eval_prompts.ids.empty()) {
       if (rule_name.empty()) return absl::InvalidArgumentError("eval.rule is required to evaluate this job");
       auto rule = rewards::MakeRule(rule_name);
       if (!rule.ok()) return absl::InvalidArgumentError(absl::StrCat("eval.rule: ", rule.status().message()));
@@ -181,7 +192,7 @@ absl::StatusOr<PhaseReply> JobRank::Run(const PhaseRequest& request) {
     std::vector<int64_t> index;
     const auto rows = ShardOf(request.iteration, &index);
     std::vector<policies::BatchPrompt> prompts;
-    for (size_t i = 0; i < rows.size(); ++i) prompts.push_back({index[i], data_->prompts[rows[i]]});
+    for (size_t i = 0; i < rows.size(); ++i) prompts.push_back({index[i], data_->prompts.ids[rows[i]]});
     STRATA_RETURN_IF_ERROR(algorithm_->Rollout(models_, prompts, spec_.train.batch_size, request.iteration));
   } else if (phase == phases::kScore) {
     STRATA_ASSIGN_OR_RETURN(reply.metrics, algorithm_->Score(models_, gang_, request.params));
@@ -200,6 +211,8 @@ absl::StatusOr<PhaseReply> JobRank::Run(const PhaseRequest& request) {
       EngineCounters::Read(counters.nvme_read_bytes) - nvme_read);
   reply.metrics["nvme/" + measured + "_written_bytes"] = static_cast<double>(
       EngineCounters::Read(counters.nvme_written_bytes) - nvme_written);
+  if (measured == phases::kUpdate)
+    reply.metrics["data/overlong_prompts"] = static_cast<double>(data_->overlong_prompts);
   reply.metrics["time/" + measured + "_s"] =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   for (const auto& [tier, bytes] : models_.PhaseMemory(measured).peak_bytes) {
@@ -252,8 +265,8 @@ absl::StatusOr<policies::Metrics> JobRank::Evaluate() {
     // policy does not), with one fixed seed per prompt so evaluations compare.
     policies::RolloutRequest request;
     std::vector<size_t> which;
-    for (size_t i = me; i < data_->eval_prompts.size(); i += world) {
-      request.prompts.push_back(data_->eval_prompts[i]);
+    for (size_t i = me; i < data_->eval_prompts.ids.size(); i += world) {
+      request.prompts.push_back(data_->eval_prompts.ids[i]);
       which.push_back(i);
     }
     request.samples_per_prompt = kEvalSamplesPerPrompt;
@@ -273,8 +286,8 @@ absl::StatusOr<policies::Metrics> JobRank::Evaluate() {
           return absl::InternalError(
               absl::StrCat("evaluation rollout of prompt ", r.prompt_index, " does not fit the batch"));
         }
-        total += eval_rule_(data_->eval_prompt_text[which[static_cast<size_t>(r.prompt_index)]],
-                            tokenizer_.Decode(r.response));
+        total += eval_rule_(data_->eval_prompts.text[which[static_cast<size_t>(r.prompt_index)]],
+                            policies::ResponseText(tokenizer_, r.response, models_.stop_token_ids()));
         count += 1;
       }
     }

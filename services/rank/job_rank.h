@@ -70,7 +70,7 @@ class JobRank {
   const JobRankOptions options_;
   MetricsLog metrics_;  // rank 0's
   RunCheckpoints checkpoints_;
-  std::unique_ptr<JobExamples> data_;
+  std::unique_ptr<policies::JobData> data_;
   rewards::RuleFn eval_rule_;  // RL evaluation's score of a response
   std::unique_ptr<policies::RlAlgorithm> algorithm_;
 };

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/file.h"
 #include "base/status_macros.h"
+#include "policies/config/llama_config.h"
 #include "policies/rl/rl_algorithms.h"
 #include "services/rank/actor.h"
 #include "services/rank/critic.h"
@@ -104,9 +105,23 @@ absl::Status LocalWorkerGroup::LoadModels() {
     return absl::Status(tokenizer.status().code(), absl::StrCat("data.tokenizer: ", tokenizer.status().message()));
   }
   tokenizer_ = std::move(*tokenizer);
-  if (actor != nullptr) actor_ = std::make_unique<Actor>(std::move(actor), *tokenizer_, passes_);
+  std::vector<int64_t> stops;
+  if (actor != nullptr) stops = actor->model().config().eos_token_ids;
+  if (!spec_.actor.path.empty()) {
+    auto generation = policies::ReadGenerationEosIds(spec_.actor.path);
+    if (!generation.ok()) return generation.status();
+    stops.insert(stops.end(), generation->begin(), generation->end());
+  }
+  if (tokenizer_->eos_id() >= 0) stops.push_back(tokenizer_->eos_id());
+  stops.insert(stops.end(), spec_.generation.stop_token_ids.begin(), spec_.generation.stop_token_ids.end());
+  for (int64_t id : stops) {
+    if (std::find(stop_token_ids_.begin(), stop_token_ids_.end(), id) == stop_token_ids_.end()) {
+      stop_token_ids_.push_back(id);
+    }
+  }
+  if (actor != nullptr) actor_ = std::make_unique<Actor>(std::move(actor), *tokenizer_, stop_token_ids_, passes_);
   if (scoring.reward != nullptr || scoring.rule || scoring.reference != nullptr) {
-    scorer_ = std::make_unique<Scorer>(std::move(scoring), *tokenizer_, passes_);
+    scorer_ = std::make_unique<Scorer>(std::move(scoring), *tokenizer_, stop_token_ids_, passes_);
   }
   if (critic != nullptr) critic_ = std::make_unique<Critic>(std::move(critic));
   return absl::OkStatus();
@@ -292,11 +307,18 @@ absl::Status LocalWorkerGroup::LoadCheckpoint(const std::string& dir) {
 absl::Status LocalWorkerGroup::CopyTokenizer(const std::string& dir) const {
   const std::string from = IsDirectory(tokenizer_path_) ? tokenizer_path_
                                                         : std::filesystem::path(tokenizer_path_).parent_path().string();
-  for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json"}) {
+  // The chat template and end-of-turn ids travel with the model, so the
+  // next stage (SFT -> RL) renders and stops as this one did.
+  for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
+                           "chat_template.jinja", "generation_config.json"}) {
     const std::string source = JoinPath(from, name);
     if (!IsRegularFile(source)) continue;
     STRATA_ASSIGN_OR_RETURN(auto text, ReadFileToString(source));
     STRATA_RETURN_IF_ERROR(WriteFileAtomically(JoinPath(dir, name), text));
+  }
+  if (!spec_.data.chat_template_file.empty()) {
+    STRATA_ASSIGN_OR_RETURN(auto text, ReadFileToString(spec_.data.chat_template_file));
+    STRATA_RETURN_IF_ERROR(WriteFileAtomically(JoinPath(dir, "chat_template.jinja"), text));
   }
   return absl::OkStatus();
 }

@@ -72,6 +72,10 @@ class LocalWorkerGroup final : public policies::WorkerGroup {
   const policies::Tokenizer& tokenizer() const { return *tokenizer_; }
   // Where the tokenizer was loaded from (copied next to saved models).
   const std::string& tokenizer_path() const { return tokenizer_path_; }
+  // The ids a response ends at: the actor's end-of-turn ids (config.json's
+  // and generation_config.json's eos_token_id), the tokenizer's EOS and
+  // generation.stop_token_ids, each once.
+  const std::vector<int64_t>& stop_token_ids() const { return stop_token_ids_; }
 
   // Measures the job's compute device (memory.device).
   offload::DeviceMemoryMonitor& device_monitor() const;
@@ -95,6 +99,7 @@ class LocalWorkerGroup final : public policies::WorkerGroup {
   PassOptions passes_;
   std::unique_ptr<policies::Tokenizer> tokenizer_;
   std::string tokenizer_path_;
+  std::vector<int64_t> stop_token_ids_;
   // The roles the algorithm needs; null where it has none.
   std::unique_ptr<Actor> actor_;
   std::unique_ptr<Scorer> scorer_;

@@ -9,7 +9,8 @@ namespace strata::services {
 const std::vector<int32_t> kZeroWeightRow = {0};
 
 Packed Pack(const std::vector<const std::vector<int32_t>*>& prompts,
-            const std::vector<const std::vector<int32_t>*>& responses, const at::Device& device) {
+            const std::vector<const std::vector<int32_t>*>& responses, const at::Device& device,
+            const std::vector<const std::vector<uint8_t>*>& loss_masks) {
   const int64_t n = static_cast<int64_t>(prompts.size());
   int64_t s = 1, r = 1;
   for (int64_t i = 0; i < n; ++i) {
@@ -30,6 +31,8 @@ Packed Pack(const std::vector<const std::vector<int32_t>*>& prompts,
   for (int64_t i = 0; i < n; ++i) {
     const auto& pr = *prompts[i];
     const auto& re = *responses[i];
+    const std::vector<uint8_t>* loss = static_cast<size_t>(i) < loss_masks.size() ? loss_masks[i] : nullptr;
+    if (loss != nullptr && loss->empty()) loss = nullptr;
     const int64_t pl = static_cast<int64_t>(pr.size());
     for (int64_t t = 0; t < pl; ++t) ids[i][t] = pr[static_cast<size_t>(t)], mask[i][t] = 1;
     for (size_t k = 0; k < re.size(); ++k) {
@@ -38,7 +41,7 @@ Packed Pack(const std::vector<const std::vector<int32_t>*>& prompts,
       mask[i][t] = 1;
       pos[i][static_cast<int64_t>(k)] = t - 1;
       tgt[i][static_cast<int64_t>(k)] = re[k];
-      rmask[i][static_cast<int64_t>(k)] = 1.0f;
+      rmask[i][static_cast<int64_t>(k)] = loss == nullptr || (k < loss->size() && (*loss)[k] != 0) ? 1.0f : 0.0f;
     }
   }
   for (at::Tensor* t : {&p.ids, &p.mask, &p.positions, &p.targets, &p.response_mask}) *t = t->to(device);
@@ -85,6 +88,16 @@ double Share(double local, double global) { return global > 0 ? local / global :
 size_t Tokens(const std::vector<const std::vector<int32_t>*>& responses) {
   size_t n = 0;
   for (const auto* r : responses) n += r->size();
+  return n;
+}
+
+size_t TrainedTokens(const std::vector<const policies::TextPair*>& examples) {
+  size_t n = 0;
+  for (const auto* e : examples) {
+    n += e->response_loss_mask.empty()
+             ? e->response.size()
+             : static_cast<size_t>(std::count(e->response_loss_mask.begin(), e->response_loss_mask.end(), 1));
+  }
   return n;
 }
 

@@ -29,8 +29,11 @@ struct Packed {
 };
 
 // Built on the CPU, returned on `device` (where the models compute).
+// `loss_masks`, when given, holds per row the response ids the loss is on
+// (TextPair::response_loss_mask; an empty mask or a null row: all of them).
 Packed Pack(const std::vector<const std::vector<int32_t>*>& prompts,
-            const std::vector<const std::vector<int32_t>*>& responses, const at::Device& device);
+            const std::vector<const std::vector<int32_t>*>& responses, const at::Device& device,
+            const std::vector<const std::vector<uint8_t>*>& loss_masks = {});
 // The rollouts' prompts and responses.
 Packed PackRollouts(const std::vector<policies::Rollout>& rollouts, const at::Device& device);
 // Chosen rows first, then rejected rows, as one batch.
@@ -58,6 +61,8 @@ absl::StatusOr<double> AccumulateStep(policies::PlacedModel& model, const Packed
 double Share(double local, double global);
 // The tokens of `responses`.
 size_t Tokens(const std::vector<const std::vector<int32_t>*>& responses);
+// The trained tokens of SFT examples (their loss masks' ones).
+size_t TrainedTokens(const std::vector<const policies::TextPair*>& examples);
 
 }  // namespace strata::services
 

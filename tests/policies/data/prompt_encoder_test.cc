@@ -52,6 +52,16 @@ TEST(PromptEncoderTest, AnOverLongPromptKeepsItsEnd) {
   EXPECT_EQ(encode.Prompt("abcdef"), Ids("cdef"));
 }
 
+TEST(PromptEncoderTest, AnOverLongPromptIsDroppedWhenTheSpecSaysSo) {
+  ByteTokenizer tokenizer(2);
+  DataSpec data = Lengths(4, 8);
+  data.overlong_prompts = "drop";
+  const PromptEncoder encode(tokenizer, data);
+  EXPECT_EQ(encode.Prompt("abcd"), Ids("abcd"));
+  EXPECT_EQ(encode.Prompt("abcde"), std::nullopt);
+  EXPECT_EQ(encode.FitPrompt(Ids("abcdef")), std::nullopt);
+}
+
 TEST(PromptEncoderTest, AResponseEndsWithEosWithinItsLimit) {
   ByteTokenizer tokenizer(2);
   const PromptEncoder encode(tokenizer, Lengths(4, 4));

@@ -198,6 +198,7 @@ TEST(JobSpecTest, PathsMustStayInsideTheDataRoots) {
   EXPECT_NE(check({"data.train=escape/prompts.jsonl"}).find("data.train"), std::string::npos);
   EXPECT_NE(check({"memory.nvme_dir=/nvme"}).find("memory.nvme_dir"), std::string::npos);
   EXPECT_NE(check({"models.reference.path=/models/ref"}).find("models.reference.path"), std::string::npos);
+  EXPECT_NE(check({"data.chat_template_file=/etc/t.jinja"}).find("data.chat_template_file"), std::string::npos);
   // No oracle: a file that exists and one that does not get the same answer.
   const std::string exists = check({"data.train=/etc/passwd"}), missing = check({"data.train=/etc/no-such-file"});
   EXPECT_NE(exists.find("data.train"), std::string::npos);
@@ -206,6 +207,57 @@ TEST(JobSpecTest, PathsMustStayInsideTheDataRoots) {
   auto spec = ParseJobSpec(kRemax, {"data.train=" + other.Join("p.jsonl")}, "job.yaml");
   ASSERT_TRUE(spec.ok());
   EXPECT_TRUE(CheckPathsWithin(*spec, root.path(), {root.path(), other.path()}).ok());
+}
+
+TEST(JobSpecTest, DataKeysAndChatTemplateSettings) {
+  auto defaults = ParseJobSpec(kRemax, {}, "job.yaml");
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_EQ(defaults->data.prompt_key, "prompt");
+  EXPECT_EQ(defaults->data.label_key, "");
+  EXPECT_EQ(defaults->data.response_key, "response");
+  EXPECT_EQ(defaults->data.chosen_key, "chosen");
+  EXPECT_EQ(defaults->data.rejected_key, "rejected");
+  EXPECT_FALSE(defaults->data.apply_chat_template);
+  EXPECT_EQ(defaults->data.template_args_json, "{}");
+  EXPECT_EQ(defaults->data.overlong_prompts, "truncate_left");
+  EXPECT_TRUE(defaults->generation.stop_token_ids.empty());
+
+  auto spec = ParseJobSpec(std::string(kRemax) + R"(
+generation: {stop_token_ids: [151645, 151643]}
+)",
+                           {"data.prompt_key=messages", "data.label_key=answer", "data.apply_chat_template=true",
+                            "data.template_args={enable_thinking: false, tools_note: \"x: y\", depth: 2, ratio: 0.5}",
+                            "data.template_date=2026-11-27T15:40:00+00:00", "data.overlong_prompts=drop",
+                            "data.chat_template_name=tool_use"},
+                           "job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->data.prompt_key, "messages");
+  EXPECT_EQ(spec->data.label_key, "answer");
+  EXPECT_TRUE(spec->data.apply_chat_template);
+  // YAML's plain scalars keep their types in the template's arguments; a quoted one stays a string.
+  EXPECT_EQ(spec->data.template_args_json, R"({"depth":2,"enable_thinking":false,"ratio":0.5,"tools_note":"x: y"})");
+  EXPECT_EQ(spec->data.template_date, "2026-11-27T15:40:00+00:00");
+  EXPECT_EQ(spec->data.overlong_prompts, "drop");
+  EXPECT_EQ(spec->data.chat_template_name, "tool_use");
+  EXPECT_EQ(spec->generation.stop_token_ids, (std::vector<int64_t>{151645, 151643}));
+
+  EXPECT_EQ(ErrorOf(kRemax, {"data.overlong_prompts=left"}),
+            "job.yaml: spec key 'data.overlong_prompts' must be truncate_left or drop, got 'left'");
+  EXPECT_NE(ErrorOf(kRemax, {"data.template_date=yesterday"}).find("spec key 'data.template_date' must be an ISO 8601"),
+            std::string::npos);
+  EXPECT_EQ(ErrorOf(kRemax, {"data.template_args=[1]"}), "job.yaml: spec key 'data.template_args' must be a mapping");
+  EXPECT_EQ(ErrorOf(kRemax, {"data.prompt_key=''"}), "job.yaml: spec key 'data.prompt_key' must not be empty");
+  EXPECT_EQ(ErrorOf(kRemax, {"generation.stop_token_ids=[1, x]"}),
+            "job.yaml: spec key 'generation.stop_token_ids[1]' must be an integer");
+  EXPECT_EQ(ErrorOf(kRemax, {"generation.stop_token_ids=[-1]"}),
+            "job.yaml: spec key 'generation.stop_token_ids[0]' must be >= 0");
+  EXPECT_EQ(ErrorOf(kRemax, {"generation.stop_token_ids=7"}),
+            "job.yaml: spec key 'generation.stop_token_ids' must be a list, each item an integer");
+}
+
+TEST(JobSpecTest, TemplateDatesAreUtcToTheSecond) {
+  EXPECT_EQ(TemplateDateOf(0), "1970-01-01T00:00:00+00:00");
+  EXPECT_EQ(TemplateDateOf(1795794000999), "2026-11-27T15:40:00+00:00");
 }
 
 TEST(JobSpecTest, PpoNeedsACriticOrRewardModel) {

@@ -269,6 +269,37 @@ TEST_F(CoordinatorRecoveryTest, ASilentWorkerIsDeregisteredAndItsJobRequeued) {
   EXPECT_EQ(job->state, JobState::kQueued);
 }
 
+TEST_F(CoordinatorRecoveryTest, TheTemplateDateIsFixedAtSubmissionAndKeptByAContinuation) {
+  JobSpecs specs;
+  const Caller admin{"", /*admin=*/true, /*worker=*/false};
+  strata::v1::SubmitJobRequest request;
+  request.set_spec_yaml(kSpec);
+  const int64_t submitted = 1795794000000;  // 2026-11-27T15:40:00Z
+  auto first = AdmitJob(store_, specs, admin, request, WorkerOffer(), AdmissionLimits{4096, 1 << 22}, submitted);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->spec->data.template_date, "2026-11-27T15:40:00+00:00");
+  // What the workers get (the stored spec) carries it.
+  auto stored_spec = policies::ParseJobSpec(first->record.spec_yaml, {}, "stored");
+  ASSERT_TRUE(stored_spec.ok()) << stored_spec.status();
+  EXPECT_EQ(stored_spec->data.template_date, "2026-11-27T15:40:00+00:00");
+  // A spec that names its date keeps it.
+  strata::v1::SubmitJobRequest named = request;
+  named.add_overrides("data.template_date=2025-01-02");
+  auto pinned = AdmitJob(store_, specs, admin, named, WorkerOffer(), AdmissionLimits{4096, 1 << 22}, submitted);
+  ASSERT_TRUE(pinned.ok()) << pinned.status();
+  EXPECT_EQ(pinned->spec->data.template_date, "2025-01-02");
+  // A continuation a day later renders as the job it continues did.
+  const std::string ended = Create(store_, first->record);
+  ASSERT_TRUE(store_.Transition(ended, {JobState::kQueued}, JobState::kRunning, {{"worker", "w0"}}, {}).ok());
+  ASSERT_TRUE(store_.Transition(ended, {JobState::kRunning}, JobState::kCancelled, {}, {}).ok());
+  strata::v1::SubmitJobRequest later = request;
+  later.set_continue_job_id(ended);
+  auto continued = AdmitJob(store_, specs, admin, later, WorkerOffer(), AdmissionLimits{4096, 1 << 22},
+                            submitted + 86400000);
+  ASSERT_TRUE(continued.ok()) << continued.status();
+  EXPECT_EQ(continued->spec->data.template_date, "2026-11-27T15:40:00+00:00");
+}
+
 TEST_F(CoordinatorRecoveryTest, AContinuationStartsFromTheEndedJobsCheckpoint) {
   const std::string ended = Create(store_);
   ASSERT_TRUE(store_.Transition(ended, {JobState::kQueued}, JobState::kRunning, {{"worker", "w0"}}, {}).ok());
@@ -280,7 +311,7 @@ TEST_F(CoordinatorRecoveryTest, AContinuationStartsFromTheEndedJobsCheckpoint) {
   request.set_spec_yaml(kSpec);
   request.set_continue_job_id(ended);
   const Caller admin{"", /*admin=*/true, /*worker=*/false};
-  auto admitted = AdmitJob(store_, specs, admin, request, WorkerOffer(), AdmissionLimits{4096, 1 << 22});
+  auto admitted = AdmitJob(store_, specs, admin, request, WorkerOffer(), AdmissionLimits{4096, 1 << 22}, 0);
   ASSERT_TRUE(admitted.ok()) << admitted.status();
   EXPECT_EQ(admitted->record.resumable_run_ids, std::vector<std::string>{ended});
   EXPECT_EQ(admitted->record.checkpoint_iteration, 4);
@@ -288,7 +319,7 @@ TEST_F(CoordinatorRecoveryTest, AContinuationStartsFromTheEndedJobsCheckpoint) {
   // A continuation writes where the ended job wrote.
   strata::v1::SubmitJobRequest elsewhere = request;
   elsewhere.add_overrides("output.dir=out/other");
-  auto moved = AdmitJob(store_, specs, admin, elsewhere, WorkerOffer(), AdmissionLimits{4096, 1 << 22});
+  auto moved = AdmitJob(store_, specs, admin, elsewhere, WorkerOffer(), AdmissionLimits{4096, 1 << 22}, 0);
   EXPECT_EQ(moved.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(moved.status().message(), "output.dir")) << moved.status();
 
