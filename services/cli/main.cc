@@ -15,6 +15,7 @@
 #include "base/status_macros.h"
 #include "bench/adam_bench.h"
 #include "bench/allreduce_bench.h"
+#include "bench/chat_template_bench.h"
 #include "bench/figures_bench.h"
 #include "bench/generate_bench.h"
 #include "bench/io_bench.h"
@@ -371,6 +372,7 @@ struct BenchCommands {
   strata::bench::TransferBenchRequest tb;
   strata::bench::AllReduceBenchRequest arb;
   strata::bench::TokenizerBenchRequest tkb;
+  strata::bench::ChatTemplateBenchRequest ctb;
   strata::bench::FiguresBenchRequest fb;
 
   void Register(CLI::App& app, Runner& run) {
@@ -403,6 +405,15 @@ struct BenchCommands {
     bench_tokenizer->add_flag("--json", tkb.json, "print one JSON object");
     bench_tokenizer->callback(
         [&] { run = [&] { return Finish("bench tokenizer", strata::bench::RunTokenizerBench(tkb)); }; });
+
+    auto* bench_chat = bench->add_subcommand(
+        "chat-template", "Render a JSONL file of conversations through the model's chat template, then tokenize");
+    bench_chat->add_option("--tokenizer", ctb.tokenizer, "model dir: tokenizer.json, tokenizer_config.json")
+        ->required();
+    bench_chat->add_option("--conversations", ctb.conversations, "JSONL, one {\"messages\": [...]} a line")->required();
+    bench_chat->add_flag("--json", ctb.json, "print one JSON object (the keys of bench/chat_template_peer.mjs)");
+    bench_chat->callback(
+        [&] { run = [&] { return Finish("bench chat-template", strata::bench::RunChatTemplateBench(ctb)); }; });
 
     auto* bench_io = bench->add_subcommand("io", "NVMe store (io_uring, O_DIRECT) vs fio, same size, block and depth");
     bench_io->add_option("--dir", io.dir, "existing directory on the device to measure")->required();
