@@ -26,6 +26,10 @@ packages=(
   prometheus-cpp-dev libcivetweb-dev
   # offload engine
   liburing-dev
+  # remote rewards: HTTP(S) calls to reward servers
+  libcurl4-openssl-dev
+  # built-in verifiers: tenants' regex patterns (RE2, linear time)
+  libre2-dev
   # configuration, CLI, JSON; cairo draws `strata compare --plot`
   libcli11-dev nlohmann-json3-dev libyaml-cpp-dev libcairo2-dev
   # Unicode normalization for tokenizers (NFC, NFKC, ...)

@@ -46,6 +46,15 @@ def safetensors(tensors, metadata=None):
     return struct.pack("<Q", len(text)) + text + blobs
 
 
+def math_answer_seeds():
+    """A model's response and, after SEP, the record's label (math_answer)."""
+    put("math_answer", "boxed", "So $x = \\frac{3}{4}$, and the answer is $\\boxed{\\frac{3}{4}}$." + SEP.decode() + "0.75")
+    put("math_answer", "gsm8k", "She pays 3 * $24 = $72.\n#### 72" + SEP.decode() + "72")
+    put("math_answer", "last-number", "The total is 1,234.5 apples, not -13/2 or .5e3" + SEP.decode() + "1,234.5")
+    put("math_answer", "text", "\\boxed{\\text{x + 1}} \\boxed{\\{1,2\\}} #### 5." + SEP.decode() + "\\$50\\%")
+    put("math_answer", "regex", "^(a+)+$|\\d{3}-[A-Z]+" + SEP.decode() + "aaaaaaaaaaaaaaaaaaaaaaaab 123-ABC")
+
+
 def main():
     # Job specs, with and without overrides.
     for name in ("sft", "reward", "remax", "ppo"):
@@ -105,6 +114,8 @@ def main():
     put("checkpoint_state", "state", json.dumps({"iteration": 4, "metrics_lines": 4, "run_id": "job-0123456789ab",
                                                  "world_size": 2, "algorithm": {"kl_coef": 0.05}}))
     put("checkpoint_state", "legacy", json.dumps({"metrics_lines": 2}))
+
+    math_answer_seeds()
 
     for target in sorted(os.listdir(CORPUS)):
         print("%-18s %d seeds" % (target, len(os.listdir(os.path.join(CORPUS, target)))))

@@ -19,5 +19,5 @@ apt-get download libabsl20220623 libabsl-dev libyaml-cpp0.7 libyaml-cpp-dev libu
   libprotobuf-dev libprotobuf32 libprotobuf-lite32 libprotoc32 protobuf-compiler \
   prometheus-cpp-dev libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libprometheus-cpp-push1.0 \
   libcivetweb-dev libcivetweb1 civetweb zlib1g-dev libcurl4-openssl-dev libcurl4 \
-  libicu-dev libicu72 pkgconf-bin libpkgconf3 2>&1 | grep -v "couldn't be accessed by user '_apt'" || true
+  libicu-dev libicu72 pkgconf-bin libpkgconf3 libre2-dev libre2-9 python3-jinja2 python3-markupsafe 2>&1 | grep -v "couldn't be accessed by user '_apt'" || true
 ls -1 "$out"/*.deb | wc -l | xargs echo "fetch-debs: packages in $out:"

@@ -21,9 +21,9 @@ namespace {
 using Json = nlohmann::ordered_json;
 
 std::string NowIso() {
-  return TemplateDateOf(std::chrono::duration_cast<std::chrono::milliseconds>(
-                            std::chrono::system_clock::now().time_since_epoch())
-                            .count());
+  return TemplateDateOf(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count());
 }
 
 // A private directory for one render's files, removed when it goes.

@@ -50,15 +50,15 @@ absl::StatusOr<std::string> NamedTemplate(const Json& templates, const std::stri
     if (entry["name"] == name) return entry["template"].get<std::string>();
     names.push_back(entry["name"].get<std::string>());
   }
-  return absl::NotFoundError(absl::StrCat(where, ": no chat template named '", name, "' (it has: ",
-                                          absl::StrJoin(names, ", "), "); set data.chat_template_name"));
+  return absl::NotFoundError(absl::StrCat(where, ": no chat template named '", name,
+                                          "' (it has: ", absl::StrJoin(names, ", "), "); set data.chat_template_name"));
 }
 
 }  // namespace
 
 absl::StatusOr<ChatTemplate> LoadChatTemplate(const std::string& tokenizer_path, const ChatTemplateChoice& choice) {
-  const std::string dir =
-      IsDirectory(tokenizer_path) ? tokenizer_path : std::filesystem::path(tokenizer_path).parent_path().string();
+  const std::string dir = IsDirectory(tokenizer_path) ? tokenizer_path
+                                                      : std::filesystem::path(tokenizer_path).parent_path().string();
   ChatTemplate out;
   Json config = Json::object();
   const std::string config_path = JoinPath(dir, "tokenizer_config.json");
@@ -86,8 +86,8 @@ absl::StatusOr<ChatTemplate> LoadChatTemplate(const std::string& tokenizer_path,
   const std::string where = absl::StrCat(config_path, " (chat_template)");
   if (config.contains("chat_template") && config["chat_template"].is_string()) {
     if (name != "default") {
-      return absl::NotFoundError(absl::StrCat(where, ": has one unnamed template, not '", name,
-                                              "'; leave data.chat_template_name unset"));
+      return absl::NotFoundError(
+          absl::StrCat(where, ": has one unnamed template, not '", name, "'; leave data.chat_template_name unset"));
     }
     out.text = config["chat_template"].get<std::string>();
   } else if (config.contains("chat_template") && config["chat_template"].is_array()) {

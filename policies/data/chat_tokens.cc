@@ -46,4 +46,22 @@ std::string ResponseText(const Tokenizer& tokenizer, const std::vector<int32_t>&
   return tokenizer.Decode(response);
 }
 
+std::string DecodeWithSpecialTokens(const Tokenizer& tokenizer, const std::vector<int32_t>& ids) {
+  std::string text;
+  std::vector<int32_t> run;
+  for (int32_t id : ids) {
+    // Decode drops special tokens: one that decodes to nothing alone but
+    // has a piece is one.
+    const std::string piece = tokenizer.IdToPiece(id);
+    if (!piece.empty() && tokenizer.Decode({id}).empty()) {
+      text += tokenizer.Decode(run);
+      run.clear();
+      text += piece;
+    } else {
+      run.push_back(id);
+    }
+  }
+  return text + tokenizer.Decode(run);
+}
+
 }  // namespace strata::policies

@@ -32,6 +32,12 @@ MarkedTokens EncodeMarked(const Tokenizer& tokenizer, const std::string& text,
 std::string ResponseText(const Tokenizer& tokenizer, const std::vector<int32_t>& response,
                          const std::vector<int64_t>& stop_ids);
 
+// Ids -> text with the special tokens kept as their text (<|im_end|>, ...),
+// as Hugging Face decodes with skip_special_tokens=False: what a reward
+// server in OpenRLHF's protocol receives. Runs of ordinary ids decode
+// together, so a character split over several byte tokens stays whole.
+std::string DecodeWithSpecialTokens(const Tokenizer& tokenizer, const std::vector<int32_t>& ids);
+
 }  // namespace strata::policies
 
 #endif  // STRATA_POLICIES_DATA_CHAT_TOKENS_H_

@@ -62,11 +62,12 @@ class RenderBatch {
     if (chat_.renderer == nullptr) {
       const absl::Status why = chat_.unavailable.ok() ? absl::FailedPreconditionError("no chat template was loaded")
                                                       : chat_.unavailable;
-      return absl::Status(why.code(), absl::StrCat(where_[0], ": key '", keys_[0], "' ",
-                                                   data_.apply_chat_template
-                                                       ? "is rendered through the chat template (data.apply_chat_template)"
-                                                       : "is a conversation",
-                                                   ", which needs a chat template: ", why.message()));
+      return absl::Status(why.code(),
+                          absl::StrCat(where_[0], ": key '", keys_[0], "' ",
+                                       data_.apply_chat_template
+                                           ? "is rendered through the chat template (data.apply_chat_template)"
+                                           : "is a conversation",
+                                       ", which needs a chat template: ", why.message()));
     }
     STRATA_ASSIGN_OR_RETURN(rendered_, chat_.renderer->Render(items_));
     for (size_t i = 0; i < rendered_.size(); ++i) {
@@ -137,8 +138,8 @@ class DataReader {
       std::optional<std::vector<int32_t>> prompt = Fit(Head(marked.ids, split));
       if (!prompt.has_value()) continue;
       const size_t keep = encode_.max_response_tokens();
-      out_->sft.push_back({*std::move(prompt), Head(Tail(marked.ids, split), keep),
-                           Head(Tail(marked.assistant, split), keep)});
+      out_->sft.push_back(
+          {*std::move(prompt), Head(Tail(marked.ids, split), keep), Head(Tail(marked.assistant, split), keep)});
     }
     NoteSample(out_->sft.empty() ? std::vector<int32_t>{} : out_->sft[0].prompt);
     out_->examples = out_->sft.size();
@@ -201,12 +202,14 @@ class DataReader {
     RenderBatch batch(chat_, data_);
     std::vector<std::optional<size_t>> item(records.size());
     std::vector<std::string> text(records.size()), labels(records.size());
+    std::vector<Json> messages(records.size());
     for (size_t i = 0; i < records.size(); ++i) {
       const Record& r = records[i];
       STRATA_ASSIGN_OR_RETURN(auto prompt, RequireText(r, data_.prompt_key));
       STRATA_ASSIGN_OR_RETURN(labels[i], ReadLabel(r, data_.label_key));
       if (Templated(prompt)) {
-        item[i] = batch.Add(AsConversation(prompt, "user"), true, false, r, data_.prompt_key);
+        messages[i] = AsConversation(prompt, "user");
+        item[i] = batch.Add(messages[i], true, false, r, data_.prompt_key);
       } else {
         text[i] = prompt.text;
       }
@@ -225,6 +228,7 @@ class DataReader {
       set->ids.push_back(*std::move(ids));
       set->text.push_back(std::move(text[i]));
       set->labels.push_back(std::move(labels[i]));
+      set->messages.push_back(std::move(messages[i]));
     }
     return absl::OkStatus();
   }

@@ -24,6 +24,9 @@ struct PromptSet {
   std::vector<std::vector<int32_t>> ids;
   std::vector<std::string> text;
   std::vector<std::string> labels;  // data.label_key's values; "" without one
+  // The conversation each prompt was rendered from (a reward model with its
+  // own template renders it again); null for a raw-text prompt.
+  std::vector<nlohmann::ordered_json> messages;
 };
 
 struct JobData {

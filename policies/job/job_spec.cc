@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -205,6 +206,23 @@ class MapReader {
     return absl::OkStatus();
   }
 
+  // A sequence of mappings, each read by `read` (its reader's path is
+  // key[i]); absent or null reads none.
+  absl::Status ReadMaps(const std::string& key, const std::function<absl::Status(MapReader&)>& read) {
+    used_.insert(key);
+    if (!node_ || !node_.IsMap()) return absl::OkStatus();
+    YAML::Node value = node_[key];
+    if (!value || value.IsNull()) return absl::OkStatus();
+    if (!value.IsSequence()) return KeyError(Path(key), "must be a list of mappings");
+    for (size_t i = 0; i < value.size(); ++i) {
+      MapReader item(value[i], absl::StrCat(Path(key), "[", i, "]"));
+      if (!value[i].IsMap()) return KeyError(absl::StrCat(Path(key), "[", i, "]"), "must be a mapping");
+      STRATA_RETURN_IF_ERROR(read(item));
+      STRATA_RETURN_IF_ERROR(item.CheckNoUnknownKeys());
+    }
+    return absl::OkStatus();
+  }
+
   // A mapping of any YAML values, as the text of a JSON object: plain
   // scalars that read as null, true/false, integers or numbers become those,
   // quoted ones stay strings.
@@ -251,11 +269,9 @@ absl::Status ReadTier(MapReader& r, const std::string& key, offload::Tier* out) 
   return absl::OkStatus();
 }
 
-absl::Status ReadModel(MapReader& parent, const std::string& key, ModelSpec* model) {
-  STRATA_ASSIGN_OR_RETURN(auto r, parent.Child(key));
+// path, dtype and placement of a model, in the mapping `r` reads.
+absl::Status ReadModelFields(MapReader& r, ModelSpec* model) {
   STRATA_RETURN_IF_ERROR(r.Read("path", &model->path));
-  STRATA_RETURN_IF_ERROR(r.Read("init", &model->init));
-  STRATA_RETURN_IF_ERROR(r.Read("rule", &model->rule));
   STRATA_RETURN_IF_ERROR(r.Read("dtype", &model->dtype));
   if (model->dtype != "fp32" && model->dtype != "bf16") {
     return KeyError(r.Path("dtype"), absl::StrCat("must be fp32 or bf16, got '", Shown(model->dtype), "'"));
@@ -270,7 +286,59 @@ absl::Status ReadModel(MapReader& parent, const std::string& key, ModelSpec* mod
   if (auto s = model->placement.Validate(); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("spec key '", r.Path("placement"), "': ", s.message()));
   }
+  return absl::OkStatus();
+}
+
+absl::Status ReadModel(MapReader& parent, const std::string& key, ModelSpec* model) {
+  STRATA_ASSIGN_OR_RETURN(auto r, parent.Child(key));
+  STRATA_RETURN_IF_ERROR(r.Read("init", &model->init));
+  STRATA_RETURN_IF_ERROR(r.Read("rule", &model->rule));
+  STRATA_RETURN_IF_ERROR(ReadModelFields(r, model));
   return r.CheckNoUnknownKeys();
+}
+
+// One entry of reward.sources; what its kind does not read is refused.
+absl::Status ReadRewardSource(MapReader& r, RewardSourceSpec* source) {
+  STRATA_RETURN_IF_ERROR(r.Read("name", &source->name));
+  STRATA_RETURN_IF_ERROR(r.Read("kind", &source->kind));
+  STRATA_RETURN_IF_ERROR(r.Read("weight", &source->weight));
+  if (source->kind == "model") {
+    STRATA_RETURN_IF_ERROR(ReadModelFields(r, &source->model));
+  } else if (source->kind == "verifier") {
+    STRATA_RETURN_IF_ERROR(r.Read("check", &source->check));
+    STRATA_RETURN_IF_ERROR(r.Read("pattern", &source->pattern));
+    STRATA_RETURN_IF_ERROR(r.Read("strict", &source->strict));
+  } else if (source->kind == "remote") {
+    STRATA_RETURN_IF_ERROR(r.Read("url", &source->url));
+    STRATA_RETURN_IF_ERROR(r.Read("batch_size", &source->batch_size));
+    STRATA_RETURN_IF_ERROR(r.Read("max_in_flight", &source->max_in_flight));
+    STRATA_RETURN_IF_ERROR(r.Read("timeout_s", &source->timeout_s));
+    STRATA_RETURN_IF_ERROR(r.Read("retries", &source->retries));
+    STRATA_RETURN_IF_ERROR(r.Read("token_secret", &source->token_secret));
+    STRATA_RETURN_IF_ERROR(r.Read("ca_file", &source->ca_file));
+  } else {
+    return KeyError(r.Path("kind"), source->kind.empty() ? "is required (model, verifier or remote)"
+                                                         : absl::StrCat("must be model, verifier or remote, got '",
+                                                                        Shown(source->kind), "'"));
+  }
+  return absl::OkStatus();
+}
+
+// models.reward, the shorthand for one reward source, as that source.
+std::optional<RewardSourceSpec> ShorthandSource(const ModelSpec& reward) {
+  RewardSourceSpec source;
+  if (!reward.rule.empty()) {
+    source.name = reward.rule;
+    source.kind = "verifier";
+    source.check = reward.rule;
+  } else if (!reward.path.empty()) {
+    source.name = "reward_model";
+    source.kind = "model";
+    source.model = reward;
+  } else {
+    return std::nullopt;
+  }
+  return source;
 }
 
 // Applies "a.b.c=value" to the document, creating mappings on the way.
@@ -341,6 +409,41 @@ const char* AlgorithmName(Algorithm algorithm) {
   return "?";
 }
 
+namespace {
+
+absl::Status ValidateRewardSources(const std::vector<RewardSourceSpec>& sources) {
+  std::set<std::string> names;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const RewardSourceSpec& s = sources[i];
+    auto key = [&](const char* field) { return absl::StrCat("reward.sources[", i, "].", field); };
+    static const std::regex kName(R"([A-Za-z0-9_.:-]{1,64})");
+    if (!std::regex_match(s.name, kName)) {
+      return KeyError(key("name"), absl::StrCat("must be 1 to 64 letters, digits or _.:- (it names metrics), got '",
+                                                Shown(s.name), "'"));
+    }
+    if (!names.insert(s.name).second) return KeyError(key("name"), absl::StrCat("'", s.name, "' appears twice"));
+    if (!std::isfinite(s.weight)) return KeyError(key("weight"), "must be a finite number");
+    if (s.kind == "model" && s.model.path.empty()) return KeyError(key("path"), "is required for kind model");
+    if (s.kind == "verifier") {
+      if (s.check.empty())
+        return KeyError(key("check"), "is required for kind verifier (math, exact, regex or a rule)");
+      if (s.check == "regex" && s.pattern.empty()) return KeyError(key("pattern"), "is required for check regex");
+    }
+    if (s.kind == "remote") {
+      if (!absl::StartsWith(s.url, "http://") && !absl::StartsWith(s.url, "https://")) {
+        return KeyError(key("url"), absl::StrCat("must be an http:// or https:// URL, got '", Shown(s.url), "'"));
+      }
+      if (s.batch_size < 1) return KeyError(key("batch_size"), "must be >= 1");
+      if (s.max_in_flight < 1) return KeyError(key("max_in_flight"), "must be >= 1");
+      if (!(s.timeout_s > 0)) return KeyError(key("timeout_s"), "must be > 0");
+      if (s.retries < 0) return KeyError(key("retries"), "must be >= 0");
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status JobSpec::Validate() const {
   auto need = [](const std::string& key, const std::string& value) -> absl::Status {
     if (value.empty()) return KeyError(key, "is required");
@@ -375,6 +478,9 @@ absl::Status JobSpec::Validate() const {
   }
   if (train.log_every < 1) return KeyError("train.log_every", "must be >= 1");
   if (data.max_prompt_tokens < 1) return KeyError("data.max_prompt_tokens", "must be >= 1");
+  if (eval.samples_per_prompt < 1 || eval.samples_per_prompt > 64) {
+    return KeyError("eval.samples_per_prompt", "must be in [1, 64]");
+  }
   if (data.max_response_tokens < 1) return KeyError("data.max_response_tokens", "must be >= 1");
   for (const auto& [key, value] :
        {std::pair{"data.prompt_key", &data.prompt_key}, std::pair{"data.response_key", &data.response_key},
@@ -473,27 +579,37 @@ absl::Status JobSpec::Validate() const {
       if (!reward.rule.empty()) return KeyError("models.reward.rule", "cannot be trained: give a path or init");
       break;
     case Algorithm::kPpo:
-      if (critic.path.empty() && reward.path.empty()) {
-        return KeyError("models.critic.path",
-                        "is required when the reward is a rule (the critic defaults to the reward model)");
-      }
-      [[fallthrough]];
     case Algorithm::kRemax:
     case Algorithm::kGrpo:
     case Algorithm::kRloo:
       STRATA_RETURN_IF_ERROR(need("models.actor.path", actor.path));
-      if (reward.path.empty() && reward.rule.empty())
-        return KeyError("models.reward.path", "or models.reward.rule is required");
       if (!reward.path.empty() && !reward.rule.empty()) {
         return KeyError("models.reward", "takes a path or a rule, not both");
       }
+      if (reward_sources.empty()) {
+        return KeyError("reward.sources", "(or the shorthand models.reward.path or models.reward.rule) is required");
+      }
+      STRATA_RETURN_IF_ERROR(ValidateRewardSources(reward_sources));
       break;
+  }
+  if (algorithm == Algorithm::kRewardModel && !reward_sources.empty()) {
+    return KeyError("reward.sources", "is for RL jobs; a reward_model job trains models.reward");
   }
   return absl::OkStatus();
 }
 
+std::string DefaultCriticPath(const JobSpec& spec) {
+  if (!spec.critic.path.empty()) return spec.critic.path;
+  for (const RewardSourceSpec& source : spec.reward_sources) {
+    if (source.kind == "model") return source.model.path;
+  }
+  return spec.actor.path;
+}
+
 bool JobSpec::UsesNvme() const {
-  for (const ModelSpec* m : {&actor, &reference, &reward, &critic}) {
+  std::vector<const ModelSpec*> models = {&actor, &reference, &reward, &critic};
+  for (const RewardSourceSpec& source : reward_sources) models.push_back(&source.model);
+  for (const ModelSpec* m : models) {
     if (m->placement.weights == offload::Tier::kNvme || m->placement.optimizer == offload::Tier::kNvme) return true;
   }
   return false;
@@ -530,6 +646,18 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::ve
     STRATA_RETURN_IF_ERROR(ReadModel(models, "reward", &spec.reward));
     STRATA_RETURN_IF_ERROR(ReadModel(models, "critic", &spec.critic));
     STRATA_RETURN_IF_ERROR(models.CheckNoUnknownKeys());
+    STRATA_ASSIGN_OR_RETURN(auto reward, r.Child("reward"));
+    STRATA_RETURN_IF_ERROR(reward.ReadMaps("sources", [&](MapReader& m) {
+      spec.reward_sources.emplace_back();
+      return ReadRewardSource(m, &spec.reward_sources.back());
+    }));
+    STRATA_RETURN_IF_ERROR(reward.CheckNoUnknownKeys());
+    const bool shorthand = !spec.reward.path.empty() || !spec.reward.rule.empty();
+    if (!spec.reward_sources.empty() && shorthand) {
+      return absl::InvalidArgumentError(
+          "spec keys 'models.reward' and 'reward.sources': give one (models.reward is the shorthand for one reward "
+          "model or rule)");
+    }
 
     STRATA_ASSIGN_OR_RETURN(auto data, r.Child("data"));
     STRATA_RETURN_IF_ERROR(data.Read("train", &spec.data.train));
@@ -606,6 +734,7 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::ve
     STRATA_RETURN_IF_ERROR(eval.Read("every", &spec.eval.every));
     STRATA_RETURN_IF_ERROR(eval.Read("rule", &spec.eval.rule));
     STRATA_RETURN_IF_ERROR(eval.Read("prompts", &spec.eval.prompts));
+    STRATA_RETURN_IF_ERROR(eval.Read("samples_per_prompt", &spec.eval.samples_per_prompt));
     STRATA_RETURN_IF_ERROR(eval.CheckNoUnknownKeys());
 
     STRATA_ASSIGN_OR_RETURN(auto checkpoint, r.Child("checkpoint"));
@@ -632,6 +761,10 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::ve
     STRATA_RETURN_IF_ERROR(output.CheckNoUnknownKeys());
     STRATA_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
     if (spec.checkpoint.dir.empty() && !spec.output_dir.empty()) spec.checkpoint.dir = spec.output_dir + "/checkpoints";
+    const bool rl = spec.algorithm != Algorithm::kSft && spec.algorithm != Algorithm::kRewardModel;
+    if (rl && spec.reward_sources.empty()) {
+      if (auto source = ShorthandSource(spec.reward)) spec.reward_sources.push_back(*std::move(source));
+    }
     return spec.Validate();
   };
   if (auto s = body(); !s.ok()) return with_source(s);
@@ -651,6 +784,10 @@ JobSpec ResolvePaths(const JobSpec& spec, const std::string& base) {
   fix(out.data.eval);
   fix(out.data.tokenizer);
   fix(out.data.chat_template_file);
+  for (RewardSourceSpec& source : out.reward_sources) {
+    fix(source.model.path);
+    fix(source.ca_file);
+  }
   fix(out.output_dir);
   fix(out.checkpoint.dir);
   fix(out.memory.nvme_dir);
@@ -754,6 +891,10 @@ absl::Status CheckPathsWithin(const JobSpec& spec, const std::string& base, cons
                                     {"critic", &spec.critic}}) {
     keys.push_back({absl::StrCat("models.", name, ".path"), &model->path});
     keys.push_back({absl::StrCat("models.", name, ".init"), &model->init});
+  }
+  for (size_t i = 0; i < spec.reward_sources.size(); ++i) {
+    keys.push_back({absl::StrCat("reward.sources[", i, "].path"), &spec.reward_sources[i].model.path});
+    keys.push_back({absl::StrCat("reward.sources[", i, "].ca_file"), &spec.reward_sources[i].ca_file});
   }
   for (const auto& [key, path] : keys) {
     if (path->empty() || inside(*path)) continue;

@@ -122,9 +122,14 @@ struct GroupSpec {  // GRPO and RLOO
 };
 
 struct EvalSpec {
-  int64_t every = 0;     // iterations between evaluations; 0: never
-  std::string rule;      // the rule that scores eval responses (RL)
+  int64_t every = 0;  // iterations between evaluations; 0: never
+  // RL: the one rule or check (vowel_fraction, math, ...) that scores eval
+  // responses; "" = the job's reward sources.
+  std::string rule;
   int64_t prompts = 64;  // eval prompts used
+  // Responses sampled per eval prompt; verifiers also report pass@k, the
+  // fraction of prompts with a correct one among the k.
+  int64_t samples_per_prompt = 4;
 };
 
 struct CheckpointSpec {
@@ -156,10 +161,38 @@ struct ParallelSpec {
   std::string backend = "auto";
 };
 
+// One source of RL rewards (reward.sources): the reward of a response is
+// the weighted sum of its sources' scores. Each kind reads its own fields.
+struct RewardSourceSpec {
+  std::string name;  // unique; metrics report reward/<name>
+  std::string kind;  // "model", "verifier" or "remote"
+  double weight = 1.0;
+  // kind model: a reward model (a *ForSequenceClassification head) with its
+  // own tokenizer and chat template, read from model.path.
+  ModelSpec model;
+  // kind verifier: "math", "exact", "regex" or a rule's name
+  // (vowel_fraction, length_ratio, contains:WORD), against the record's label.
+  std::string check;
+  std::string pattern;  // regex: RE2 syntax
+  bool strict = false;  // math: only a \boxed{} or "#### N" answer counts
+  // kind remote: a reward server in OpenRLHF's protocol.
+  std::string url;
+  int64_t batch_size = 16;    // queries per request
+  int64_t max_in_flight = 4;  // requests at once
+  double timeout_s = 30;      // per request
+  int64_t retries = 2;        // after the first try
+  std::string token_secret;   // a secret the worker holds (--reward-secret NAME=FILE): the bearer token
+  std::string ca_file;        // https: the CA bundle; "" = the system's
+};
+
 struct JobSpec {
   Algorithm algorithm = Algorithm::kRemax;
   std::string name;                            // optional label
   ModelSpec actor, reference, reward, critic;  // per algorithm; see docs/job-spec.md
+  // RL rewards. `models.reward` (a model or a rule) is the shorthand for one
+  // source: ParseJobSpec turns it into one, so this is never empty in an RL
+  // job's parsed spec.
+  std::vector<RewardSourceSpec> reward_sources;
   DataSpec data;
   TrainSpec train;
   GenerationSpec generation;
@@ -178,6 +211,10 @@ struct JobSpec {
   // memory.nvme_dir (or the worker's --nvme-dir) must then be set.
   bool UsesNvme() const;
 };
+
+// The model a PPO critic starts from when models.critic.path is unset: the
+// first reward model among reward.sources, else the actor.
+std::string DefaultCriticPath(const JobSpec& spec);
 
 // `unix_ms` in the form data.template_date takes (UTC, to the second):
 // 2026-11-27T15:40:00+00:00.

@@ -79,9 +79,16 @@ absl::StatusOr<std::vector<PlannedModel>> JobModels(const JobSpec& spec) {
     default:
       STRATA_RETURN_IF_ERROR(add("actor", spec.actor, true, false, ""));
       STRATA_RETURN_IF_ERROR(add("reference", spec.reference, false, false, spec.actor.path));
-      if (spec.reward.rule.empty()) STRATA_RETURN_IF_ERROR(add("reward", spec.reward, false, true, ""));
+      // Every reward model among the sources; the first is the one the
+      // phase predictions score with.
+      for (const RewardSourceSpec& source : spec.reward_sources) {
+        if (source.kind != "model") continue;
+        const bool first = std::none_of(models.begin(), models.end(),
+                                        [](const PlannedModel& m) { return m.role == "reward"; });
+        STRATA_RETURN_IF_ERROR(add(first ? "reward" : "reward:" + source.name, source.model, false, true, ""));
+      }
       if (spec.algorithm == Algorithm::kPpo) {
-        STRATA_RETURN_IF_ERROR(add("critic", spec.critic, true, true, spec.reward.path));
+        STRATA_RETURN_IF_ERROR(add("critic", spec.critic, true, true, DefaultCriticPath(spec)));
       }
   }
   return models;

@@ -131,8 +131,8 @@ class PhasedAlgorithm : public RlAlgorithm {
  protected:
   // The rollouts must be those of the prompts asked for: an answer that does
   // not fit the batch (from a remote worker) is an error here, not a crash
-  // in a tensor op later.
-  absl::Status CheckRollouts(const std::vector<policies::Rollout>& rollouts, size_t prompts, int64_t per_prompt,
+  // in a tensor op later. Each rollout learns its prompt's data row.
+  absl::Status CheckRollouts(std::vector<policies::Rollout>& rollouts, size_t prompts, int64_t per_prompt,
                              bool greedy) const {
     const size_t want = prompts * static_cast<size_t>(per_prompt + (greedy ? 1 : 0));
     if (rollouts.size() != want) {
@@ -145,6 +145,7 @@ class PhasedAlgorithm : public RlAlgorithm {
         return absl::InternalError(absl::StrCat("rollout of prompt ", r.prompt_index, " does not fit the batch"));
       }
     }
+    for (policies::Rollout& r : rollouts) r.example = prompts_[static_cast<size_t>(r.prompt_index)].example;
     return absl::OkStatus();
   }
 

@@ -28,8 +28,9 @@ namespace strata::policies {
 // seeds derive from the index, so a prompt's samples do not depend on the
 // rank it lands on.
 struct BatchPrompt {
-  int64_t index = 0;
+  int64_t index = 0;  // in the global batch
   std::vector<int32_t> ids;
+  int64_t example = -1;  // its row in the job's data; rollouts carry it to the reward sources
 };
 
 class RlAlgorithm {

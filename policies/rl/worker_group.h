@@ -26,6 +26,7 @@ struct Rollout {
   std::vector<float> logprobs;    // the actor's log-probs of `response` when sampled
   bool greedy = false;            // ReMax's baseline response
   bool truncated = false;         // stopped at max_new_tokens without an EOS
+  int64_t example = -1;           // the prompt's row in the job's data (its text and label); -1: unknown
 };
 
 struct RolloutRequest {

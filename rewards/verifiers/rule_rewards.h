@@ -1,8 +1,8 @@
 // Rule-based rewards: a score computed from the response text alone, for
 // verifiable tasks, tests, and evaluating the demo task with its hidden
 // rule. Every rule returns a score in [0, 1], 1 being the rule's maximum.
-#ifndef STRATA_REWARDS_RULE_REWARDS_H_
-#define STRATA_REWARDS_RULE_REWARDS_H_
+#ifndef STRATA_REWARDS_VERIFIERS_RULE_REWARDS_H_
+#define STRATA_REWARDS_VERIFIERS_RULE_REWARDS_H_
 
 #include <functional>
 #include <string>
@@ -23,4 +23,4 @@ absl::StatusOr<RuleFn> MakeRule(const std::string& name);
 
 }  // namespace strata::rewards
 
-#endif  // STRATA_REWARDS_RULE_REWARDS_H_
+#endif  // STRATA_REWARDS_VERIFIERS_RULE_REWARDS_H_

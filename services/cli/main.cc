@@ -25,6 +25,7 @@
 #include "services/cli/model_commands.h"
 #include "services/cli/plan_command.h"
 #include "services/cli/report_commands.h"
+#include "services/cli/reward_command.h"
 #include "services/cli/train_command.h"
 
 // The job service (gRPC, Redis) is left out of builds configured with
@@ -172,6 +173,7 @@ struct ModelCommands {
 // train: one job in-process.
 struct TrainCommands {
   strata::services::TrainRequest train;
+  strata::services::RewardRequest reward;
 
   void Register(CLI::App& app, Runner& run) {
     // strata train
@@ -190,7 +192,26 @@ struct TrainCommands {
                      "how long the ranks wait in a collective for a slow or stuck rank (at least 1000)")
         ->check(CLI::Range(1000, 24 * 3600 * 1000));
     train_cmd->add_option("--set", train.overrides, "override a spec field: key.path=value (repeatable)");
+    train_cmd->add_option("--allow-reward-host", train.allow_reward_hosts,
+                          "HOST[:PORT] a remote reward source may call (repeatable; none by default)");
+    train_cmd->add_option("--reward-secret", train.reward_secrets,
+                          "NAME=FILE: a bearer token a remote reward source may name as token_secret (repeatable)");
     train_cmd->callback([&] { run = [&] { return Finish("train", strata::services::RunTrain(train)); }; });
+
+    // strata reward
+    auto* reward_cmd = app.add_subcommand("reward", "Score one response with a spec's reward sources");
+    reward_cmd->add_option("spec", reward.spec_path, "job spec (YAML) with reward sources")->required();
+    auto* prompt = reward_cmd->add_option("--prompt", reward.prompt, "the prompt as text");
+    auto* messages = reward_cmd->add_option("--messages", reward.messages_file, "the prompt as a conversation (JSON)");
+    prompt->excludes(messages);
+    reward_cmd->add_option("--response", reward.response, "the response to score")->required();
+    reward_cmd->add_option("--label", reward.label, "the reference answer verifiers compare with");
+    reward_cmd->add_option("--set", reward.overrides, "override a spec field: key.path=value (repeatable)");
+    reward_cmd->add_option("--allow-reward-host", reward.allow_reward_hosts,
+                           "HOST[:PORT] a remote reward source may call (repeatable)");
+    reward_cmd->add_option("--reward-secret", reward.reward_secrets, "NAME=FILE: a bearer token (repeatable)");
+    reward_cmd->add_flag("--json", reward.json, "print one JSON object");
+    reward_cmd->callback([&] { run = [&] { return Finish("reward", strata::services::RunReward(reward)); }; });
   }
 };
 
@@ -235,6 +256,10 @@ struct ServerCommands {
     worker->add_option("--data-root", wk.data_root,
                        "job paths must resolve inside this directory (default: the working directory)");
     worker->add_option("--allow-path", wk.allow_paths, "another directory job paths may use (repeatable)");
+    worker->add_option("--allow-reward-host", wk.allow_reward_hosts,
+                       "HOST[:PORT] a job's remote reward source may call (repeatable; none by default)");
+    worker->add_option("--reward-secret", wk.reward_secrets,
+                       "NAME=FILE: a bearer token a remote reward source may name as token_secret (repeatable)");
     worker->add_option("--max-host-mib", wk.max_host_mib, "largest memory.host_mib accepted (default 90% of RAM)")
         ->check(CLI::NonNegativeNumber);
     worker

@@ -19,6 +19,7 @@
 #include "base/log.h"
 #include "base/status_macros.h"
 #include "services/coordinator/coordinator.h"
+#include "services/rank/reward_sources.h"
 #include "services/rpc/rpc_metrics.h"
 #include "services/rpc/wire.h"
 #include "services/store/redis_client.h"
@@ -204,6 +205,7 @@ absl::StatusOr<std::string> RunWorkerServer(const WorkerCommand& command) {
       return absl::InvalidArgumentError(absl::StrCat("--data-root / --allow-path: ", root, " is not a directory"));
     }
   }
+  STRATA_ASSIGN_OR_RETURN(options.reward_access, LoadRewardAccess(command.allow_reward_hosts, command.reward_secrets));
   STRATA_RETURN_IF_ERROR(ServeMetrics(command.metrics_listen));
   WorkerService service(options);
   grpc::ServerBuilder builder;

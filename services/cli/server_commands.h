@@ -42,6 +42,10 @@ struct WorkerCommand {
   // directory) or one of allow_paths.
   std::string data_root;
   std::vector<std::string> allow_paths;
+  // Hosts remote reward sources may call (HOST[:PORT]) and the bearer
+  // tokens they may name (NAME=FILE); none by default.
+  std::vector<std::string> allow_reward_hosts;
+  std::vector<std::string> reward_secrets;
   int64_t device_budget_mib = 0;
   // Limits the worker enforces itself: memory.host_mib (default 90% of
   // physical memory) and rows per iteration.

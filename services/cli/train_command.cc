@@ -61,8 +61,10 @@ absl::StatusOr<std::string> RunTrain(const TrainRequest& request) {
   const auto start = std::chrono::steady_clock::now();
   JobRankOptions rank;
   rank.metrics_path = request.metrics_path;
-  STRATA_ASSIGN_OR_RETURN(auto gang, LocalGang::Create(spec, static_cast<int>(spec.parallel.workers), rank,
-                                                       std::chrono::milliseconds(request.collective_timeout_ms)));
+  STRATA_ASSIGN_OR_RETURN(auto access, LoadRewardAccess(request.allow_reward_hosts, request.reward_secrets));
+  STRATA_ASSIGN_OR_RETURN(auto gang,
+                          LocalGang::Create(spec, static_cast<int>(spec.parallel.workers), rank,
+                                            std::chrono::milliseconds(request.collective_timeout_ms), access));
   JobRunOptions options;
   options.resume = request.resume;
   options.progress = stderr;

@@ -22,6 +22,10 @@ struct TrainRequest {
   // A rank's phase may run this much longer than another's before the
   // collective that ends it fails (a long scoring pass on a larger shard).
   int collective_timeout_ms = 60000;
+  // What remote reward sources may reach: --allow-reward-host HOST[:PORT]
+  // and --reward-secret NAME=FILE (repeatable), as a worker's flags.
+  std::vector<std::string> allow_reward_hosts;
+  std::vector<std::string> reward_secrets;
 };
 
 // Returns a one-line summary for stdout; progress goes to stderr.

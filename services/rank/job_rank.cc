@@ -20,7 +20,6 @@
 #include "policies/data/batch_order.h"
 #include "policies/data/chat_tokens.h"
 #include "policies/job/seeds.h"
-#include "rewards/rule_rewards.h"
 #include "services/telemetry/service_metrics.h"
 
 namespace strata::services {
@@ -73,8 +72,6 @@ void ActAtFailpoint(const std::string& phase, int64_t iteration) {
 
 using policies::Algorithm;
 using policies::Metrics;
-
-constexpr int64_t kEvalSamplesPerPrompt = 4;
 
 // True when both paths name the same existing file or directory.
 bool SameFile(const std::string& a, const std::string& b) {
@@ -136,13 +133,20 @@ absl::StatusOr<std::unique_ptr<JobRank>> JobRank::Create(const policies::JobSpec
   }
   if (spec.algorithm != Algorithm::kSft && spec.algorithm != Algorithm::kRewardModel) {
     STRATA_ASSIGN_OR_RETURN(rank->algorithm_, policies::RlAlgorithm::Create(spec));
-    // RL evaluation: sampled responses to the eval prompts scored by the rule.
-    const std::string rule_name = !spec.eval.rule.empty() ? spec.eval.rule : spec.reward.rule;
+    models.SetPrompts(&rank->data_->prompts);
+    // RL evaluation: sampled responses to the eval prompts, scored by the
+    // job's reward sources or by eval.rule alone.
     if (spec.eval.every > 0 && !rank->data_->eval_prompts.ids.empty()) {
-      if (rule_name.empty()) return absl::InvalidArgumentError("eval.rule is required to evaluate this job");
-      auto rule = rewards::MakeRule(rule_name);
-      if (!rule.ok()) return absl::InvalidArgumentError(absl::StrCat("eval.rule: ", rule.status().message()));
-      rank->eval_rule_ = *rule;
+      rank->evaluates_ = true;
+      if (!spec.eval.rule.empty()) {
+        policies::RewardSourceSpec rule;
+        rule.name = spec.eval.rule;
+        rule.kind = "verifier";
+        rule.check = spec.eval.rule;
+        auto made = RewardSources::Create({rule}, spec, models.tokenizer_path(), {}, nullptr, {});
+        if (!made.ok()) return absl::InvalidArgumentError(absl::StrCat("eval.rule: ", made.status().message()));
+        rank->eval_rule_ = *std::move(made);
+      }
     }
   }
   return rank;
@@ -192,10 +196,13 @@ absl::StatusOr<PhaseReply> JobRank::Run(const PhaseRequest& request) {
     std::vector<int64_t> index;
     const auto rows = ShardOf(request.iteration, &index);
     std::vector<policies::BatchPrompt> prompts;
-    for (size_t i = 0; i < rows.size(); ++i) prompts.push_back({index[i], data_->prompts.ids[rows[i]]});
+    for (size_t i = 0; i < rows.size(); ++i) {
+      prompts.push_back({index[i], data_->prompts.ids[rows[i]], static_cast<int64_t>(rows[i])});
+    }
     STRATA_RETURN_IF_ERROR(algorithm_->Rollout(models_, prompts, spec_.train.batch_size, request.iteration));
   } else if (phase == phases::kScore) {
     STRATA_ASSIGN_OR_RETURN(reply.metrics, algorithm_->Score(models_, gang_, request.params));
+    for (const auto& [key, value] : models_.TakeRewardMetrics()) reply.metrics[key] = value;
   } else {
     // The schedule's learning rate for this iteration's steps.
     STRATA_RETURN_IF_ERROR(models_.BeginIteration(request.iteration));
@@ -259,7 +266,7 @@ absl::StatusOr<policies::Metrics> JobRank::Evaluate() {
     const double n = static_cast<double>(mine.size());
     AddMeanShare("eval/pairwise_accuracy", accuracy * n, n, m);
     AddMeanShare("eval/loss", loss * n, n, m);
-  } else if (eval_rule_) {
+  } else if (evaluates_) {
     // The policy is evaluated as it acts: sampled with the job's generation
     // settings (a greedy decode can sit at the rule's maximum while the
     // policy does not), with one fixed seed per prompt so evaluations compare.
@@ -269,7 +276,8 @@ absl::StatusOr<policies::Metrics> JobRank::Evaluate() {
       request.prompts.push_back(data_->eval_prompts.ids[i]);
       which.push_back(i);
     }
-    request.samples_per_prompt = kEvalSamplesPerPrompt;
+    const int64_t k = spec_.eval.samples_per_prompt;
+    request.samples_per_prompt = k;
     request.sampling.temperature = spec_.generation.temperature;
     request.sampling.top_p = spec_.generation.top_p;
     request.sampling.top_k = spec_.generation.top_k;
@@ -278,20 +286,47 @@ absl::StatusOr<policies::Metrics> JobRank::Evaluate() {
     for (size_t i : which) {
       request.sampling.row_seeds.push_back(policies::PromptSeed(request.sampling.seed, static_cast<int64_t>(i)));
     }
-    double total = 0, count = 0;
+    const std::vector<policies::RewardSourceSpec>& sources = eval_rule_ != nullptr ? eval_rule_->specs()
+                                                                                   : spec_.reward_sources;
+    SourceScores scored;
+    std::vector<policies::Rollout> rollouts;
     if (!request.prompts.empty()) {
-      STRATA_ASSIGN_OR_RETURN(auto rollouts, models_.Generate(request));
-      for (const auto& r : rollouts) {
+      STRATA_ASSIGN_OR_RETURN(rollouts, models_.Generate(request));
+      for (auto& r : rollouts) {
         if (r.prompt_index < 0 || static_cast<size_t>(r.prompt_index) >= which.size()) {
           return absl::InternalError(
               absl::StrCat("evaluation rollout of prompt ", r.prompt_index, " does not fit the batch"));
         }
-        total += eval_rule_(data_->eval_prompts.text[which[static_cast<size_t>(r.prompt_index)]],
-                            policies::ResponseText(tokenizer_, r.response, models_.stop_token_ids()));
-        count += 1;
+        r.example = static_cast<int64_t>(which[static_cast<size_t>(r.prompt_index)]);
+      }
+      STRATA_ASSIGN_OR_RETURN(auto views, models_.ViewsOf(rollouts, data_->eval_prompts));
+      if (eval_rule_ != nullptr) {
+        STRATA_ASSIGN_OR_RETURN(scored, eval_rule_->Score(views));
+      } else {
+        STRATA_ASSIGN_OR_RETURN(scored, models_.ScoreResponses(views));
       }
     }
-    AddMeanShare("eval/score", total, count, m);
+    double total = 0;
+    for (float r : scored.total) total += r;
+    AddMeanShare("eval/score", total, static_cast<double>(scored.total.size()), m);
+    // A verifier's mean is its accuracy; pass@k counts the prompts with a
+    // correct response among their k.
+    for (const policies::RewardSourceSpec& source : sources) {
+      if (source.kind != "verifier") continue;
+      const std::vector<double>& scores = scored.by_source[source.name];
+      double correct = 0;
+      std::vector<bool> passed(which.size(), false);
+      for (size_t i = 0; i < scores.size(); ++i) {
+        correct += scores[i];
+        if (scores[i] >= 1.0 - 1e-9) passed[static_cast<size_t>(rollouts[i].prompt_index)] = true;
+      }
+      AddMeanShare("eval/" + source.name + "/accuracy", correct, static_cast<double>(scores.size()), m);
+      if (k > 1) {
+        AddMeanShare(absl::StrCat("eval/", source.name, "/pass@", k),
+                     static_cast<double>(std::count(passed.begin(), passed.end(), true)),
+                     static_cast<double>(passed.size()), m);
+      }
+    }
   }
   return m;
 }

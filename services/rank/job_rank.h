@@ -18,7 +18,6 @@
 #include "policies/rl/rl_algorithms.h"
 #include "policies/rl/worker_group.h"
 #include "policies/tokenizer/tokenizer.h"
-#include "rewards/rule_rewards.h"
 #include "services/phase/phase.h"
 #include "services/rank/job_examples.h"
 #include "services/rank/local_worker_group.h"
@@ -71,7 +70,8 @@ class JobRank {
   MetricsLog metrics_;  // rank 0's
   RunCheckpoints checkpoints_;
   std::unique_ptr<policies::JobData> data_;
-  rewards::RuleFn eval_rule_;  // RL evaluation's score of a response
+  bool evaluates_ = false;                    // RL: eval.every and eval prompts
+  std::unique_ptr<RewardSources> eval_rule_;  // eval.rule's, when set
   std::unique_ptr<policies::RlAlgorithm> algorithm_;
 };
 

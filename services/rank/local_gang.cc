@@ -26,7 +26,8 @@ absl::StatusOr<GangBackend> ChooseGangBackend(const policies::JobSpec& spec) {
 
 absl::StatusOr<std::unique_ptr<LocalGang>> LocalGang::Create(const policies::JobSpec& spec, int ranks,
                                                              const JobRankOptions& options,
-                                                             std::chrono::milliseconds timeout) {
+                                                             std::chrono::milliseconds timeout,
+                                                             const RewardAccess& access) {
   if (ranks < 1) return absl::InvalidArgumentError(absl::StrCat("workers must be >= 1, got ", ranks));
   STRATA_ASSIGN_OR_RETURN(const GangBackend backend, ChooseGangBackend(spec));
   policies::ProcessGroup::InProcessOptions in_process;
@@ -39,7 +40,7 @@ absl::StatusOr<std::unique_ptr<LocalGang>> LocalGang::Create(const policies::Job
   for (int r = 0; r < ranks; ++r) {
     Rank rank;
     rank.group = std::move(groups[static_cast<size_t>(r)]);
-    STRATA_ASSIGN_OR_RETURN(rank.models, LocalWorkerGroup::Create(spec, rank.group.get()));
+    STRATA_ASSIGN_OR_RETURN(rank.models, LocalWorkerGroup::Create(spec, rank.group.get(), access));
     STRATA_ASSIGN_OR_RETURN(rank.job,
                             JobRank::Create(spec, *rank.models, rank.models->tokenizer(), *rank.group, options));
     gang->ranks_.push_back(std::move(rank));

@@ -33,9 +33,10 @@ class LocalGang final : public Gang {
  public:
   // Loads `ranks` copies of the job's models and data. UNIMPLEMENTED for
   // more than one rank in a build without Gloo.
-  static absl::StatusOr<std::unique_ptr<LocalGang>> Create(
-      const policies::JobSpec& spec, int ranks, const JobRankOptions& options,
-      std::chrono::milliseconds timeout = std::chrono::seconds(60));
+  static absl::StatusOr<std::unique_ptr<LocalGang>> Create(const policies::JobSpec& spec, int ranks,
+                                                           const JobRankOptions& options,
+                                                           std::chrono::milliseconds timeout = std::chrono::seconds(60),
+                                                           const RewardAccess& access = {});
   ~LocalGang() override;
 
   absl::StatusOr<PhaseReply> Run(const PhaseRequest& request) override;

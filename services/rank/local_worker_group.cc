@@ -10,6 +10,7 @@
 #include "base/status_macros.h"
 #include "policies/config/llama_config.h"
 #include "policies/rl/rl_algorithms.h"
+#include "services/phase/phase.h"
 #include "services/rank/actor.h"
 #include "services/rank/critic.h"
 #include "services/rank/gang_sum.h"
@@ -33,9 +34,11 @@ LocalWorkerGroup::~LocalWorkerGroup() {
 }
 
 absl::StatusOr<std::unique_ptr<LocalWorkerGroup>> LocalWorkerGroup::Create(const policies::JobSpec& spec,
-                                                                           policies::ProcessGroup* gang) {
+                                                                           policies::ProcessGroup* gang,
+                                                                           const RewardAccess& access) {
   STRATA_RETURN_IF_ERROR(spec.Validate());
   std::unique_ptr<LocalWorkerGroup> group(new LocalWorkerGroup(spec));
+  group->access_ = access;
   if (gang == nullptr) {
     group->solo_ = policies::ProcessGroup::Solo();
     gang = group->solo_.get();
@@ -78,17 +81,9 @@ absl::Status LocalWorkerGroup::LoadModels() {
       if (reference.path.empty()) reference.path = spec_.actor.path;
       STRATA_ASSIGN_OR_RETURN(scoring.reference,
                               memory_->Place("reference", reference, LlamaHead::kLanguageModel, false, 0));
-      if (!spec_.reward.rule.empty()) {
-        auto rule = rewards::MakeRule(spec_.reward.rule);
-        if (!rule.ok())
-          return absl::InvalidArgumentError(absl::StrCat("models.reward.rule: ", rule.status().message()));
-        scoring.rule = *rule;
-      } else {
-        STRATA_ASSIGN_OR_RETURN(scoring.reward, memory_->Place("reward", spec_.reward, LlamaHead::kScalar, false, 0));
-      }
       if (spec_.algorithm == Algorithm::kPpo) {
         policies::ModelSpec critic_spec = spec_.critic;
-        if (critic_spec.path.empty()) critic_spec.path = spec_.reward.path;
+        critic_spec.path = policies::DefaultCriticPath(spec_);
         STRATA_ASSIGN_OR_RETURN(critic,
                                 memory_->Place("critic", critic_spec, LlamaHead::kScalar, true, spec_.ppo.critic_lr));
       }
@@ -120,8 +115,15 @@ absl::Status LocalWorkerGroup::LoadModels() {
     }
   }
   if (actor != nullptr) actor_ = std::make_unique<Actor>(std::move(actor), *tokenizer_, stop_token_ids_, passes_);
-  if (scoring.reward != nullptr || scoring.rule || scoring.reference != nullptr) {
-    scorer_ = std::make_unique<Scorer>(std::move(scoring), *tokenizer_, stop_token_ids_, passes_);
+  if (scoring.reward != nullptr || scoring.reference != nullptr) {
+    scorer_ = std::make_unique<Scorer>(std::move(scoring), *tokenizer_, passes_);
+  }
+  if (!spec_.reward_sources.empty()) {
+    auto place = [this](const std::string& key, const policies::ModelSpec& model) {
+      return memory_->Place(key, model, LlamaHead::kScalar, false, 0);
+    };
+    STRATA_ASSIGN_OR_RETURN(reward_sources_, RewardSources::Create(spec_.reward_sources, spec_, tokenizer_path_,
+                                                                   access_, place, passes_));
   }
   if (critic != nullptr) critic_ = std::make_unique<Critic>(std::move(critic));
   return absl::OkStatus();
@@ -134,15 +136,37 @@ absl::StatusOr<std::vector<policies::Rollout>> LocalWorkerGroup::Generate(const 
 
 absl::StatusOr<policies::Scores> LocalWorkerGroup::Score(const std::vector<policies::Rollout>& rollouts,
                                                          const policies::ScoreRequest& request) {
-  // Forward passes in micro-batches (train.micro_batch_size), results in
-  // the rollouts' order.
+  // The rewards of the whole batch at once (a remote source sends it in
+  // its own batches); the forward passes in micro-batches
+  // (train.micro_batch_size), results in the rollouts' order.
+  std::vector<float> rewards;
+  if (request.rewards && !rollouts.empty()) {
+    if (reward_sources_ == nullptr || prompts_ == nullptr) {
+      return absl::FailedPreconditionError("rewards requested but this job has no reward sources or prompts");
+    }
+    STRATA_ASSIGN_OR_RETURN(auto views, ViewsOf(rollouts, *prompts_));
+    STRATA_ASSIGN_OR_RETURN(auto scored, ScoreResponses(views));
+    for (const auto& [name, seconds] : scored.seconds) reward_seconds_[name] += seconds;
+    for (const auto& [name, scores] : scored.by_source) {
+      for (size_t i = 0; i < rollouts.size(); ++i) {
+        if (rollouts[i].greedy) continue;  // ReMax's baseline is not a response the policy sampled
+        reward_sums_[name] += scores[i];
+        reward_counts_[name] += 1;
+      }
+    }
+    rewards = std::move(scored.total);
+  }
   const auto micros = MicroBatches(rollouts.size(), spec_.train.micro_batch_size);
-  if (micros.size() == 1) return ScoreRows(rollouts, request);  // no copy of the batch
+  if (micros.size() == 1) {
+    STRATA_ASSIGN_OR_RETURN(auto scores, ScoreRows(rollouts, request));  // no copy of the batch
+    scores.rewards = std::move(rewards);
+    return scores;
+  }
   policies::Scores all;
+  all.rewards = std::move(rewards);
   for (const auto& [begin, end] : micros) {
     const std::vector<policies::Rollout> part(rollouts.begin() + begin, rollouts.begin() + end);
     STRATA_ASSIGN_OR_RETURN(auto s, ScoreRows(part, request));
-    all.rewards.insert(all.rewards.end(), s.rewards.begin(), s.rewards.end());
     for (auto [to, from] : {std::pair{&all.reference_logprobs, &s.reference_logprobs},
                             std::pair{&all.actor_logprobs, &s.actor_logprobs}, std::pair{&all.values, &s.values}}) {
       to->insert(to->end(), from->begin(), from->end());
@@ -157,13 +181,12 @@ absl::StatusOr<policies::Scores> LocalWorkerGroup::ScoreRows(const std::vector<p
   if (rollouts.empty()) return scores;
   c10::NoGradGuard no_grad;
   const Packed packed = PackRollouts(rollouts, memory_->device());
-  if ((request.rewards || request.reference_logprobs) && scorer_ == nullptr) {
-    return absl::FailedPreconditionError("rewards or reference log-probs requested but this job has no scorer");
+  if (request.reference_logprobs && scorer_ == nullptr) {
+    return absl::FailedPreconditionError("reference log-probs requested but this job has no reference model");
   }
   if (request.actor_logprobs && actor_ == nullptr) {
     return absl::FailedPreconditionError("actor log-probs requested but this job has no actor");
   }
-  if (request.rewards) scores.rewards = scorer_->Rewards(packed, rollouts);
   if (request.reference_logprobs) scores.reference_logprobs = scorer_->ReferenceLogProbs(packed, rollouts);
   if (request.actor_logprobs) scores.actor_logprobs = actor_->LogProbs(packed, rollouts);
   if (request.values) {
@@ -171,6 +194,34 @@ absl::StatusOr<policies::Scores> LocalWorkerGroup::ScoreRows(const std::vector<p
     scores.values = critic_->Values(packed, rollouts);
   }
   return scores;
+}
+
+absl::StatusOr<SourceScores> LocalWorkerGroup::ScoreResponses(const std::vector<ScoredResponse>& responses) {
+  if (reward_sources_ == nullptr) return absl::FailedPreconditionError("this job has no reward sources");
+  return reward_sources_->Score(responses);
+}
+
+absl::StatusOr<std::vector<ScoredResponse>> LocalWorkerGroup::ViewsOf(const std::vector<policies::Rollout>& rollouts,
+                                                                      const policies::PromptSet& prompts) const {
+  std::vector<ScoredResponse> views;
+  for (const policies::Rollout& r : rollouts) {
+    if (r.example < 0 || static_cast<size_t>(r.example) >= prompts.ids.size()) {
+      return absl::InternalError(
+          absl::StrCat("a rollout of data row ", r.example, " outside the job's ", prompts.ids.size(), " prompts"));
+    }
+    const size_t row = static_cast<size_t>(r.example);
+    views.push_back(ViewOf(*tokenizer_, stop_token_ids_, r.prompt, r.response, prompts.text[row],
+                           &prompts.messages[row], prompts.labels[row]));
+  }
+  return views;
+}
+
+policies::Metrics LocalWorkerGroup::TakeRewardMetrics() {
+  policies::Metrics m;
+  for (const auto& [name, sum] : reward_sums_) AddMeanShare("reward/" + name, sum, reward_counts_[name], m);
+  for (const auto& [name, seconds] : reward_seconds_) m["time/score/" + name + "_s"] = seconds;
+  reward_sums_.clear(), reward_counts_.clear(), reward_seconds_.clear();
+  return m;
 }
 
 absl::StatusOr<policies::UpdateStats> LocalWorkerGroup::Update(const policies::PolicyUpdate& update) {

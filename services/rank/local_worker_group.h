@@ -15,12 +15,15 @@
 
 #include "absl/status/statusor.h"
 #include "offload/device/device_memory.h"
+#include "policies/data/job_data.h"
 #include "policies/dist/process_group.h"
 #include "policies/job/job_spec.h"
+#include "policies/job/metrics.h"
 #include "policies/rl/worker_group.h"
 #include "policies/tokenizer/tokenizer.h"
 #include "policies/train/placed_model.h"
 #include "services/rank/pass_options.h"
+#include "services/rank/reward_sources.h"
 
 namespace strata::services {
 
@@ -39,9 +42,11 @@ class LocalWorkerGroup final : public policies::WorkerGroup {
   // batches it is given are its shard, gradients are summed over the gang,
   // each rank's loss is weighted by its share of the global batch's tokens
   // (or pairs), and the losses and statistics it returns are the global
-  // batch's. It must outlive the group.
+  // batch's. It must outlive the group. `access` is what the job's remote
+  // reward sources may reach (none by default).
   static absl::StatusOr<std::unique_ptr<LocalWorkerGroup>> Create(const policies::JobSpec& spec,
-                                                                  policies::ProcessGroup* gang = nullptr);
+                                                                  policies::ProcessGroup* gang = nullptr,
+                                                                  const RewardAccess& access = {});
   ~LocalWorkerGroup() override;
 
   absl::StatusOr<std::vector<policies::Rollout>> Generate(const policies::RolloutRequest& request) override;
@@ -77,6 +82,19 @@ class LocalWorkerGroup final : public policies::WorkerGroup {
   // generation.stop_token_ids, each once.
   const std::vector<int64_t>& stop_token_ids() const { return stop_token_ids_; }
 
+  // RL: the prompts the rollouts' `example` rows index (text, conversation,
+  // label), which the reward sources read. Must outlive the group's use.
+  void SetPrompts(const policies::PromptSet* prompts) { prompts_ = prompts; }
+  // The reward sources' scores of `responses`: RL evaluation scores its own.
+  absl::StatusOr<SourceScores> ScoreResponses(const std::vector<ScoredResponse>& responses);
+  // The text views of rollouts of `prompts` (by their `example` row).
+  absl::StatusOr<std::vector<ScoredResponse>> ViewsOf(const std::vector<policies::Rollout>& rollouts,
+                                                      const policies::PromptSet& prompts) const;
+  // What the reward sources measured since the last call, as the score
+  // phase reports it: reward/<name> (the mean over sampled responses, a
+  // gang mean share) and time/score/<name>_s.
+  policies::Metrics TakeRewardMetrics();
+
   // Measures the job's compute device (memory.device).
   offload::DeviceMemoryMonitor& device_monitor() const;
 
@@ -100,6 +118,10 @@ class LocalWorkerGroup final : public policies::WorkerGroup {
   std::unique_ptr<policies::Tokenizer> tokenizer_;
   std::string tokenizer_path_;
   std::vector<int64_t> stop_token_ids_;
+  RewardAccess access_;
+  std::unique_ptr<RewardSources> reward_sources_;  // RL
+  const policies::PromptSet* prompts_ = nullptr;
+  std::map<std::string, double> reward_sums_, reward_counts_, reward_seconds_;
   // The roles the algorithm needs; null where it has none.
   std::unique_ptr<Actor> actor_;
   std::unique_ptr<Scorer> scorer_;

@@ -3,36 +3,18 @@
 #include <c10/core/GradMode.h>
 
 #include "base/status_macros.h"
-#include "policies/data/chat_tokens.h"
 #include "rewards/reward_model.h"
 #include "services/rank/gang_sum.h"
 
 namespace strata::services {
 
-Scorer::Scorer(ScorerModels models, const policies::Tokenizer& tokenizer, std::vector<int64_t> stop_ids,
-               PassOptions passes)
+Scorer::Scorer(ScorerModels models, const policies::Tokenizer& tokenizer, PassOptions passes)
     : reward_(std::move(models.reward)),
-      rule_(std::move(models.rule)),
       reference_(std::move(models.reference)),
       tokenizer_(tokenizer),
-      stop_ids_(std::move(stop_ids)),
       passes_(passes) {}
 
 Scorer::~Scorer() = default;
-
-std::vector<float> Scorer::Rewards(const Packed& packed, const std::vector<policies::Rollout>& rollouts) {
-  std::vector<float> rewards;
-  if (rule_) {
-    for (const auto& r : rollouts) {
-      rewards.push_back(static_cast<float>(
-          rule_(tokenizer_.Decode(r.prompt), policies::ResponseText(tokenizer_, r.response, stop_ids_))));
-    }
-  } else {
-    const at::Tensor s = reward_->model().Scores(packed.ids, packed.mask).select(1, 0).to(at::kCPU).contiguous();
-    rewards.assign(s.data_ptr<float>(), s.data_ptr<float>() + s.numel());
-  }
-  return rewards;
-}
 
 std::vector<std::vector<float>> Scorer::ReferenceLogProbs(const Packed& packed,
                                                           const std::vector<policies::Rollout>& rollouts) {

@@ -11,32 +11,26 @@
 #include "policies/rl/worker_group.h"
 #include "policies/tokenizer/tokenizer.h"
 #include "policies/train/placed_model.h"
-#include "rewards/rule_rewards.h"
 #include "services/rank/packed_batch.h"
 
 namespace strata::services {
 
-// What a scorer holds: a reward model or a rule, and (RL) the reference.
+// What a scorer holds: the reward model a reward_model job trains, or (RL)
+// the reference. RL rewards come from the job's RewardSources.
 struct ScorerModels {
-  std::unique_ptr<policies::PlacedModel> reward;     // null with a rule
-  rewards::RuleFn rule;                              // reward.rule, when set
-  std::unique_ptr<policies::PlacedModel> reference;  // null in a reward-model job
+  std::unique_ptr<policies::PlacedModel> reward;     // a reward_model job's
+  std::unique_ptr<policies::PlacedModel> reference;  // RL's
 };
 
 // Not thread-safe: the rank's work thread drives it. `tokenizer` and the
 // gang in `passes` must outlive it.
 class Scorer {
  public:
-  // A rule reads a response's text without the end-of-turn id (`stop_ids`).
-  Scorer(ScorerModels models, const policies::Tokenizer& tokenizer, std::vector<int64_t> stop_ids, PassOptions passes);
+  Scorer(ScorerModels models, const policies::Tokenizer& tokenizer, PassOptions passes);
   ~Scorer();
 
-  // The reward model; null when a rule scores.
+  // The reward model a reward_model job trains; null in RL.
   policies::PlacedModel* reward_model() { return reward_.get(); }
-
-  // One reward per packed rollout: the rule's of its decoded text, or the
-  // reward model's score.
-  std::vector<float> Rewards(const Packed& packed, const std::vector<policies::Rollout>& rollouts);
   // The reference model's log-probs of the packed rollouts' responses.
   std::vector<std::vector<float>> ReferenceLogProbs(const Packed& packed,
                                                     const std::vector<policies::Rollout>& rollouts);
@@ -50,10 +44,8 @@ class Scorer {
  private:
   // Members are destroyed in reverse order: the reference is freed first.
   std::unique_ptr<policies::PlacedModel> reward_;
-  rewards::RuleFn rule_;
   std::unique_ptr<policies::PlacedModel> reference_;
   const policies::Tokenizer& tokenizer_;
-  const std::vector<int64_t> stop_ids_;
   const PassOptions passes_;
 };
 

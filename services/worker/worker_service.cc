@@ -272,7 +272,7 @@ grpc::ServerUnaryReactor* WorkerService::StartRank(grpc::CallbackServerContext* 
       }
       STRATA_ASSIGN_OR_RETURN(gang_, policies::ProcessGroup::Create(options, std::move(rendezvous)));
     }
-    STRATA_ASSIGN_OR_RETURN(group_, LocalWorkerGroup::Create(spec, gang_.get()));
+    STRATA_ASSIGN_OR_RETURN(group_, LocalWorkerGroup::Create(spec, gang_.get(), options_.reward_access));
     JobRankOptions rank_options;
     rank_options.run_id = request->job_id();
     rank_options.resumable_run_ids.assign(request->resumable_run_ids().begin(), request->resumable_run_ids().end());

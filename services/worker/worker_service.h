@@ -47,6 +47,9 @@ struct WorkerServiceOptions {
   // What this worker accepts whatever the coordinator admitted
   // (RESOURCE_EXHAUSTED naming the key); zeros: no limit.
   policies::JobLimits limits;
+  // What jobs' remote reward sources may reach (--allow-reward-host,
+  // --reward-secret): nothing by default.
+  RewardAccess reward_access;
 };
 
 class WorkerService final : public strata::v1::Worker::CallbackService {

