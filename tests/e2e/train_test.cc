@@ -23,6 +23,7 @@
 #include "policies/dist/process_group.h"
 #include "services/driver/job_runner.h"
 #include "tests/e2e/run_metrics.h"
+#include "tests/testutil/reward_server.h"
 #include "tests/testutil/testutil.h"
 
 namespace strata {
@@ -844,6 +845,91 @@ TEST_F(ChatDataTest, AKilledRunResumesRenderingAndTrainingAsBefore) {
   ASSERT_EQ(want.size(), 4u);
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "iteration " << i;
+}
+
+// RL with every kind of reward source at once: a verifier, the example
+// reward server (a real process on loopback) and a reward model. Its
+// scores reach the objective, a resumed run is exact, and a server that is
+// down or a host that is not allowed fails the job naming it.
+class RewardSourcesJobTest : public TrainTest {
+ protected:
+  void SetUp() override {
+    TrainTest::SetUp();
+    auto server = testing::RewardServer::Start({"--port", "0"}, "examples/math_task/reward_server.py");
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    std::string prompts;
+    for (const char* p : {"snow fire =>", "road wind =>", "moon stone =>", "river tree =>"}) {
+      prompts += absl::StrCat(R"({"prompt": ")", p, R"(", "answer": "3"})", "\n");
+    }
+    testing::WriteTextFile(dir_.Join("prompts.jsonl"), prompts);
+  }
+
+  std::vector<std::string> Args(const std::string& out, const std::string& sources,
+                                std::vector<std::string> extra = {}) const {
+    std::vector<std::string> args = {"train", spec_,
+                                     "--out", dir_.Join(out),
+                                     "--set", "algorithm=grpo",
+                                     "--set", "models.reward.rule=",
+                                     "--set", "reward.sources=" + sources,
+                                     "--set", "data.train=" + dir_.Join("prompts.jsonl"),
+                                     "--set", "data.eval=",
+                                     "--set", "eval.every=0",
+                                     "--set", "data.label_key=answer"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  }
+  std::string Allow() const { return absl::StrCat("127.0.0.1:", server_->port()); }
+
+  std::unique_ptr<testing::RewardServer> server_;
+};
+
+TEST_F(RewardSourcesJobTest, EveryKindScoresAndAResumedRunIsExact) {
+  const std::string sources = absl::StrCat(
+      "[{name: correct, kind: verifier, check: math}, {name: server, kind: remote, url: '", server_->Url("/score"),
+      "', weight: 0.5, batch_size: 3, max_in_flight: 2}, {name: judge, kind: model, path: ", model_, ", weight: 0.1}]");
+  auto train = [&](const std::string& out, std::vector<std::string> extra) {
+    std::vector<std::string> a = Args(out, sources, std::move(extra));
+    a.insert(a.end(), {"--allow-reward-host", Allow()});
+    return Strata(a);
+  };
+  auto whole = train("whole", {});
+  ASSERT_EQ(whole.exit_code, 0) << whole.error;
+  auto first = train("split", {"--set", "train.iterations=3"});
+  ASSERT_EQ(first.exit_code, 0) << first.error;
+  auto resumed = train("split", {"--resume"});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.error;
+  const auto want = testing::RunMetrics(dir_.Join("whole/metrics.jsonl"));
+  const auto got = testing::RunMetrics(dir_.Join("split/metrics.jsonl"));
+  ASSERT_EQ(want.size(), 4u);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "iteration " << i;
+  for (const auto& m : want) {
+    for (const char* key : {"reward/correct", "reward/server", "reward/judge"}) EXPECT_TRUE(m.contains(key)) << key;
+    // The objective's scores are the weighted sum of the sources'.
+    EXPECT_NEAR(m["objective/scores"].get<double>(),
+                m["reward/correct"].get<double>() + 0.5 * m["reward/server"].get<double>() +
+                    0.1 * m["reward/judge"].get<double>(),
+                1e-4);
+  }
+}
+
+TEST_F(RewardSourcesJobTest, ADownServerOrAHostNotAllowedFailsTheJobNamingIt) {
+  // Nothing listens on port 1.
+  const std::string down = "[{name: server, kind: remote, url: 'http://127.0.0.1:1/score', retries: 1}]";
+  auto failed = Strata([&] {
+    auto a = Args("down", down);
+    a.insert(a.end(), {"--allow-reward-host", "127.0.0.1:1"});
+    return a;
+  }());
+  EXPECT_NE(failed.exit_code, 0);
+  EXPECT_NE(failed.error.find("UNAVAILABLE"), std::string::npos) << failed.error;
+  EXPECT_NE(failed.error.find("http://127.0.0.1:1/score"), std::string::npos) << failed.error;
+  const std::string sources = absl::StrCat("[{name: server, kind: remote, url: '", server_->Url("/score"), "'}]");
+  auto denied = Strata(Args("denied", sources));
+  EXPECT_NE(denied.exit_code, 0);
+  EXPECT_NE(denied.error.find("PERMISSION_DENIED"), std::string::npos) << denied.error;
+  EXPECT_NE(denied.error.find("reward source 'server'"), std::string::npos) << denied.error;
 }
 
 // The Qwen3- and Llama-3-shaped recipes (examples/recipes.sh) run their whole

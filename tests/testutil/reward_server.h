@@ -41,8 +41,7 @@ class RewardServer {
     std::unique_ptr<RewardServer> server(new RewardServer());
     std::vector<std::string> argv = {"python3", "-I"};
     if (script.empty()) {
-      argv.insert(argv.end(),
-                  {SourcePath("tests/rewards/remote/reward_server.py"), "--record", server->record_path()});
+      argv.insert(argv.end(), {SourcePath("tests/rewards/remote/reward_server.py"), "--record", server->record_path()});
     } else {
       argv.push_back(SourcePath(script));
     }

