@@ -32,7 +32,12 @@ case "${1:-}" in
   sft)
     fetch
     start=$(date +%s)
-    "$strata" --log-level warning train examples/math_task/sft.yaml --overwrite
+    # A step allocates logits of 4 x ~50 positions x 151,936 vocabulary (~120 MB)
+    # several times; glibc serves each from a fresh mmap and unmaps it on free,
+    # so every step page-faults them in anew. Keeping them in the heap makes
+    # this SFT ~2.5x faster on 2 cores (0.56 -> 0.22 s a step), same losses.
+    MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=4000000000 MALLOC_TOP_PAD_=268435456 \
+      "$strata" --log-level warning train examples/math_task/sft.yaml --overwrite
     echo "math_task: sft in $(( $(date +%s) - start )) s"
     ;;
   eval)

@@ -47,9 +47,8 @@ absl::StatusOr<std::string> RunReward(const RewardRequest& request) {
   std::string prompt_text = request.prompt;
   std::vector<int32_t> prompt_ids;
   if (messages.has_value()) {
-    STRATA_ASSIGN_OR_RETURN(auto found,
-                            policies::LoadChatTemplate(tokenizer_path, {spec.data.chat_template_file,
-                                                                        spec.data.chat_template_name}));
+    STRATA_ASSIGN_OR_RETURN(auto found, policies::LoadChatTemplate(tokenizer_path, {spec.data.chat_template_file,
+                                                                                    spec.data.chat_template_name}));
     STRATA_ASSIGN_OR_RETURN(auto context, policies::ChatContextOf(spec.data, *tokenizer, {}));
     const policies::ChatRenderer renderer(std::move(found), std::move(context));
     STRATA_ASSIGN_OR_RETURN(auto rendered, renderer.Render({{*messages, true, false}}));
@@ -76,8 +75,8 @@ absl::StatusOr<std::string> RunReward(const RewardRequest& request) {
   STRATA_ASSIGN_OR_RETURN(auto sources,
                           RewardSources::Create(spec.reward_sources, spec, tokenizer_path, access, place, passes));
   const Json* conversation = messages.has_value() ? &*messages : nullptr;
-  const ScoredResponse view =
-      ViewOf(*tokenizer, {}, prompt_ids, response_ids, prompt_text, conversation, request.label);
+  const ScoredResponse view = ViewOf(*tokenizer, {}, prompt_ids, response_ids, prompt_text, conversation,
+                                     request.label);
   STRATA_ASSIGN_OR_RETURN(auto scored, sources->Score({view}));
   Json out = {{"sources", Json::object()}, {"reward", scored.total[0]}};
   std::string lines;

@@ -172,12 +172,9 @@ class ModelSource final : public RewardSources::Source {
   const PassOptions passes_;
 };
 
-absl::StatusOr<std::unique_ptr<RewardSources::Source>> MakeSource(const policies::RewardSourceSpec& source,
-                                                                  const policies::JobSpec& spec,
-                                                                  const std::string& actor_tokenizer_path,
-                                                                  const RewardAccess& access,
-                                                                  const PlaceRewardModel& place, PassOptions passes,
-                                                                  bool first_model) {
+absl::StatusOr<std::unique_ptr<RewardSources::Source>> MakeSource(
+    const policies::RewardSourceSpec& source, const policies::JobSpec& spec, const std::string& actor_tokenizer_path,
+    const RewardAccess& access, const PlaceRewardModel& place, PassOptions passes, bool first_model) {
   if (source.kind == "verifier") {
     STRATA_ASSIGN_OR_RETURN(auto check, rewards::MakeVerifier({source.check, source.pattern, source.strict}));
     return std::make_unique<VerifierSource>(std::move(check));
@@ -193,9 +190,9 @@ absl::StatusOr<std::unique_ptr<RewardSources::Source>> MakeSource(const policies
     if (!source.token_secret.empty()) {
       const auto it = access.secrets.find(source.token_secret);
       if (it == access.secrets.end()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("token_secret '", source.token_secret,
-                         "' is not a secret this worker holds (its operator gives them with --reward-secret NAME=FILE)"));
+        return absl::FailedPreconditionError(absl::StrCat(
+            "token_secret '", source.token_secret,
+            "' is not a secret this worker holds (its operator gives them with --reward-secret NAME=FILE)"));
       }
       options.bearer_token = it->second;
     }
@@ -219,13 +216,13 @@ absl::StatusOr<std::unique_ptr<RewardSources::Source>> MakeSource(const policies
   } else if (found.status().code() != absl::StatusCode::kNotFound) {
     return found.status();
   }
-  return std::make_unique<ModelSource>(std::move(model), std::move(tokenizer), std::move(renderer), actor_ids,
-                                       passes);
+  return std::make_unique<ModelSource>(std::move(model), std::move(tokenizer), std::move(renderer), actor_ids, passes);
 }
 
 }  // namespace
 
-RewardSources::RewardSources(std::vector<policies::RewardSourceSpec> specs, std::vector<std::unique_ptr<Source>> sources)
+RewardSources::RewardSources(std::vector<policies::RewardSourceSpec> specs,
+                             std::vector<std::unique_ptr<Source>> sources)
     : specs_(std::move(specs)), sources_(std::move(sources)) {}
 
 RewardSources::~RewardSources() = default;
@@ -274,7 +271,8 @@ absl::StatusOr<RewardAccess> LoadRewardAccess(const std::vector<std::string>& ho
                                               const std::vector<std::string>& secrets) {
   RewardAccess access;
   auto allowed = rewards::HostAllowList::Parse(hosts);
-  if (!allowed.ok()) return absl::InvalidArgumentError(absl::StrCat("--allow-reward-host: ", allowed.status().message()));
+  if (!allowed.ok())
+    return absl::InvalidArgumentError(absl::StrCat("--allow-reward-host: ", allowed.status().message()));
   access.hosts = *std::move(allowed);
   for (const std::string& entry : secrets) {
     const size_t eq = entry.find('=');
@@ -286,12 +284,13 @@ absl::StatusOr<RewardAccess> LoadRewardAccess(const std::vector<std::string>& ho
     if (::stat(path.c_str(), &st) != 0) return ErrnoToStatus(errno, absl::StrCat("--reward-secret ", name, ": ", path));
     // A token others can read is not a secret: refuse it, as ssh does a key.
     if ((st.st_mode & 077) != 0) {
-      return absl::PermissionDeniedError(absl::StrCat("--reward-secret ", name, ": ", path,
-                                                      " is readable by others (chmod 600 it)"));
+      return absl::PermissionDeniedError(
+          absl::StrCat("--reward-secret ", name, ": ", path, " is readable by others (chmod 600 it)"));
     }
     STRATA_ASSIGN_OR_RETURN(auto token, ReadFileToString(path));
     while (!token.empty() && (token.back() == '\n' || token.back() == '\r' || token.back() == ' ')) token.pop_back();
-    if (token.empty()) return absl::InvalidArgumentError(absl::StrCat("--reward-secret ", name, ": ", path, " is empty"));
+    if (token.empty())
+      return absl::InvalidArgumentError(absl::StrCat("--reward-secret ", name, ": ", path, " is empty"));
     if (!access.secrets.emplace(name, std::move(token)).second) {
       return absl::InvalidArgumentError(absl::StrCat("--reward-secret ", name, " is given twice"));
     }

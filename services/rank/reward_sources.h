@@ -59,9 +59,8 @@ struct SourceScores {
 };
 
 // Places a reward model (RankMemory::Place under `key`).
-using PlaceRewardModel =
-    std::function<absl::StatusOr<std::unique_ptr<policies::PlacedModel>>(const std::string& key,
-                                                                         const policies::ModelSpec& model)>;
+using PlaceRewardModel = std::function<absl::StatusOr<std::unique_ptr<policies::PlacedModel>>(
+    const std::string& key, const policies::ModelSpec& model)>;
 
 // Not thread-safe: the rank's work thread drives it.
 class RewardSources {
