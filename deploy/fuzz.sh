@@ -13,7 +13,8 @@ seconds="${1:-30}"
 shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  targets=(job_spec safetensors llama_config tokenizer_json tokenizer_model nvme_store checkpoint_state math_answer)
+  targets=(job_spec safetensors llama_config tokenizer_json tokenizer_model nvme_store checkpoint_state math_answer
+    reward_reply)
 fi
 
 bash "$root/deploy/install-deps.sh"

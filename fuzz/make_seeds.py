@@ -55,6 +55,23 @@ def math_answer_seeds():
     put("math_answer", "regex", "^(a+)+$|\\d{3}-[A-Z]+" + SEP.decode() + "aaaaaaaaaaaaaaaaaaaaaaaab 123-ABC")
 
 
+def reward_reply_seeds():
+    """A reward server's reply body (reward_reply), in OpenRLHF's remote reward protocol."""
+    # serve_rm.py's reply: rewards, scores and extra_logs, one entry per query.
+    put("reward_reply", "serve-rm", json.dumps({"rewards": [0.5, -1.25, 2.0], "scores": [0.5, -1.25, 2.0],
+                                                "extra_logs": {"dummy_scores": [0.5, -1.25, 2.0]}}))
+    # Scores as numbers or lists, logs as lists or scalars, an unknown field.
+    put("reward_reply", "scores-and-logs", json.dumps({"rewards": [1, 0], "scores": [[1, 0.5], 0],
+                                                       "extra_logs": {"acc": [1, 0], "server": "v2", "n": 3},
+                                                       "model": "verifier"}))
+    put("reward_reply", "bare-number", '{"rewards": 0.75, "scores": null, "extra_logs": null}')
+    # What Python's json.dumps writes for a NaN or an infinity: not JSON.
+    put("reward_reply", "nan", '{"rewards": [NaN, 1.0], "scores": [Infinity, -Infinity]}')
+    # Wrong types: a bool and a string for rewards, a list for extra_logs.
+    put("reward_reply", "wrong-type", '{"rewards": [true, "1"], "scores": {"a": 1}, "extra_logs": [1]}')
+    put("reward_reply", "top-level-list", "[0.5, 1.0]")
+
+
 def main():
     # Job specs, with and without overrides.
     for name in ("sft", "reward", "remax", "ppo"):
@@ -116,6 +133,7 @@ def main():
     put("checkpoint_state", "legacy", json.dumps({"metrics_lines": 2}))
 
     math_answer_seeds()
+    reward_reply_seeds()
 
     for target in sorted(os.listdir(CORPUS)):
         print("%-18s %d seeds" % (target, len(os.listdir(os.path.join(CORPUS, target)))))

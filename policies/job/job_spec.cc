@@ -422,6 +422,10 @@ absl::Status ValidateRewardSources(const std::vector<RewardSourceSpec>& sources)
                                                 Shown(s.name), "'"));
     }
     if (!names.insert(s.name).second) return KeyError(key("name"), absl::StrCat("'", s.name, "' appears twice"));
+    // reward/<name> must not be one of the reward statistics' own metrics.
+    if (s.name == "raw_mean" || s.name == "batch_var" || s.name == "batch_count") {
+      return KeyError(key("name"), absl::StrCat("'", s.name, "' is taken by the metric reward/", s.name));
+    }
     if (!std::isfinite(s.weight)) return KeyError(key("weight"), "must be a finite number");
     if (s.kind == "model" && s.model.path.empty()) return KeyError(key("path"), "is required for kind model");
     if (s.kind == "verifier") {

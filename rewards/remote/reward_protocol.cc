@@ -133,7 +133,8 @@ absl::StatusOr<RewardReply> ParseRewardReply(std::string_view body, size_t count
                                       python_nan ? " (it holds NaN or Infinity, which JSON cannot carry: a reward must "
                                                    "be a finite number)"
                                                  : "",
-                                      " (", e.what(), "): \"", QuoteBytes(body, kQuoteBytes), "\""));
+                                      " (", QuoteBytes(e.what(), kQuoteBytes), "): \"", QuoteBytes(body, kQuoteBytes),
+                                      "\""));
   }
   if (too_deep) return BadReply(url, absl::StrCat("the reply is nested deeper than ", kMaxDepth));
   if (!reply.is_object()) {
