@@ -3,17 +3,12 @@
 #include <algorithm>
 
 namespace strata::policies {
-namespace {
-
-// How many leading ids `a` and `b` share.
-size_t CommonPrefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+size_t CommonPrefixLength(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
   const size_t n = std::min(a.size(), b.size());
   size_t i = 0;
   while (i < n && a[i] == b[i]) ++i;
   return i;
 }
-
-}  // namespace
 
 MarkedTokens EncodeMarked(const Tokenizer& tokenizer, const std::string& text,
                           const std::vector<std::pair<size_t, size_t>>& spans) {
@@ -27,9 +22,9 @@ MarkedTokens EncodeMarked(const Tokenizer& tokenizer, const std::string& text,
   for (const auto& [begin, end] : spans) {
     if (begin >= end || end > text.size()) continue;
     const std::vector<int32_t> before = tokenizer.Encode(text.substr(0, begin));
-    const size_t first = CommonPrefix(before, out.ids);
+    const size_t first = CommonPrefixLength(before, out.ids);
     const std::vector<int32_t> upto = tokenizer.Encode(text.substr(0, end));
-    const size_t shared = CommonPrefix(upto, out.ids);
+    const size_t shared = CommonPrefixLength(upto, out.ids);
     // A clean cut: the span's tokens end where text[0, end)'s do. Otherwise
     // the token holding byte end-1 straddles the end and is marked too.
     const size_t last = shared == upto.size() ? shared : std::min(shared + 1, out.ids.size());

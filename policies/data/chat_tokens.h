@@ -19,6 +19,9 @@ struct MarkedTokens {
   std::vector<uint8_t> assistant;  // 1 where the token is the assistant's; same length as ids
 };
 
+// How many leading ids `a` and `b` share.
+size_t CommonPrefixLength(const std::vector<int32_t>& a, const std::vector<int32_t>& b);
+
 // Encodes `text` (Tokenizer::Encode) and marks the tokens of each byte span
 // [begin, end). A span boundary that falls inside a token (the tokenizer
 // merged across it) marks that token: a token is the assistant's when any of

@@ -26,13 +26,6 @@ Json Concat(Json a, const Json& b) {
   return a;
 }
 
-size_t CommonPrefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
-  const size_t n = std::min(a.size(), b.size());
-  size_t i = 0;
-  while (i < n && a[i] == b[i]) ++i;
-  return i;
-}
-
 template <typename T>
 std::vector<T> Head(const std::vector<T>& v, size_t n) {
   return std::vector<T>(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(std::min(n, v.size())));
@@ -179,7 +172,7 @@ class DataReader {
       const std::vector<int32_t> rejected = tokenizer_.Encode(batch[items[i]->second].text);
       // What both sides share is the prompt; each keeps at least one id of
       // its own, where the reward model reads its score.
-      const size_t shared = std::min({CommonPrefix(chosen, rejected), chosen.size() - 1, rejected.size() - 1});
+      const size_t shared = std::min({CommonPrefixLength(chosen, rejected), chosen.size() - 1, rejected.size() - 1});
       if (chosen.empty() || rejected.empty() || shared == 0) {
         return absl::InvalidArgumentError(absl::StrCat(records[i].where, ": keys '", data_.chosen_key, "' and '",
                                                        data_.rejected_key,
@@ -241,13 +234,8 @@ class DataReader {
   }
 
   void NoteSample(const std::vector<int32_t>& ids) {
-    // Decoding would drop the special tokens the template wrote; show them.
-    std::string text;
-    for (int32_t id : ids) {
-      const std::string piece = tokenizer_.IdToPiece(id);
-      text += tokenizer_.Decode({id}).empty() && !piece.empty() ? piece : tokenizer_.Decode({id});
-    }
-    out_->sample_prompt = std::move(text);
+    // Plain decoding would drop the special tokens the template wrote.
+    out_->sample_prompt = DecodeWithSpecialTokens(tokenizer_, ids);
   }
 
   static absl::Status NonEmpty(size_t n, const std::string& path) {

@@ -44,30 +44,6 @@ absl::StatusOr<std::unique_ptr<policies::LlamaModel>> LoadLanguageModel(const st
   return policies::LlamaModel::Load(dir, policies::LlamaHead::kLanguageModel, *dtype);
 }
 
-// The conversation in a --messages file: a list of messages, or an object
-// holding one under "messages", checked as a job's data is checked.
-absl::StatusOr<json> ReadConversation(const std::string& path) {
-  auto text = ReadFileToString(path);
-  if (!text.ok()) return absl::Status(text.status().code(), absl::StrCat("--messages: ", text.status().message()));
-  json file;
-  try {
-    file = json::parse(*text);
-  } catch (const json::parse_error& e) {
-    return absl::InvalidArgumentError(absl::StrCat("--messages: ", path, ": not JSON (error at byte ", e.byte, ")"));
-  }
-  json messages = file.is_object() && file.contains("messages") ? file["messages"] : file;
-  if (!messages.is_array()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--messages: ", path,
-        ": not a conversation (expected a list of {\"role\", \"content\"} messages, or {\"messages\": [...]})"));
-  }
-  const policies::Record record{json{{"messages", messages}}, path};
-  if (auto checked = policies::ReadText(record, "messages"); !checked.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--messages: ", checked.status().message()));
-  }
-  return messages;
-}
-
 // --template-arg NAME=VALUE, repeated: VALUE as JSON when it parses, else
 // the string itself (so enable_thinking=false is a boolean, name=Ada text).
 absl::StatusOr<json> TemplateArgs(const std::vector<std::string>& items) {
@@ -87,7 +63,7 @@ absl::StatusOr<json> TemplateArgs(const std::vector<std::string>& items) {
 // The conversation rendered once through the model's chat template, as a
 // job's data would be (policies/data/job_data.h).
 absl::StatusOr<std::string> RenderConversation(const TokenizeRequest& request) {
-  STRATA_ASSIGN_OR_RETURN(json messages, ReadConversation(*request.messages_file));
+  STRATA_ASSIGN_OR_RETURN(nlohmann::ordered_json messages, ReadConversation(*request.messages_file));
   policies::ChatTemplateContext context;
   STRATA_ASSIGN_OR_RETURN(context.template_args, TemplateArgs(request.template_args));
   // The spec's data.template_date rule: what Python's fromisoformat reads.
@@ -117,6 +93,31 @@ absl::StatusOr<std::string> RenderConversation(const TokenizeRequest& request) {
 }
 
 }  // namespace
+
+// The conversation in a --messages file: a list of messages, or an object
+// holding one under "messages", checked as a job's data is checked.
+absl::StatusOr<nlohmann::ordered_json> ReadConversation(const std::string& path) {
+  auto text = ReadFileToString(path);
+  if (!text.ok()) return absl::Status(text.status().code(), absl::StrCat("--messages: ", text.status().message()));
+  // Ordered: a message's keys reach the template in the file's order.
+  nlohmann::ordered_json file;
+  try {
+    file = nlohmann::ordered_json::parse(*text);
+  } catch (const nlohmann::ordered_json::parse_error& e) {
+    return absl::InvalidArgumentError(absl::StrCat("--messages: ", path, ": not JSON (error at byte ", e.byte, ")"));
+  }
+  nlohmann::ordered_json messages = file.is_object() && file.contains("messages") ? file["messages"] : file;
+  if (!messages.is_array()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--messages: ", path,
+        ": not a conversation (expected a list of {\"role\", \"content\"} messages, or {\"messages\": [...]})"));
+  }
+  const policies::Record record{nlohmann::ordered_json{{"messages", messages}}, path};
+  if (auto checked = policies::ReadText(record, "messages"); !checked.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--messages: ", checked.status().message()));
+  }
+  return messages;
+}
 
 absl::StatusOr<std::vector<int32_t>> ParseIdList(const std::string& text, const std::string& flag) {
   std::vector<int32_t> ids;

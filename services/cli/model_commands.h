@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/status/statusor.h"
 
 namespace strata::services {
@@ -75,6 +77,11 @@ absl::StatusOr<std::string> RunLogProbs(const LogProbsRequest& request);
 // origin with Jinja's message when the template raises; NOT_FOUND when the
 // model has no chat template.
 absl::StatusOr<std::string> RunTokenize(const TokenizeRequest& request);
+
+// The conversation in a --messages file: a list of messages, or an object
+// holding one under "messages", checked as a job's data is checked. Errors
+// name the flag and the file.
+absl::StatusOr<nlohmann::ordered_json> ReadConversation(const std::string& path);
 // Writes a freshly initialised model directory (config.json + safetensors).
 absl::StatusOr<std::string> RunInitModel(const InitModelRequest& request);
 

@@ -13,6 +13,7 @@
 #include "policies/data/job_data.h"
 #include "policies/dist/process_group.h"
 #include "policies/job/job_spec.h"
+#include "services/cli/model_commands.h"
 #include "services/rank/rank_memory.h"
 #include "services/rank/reward_sources.h"
 
@@ -33,14 +34,7 @@ absl::StatusOr<std::string> RunReward(const RewardRequest& request) {
   // The prompt as the policy would see it.
   std::optional<Json> messages;
   if (!request.messages_file.empty()) {
-    STRATA_ASSIGN_OR_RETURN(auto text, ReadFileToString(request.messages_file));
-    Json parsed = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (parsed.is_object() && parsed.contains("messages")) parsed = parsed["messages"];
-    if (!parsed.is_array()) {
-      return absl::InvalidArgumentError(absl::StrCat("--messages: ", request.messages_file,
-                                                     ": not a conversation (a list of {\"role\", \"content\"})"));
-    }
-    messages = std::move(parsed);
+    STRATA_ASSIGN_OR_RETURN(messages, ReadConversation(request.messages_file));
   } else if (spec.data.apply_chat_template) {
     messages = Json::array({Json{{"role", "user"}, {"content", request.prompt}}});
   }
