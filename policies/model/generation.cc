@@ -32,13 +32,22 @@ at::Tensor SampleNextTokens(const at::Tensor& logits, const SamplingOptions& opt
     const at::Tensor drop = drop_sorted.scatter(-1, order, drop_sorted);
     scores = scores.masked_fill(drop, neg_inf);
   }
-  const at::Tensor probs = scores.softmax(-1);
-  if (generators.size() == 1) return at::multinomial(probs, 1, /*replacement=*/false, generators[0]).squeeze(-1);
-  std::vector<at::Tensor> rows;
-  for (int64_t b = 0; b < probs.size(0); ++b) {
-    rows.push_back(at::multinomial(probs[b], 1, /*replacement=*/false, generators[static_cast<size_t>(b)]));
+  // Inverse-CDF sampling: one uniform draw per row against the cumulative
+  // distribution (in double, so a 150k vocabulary's tail keeps its mass).
+  // at::multinomial draws one exponential per vocabulary entry instead,
+  // most of a small model's decoding step.
+  const at::Tensor cdf = scores.softmax(-1).to(at::kDouble).cumsum(-1);  // [B, V]
+  const int64_t rows = cdf.size(0), vocab = cdf.size(1);
+  at::Tensor draws = at::empty({rows, 1}, at::kDouble);
+  if (generators.size() == 1) {
+    draws.uniform_(0, 1, generators[0]);
+  } else {
+    for (int64_t b = 0; b < rows; ++b) draws[b].uniform_(0, 1, generators[static_cast<size_t>(b)]);
   }
-  return at::cat(rows);
+  // The first entry whose cumulative mass exceeds the draw: masked tokens
+  // (probability 0) add no mass, so they are never picked.
+  const at::Tensor target = draws * cdf.narrow(1, vocab - 1, 1);
+  return at::searchsorted(cdf, target, /*out_int32=*/false, /*right=*/true).squeeze(-1).clamp_max(vocab - 1);
 }
 
 absl::StatusOr<GenerationOutput> Generate(const LlamaModel& model, const std::vector<std::vector<int32_t>>& prompts,

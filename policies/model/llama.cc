@@ -374,6 +374,11 @@ at::Tensor LlamaModel::LogitsFromHidden(const at::Tensor& hidden) const {
   return at::linear(hidden, OutputHead()).to(at::kFloat);
 }
 
+at::Tensor LlamaModel::LogitsAt(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                const at::Tensor& positions) const {
+  return LogitsFromHidden(AtPositions(Hidden(input_ids, attention_mask), positions));
+}
+
 at::Tensor LlamaModel::Scores(const at::Tensor& input_ids, const at::Tensor& attention_mask) const {
   TORCH_CHECK(head_ == LlamaHead::kScalar, "Scores() needs a scalar head");
   const at::Tensor hidden = Hidden(input_ids, attention_mask);
@@ -391,6 +396,11 @@ at::Tensor AtLastToken(const at::Tensor& per_token, const at::Tensor& attention_
                                         at::TensorOptions().dtype(at::kLong).device(attention_mask.device()));
   const at::Tensor index = (attention_mask.to(at::kLong) * columns).argmax(-1);
   return per_token.gather(1, index.view({-1, 1, 1}).expand({per_token.size(0), 1, per_token.size(2)})).squeeze(1);
+}
+
+at::Tensor AtPositions(const at::Tensor& per_token, const at::Tensor& positions) {
+  if (!positions.defined()) return per_token;
+  return per_token.gather(1, positions.unsqueeze(-1).expand({-1, -1, per_token.size(2)}));
 }
 
 at::Tensor TokenLogProbs(const at::Tensor& logits, const at::Tensor& targets) {

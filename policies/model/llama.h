@@ -138,6 +138,9 @@ class LlamaModel {
 
   // LM logits [..., V] float32 for hidden states from Hidden().
   at::Tensor LogitsFromHidden(const at::Tensor& hidden) const;
+  // LM logits [B, R, V] float32 at `positions` ([B, R] int64 indices into
+  // the sequence) only: the head is skipped everywhere else.
+  at::Tensor LogitsAt(const at::Tensor& input_ids, const at::Tensor& attention_mask, const at::Tensor& positions) const;
 
   // Scalar head read at each row's last real token: [B, num_labels] float32.
   // Requires kScalar.
@@ -167,6 +170,10 @@ class LlamaModel {
 // The scalar head's output at each row's last real token: [B, T, L] with
 // mask [B, T] -> [B, L].
 at::Tensor AtLastToken(const at::Tensor& per_token, const at::Tensor& attention_mask);
+
+// Rows of `per_token` [B, T, H] at `positions` [B, R] -> [B, R, H]; an
+// undefined `positions` keeps them all.
+at::Tensor AtPositions(const at::Tensor& per_token, const at::Tensor& positions);
 
 // log p(targets) under `logits`: [B, T, V] x [B, T] -> [B, T] float32.
 at::Tensor TokenLogProbs(const at::Tensor& logits, const at::Tensor& targets);

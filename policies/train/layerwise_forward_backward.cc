@@ -32,9 +32,10 @@ absl::StatusOr<LlamaLayerWeights> AcquireOrEndPass(LayerSource& source, int64_t 
 
 }  // namespace
 
-absl::StatusOr<double> LayerwiseTrainerImpl::ForwardBackward(const at::Tensor& input_ids,
-                                                             const at::Tensor& attention_mask, const LossFn& loss_fn,
-                                                             bool sum_over_gang) {
+absl::StatusOr<double> LayerwiseTrainerImpl::ForwardBackwardAt(const at::Tensor& input_ids,
+                                                               const at::Tensor& attention_mask,
+                                                               const at::Tensor& head_positions, const LossFn& loss_fn,
+                                                               bool sum_over_gang) {
   // However this returns early (an error, or an exception from libtorch),
   // no download may still be writing into a staging buffer afterwards.
   if (data_parallel() && summed_since_step_) {
@@ -87,7 +88,7 @@ absl::StatusOr<double> LayerwiseTrainerImpl::ForwardBackward(const at::Tensor& i
   {
     // Scoped so that logits, the loss graph and the head's gradient are
     // freed before the backward pass brings layers back to the device.
-    const at::Tensor hidden = RmsNorm(top, norm, config_.rms_norm_eps);
+    const at::Tensor hidden = AtPositions(RmsNorm(top, norm, config_.rms_norm_eps), head_positions);
     const at::Tensor output = at::linear(hidden, head_weight).to(at::kFloat);
     const at::Tensor loss = loss_fn(output);
     loss_value = loss.item<double>();

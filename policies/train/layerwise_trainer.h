@@ -95,8 +95,17 @@ class LayerwiseTrainer {
   // accumulated since the last OptimizerStep are unspecified. In a gang,
   // `sum_over_gang` false skips the gradient sum: a micro-batch before the
   // step's last one.
-  virtual absl::StatusOr<double> ForwardBackward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
-                                                 const LossFn& loss_fn, bool sum_over_gang = true) = 0;
+  absl::StatusOr<double> ForwardBackward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                         const LossFn& loss_fn, bool sum_over_gang = true) {
+    return ForwardBackwardAt(input_ids, attention_mask, at::Tensor(), loss_fn, sum_over_gang);
+  }
+  // The same with the head run only at `head_positions` ([B, R] indices into
+  // the sequence; undefined: every position), so loss_fn sees [B, R, V]: a
+  // language model's loss needs the response positions alone, and the head
+  // over a ~150k vocabulary is most of a small model's step.
+  virtual absl::StatusOr<double> ForwardBackwardAt(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                                   const at::Tensor& head_positions, const LossFn& loss_fn,
+                                                   bool sum_over_gang) = 0;
 
   // One AdamW step from the accumulated gradients, then writes the new
   // weights back (device tensors for resident parts, the source for layers)

@@ -45,8 +45,9 @@ class LayerwiseTrainerImpl final : public LayerwiseTrainer {
   LayerwiseTrainerImpl(const LlamaConfig& config, LlamaHead head, LlamaWeights resident, LayerSource* source,
                        offload::HostArena* arena, const LayerwiseTrainerOptions& options);
   ~LayerwiseTrainerImpl() override;
-  absl::StatusOr<double> ForwardBackward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
-                                         const LossFn& loss_fn, bool sum_over_gang) override;
+  absl::StatusOr<double> ForwardBackwardAt(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                           const at::Tensor& head_positions, const LossFn& loss_fn,
+                                           bool sum_over_gang) override;
   absl::Status OptimizerStep() override;
   double last_grad_norm() const override { return last_grad_norm_; }
   absl::Status SetLearningRate(double lr) override;

@@ -79,7 +79,8 @@ absl::StatusOr<std::vector<policies::Rollout>> Actor::Generate(const policies::R
 }
 
 std::vector<std::vector<float>> Actor::LogProbs(const Packed& packed, const std::vector<policies::Rollout>& rollouts) {
-  return RolloutRows(ResponseLogProbs(model_->model().Logits(packed.ids, packed.mask), packed), rollouts);
+  const at::Tensor logits = model_->model().LogitsAt(packed.ids, packed.mask, packed.positions);
+  return RolloutRows(ResponseLogProbs(logits, packed), rollouts);
 }
 
 absl::Status Actor::PolicyStep(const std::vector<UpdateMicroBatch>& micros, const policies::PolicyUpdate& update,
@@ -97,7 +98,8 @@ absl::Status Actor::PolicyStep(const std::vector<UpdateMicroBatch>& micros, cons
       approx_kl = out.approx_kl.item<double>();
       return out.loss;
     };
-    STRATA_ASSIGN_OR_RETURN(auto loss, AccumulateStep(*model_, m.packed, policy_loss, m.scale, j + 1 == micros.size()));
+    STRATA_ASSIGN_OR_RETURN(auto loss, AccumulateStep(*model_, m.packed, policy_loss, m.scale, j + 1 == micros.size(),
+                                                      HeadAt::kResponses));
     stats.policy_loss += loss;
     stats.clipfrac += m.scale * clipfrac;
     stats.approx_kl += m.scale * approx_kl;
@@ -135,7 +137,7 @@ absl::StatusOr<policies::TrainStats> Actor::TrainSft(const std::vector<policies:
                                              return policies::CrossEntropyLoss(ResponseLogProbs(logits, packed),
                                                                                packed.response_mask);
                                            },
-                                           scale, j + 1 == micros.size()));
+                                           scale, j + 1 == micros.size(), HeadAt::kResponses));
     loss += part;
   }
   STRATA_RETURN_IF_ERROR(model_->trainer()->OptimizerStep());

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "policies/model/llama.h"
 #include "policies/rl/rl_losses.h"
 
 namespace strata::services {
@@ -61,10 +62,8 @@ Packed PackPairs(const std::vector<policies::PreferencePair>& pairs, const at::D
   return Pack(prompts, responses, device);
 }
 
-at::Tensor ResponseLogProbs(const at::Tensor& logits, const Packed& packed) {
-  const int64_t v = logits.size(2);
-  const at::Tensor rows = logits.gather(1, packed.positions.unsqueeze(-1).expand({-1, -1, v}));
-  return at::log_softmax(rows, -1).gather(-1, packed.targets.unsqueeze(-1)).squeeze(-1) * packed.response_mask;
+at::Tensor ResponseLogProbs(const at::Tensor& response_logits, const Packed& packed) {
+  return policies::TokenLogProbs(response_logits, packed.targets) * packed.response_mask;
 }
 
 at::Tensor ResponseValues(const at::Tensor& values, const Packed& packed) {
@@ -78,9 +77,10 @@ std::vector<std::vector<float>> RolloutRows(const at::Tensor& rows, const std::v
 }
 
 absl::StatusOr<double> AccumulateStep(policies::PlacedModel& model, const Packed& packed,
-                                      const policies::LossFn& loss_fn, double scale, bool last) {
+                                      const policies::LossFn& loss_fn, double scale, bool last, HeadAt head_at) {
   auto scaled = [&](const at::Tensor& output) { return loss_fn(output) * scale; };
-  return model.trainer()->ForwardBackward(packed.ids, packed.mask, scaled, /*sum_over_gang=*/last);
+  const at::Tensor positions = head_at == HeadAt::kResponses ? packed.positions : at::Tensor();
+  return model.trainer()->ForwardBackwardAt(packed.ids, packed.mask, positions, scaled, /*sum_over_gang=*/last);
 }
 
 double Share(double local, double global) { return global > 0 ? local / global : 0.0; }

@@ -39,8 +39,9 @@ Packed PackRollouts(const std::vector<policies::Rollout>& rollouts, const at::De
 // Chosen rows first, then rejected rows, as one batch.
 Packed PackPairs(const std::vector<policies::PreferencePair>& pairs, const at::Device& device);
 
-// log p(response token k) from full-sequence logits [N, S, V] -> [N, R].
-at::Tensor ResponseLogProbs(const at::Tensor& logits, const Packed& packed);
+// log p(response token k) from the logits at the response positions
+// [N, R, V] (LogitsAt or a head run at packed.positions) -> [N, R].
+at::Tensor ResponseLogProbs(const at::Tensor& response_logits, const Packed& packed);
 // Critic values at the response positions from per-token scalars [N, S, 1].
 at::Tensor ResponseValues(const at::Tensor& values, const Packed& packed);
 // Per-token rows [N, R] cut back to each rollout's response length.
@@ -54,8 +55,12 @@ extern const std::vector<int32_t> kZeroWeightRow;
 // global batch (its loss is a mean over its own rows), so that the gang's
 // summed, accumulated gradients are the global batch's. The last
 // micro-batch of a step sums over the gang. Returns the scaled loss.
+// loss_fn sees the head's output at every position [N, S, ...], or with
+// `HeadAt::kResponses` at the response positions only [N, R, ...].
+enum class HeadAt { kAllPositions, kResponses };
 absl::StatusOr<double> AccumulateStep(policies::PlacedModel& model, const Packed& packed,
-                                      const policies::LossFn& loss_fn, double scale, bool last);
+                                      const policies::LossFn& loss_fn, double scale, bool last,
+                                      HeadAt head_at = HeadAt::kAllPositions);
 
 // This rank's share of a global count (0 when there is nothing at all).
 double Share(double local, double global);

@@ -18,7 +18,8 @@ Scorer::~Scorer() = default;
 
 std::vector<std::vector<float>> Scorer::ReferenceLogProbs(const Packed& packed,
                                                           const std::vector<policies::Rollout>& rollouts) {
-  return RolloutRows(ResponseLogProbs(reference_->model().Logits(packed.ids, packed.mask), packed), rollouts);
+  const at::Tensor logits = reference_->model().LogitsAt(packed.ids, packed.mask, packed.positions);
+  return RolloutRows(ResponseLogProbs(logits, packed), rollouts);
 }
 
 absl::StatusOr<policies::TrainStats> Scorer::TrainRewardModel(const std::vector<policies::PreferencePair>& batch) {

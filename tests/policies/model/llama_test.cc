@@ -3,9 +3,11 @@
 // KV-cache, padding, sampling and checkpoint round-trip properties.
 #include "policies/model/llama.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "base/file.h"
@@ -465,6 +467,33 @@ TEST(GenerationTest, SameSeedSameTokensOtherSeedOtherTokens) {
   ASSERT_TRUE(a.ok() && b.ok() && c.ok());
   EXPECT_EQ(a->tokens, b->tokens);
   EXPECT_NE(a->tokens, c->tokens);
+}
+
+// The sampler draws from softmax(logits / temperature): over many draws each
+// token's frequency is within 5 binomial standard deviations of its
+// probability (a false failure about once in 3 million runs per token), and
+// a token masked by top_k is never drawn.
+TEST(GenerationTest, SamplesFollowTheDistribution) {
+  const at::Tensor logits = at::tensor({2.0f, 1.0f, 0.0f, -1.0f, -30.0f}, at::kFloat).view({1, 5});
+  constexpr int kDraws = 20000;
+  for (const double temperature : {1.0, 0.5}) {
+    SamplingOptions options;
+    options.temperature = temperature;
+    std::vector<at::Generator> generators = {at::detail::createCPUGenerator(7)};
+    std::vector<int> counts(5, 0);
+    for (int i = 0; i < kDraws; ++i)
+      ++counts[static_cast<size_t>(SampleNextTokens(logits, options, generators)[0].item<int64_t>())];
+    const at::Tensor p = (logits[0] / temperature).softmax(-1);
+    for (int64_t v = 0; v < 5; ++v) {
+      const double pv = p[v].item<double>();
+      const double sd = std::sqrt(kDraws * pv * (1 - pv));
+      EXPECT_NEAR(counts[static_cast<size_t>(v)], kDraws * pv, 5 * sd + 1) << "token " << v << " at T " << temperature;
+    }
+  }
+  SamplingOptions top2;
+  top2.top_k = 2;
+  std::vector<at::Generator> generators = {at::detail::createCPUGenerator(8)};
+  for (int i = 0; i < 2000; ++i) EXPECT_LT(SampleNextTokens(logits, top2, generators)[0].item<int64_t>(), 2);
 }
 
 // A cancelled job's worker requests an interrupt; generation gives up at
