@@ -485,6 +485,11 @@ absl::Status JobSpec::Validate() const {
   if (eval.samples_per_prompt < 1 || eval.samples_per_prompt > 64) {
     return KeyError("eval.samples_per_prompt", "must be in [1, 64]");
   }
+  if (eval.greedy && eval.samples_per_prompt != 1) {
+    return KeyError("eval.samples_per_prompt",
+                    absl::StrCat("must be 1 with eval.greedy: true (greedy responses are all the same), got ",
+                                 eval.samples_per_prompt));
+  }
   if (data.max_response_tokens < 1) return KeyError("data.max_response_tokens", "must be >= 1");
   for (const auto& [key, value] :
        {std::pair{"data.prompt_key", &data.prompt_key}, std::pair{"data.response_key", &data.response_key},
@@ -739,6 +744,7 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::ve
     STRATA_RETURN_IF_ERROR(eval.Read("rule", &spec.eval.rule));
     STRATA_RETURN_IF_ERROR(eval.Read("prompts", &spec.eval.prompts));
     STRATA_RETURN_IF_ERROR(eval.Read("samples_per_prompt", &spec.eval.samples_per_prompt));
+    STRATA_RETURN_IF_ERROR(eval.Read("greedy", &spec.eval.greedy));
     STRATA_RETURN_IF_ERROR(eval.CheckNoUnknownKeys());
 
     STRATA_ASSIGN_OR_RETURN(auto checkpoint, r.Child("checkpoint"));

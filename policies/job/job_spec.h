@@ -130,6 +130,9 @@ struct EvalSpec {
   // Responses sampled per eval prompt; verifiers also report pass@k, the
   // fraction of prompts with a correct one among the k.
   int64_t samples_per_prompt = 4;
+  // Decode eval responses greedily (argmax) instead of sampling them with
+  // the job's generation settings; then samples_per_prompt must be 1.
+  bool greedy = false;
 };
 
 struct CheckpointSpec {

@@ -267,9 +267,10 @@ absl::StatusOr<policies::Metrics> JobRank::Evaluate() {
     AddMeanShare("eval/pairwise_accuracy", accuracy * n, n, m);
     AddMeanShare("eval/loss", loss * n, n, m);
   } else if (evaluates_) {
-    // The policy is evaluated as it acts: sampled with the job's generation
-    // settings (a greedy decode can sit at the rule's maximum while the
-    // policy does not), with one fixed seed per prompt so evaluations compare.
+    // By default the policy is evaluated as it acts: sampled with the job's
+    // generation settings (a greedy decode can sit at the rule's maximum
+    // while the policy does not), with one fixed seed per prompt so
+    // evaluations compare; eval.greedy asks for the argmax decode instead.
     policies::RolloutRequest request;
     std::vector<size_t> which;
     for (size_t i = me; i < data_->eval_prompts.ids.size(); i += world) {
@@ -282,6 +283,7 @@ absl::StatusOr<policies::Metrics> JobRank::Evaluate() {
     request.sampling.top_p = spec_.generation.top_p;
     request.sampling.top_k = spec_.generation.top_k;
     request.sampling.max_new_tokens = spec_.generation.max_new_tokens;
+    request.sampling.greedy = spec_.eval.greedy;
     request.sampling.seed = policies::EvaluationSeed(spec_.train.seed);
     for (size_t i : which) {
       request.sampling.row_seeds.push_back(policies::PromptSeed(request.sampling.seed, static_cast<int64_t>(i)));

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "base/file.h"
 #include "gtest/gtest.h"
@@ -75,6 +76,33 @@ TEST(CompareTest, PlotDrawsTheRunsAsAPngOrSvg) {
   ASSERT_TRUE(svg.ok());
   EXPECT_NE(svg->find("<svg"), std::string::npos);
   EXPECT_NE(svg->find("viewBox=\"0 0 1280 840\""), std::string::npos);
+}
+
+// Each verifier's accuracy (first and last evaluation) and each reward
+// source's time get a row; eval/initial_* (a continuation's copy of its
+// first evaluation) does not.
+TEST(CompareTest, TheTableHasEachAccuracyAndEachRewardSourcesTime) {
+  testing::TempDir dir;
+  std::string lines;
+  for (int i = 0; i < 4; ++i) {
+    lines += absl::StrCat(R"({"iteration":)", i, R"(,"time/iteration_s":1,"time/score/server_s":0.25)",
+                          i == 0 ? R"(,"eval/math/accuracy":0.2,"eval/initial_math/accuracy":0.2)" : "",
+                          i == 3 ? R"(,"eval/math/accuracy":0.5)" : "", "}\n");
+  }
+  std::filesystem::create_directories(dir.Join("grpo"));
+  testing::WriteTextFile(dir.Join("grpo/metrics.jsonl"), lines);
+  auto table = Strata({"compare", dir.Join("grpo")});
+  ASSERT_EQ(table.exit_code, 0) << table.error;
+  auto row = [&](const std::string& label) {
+    const size_t at = table.output.find(label);
+    if (at == std::string::npos) return std::string("(no row)");
+    const size_t end = table.output.find('\n', at);
+    return std::string(absl::StripAsciiWhitespace(table.output.substr(at + label.size(), end - at - label.size())));
+  };
+  EXPECT_EQ(row("math/accuracy (first)"), "0.200") << table.output;
+  EXPECT_EQ(row("math/accuracy (last)"), "0.500") << table.output;
+  EXPECT_EQ(row("reward server s"), "0.250") << table.output;
+  EXPECT_EQ(table.output.find("initial"), std::string::npos) << table.output;
 }
 
 TEST(CompareTest, APlotThatCannotBeWrittenFailsNamingTheFile) {

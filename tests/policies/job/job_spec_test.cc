@@ -90,6 +90,10 @@ TEST(JobSpecTest, ErrorsNameTheKey) {
   EXPECT_NE(ErrorOf("- a\n- b\n").find("mapping"), std::string::npos);
   EXPECT_EQ(ErrorOf(kRemax), "");  // the unmodified spec is fine
   EXPECT_NE(ErrorOf(kRemax, {"train.batch_size=0"}).find("job.yaml"), std::string::npos);
+  // Greedy eval responses are all the same, so one per prompt.
+  EXPECT_NE(ErrorOf(kRemax, {"eval.greedy=true"}).find("eval.samples_per_prompt"), std::string::npos);
+  EXPECT_EQ(ErrorOf(kRemax, {"eval.greedy=true", "eval.samples_per_prompt=1"}), "");
+  EXPECT_NE(ErrorOf(kRemax, {"eval.greedy=often"}).find("eval.greedy"), std::string::npos);
 }
 
 // Learning-rate schedules: warmup ramps to 1, then constant, linear to 0 or
