@@ -9,6 +9,8 @@
 #   STRATA_METRICS_PORT  Prometheus /metrics of the coordinator; worker i
 #                        serves on the next ports  (default 9400)
 #   STRATA_BIN        the strata binary          (default <repo>/build/strata)
+#   STRATA_WORKER_FLAGS  more flags for every worker, e.g. the reward hosts
+#                        it may call: "--allow-reward-host 127.0.0.1:8000"
 # Prints the environment a client needs (STRATA_ADDR, STRATA_TOKEN).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -18,6 +20,7 @@ redis_port="${STRATA_REDIS_PORT:-6390}"
 coord_port="${STRATA_COORD_PORT:-50051}"
 worker_port="${STRATA_WORKER_PORT:-50061}"
 metrics_port="${STRATA_METRICS_PORT:-9400}"
+read -ra worker_flags <<< "${STRATA_WORKER_FLAGS:-}"
 strata="${STRATA_BIN:-$root/build/strata}"
 
 mkdir -p "$state/redis" "$state/logs" "$state/pids"
@@ -46,7 +49,7 @@ start coordinator "$strata" coordinator --listen "127.0.0.1:$coord_port" \
 for i in $(seq 0 $((workers - 1))); do
   start "worker$i" "$strata" worker --listen "127.0.0.1:$((worker_port + i))" \
     --coordinator "127.0.0.1:$coord_port" --token-file "$state/token" --nvme-dir "$state/nvme$i" \
-    --metrics-listen "127.0.0.1:$((metrics_port + 1 + i))"
+    --metrics-listen "127.0.0.1:$((metrics_port + 1 + i))" "${worker_flags[@]}"
 done
 
 export STRATA_ADDR="127.0.0.1:$coord_port" STRATA_TOKEN="$(cat "$state/token")"

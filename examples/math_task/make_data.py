@@ -26,6 +26,11 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEED = 31
 COUNTS = {"sft": 4000, "prompts": 2000, "heldout": 500}
+# The SFT solutions come from a careless teacher: this fraction of them has
+# an arithmetic slip (a step's result off by 1 or 2, carried to the final
+# answer). The SFT model learns the slips along with the skill; a verifier's
+# reward can teach it what imitation cannot.
+SLIP_RATE = 0.3
 
 # Operand ranges: what sets the difficulty. Every answer is a non-negative
 # integer of at most three digits.
@@ -85,6 +90,24 @@ def problem(rng):
     return rng.choice(TEMPLATES)(rng, name, pron, rng.choice(OBJECTS))
 
 
+def with_slip(rng, steps):
+    """The steps as a careless teacher writes them: one step's result off by
+    1 or 2, carried into the steps after it (the result stays >= 0)."""
+    k = rng.randrange(len(steps))
+    slipped, carry = [], None
+    for i, (x, op, y, z) in enumerate(steps):
+        if carry is not None:
+            x = carry
+            z = x + y if op == "+" else x - y if op == "-" else x * y
+        if i == k:
+            z = max(0, z + rng.choice([-2, -1, 1, 2]))
+            if z == steps[i][3]:
+                z += 1
+        slipped.append((x, op, y, z))
+        carry = z
+    return slipped
+
+
 def solution(steps):
     lines = [f"{x} {op} {y} = {z}" for x, op, y, z in steps]
     return "\n".join(lines) + f"\n#### {steps[-1][3]}"
@@ -106,6 +129,8 @@ def main():
             seen.add(text)
             user = {"role": "user", "content": text}
             if split == "sft":
+                if rng.random() < SLIP_RATE:
+                    steps = with_slip(rng, steps)
                 rows.append({"messages": [user, {"role": "assistant", "content": solution(steps)}]})
             else:
                 rows.append({"messages": [user], "answer": str(steps[-1][3])})

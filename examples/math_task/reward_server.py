@@ -2,11 +2,13 @@
 """A reward server for the math task, in OpenRLHF's remote reward protocol
 (what strata's `kind: remote` rewards call). Python's standard library only.
 
-    python3 examples/math_task/reward_server.py [--host 127.0.0.1] [--port 8000]
+    python3 examples/math_task/reward_server.py [--host 127.0.0.1] [--port 8000] [--log FILE]
 
 It prints the port it listens on, alone on the first line of stdout (useful
 with --port 0, which lets the kernel pick a free one), then serves until
-killed. Requests are logged to stderr.
+killed. Requests are logged to stderr; with --log, every scored query is
+also appended to FILE as a JSON line {"query", "prompt", "label",
+"reward"}: what the trainer sent and got, to read while a job runs.
 
 Protocol. POST (any path) a JSON object of three lists of equal length:
 
@@ -46,6 +48,7 @@ import argparse
 import json
 import re
 import sys
+import threading
 from decimal import Decimal, InvalidOperation
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -113,6 +116,8 @@ def handle(request):
 
 
 class Handler(BaseHTTPRequestHandler):
+    log_file = None  # set by main() with --log
+    log_lock = threading.Lock()
     def send_json(self, status, payload):
         data = json.dumps(payload).encode()
         self.send_response(status)
@@ -127,9 +132,16 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         try:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            reply = handle(json.loads(body))
+            request = json.loads(body)
+            reply = handle(request)
         except ValueError as e:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
             return self.send_json(400, {"error": str(e)})
+        if self.log_file is not None:
+            rows = zip(request["query"], request["prompts"], request["labels"], reply["rewards"])
+            lines = "".join(json.dumps({"query": q, "prompt": p, "label": l, "reward": r}) + "\n" for q, p, l, r in rows)
+            with self.log_lock:
+                self.log_file.write(lines)
+                self.log_file.flush()
         self.send_json(200, reply)
 
 
@@ -137,7 +149,10 @@ def main():
     parser = argparse.ArgumentParser(description="The math task's reward server (OpenRLHF's remote protocol).")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port)")
+    parser.add_argument("--log", metavar="FILE", help="append every scored query to FILE as a JSON line")
     args = parser.parse_args()
+    if args.log:
+        Handler.log_file = open(args.log, "a", encoding="utf-8")
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     server.daemon_threads = True
     print(server.server_address[1], flush=True)

@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # The math task: arithmetic word problems with checkable `#### N` answers, a
 # fresh Qwen3-shaped model with the real Qwen3 tokenizer and chat template
-# (thinking off), SFT on worked solutions.
-#   bash examples/math_task/run.sh fetch        the tokenizer into examples/math_task/tokenizer/, the data into examples/math_task/data/
-#   bash examples/math_task/run.sh sft          fetch, then SFT: out/math_task/sft
-#   bash examples/math_task/run.sh eval [ARGS]  held-out greedy accuracy and pass@8 of out/math_task/sft (evaluate.py ARGS)
-# Run from the directory that holds examples/ (outputs go to out/math_task/).
+# (thinking off), SFT on worked solutions, then ReMax, GRPO and PPO rewarded
+# by the example reward server (OpenRLHF's protocol) and evaluated greedily
+# on the held-out problems by the built-in math verifier.
+#   bash examples/math_task/run.sh fetch          the tokenizer into examples/math_task/tokenizer/, the data into examples/math_task/data/
+#   bash examples/math_task/run.sh sft            fetch, then SFT: out/math_task/sft
+#   bash examples/math_task/run.sh chain [--quick]
+#       fetch, SFT, the reward server on a free loopback port, ReMax, GRPO
+#       and PPO with `strata train` (out/math_task/{remax,grpo,ppo}), then
+#       `strata compare` of the three. --quick: a few steps of each, into
+#       out/math_task_quick (what CI runs: the chain works, not how well).
+# Run from the directory that holds examples/ (outputs go to out/).
 # STRATA_BIN names the binary (default build/strata of the repository),
 # STRATA_TOKENIZER_PACKAGES the npm directory (default the repository's
 # tests/policies/tokenizer/reference).
@@ -27,22 +33,63 @@ fetch() {
   python3 "$here/make_data.py" examples/math_task/data
 }
 
+# A step allocates logits of a batch's response positions x the 151,936
+# vocabulary several times; glibc serves each from a fresh mmap and unmaps it
+# on free, so every step page-faults them in anew. Keeping them in the heap
+# makes steps ~2x faster on 2 cores, same results.
+heap() { MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=4000000000 MALLOC_TOP_PAD_=268435456 "$@"; }
+
+# The reward server on a free port (it prints the port first), logging every
+# scored query to $1; sets server_pid and reward_port.
+start_reward_server() {
+  local fifo
+  fifo=$(mktemp -u) && mkfifo "$fifo"
+  python3 "$here/reward_server.py" --port 0 --log "$1" > "$fifo" 2> "${1%.jsonl}.log" &
+  server_pid=$!
+  read -r reward_port < "$fifo"
+  rm -f "$fifo"
+  [ -n "$reward_port" ] || { echo "math_task: the reward server did not start; see ${1%.jsonl}.log" >&2; exit 1; }
+}
+
+chain() {
+  local out=out/math_task quick=()
+  if [ "${1:-}" = "--quick" ]; then
+    out=out/math_task_quick
+    quick=(--set train.iterations=2 --set eval.every=1 --set eval.prompts=8)
+  fi
+  fetch
+  mkdir -p "$out"
+  local start sft_steps=()
+  start=$(date +%s)
+  [ ${#quick[@]} -gt 0 ] && sft_steps=(--set train.iterations=20 --set train.warmup_iterations=2)
+  heap "$strata" --log-level warning train examples/math_task/sft.yaml --overwrite --set "output.dir=$out/sft" \
+    "${sft_steps[@]}"
+  echo "math_task: sft in $(( $(date +%s) - start )) s"
+  start_reward_server "$out/reward_queries.jsonl"
+  trap 'kill "$server_pid" 2>/dev/null || true' EXIT
+  echo "math_task: reward server on 127.0.0.1:$reward_port (queries logged to $out/reward_queries.jsonl)"
+  # The specs name port 8000; the server here took a free one.
+  local source="{name: server, kind: remote, url: 'http://127.0.0.1:$reward_port/score', batch_size: 32,"
+  source+=" max_in_flight: 2, timeout_s: 30}"
+  for algorithm in remax grpo ppo; do
+    start=$(date +%s)
+    heap "$strata" --log-level warning train "examples/math_task/$algorithm.yaml" --overwrite \
+      --allow-reward-host "127.0.0.1:$reward_port" --set "reward.sources=[$source]" \
+      --set "models.actor.path=$out/sft" --set "models.reference.path=$out/sft" \
+      --set "output.dir=$out/$algorithm" "${quick[@]}"
+    echo "math_task: $algorithm in $(( $(date +%s) - start )) s"
+  done
+  "$strata" compare "$out/remax" "$out/grpo" "$out/ppo"
+}
+
 case "${1:-}" in
   fetch) fetch ;;
   sft)
     fetch
     start=$(date +%s)
-    # A step allocates logits of 4 x ~50 positions x 151,936 vocabulary (~120 MB)
-    # several times; glibc serves each from a fresh mmap and unmaps it on free,
-    # so every step page-faults them in anew. Keeping them in the heap makes
-    # this SFT ~2.5x faster on 2 cores (0.56 -> 0.22 s a step), same losses.
-    MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=4000000000 MALLOC_TOP_PAD_=268435456 \
-      "$strata" --log-level warning train examples/math_task/sft.yaml --overwrite
+    heap "$strata" --log-level warning train examples/math_task/sft.yaml --overwrite
     echo "math_task: sft in $(( $(date +%s) - start )) s"
     ;;
-  eval)
-    shift
-    STRATA_BIN="$strata" python3 "$here/evaluate.py" --model out/math_task/sft "$@"
-    ;;
-  *) echo "usage: run.sh fetch|sft|eval [evaluate.py ARGS]" >&2; exit 2 ;;
+  chain) shift; chain "$@" ;;
+  *) echo "usage: run.sh fetch | sft | chain [--quick]" >&2; exit 2 ;;
 esac
