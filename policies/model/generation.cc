@@ -1,10 +1,13 @@
 #include "policies/model/generation.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
+#include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "base/engine_counters.h"
@@ -12,6 +15,44 @@
 #include "base/status_macros.h"
 
 namespace strata::policies {
+
+namespace {
+
+// SplitMix64 (Steele, Lea and Flood 2014): a counter-based generator, so
+// that entry i of a row draws from (key, i) alone.
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+// One draw from the distribution p[0, n): argmax p_i / E_i with E_i ~
+// Exp(1), the race at::multinomial runs. Each entry's E_i comes from
+// (key, i) alone, so a float-level change to one probability (a gang's
+// rounding against one rank's) changes the draw only if that entry was
+// about to win or lose; an inverse CDF would move with every entry before
+// the draw. E_i = -log(u_i) >= 1 - u_i, so an entry with p_i <= best x
+// (1 - u_i) cannot win and skips the log: with the mode raced first, most
+// of a 150k vocabulary costs a hash and a compare.
+int64_t ExponentialRace(const float* p, int64_t n, int64_t mode, uint64_t key) {
+  auto uniform = [key](int64_t i) {  // in (0, 1]: 53 random bits, never 0
+    return (static_cast<double>(SplitMix64(key + static_cast<uint64_t>(i)) >> 11) + 1.0) * 0x1.0p-53;
+  };
+  int64_t best = mode;
+  double best_score = static_cast<double>(p[mode]) / -std::log(uniform(mode));
+  for (int64_t i = 0; i < n; ++i) {
+    const double pi = p[i];
+    if (i == mode || !(pi > 0)) continue;
+    const double u = uniform(i);
+    if (pi <= best_score * (1.0 - u)) continue;
+    const double score = pi / -std::log(u);
+    if (score > best_score) best_score = score, best = i;
+  }
+  return best;
+}
+
+}  // namespace
 
 at::Tensor SampleNextTokens(const at::Tensor& logits, const SamplingOptions& options,
                             std::vector<at::Generator>& generators) {
@@ -32,22 +73,30 @@ at::Tensor SampleNextTokens(const at::Tensor& logits, const SamplingOptions& opt
     const at::Tensor drop = drop_sorted.scatter(-1, order, drop_sorted);
     scores = scores.masked_fill(drop, neg_inf);
   }
-  // Inverse-CDF sampling: one uniform draw per row against the cumulative
-  // distribution (in double, so a 150k vocabulary's tail keeps its mass).
-  // at::multinomial draws one exponential per vocabulary entry instead,
-  // most of a small model's decoding step.
-  const at::Tensor cdf = scores.softmax(-1).to(at::kDouble).cumsum(-1);  // [B, V]
-  const int64_t rows = cdf.size(0), vocab = cdf.size(1);
-  at::Tensor draws = at::empty({rows, 1}, at::kDouble);
-  if (generators.size() == 1) {
-    draws.uniform_(0, 1, generators[0]);
-  } else {
-    for (int64_t b = 0; b < rows; ++b) draws[b].uniform_(0, 1, generators[static_cast<size_t>(b)]);
+  const at::Tensor probs = scores.softmax(-1).contiguous();  // [B, V]
+  // As at::multinomial does: a broken model (NaN or infinite logits) is an
+  // error, never a token.
+  TORCH_CHECK(at::isfinite(probs).all().item<bool>(), "sampling: the probabilities are not finite (NaN or inf logits)");
+  const int64_t rows = probs.size(0), vocab = probs.size(1);
+  // One key per row from the row's generator (in row order when all rows
+  // share one), then the race, rows in parallel.
+  std::vector<uint64_t> keys(static_cast<size_t>(rows));
+  for (int64_t b = 0; b < rows; ++b) {
+    at::Generator& g = generators[generators.size() == 1 ? 0 : static_cast<size_t>(b)];
+    std::lock_guard<std::mutex> lock(g.mutex());
+    keys[static_cast<size_t>(b)] = at::check_generator<at::CPUGeneratorImpl>(g)->random64();
   }
-  // The first entry whose cumulative mass exceeds the draw: masked tokens
-  // (probability 0) add no mass, so they are never picked.
-  const at::Tensor target = draws * cdf.narrow(1, vocab - 1, 1);
-  return at::searchsorted(cdf, target, /*out_int32=*/false, /*right=*/true).squeeze(-1).clamp_max(vocab - 1);
+  const at::Tensor modes = probs.argmax(-1);
+  at::Tensor next = at::empty({rows}, at::kLong);
+  const float* p = probs.data_ptr<float>();
+  const int64_t* mode = modes.data_ptr<int64_t>();
+  int64_t* out = next.data_ptr<int64_t>();
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      out[b] = ExponentialRace(p + b * vocab, vocab, mode[b], keys[static_cast<size_t>(b)]);
+    }
+  });
+  return next;
 }
 
 absl::StatusOr<GenerationOutput> Generate(const LlamaModel& model, const std::vector<std::vector<int32_t>>& prompts,

@@ -471,8 +471,9 @@ TEST(GenerationTest, SameSeedSameTokensOtherSeedOtherTokens) {
 
 // The sampler draws from softmax(logits / temperature): over many draws each
 // token's frequency is within 5 binomial standard deviations of its
-// probability (a false failure about once in 3 million runs per token), and
-// a token masked by top_k is never drawn.
+// probability (a false failure about once in 3 million runs per token), on
+// a peaked distribution and a flat one, and a token masked by top_k is
+// never drawn.
 TEST(GenerationTest, SamplesFollowTheDistribution) {
   const at::Tensor logits = at::tensor({2.0f, 1.0f, 0.0f, -1.0f, -30.0f}, at::kFloat).view({1, 5});
   constexpr int kDraws = 20000;
@@ -489,6 +490,18 @@ TEST(GenerationTest, SamplesFollowTheDistribution) {
       const double sd = std::sqrt(kDraws * pv * (1 - pv));
       EXPECT_NEAR(counts[static_cast<size_t>(v)], kDraws * pv, 5 * sd + 1) << "token " << v << " at T " << temperature;
     }
+  }
+  // 64 equally likely tokens: each comes up 1/64 of the time.
+  {
+    const at::Tensor flat = at::zeros({1, 64}, at::kFloat);
+    SamplingOptions options;
+    std::vector<at::Generator> generators = {at::detail::createCPUGenerator(9)};
+    std::vector<int> counts(64, 0);
+    for (int i = 0; i < kDraws; ++i) {
+      ++counts[static_cast<size_t>(SampleNextTokens(flat, options, generators)[0].item<int64_t>())];
+    }
+    const double p = 1.0 / 64, sd = std::sqrt(kDraws * p * (1 - p));
+    for (int v = 0; v < 64; ++v) EXPECT_NEAR(counts[static_cast<size_t>(v)], kDraws * p, 5 * sd) << "token " << v;
   }
   SamplingOptions top2;
   top2.top_k = 2;
