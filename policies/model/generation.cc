@@ -74,9 +74,12 @@ at::Tensor SampleNextTokens(const at::Tensor& logits, const SamplingOptions& opt
     scores = scores.masked_fill(drop, neg_inf);
   }
   const at::Tensor probs = scores.softmax(-1).contiguous();  // [B, V]
+  const at::Tensor modes = probs.argmax(-1);
   // As at::multinomial does: a broken model (NaN or infinite logits) is an
-  // error, never a token.
-  TORCH_CHECK(at::isfinite(probs).all().item<bool>(), "sampling: the probabilities are not finite (NaN or inf logits)");
+  // error, never a token. Either makes its row's softmax all NaN, and
+  // argmax picks a NaN, so the modes tell.
+  TORCH_CHECK(at::isfinite(probs.gather(1, modes.unsqueeze(1))).all().item<bool>(),
+              "sampling: the probabilities are not finite (NaN or inf logits)");
   const int64_t rows = probs.size(0), vocab = probs.size(1);
   // One key per row from the row's generator (in row order when all rows
   // share one), then the race, rows in parallel.
@@ -86,7 +89,6 @@ at::Tensor SampleNextTokens(const at::Tensor& logits, const SamplingOptions& opt
     std::lock_guard<std::mutex> lock(g.mutex());
     keys[static_cast<size_t>(b)] = at::check_generator<at::CPUGeneratorImpl>(g)->random64();
   }
-  const at::Tensor modes = probs.argmax(-1);
   at::Tensor next = at::empty({rows}, at::kLong);
   const float* p = probs.data_ptr<float>();
   const int64_t* mode = modes.data_ptr<int64_t>();
