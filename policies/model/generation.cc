@@ -52,11 +52,21 @@ int64_t ExponentialRace(const float* p, int64_t n, int64_t mode, uint64_t key) {
   return best;
 }
 
+// log p(next) under softmax(logits): the logit less the row's logsumexp.
+at::Tensor RawLogProbs(const at::Tensor& logits, const at::Tensor& next) {
+  const at::Tensor scores = logits.to(at::kFloat);
+  return (scores.gather(-1, next.unsqueeze(-1)).squeeze(-1) - scores.logsumexp(-1)).contiguous();
+}
+
 }  // namespace
 
 at::Tensor SampleNextTokens(const at::Tensor& logits, const SamplingOptions& options,
-                            std::vector<at::Generator>& generators) {
-  if (options.greedy) return logits.argmax(-1);
+                            std::vector<at::Generator>& generators, at::Tensor* raw_logprobs) {
+  if (options.greedy) {
+    at::Tensor next = logits.argmax(-1);
+    if (raw_logprobs != nullptr) *raw_logprobs = RawLogProbs(logits, next);
+    return next;
+  }
   const float neg_inf = -std::numeric_limits<float>::infinity();
   at::Tensor scores = logits.to(at::kFloat) / options.temperature;
   if (options.top_k > 0 && options.top_k < scores.size(-1)) {
@@ -98,6 +108,23 @@ at::Tensor SampleNextTokens(const at::Tensor& logits, const SamplingOptions& opt
       out[b] = ExponentialRace(p + b * vocab, vocab, mode[b], keys[static_cast<size_t>(b)]);
     }
   });
+  if (raw_logprobs != nullptr) {
+    const bool untouched = options.temperature == 1.0 && options.top_k == 0 && options.top_p >= 1.0;
+    // When the sampled distribution is the raw one, its probabilities give
+    // the log-probs without another pass over the vocabulary. A drawn
+    // token's probability is positive (the race skips zeros); below float's
+    // normal range its log loses digits, so those rows take the slow way.
+    if (untouched) {
+      const at::Tensor drawn = probs.gather(1, next.unsqueeze(1)).squeeze(1);
+      *raw_logprobs = drawn.log().contiguous();
+      const at::Tensor tiny = drawn < std::numeric_limits<float>::min();
+      if (tiny.any().item<bool>()) {
+        *raw_logprobs = at::where(tiny, RawLogProbs(logits, next), *raw_logprobs).contiguous();
+      }
+    } else {
+      *raw_logprobs = RawLogProbs(logits, next);
+    }
+  }
   return next;
 }
 
@@ -163,32 +190,52 @@ absl::StatusOr<GenerationOutput> Generate(const LlamaModel& model, const std::ve
   GenerationOutput out;
   out.tokens.resize(prompts.size());
   out.logprobs.resize(prompts.size());
-  std::vector<bool> done(prompts.size(), false);
+  // The rows still decoding, as indices into `prompts`; ids, mask, the cache
+  // and the generators hold exactly these rows. A finished row leaves the
+  // batch at once: nothing is computed for it afterwards.
+  std::vector<int64_t> rows(prompts.size());
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int64_t>(i);
   at::Tensor step_ids = ids;  // tokens fed this step
   for (int64_t step = 0; step < options.max_new_tokens; ++step) {
     STRATA_RETURN_IF_ERROR(CheckInterrupt("while generating"));
     at::Tensor hidden = cache ? model.Hidden(step_ids, mask, cache.get()) : model.Hidden(ids, mask);
-    const at::Tensor logits = model.LogitsFromHidden(hidden.select(1, hidden.size(1) - 1)).to(at::kCPU);  // [B, V]
-    const at::Tensor next = SampleNextTokens(logits, options, generators);                                // [B]
-    const at::Tensor logp = at::log_softmax(logits, -1).gather(-1, next.unsqueeze(-1)).squeeze(-1);
-    const at::Tensor is_eos = eos.numel() > 0 ? at::isin(next, eos) : at::zeros_like(next, at::kBool);
-    bool all_done = true;
-    int64_t decoded = 0;
-    for (int64_t b = 0; b < batch; ++b) {
-      const auto i = static_cast<size_t>(b);
-      if (done[i]) continue;
-      ++decoded;
-      out.tokens[i].push_back(static_cast<int32_t>(next[b].item<int64_t>()));
-      out.logprobs[i].push_back(logp[b].item<float>());
-      if (options.stop_at_eos && is_eos[b].item<bool>()) done[i] = true;
-      all_done = all_done && done[i];
+    const at::Tensor logits =
+        model.LogitsFromHidden(hidden.select(1, hidden.size(1) - 1)).to(at::kCPU).to(at::kFloat);  // [B, V]
+    at::Tensor logp;                                                                               // [B]
+    const at::Tensor next = SampleNextTokens(logits, options, generators, &logp);                  // [B]
+    const at::Tensor is_eos = (eos.numel() > 0 ? at::isin(next, eos) : at::zeros_like(next, at::kBool)).contiguous();
+    const int64_t* next_ids = next.data_ptr<int64_t>();
+    const float* next_logp = logp.data_ptr<float>();
+    const bool* ended = is_eos.data_ptr<bool>();
+    std::vector<int64_t> keep;  // positions in the batch of the rows that go on
+    for (size_t j = 0; j < rows.size(); ++j) {
+      const auto i = static_cast<size_t>(rows[j]);
+      out.tokens[i].push_back(static_cast<int32_t>(next_ids[j]));
+      out.logprobs[i].push_back(next_logp[j]);
+      if (!(options.stop_at_eos && ended[j])) keep.push_back(static_cast<int64_t>(j));
     }
-    EngineCounters::Add(GlobalEngineCounters().generated_tokens, decoded);
-    if (all_done) break;
-    // Finished rows keep decoding padding; their outputs are already final.
-    step_ids = next.unsqueeze(1).to(device);
+    EngineCounters::Add(GlobalEngineCounters().generated_tokens, static_cast<int64_t>(rows.size()));
+    if (keep.empty()) break;
+    at::Tensor next_kept = next;
+    if (keep.size() < rows.size()) {
+      const at::Tensor index = at::tensor(keep, at::kLong);
+      const at::Tensor index_on_device = index.to(device);
+      ids = ids.index_select(0, index_on_device);
+      mask = mask.index_select(0, index_on_device);
+      if (cache) cache->KeepRows(index_on_device);
+      next_kept = next.index_select(0, index);
+      std::vector<int64_t> kept_rows;
+      std::vector<at::Generator> kept_generators;
+      for (int64_t j : keep) {
+        kept_rows.push_back(rows[static_cast<size_t>(j)]);
+        if (generators.size() > 1) kept_generators.push_back(generators[static_cast<size_t>(j)]);
+      }
+      rows = std::move(kept_rows);
+      if (generators.size() > 1) generators = std::move(kept_generators);
+    }
+    step_ids = next_kept.unsqueeze(1).to(device);
     ids = at::cat({ids, step_ids}, 1);
-    mask = at::cat({mask, at::ones({batch, 1}, mask.options())}, 1);
+    mask = at::cat({mask, at::ones({static_cast<int64_t>(rows.size()), 1}, mask.options())}, 1);
   }
   return out;
 }

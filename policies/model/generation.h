@@ -1,6 +1,8 @@
 // Autoregressive generation from a LlamaModel: greedy or sampled
 // (temperature, top-k, top-p), batched over prompts of different lengths
 // with left padding, with or without the KV cache, reproducible for a seed.
+// A row that ends (EOS) leaves the batch and its KV cache rows at once, so
+// the steps after it cost only the rows still decoding.
 #ifndef STRATA_POLICIES_MODEL_GENERATION_H_
 #define STRATA_POLICIES_MODEL_GENERATION_H_
 
@@ -30,9 +32,11 @@ absl::StatusOr<GenerationOutput> Generate(const LlamaModel& model, const std::ve
                                           int64_t pad_id = -1);
 
 // Picks the next token of each row from float32 logits [B, V], all rows from
-// one generator, or row b from generators[b]. Exposed for tests.
+// one generator, or row b from generators[b]. With `raw_logprobs`, also
+// sets it to each picked token's log-prob under softmax(logits) (temperature
+// 1, no truncation), [B] float. Exposed for tests.
 at::Tensor SampleNextTokens(const at::Tensor& logits, const SamplingOptions& options,
-                            std::vector<at::Generator>& generators);
+                            std::vector<at::Generator>& generators, at::Tensor* raw_logprobs = nullptr);
 
 }  // namespace strata::policies
 

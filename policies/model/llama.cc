@@ -132,6 +132,11 @@ std::pair<at::Tensor, at::Tensor> KvCache::Append(int64_t layer, const at::Tenso
   return {keys_[layer].narrow(2, 0, length_ + t), values_[layer].narrow(2, 0, length_ + t)};
 }
 
+void KvCache::KeepRows(const at::Tensor& index) {
+  for (auto& k : keys_) k = k.index_select(0, index);
+  for (auto& v : values_) v = v.index_select(0, index);
+}
+
 at::Tensor PositionIdsFromMask(const at::Tensor& attention_mask) {
   at::Tensor positions = attention_mask.to(at::kLong).cumsum(-1) - 1;
   return positions.clamp_min(0);

@@ -78,6 +78,9 @@ class KvCache {
   std::pair<at::Tensor, at::Tensor> Append(int64_t layer, const at::Tensor& k, const at::Tensor& v);
   // Called once all layers have appended a step of T tokens.
   void Advance(int64_t tokens) { length_ += tokens; }
+  // Keeps only the batch rows `index` (int64, on the cache's device), in
+  // that order: rows that finished decoding leave the batch.
+  void KeepRows(const at::Tensor& index);
 
  private:
   std::vector<at::Tensor> keys_, values_;

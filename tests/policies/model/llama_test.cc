@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "base/file.h"
@@ -469,6 +470,40 @@ TEST(GenerationTest, SameSeedSameTokensOtherSeedOtherTokens) {
   EXPECT_NE(a->tokens, c->tokens);
 }
 
+// A row that ends leaves the batch (nothing is decoded for it afterwards),
+// and that changes no other row: each row of a batch, with its own seed,
+// gets the tokens and log-probs it gets decoded alone, with the KV cache and
+// without. The log-probs agree to float rounding of batched matmuls.
+TEST(GenerationTest, FinishedRowsLeaveTheBatchWithoutChangingTheOthers) {
+  auto model = LlamaModel::RandomInit(TinyConfig(), LlamaHead::kLanguageModel, at::kFloat, 5, 0.5);
+  const std::vector<std::vector<int32_t>> prompts = {{1, 2, 3}, {4}, {5, 6}, {7, 8, 9, 10}, {11}, {12, 13}};
+  const std::vector<int64_t> stops = {2, 5, 9, 14, 20, 27};  // 6 of 50 tokens: rows end at different steps
+  for (const bool use_cache : {true, false}) {
+    SamplingOptions options;
+    options.max_new_tokens = 16;
+    options.use_kv_cache = use_cache;
+    for (size_t i = 0; i < prompts.size(); ++i) options.row_seeds.push_back(100 + i);
+    auto batch = Generate(*model, prompts, options, stops);
+    ASSERT_TRUE(batch.ok()) << batch.status();
+    std::set<size_t> lengths;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      SamplingOptions alone = options;
+      alone.row_seeds = {options.row_seeds[i]};
+      auto single = Generate(*model, {prompts[i]}, alone, stops);
+      ASSERT_TRUE(single.ok()) << single.status();
+      EXPECT_EQ(batch->tokens[i], single->tokens[0]) << "row " << i << ", cache " << use_cache;
+      ASSERT_EQ(batch->logprobs[i].size(), single->logprobs[0].size());
+      for (size_t t = 0; t < batch->logprobs[i].size(); ++t) {
+        EXPECT_NEAR(batch->logprobs[i][t], single->logprobs[0][t], 1e-4) << "row " << i << " token " << t;
+      }
+      lengths.insert(batch->tokens[i].size());
+    }
+    // The case under test happened: rows ended at different steps.
+    EXPECT_GE(lengths.size(), 3u);
+    EXPECT_LT(*lengths.begin(), 16u);
+  }
+}
+
 // The sampler draws from softmax(logits / temperature): over many draws each
 // token's frequency is within 5 binomial standard deviations of its
 // probability (a false failure about once in 3 million runs per token), on
@@ -507,6 +542,29 @@ TEST(GenerationTest, SamplesFollowTheDistribution) {
   top2.top_k = 2;
   std::vector<at::Generator> generators = {at::detail::createCPUGenerator(8)};
   for (int i = 0; i < 2000; ++i) EXPECT_LT(SampleNextTokens(logits, top2, generators)[0].item<int64_t>(), 2);
+}
+
+// The log-probs a draw reports are the raw distribution's (temperature 1,
+// before top-k / top-p), whether the draw was raw, tempered, truncated or
+// greedy.
+TEST(GenerationTest, DrawsReportTheRawDistributionsLogProbs) {
+  const at::Tensor logits = at::tensor({2.0f, 1.0f, 0.0f, -1.0f, -60.0f, 3.0f, 2.5f, -2.0f}, at::kFloat).view({2, 4});
+  const at::Tensor want = logits.log_softmax(-1);
+  SamplingOptions raw, tempered, truncated, greedy;
+  tempered.temperature = 0.3;
+  truncated.top_k = 2;
+  truncated.top_p = 0.9;
+  greedy.greedy = true;
+  for (const SamplingOptions& options : {raw, tempered, truncated, greedy}) {
+    std::vector<at::Generator> generators = {at::detail::createCPUGenerator(3)};
+    for (int i = 0; i < 50; ++i) {
+      at::Tensor logp;
+      const at::Tensor next = SampleNextTokens(logits, options, generators, &logp);
+      for (int64_t b = 0; b < 2; ++b) {
+        EXPECT_NEAR(logp[b].item<float>(), want[b][next[b].item<int64_t>()].item<float>(), 1e-5);
+      }
+    }
+  }
 }
 
 // A cancelled job's worker requests an interrupt; generation gives up at
