@@ -363,11 +363,31 @@ absl::Status ApplyOverride(YAML::Node& root, const std::string& assignment) {
   }
   std::vector<std::string> keys = absl::StrSplit(assignment.substr(0, eq), '.');
   // yaml-cpp nodes are handles: walking with operator[] on copies mutates root.
+  // A number indexes an existing list (reward.sources.0.weight); a string
+  // key on a list would turn it into a mapping.
   std::vector<YAML::Node> chain = {root};
-  for (size_t i = 0; i + 1 < keys.size(); ++i) {
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const YAML::Node here = chain.back();
+    const bool last = i + 1 == keys.size();
+    if (here.IsSequence()) {
+      size_t index = 0;
+      if (!absl::SimpleAtoi(keys[i], &index) || index >= here.size()) {
+        return absl::InvalidArgumentError(absl::StrCat("--set ", path, ": '", i == 0 ? "" : Shown(keys[i - 1]),
+                                                       "' is a list of ", here.size(), " items; '", Shown(keys[i]),
+                                                       "' is not an index into it"));
+      }
+      if (last) {
+        chain.back()[index] = value;
+        return absl::OkStatus();
+      }
+      chain.push_back(chain.back()[index]);
+      continue;
+    }
+    if (last) break;
     YAML::Node next = chain.back()[keys[i]];
-    if (next && !next.IsNull() && !next.IsMap()) {
-      return absl::InvalidArgumentError(absl::StrCat("--set ", path, ": '", Shown(keys[i]), "' is not a mapping"));
+    if (next && !next.IsNull() && !next.IsMap() && !next.IsSequence()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--set ", path, ": '", Shown(keys[i]), "' is not a mapping or a list"));
     }
     chain.push_back(next);
   }

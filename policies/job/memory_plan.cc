@@ -63,10 +63,11 @@ ModelFootprint PlanModel(const std::string& role, const LlamaConfig& config, con
 absl::StatusOr<std::vector<PlannedModel>> JobModels(const JobSpec& spec) {
   std::vector<PlannedModel> models;
   auto add = [&](const std::string& role, ModelSpec model, bool trainable, bool scalar,
-                 const std::string& fallback_path) -> absl::Status {
+                 const std::string& fallback_path, std::string placement_key = "") -> absl::Status {
     if (model.path.empty() && model.init.empty()) model.path = fallback_path;
     STRATA_ASSIGN_OR_RETURN(auto config, ConfigOf(model, role));
-    models.push_back({role, config, model, trainable, scalar});
+    if (placement_key.empty()) placement_key = absl::StrCat("models.", role, ".placement");
+    models.push_back({role, config, model, trainable, scalar, std::move(placement_key)});
     return absl::OkStatus();
   };
   switch (spec.algorithm) {
@@ -81,11 +82,15 @@ absl::StatusOr<std::vector<PlannedModel>> JobModels(const JobSpec& spec) {
       STRATA_RETURN_IF_ERROR(add("reference", spec.reference, false, false, spec.actor.path));
       // Every reward model among the sources; the first is the one the
       // phase predictions score with.
-      for (const RewardSourceSpec& source : spec.reward_sources) {
+      for (size_t i = 0; i < spec.reward_sources.size(); ++i) {
+        const RewardSourceSpec& source = spec.reward_sources[i];
         if (source.kind != "model") continue;
         const bool first = std::none_of(models.begin(), models.end(),
                                         [](const PlannedModel& m) { return m.role == "reward"; });
-        STRATA_RETURN_IF_ERROR(add(first ? "reward" : "reward:" + source.name, source.model, false, true, ""));
+        // A spec with models.reward set uses the shorthand: its one source.
+        const std::string key = !spec.reward.path.empty() ? "models.reward.placement"
+                                                          : absl::StrCat("reward.sources.", i, ".placement");
+        STRATA_RETURN_IF_ERROR(add(first ? "reward" : "reward:" + source.name, source.model, false, true, "", key));
       }
       if (spec.algorithm == Algorithm::kPpo) {
         STRATA_RETURN_IF_ERROR(add("critic", spec.critic, true, true, DefaultCriticPath(spec)));
@@ -361,6 +366,7 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
   for (const auto& m : models) {
     out.placement[m.role] = m.spec.placement;
     out.trainable[m.role] = m.trainable;
+    out.placement_key[m.role] = m.placement_key;
   }
   for (const auto& m : models) shapes[m.role] = ShapeOf(m, out.placement[m.role], workers);
   auto has = [&](const char* role) { return shapes.count(role) > 0; };
@@ -704,7 +710,9 @@ FitResult FitJob(const JobSpec& spec, const std::vector<PlannedModel>& models, c
 std::vector<std::string> PredictionOverrides(const JobPrediction& prediction) {
   std::vector<std::string> out;
   for (const auto& [role, p] : prediction.placement) {
-    const std::string key = absl::StrCat("models.", role, ".placement.");
+    const auto key_of = prediction.placement_key.find(role);
+    const std::string key = absl::StrCat(
+        key_of != prediction.placement_key.end() ? key_of->second : absl::StrCat("models.", role, ".placement"), ".");
     out.push_back(absl::StrCat(key, "weights=", offload::TierName(p.weights)));
     out.push_back(absl::StrCat(key, "prefetch=", p.prefetch_depth));
     if (!prediction.trainable.count(role) || !prediction.trainable.at(role)) continue;

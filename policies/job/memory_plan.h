@@ -54,6 +54,9 @@ struct PlannedModel {
   ModelSpec spec;  // dtype and placement
   bool trainable = false;
   bool scalar_head = false;
+  // Where the spec sets its placement: models.<role>.placement, or
+  // reward.sources.<i>.placement for a reward model among the sources.
+  std::string placement_key;
 };
 
 // The models `spec`'s algorithm loads, with their configs (read from each
@@ -68,6 +71,7 @@ struct PhasePrediction {
 struct JobPrediction {
   std::map<std::string, offload::ModelPlacement> placement;  // by role
   std::map<std::string, bool> trainable;                     // by role: optimizer fields apply
+  std::map<std::string, std::string> placement_key;          // by role: PlannedModel::placement_key
   int64_t micro_batch_size = 0;                              // as train.micro_batch_size: 0 is the whole batch
   // "rollout", "score", "update" (RL) or "update" alone (SFT, reward model).
   std::map<std::string, PhasePrediction> phases;

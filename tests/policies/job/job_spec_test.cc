@@ -68,6 +68,22 @@ TEST(JobSpecTest, SetOverridesAnyFieldIncludingNewOnes) {
   EXPECT_NE(std::string(mixed.Validate().message()).find("memory.device"), std::string::npos);
 }
 
+// A number in a --set path indexes a list: one field of one reward source.
+TEST(JobSpecTest, SetReachesIntoAList) {
+  const std::vector<std::string> two = {
+      "reward.sources=[{name: a, kind: verifier, check: math}, {name: b, kind: verifier, check: exact}]"};
+  auto spec = ParseJobSpec(kRemax, {two[0], "models.reward={}", "reward.sources.1.weight=0.5"}, "job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_EQ(spec->reward_sources.size(), 2u);
+  EXPECT_DOUBLE_EQ(spec->reward_sources[0].weight, 1.0);
+  EXPECT_DOUBLE_EQ(spec->reward_sources[1].weight, 0.5);
+  EXPECT_NE(ErrorOf(kRemax, {two[0], "models.reward={}", "reward.sources.2.weight=1"})
+                .find("'sources' is a list of 2 items; '2' is not an index into it"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(kRemax, {two[0], "models.reward={}", "reward.sources.b.weight=1"}).find("'b' is not an index"),
+            std::string::npos);
+}
+
 TEST(JobSpecTest, ErrorsNameTheKey) {
   EXPECT_NE(ErrorOf(kRemax, {"train.iteratons=3"}).find("train.iteratons"), std::string::npos);
   EXPECT_NE(ErrorOf(kRemax, {"train.iterations=many"}).find("train.iterations"), std::string::npos);

@@ -241,5 +241,40 @@ TEST(MemoryPlanTest, FitPicksAPlacementThatFitsAndWritesItBack) {
   EXPECT_EQ(FitJob(spec, *models, Figures(), hw, 1).binding_tier, "host");
 }
 
+// A reward model among reward.sources has its placement under its source,
+// and --write puts the chosen one there (models.reward would be an error
+// next to reward.sources).
+TEST(MemoryPlanTest, AFitWritesARewardSourcesPlacementUnderThatSource) {
+  const std::string model = std::filesystem::path(Spec("sft").actor.path).string();
+  const std::string yaml = "algorithm: remax\nmodels:\n  actor: {path: " + model + "}\n  reference: {path: " + model +
+                           "}\nreward:\n  sources:\n    - {name: math, kind: verifier, check: math}\n"
+                           "    - {name: rm, kind: model, path: " +
+                           model +
+                           "}\ndata: {train: p.jsonl, max_prompt_tokens: 16}\ntrain: {batch_size: 16}\n"
+                           "generation: {max_new_tokens: 24}\nmemory: {nvme_dir: /tmp}\noutput: {dir: out}\n";
+  auto spec = ParseJobSpec(yaml, {}, "test");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto models = JobModels(*spec);
+  ASSERT_TRUE(models.ok()) << models.status();
+  Hardware hw;
+  hw.device_bytes = 24 << 20;  // less than the three models resident: some stream
+  hw.host_bytes = 1 * kGiB;
+  hw.nvme_bytes = 1 * kGiB;
+  const FitResult fit = FitJob(*spec, *models, Figures(), hw, 1);
+  ASSERT_TRUE(fit.fits);
+  const std::vector<std::string> overrides = PredictionOverrides(fit.chosen);
+  bool under_source = false;
+  for (const std::string& o : overrides) {
+    EXPECT_EQ(o.find("models.reward."), std::string::npos) << o;
+    under_source = under_source || o.rfind("reward.sources.1.placement.weights=", 0) == 0;
+  }
+  EXPECT_TRUE(under_source);
+  auto chosen = ParseJobSpec(yaml, overrides, "test");
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  EXPECT_EQ(chosen->reward_sources[1].model.placement.weights, fit.chosen.placement.at("reward").weights);
+  const JobPrediction again = PredictJob(*chosen, *JobModels(*chosen), Figures(), 1);
+  EXPECT_EQ(again.peak, fit.chosen.peak);
+}
+
 }  // namespace
 }  // namespace strata::policies
