@@ -38,12 +38,9 @@ bash examples/math_task/run.sh fetch
 start=$(date +%s)
 
 # The reward server first: the workers are told which port they may call.
-python3 examples/math_task/reward_server.py --port 0 --log out/math_task/reward_queries.jsonl \
-  > out/math_task/reward_server.port 2> out/math_task/reward_server.log &
-server_pid=$!
-for _ in $(seq 100); do [ -s out/math_task/reward_server.port ] && break; sleep 0.1; done
-reward_port=$(head -n1 out/math_task/reward_server.port)
-[ -n "$reward_port" ] || { echo "demo: the reward server did not start; see out/math_task/reward_server.log" >&2; exit 1; }
+here="$work/examples/math_task"
+source "$here/reward_server.sh"
+start_reward_server out/math_task/reward_queries.jsonl
 
 export STRATA_LOCAL_DIR="$work/out/local"
 # The workers keep large allocations in the heap: a step's logits over the
@@ -63,10 +60,8 @@ echo "== sft: job $id"
 # this machine's two cores; each spans both workers (two ranks, Gloo over
 # loopback), half of every batch on each, each rank calling the server.
 metrics_port="${STRATA_METRICS_PORT:-9400}"
-source="{name: server, kind: remote, url: 'http://127.0.0.1:$reward_port/score', batch_size: 32,"
-source+=" max_in_flight: 2, timeout_s: 30}"
 for stage in remax grpo ppo; do
-  id=$("$strata" submit "examples/math_task/$stage.yaml" --set parallel.workers=2 --set "reward.sources=[$source]")
+  id=$("$strata" submit "examples/math_task/$stage.yaml" --set parallel.workers=2 --set "reward.sources=$(reward_sources)")
   echo "== $stage: job $id (parallel.workers=2)"
   "$strata" watch "$id"
   # What Prometheus would scrape: the coordinator's job figures and

@@ -39,17 +39,8 @@ fetch() {
 # makes steps ~2x faster on 2 cores, same results.
 heap() { MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=4000000000 MALLOC_TOP_PAD_=268435456 "$@"; }
 
-# The reward server on a free port (it prints the port first), logging every
-# scored query to $1; sets server_pid and reward_port.
-start_reward_server() {
-  local fifo
-  fifo=$(mktemp -u) && mkfifo "$fifo"
-  python3 "$here/reward_server.py" --port 0 --log "$1" > "$fifo" 2> "${1%.jsonl}.log" &
-  server_pid=$!
-  read -r reward_port < "$fifo"
-  rm -f "$fifo"
-  [ -n "$reward_port" ] || { echo "math_task: the reward server did not start; see ${1%.jsonl}.log" >&2; exit 1; }
-}
+# start_reward_server, reward_sources
+source "$here/reward_server.sh"
 
 chain() {
   local out=out/math_task quick=()
@@ -68,13 +59,10 @@ chain() {
   start_reward_server "$out/reward_queries.jsonl"
   trap 'kill "$server_pid" 2>/dev/null || true' EXIT
   echo "math_task: reward server on 127.0.0.1:$reward_port (queries logged to $out/reward_queries.jsonl)"
-  # The specs name port 8000; the server here took a free one.
-  local source="{name: server, kind: remote, url: 'http://127.0.0.1:$reward_port/score', batch_size: 32,"
-  source+=" max_in_flight: 2, timeout_s: 30}"
   for algorithm in remax grpo ppo; do
     start=$(date +%s)
     heap "$strata" --log-level warning train "examples/math_task/$algorithm.yaml" --overwrite \
-      --allow-reward-host "127.0.0.1:$reward_port" --set "reward.sources=[$source]" \
+      --allow-reward-host "127.0.0.1:$reward_port" --set "reward.sources=$(reward_sources)" \
       --set "models.actor.path=$out/sft" --set "models.reference.path=$out/sft" \
       --set "output.dir=$out/$algorithm" "${quick[@]}"
     echo "math_task: $algorithm in $(( $(date +%s) - start )) s"
