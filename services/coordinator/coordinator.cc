@@ -496,10 +496,14 @@ void CoordinatorService::RunOnGang(uint64_t run, JobRecord job, std::vector<Work
     }
     if (decision.fail) {
       // No worker was lost: fail with the cause rather than requeue for ever.
+      // Every worker answers, so the cause is what the error names: a
+      // service the ranks call (a reward server that stays down) or ranks
+      // that cannot reach each other.
       fail(status.code(),
            absl::StrCat("gang (", names, ") failed ", decision.losses_with_all_answering,
                         " times in a row before an iteration, every worker answering: ", status.message(),
-                        "; check that the workers reach each other (rank 0's address, the ports c10d picks)"));
+                        "; check what it names (a reward server that stays down) or that the "
+                        "workers reach each other (rank 0's address, the ports the gang opens)"));
     } else {
       requeued = true;
       const std::string message = absl::StrCat("gang (", names, ") lost: ", status.message(),

@@ -34,6 +34,7 @@
 #include "tests/e2e/run_metrics.h"
 #include "tests/testutil/child_process.h"
 #include "tests/testutil/redis_server.h"
+#include "tests/testutil/reward_server.h"
 #include "tests/testutil/testutil.h"
 
 namespace strata {
@@ -79,6 +80,8 @@ class ServiceTest : public ::testing::Test {
 
   // Worker processes the fixture starts.
   virtual int RealWorkers() const { return 2; }
+  // Flags every worker gets besides the fixture's own.
+  virtual std::vector<std::string> WorkerFlags() const { return {}; }
   // Whether the coordinator and workers serve Prometheus metrics (on free
   // ports: metrics_addr_[0] the coordinator's, [1 + i] worker i's).
   virtual bool ServeMetrics() const { return false; }
@@ -142,6 +145,7 @@ class ServiceTest : public ::testing::Test {
                              // the repository's example data.
                              "--allow-path", testing::SourcePath("examples")});
     for (const std::string& a : MetricsFlag(1 + static_cast<size_t>(i))) argv.push_back(a);
+    for (const std::string& a : WorkerFlags()) argv.push_back(a);
     auto p = ChildProcess::Spawn(argv, dir_.Join(absl::StrCat("worker", i, ".log")), dir_.path());
     ASSERT_TRUE(p.ok()) << p.status();
     workers_[i] = std::move(*p);
@@ -1048,6 +1052,52 @@ TEST_P(GangTest, TwoWorkerGangMatchesOneWorker) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Algorithms, GangTest, ::testing::Values("sft", "reward_model", "remax", "ppo"));
+
+// Workers whose operator allows a loopback reward server (any port: the
+// test's server and a port where nothing listens).
+class RemoteRewardServiceTest : public ServiceTest {
+ protected:
+  std::vector<std::string> WorkerFlags() const override { return {"--allow-reward-host", "127.0.0.1"}; }
+
+  // GRPO on a two-worker gang, rewarded by `url` alone.
+  std::vector<std::string> Overrides(const std::string& url) const {
+    return {"algorithm=grpo", "models.reward={}", "parallel.workers=2", "group.samples_per_prompt=2",
+            absl::StrCat("reward.sources=[{name: server, kind: remote, url: '", url, "', retries: 1, batch_size: 3}]")};
+  }
+};
+
+// Through the service, a gang's ranks each call the team's reward server,
+// its rewards reach the metrics, and the job succeeds; a server that is down
+// is retried by each run, the job requeued by the service's rules, and at
+// last FAILED with UNAVAILABLE naming the URL, not a hint about c10d.
+TEST_F(RemoteRewardServiceTest, AGangScoresWithARewardServerAndAServerThatStaysDownFailsTheJobNamingIt) {
+  auto server = testing::RewardServer::Start();
+  ASSERT_TRUE(server.ok()) << server.status();
+  v1::Job job;
+  ASSERT_TRUE(Submit(Spec(2, "remote", 0), &job, "", Overrides((*server)->Url("/ok"))).ok());
+  const auto events = Watch(job.id(), Ended);
+  ASSERT_EQ(events.back().state(), v1::SUCCEEDED) << Get(job.id()).error_message() << coordinator_->Log();
+  const auto metrics = testing::RunMetrics(dir_.Join("remote/metrics.jsonl"));
+  ASSERT_EQ(metrics.size(), 2u);
+  for (const auto& m : metrics) {
+    ASSERT_TRUE(m.contains("reward/server"));
+    EXPECT_GT(m["reward/server"].get<double>(), 0);  // /ok scores a query by its length
+  }
+  // 4 prompts x 2 samples an iteration, in batches of at most 3 per rank.
+  size_t queries = 0;
+  for (const auto& r : (*server)->Requests()) queries += r["body"]["query"].size();
+  EXPECT_EQ(queries, 2u * 4 * 2);
+
+  v1::Job down;
+  ASSERT_TRUE(Submit(Spec(2, "remote_down", 0), &down, "", Overrides("http://127.0.0.1:1/score")).ok());
+  const auto down_events = Watch(down.id(), Ended);
+  ASSERT_EQ(down_events.back().state(), v1::FAILED);
+  const v1::Job failed = Get(down.id());
+  EXPECT_EQ(failed.error_code(), "UNAVAILABLE");
+  EXPECT_NE(failed.error_message().find("http://127.0.0.1:1/score"), std::string::npos) << failed.error_message();
+  EXPECT_NE(failed.error_message().find("reward server"), std::string::npos) << failed.error_message();
+  EXPECT_EQ(failed.error_message().find("c10d"), std::string::npos) << failed.error_message();
+}
 
 // A gang larger than the registered workers is refused at submit, naming the key.
 TEST_F(ServiceTest, MoreWorkersThanRegisteredIsRefused) {
