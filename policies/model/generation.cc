@@ -9,6 +9,10 @@
 #include <limits>
 #include <mutex>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "absl/strings/str_cat.h"
 #include "base/engine_counters.h"
 #include "base/interrupt.h"
@@ -27,29 +31,117 @@ uint64_t SplitMix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// The random bits of a row's vocabulary entries: four xorshift128 streams
+// (Marsaglia 2003) seeded from the row's key, one per SSE lane, so that
+// entry i's top 32 bits are lane i % 4's output at step i / 4 and depend on
+// (key, i) alone, four entries at a time; its low 21 bits come from
+// SplitMix64 only when the entry needs them.
+class EntryBits {
+ public:
+  explicit EntryBits(uint64_t key) {
+    for (int lane = 0; lane < 4; ++lane) {
+      const uint64_t a = SplitMix64(key + 2 * static_cast<uint64_t>(lane));
+      const uint64_t b = SplitMix64(key + 2 * static_cast<uint64_t>(lane) + 1);
+      x_[lane] = static_cast<uint32_t>(a), y_[lane] = static_cast<uint32_t>(a >> 32);
+      z_[lane] = static_cast<uint32_t>(b), w_[lane] = static_cast<uint32_t>(b >> 32) | 1u;  // never all zero
+    }
+  }
+  // The next four entries' top bits.
+  void Next(uint32_t out[4]) {
+    for (int lane = 0; lane < 4; ++lane) {
+      const uint32_t t = x_[lane] ^ (x_[lane] << 11);
+      x_[lane] = y_[lane], y_[lane] = z_[lane], z_[lane] = w_[lane];
+      w_[lane] = w_[lane] ^ (w_[lane] >> 19) ^ t ^ (t >> 8);
+      out[lane] = w_[lane];
+    }
+  }
+
+ private:
+  alignas(16) uint32_t x_[4], y_[4], z_[4], w_[4];
+};
+
 // One draw from the distribution p[0, n): argmax p_i / E_i with E_i ~
-// Exp(1), the race at::multinomial runs. Each entry's E_i comes from
-// (key, i) alone, so a float-level change to one probability (a gang's
-// rounding against one rank's) changes the draw only if that entry was
-// about to win or lose; an inverse CDF would move with every entry before
-// the draw. E_i = -log(u_i) >= 1 - u_i, so an entry with p_i <= best x
-// (1 - u_i) cannot win and skips the log: with the mode raced first, most
-// of a 150k vocabulary costs a hash and a compare.
-int64_t ExponentialRace(const float* p, int64_t n, int64_t mode, uint64_t key) {
-  auto uniform = [key](int64_t i) {  // in (0, 1]: 53 random bits, never 0
-    return (static_cast<double>(SplitMix64(key + static_cast<uint64_t>(i)) >> 11) + 1.0) * 0x1.0p-53;
-  };
-  int64_t best = mode;
-  double best_score = static_cast<double>(p[mode]) / -std::log(uniform(mode));
-  for (int64_t i = 0; i < n; ++i) {
+// Exp(1), the race at::multinomial runs, E_i = -log(u_i) for entry i's
+// uniform u_i in (0, 1] (53 bits: the stream's 32 above SplitMix64's 21).
+// Each u_i comes from (key, i) alone, so a float-level change to one
+// probability (a gang's rounding against one rank's) changes the draw only
+// if that entry was about to win or lose; an inverse CDF would move with
+// every entry before the draw. E_i >= 1 - u_i, so an entry with p_i <= best
+// x (1 - u_i) cannot win: a float bound on that, four entries at a time,
+// skips nearly the whole vocabulary without its low bits or a log. -1 when
+// no entry is positive and finite (NaN probabilities compare false).
+int64_t ExponentialRace(const float* p, int64_t n, uint64_t key) {
+  EntryBits bits(key);
+  int64_t best = -1;
+  double best_score = 0;
+  // Below best_score by more than float rounding: an entry under
+  // scale x (1 - u_i's upper bound) is under best_score x (1 - u_i).
+  float scale = 0;
+  auto consider = [&](int64_t i, uint32_t top) {
     const double pi = p[i];
-    if (i == mode || !(pi > 0)) continue;
-    const double u = uniform(i);
-    if (pi <= best_score * (1.0 - u)) continue;
+    if (!(pi > 0)) return;
+    const uint64_t low = SplitMix64(key ^ (0xD1B54A32D192ED03ULL * static_cast<uint64_t>(i + 1))) >> 43;
+    const double u = (static_cast<double>((static_cast<uint64_t>(top) << 21) | low) + 1.0) * 0x1.0p-53;
+    if (pi <= best_score * (1.0 - u)) return;
     const double score = pi / -std::log(u);
-    if (score > best_score) best_score = score, best = i;
+    if (score > best_score) {
+      best_score = score, best = i;
+      scale = static_cast<float>(best_score) * (1.0f - 0x1.0p-20f);
+    }
+  };
+  uint32_t top[4];
+  for (int64_t i = 0; i < n; i += 4) {
+    bits.Next(top);
+    // u_i < ((top >> 8) + 1) / 2^24, so 1 - u_i is above this exact float.
+    int candidates = 0;
+#if defined(__SSE2__)
+    if (i + 4 <= n) {
+      const __m128i r = _mm_srli_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(top)), 8);
+      const __m128 above = _mm_sub_ps(_mm_set1_ps(1.0f), _mm_mul_ps(_mm_add_ps(_mm_cvtepi32_ps(r), _mm_set1_ps(1.0f)),
+                                                                    _mm_set1_ps(0x1.0p-24f)));
+      candidates = _mm_movemask_ps(_mm_cmpgt_ps(_mm_loadu_ps(p + i), _mm_mul_ps(_mm_set1_ps(scale), above)));
+    } else
+#endif
+    {
+      for (int lane = 0; lane < 4 && i + lane < n; ++lane) {
+        const float above = 1.0f - (static_cast<float>(top[lane] >> 8) + 1.0f) * 0x1.0p-24f;
+        if (p[i + lane] > scale * above) candidates |= 1 << lane;
+      }
+    }
+    for (int lane = 0; candidates != 0; ++lane, candidates >>= 1) {
+      if (candidates & 1) consider(i + lane, top[lane]);
+    }
   }
   return best;
+}
+
+// The index of x[0, n)'s largest entry, the first of equals; a NaN is
+// larger than anything (the first NaN wins), as at::argmax has it.
+int64_t RowArgmax(const float* x, int64_t n) {
+  float best = -std::numeric_limits<float>::infinity();
+  bool nan = false;
+  int64_t i = 0;
+#if defined(__SSE2__)
+  __m128 most = _mm_set1_ps(best);
+  __m128 unordered = _mm_setzero_ps();
+  for (; i + 4 <= n; i += 4) {
+    const __m128 v = _mm_loadu_ps(x + i);
+    most = _mm_max_ps(most, v);
+    unordered = _mm_or_ps(unordered, _mm_cmpunord_ps(v, v));
+  }
+  alignas(16) float lanes[4];
+  _mm_store_ps(lanes, most);
+  for (float v : lanes) best = std::max(best, v);
+  nan = _mm_movemask_ps(unordered) != 0;
+#endif
+  for (; i < n; ++i) {
+    if (std::isnan(x[i])) nan = true;
+    else best = std::max(best, x[i]);
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    if (nan ? std::isnan(x[j]) : x[j] == best) return j;
+  }
+  return 0;  // n == 0
 }
 
 // log p(next) under softmax(logits): the logit less the row's logsumexp.
@@ -63,8 +155,15 @@ at::Tensor RawLogProbs(const at::Tensor& logits, const at::Tensor& next) {
 at::Tensor SampleNextTokens(const at::Tensor& logits, const SamplingOptions& options,
                             std::vector<at::Generator>& generators, at::Tensor* raw_logprobs) {
   if (options.greedy) {
-    at::Tensor next = logits.argmax(-1);
-    if (raw_logprobs != nullptr) *raw_logprobs = RawLogProbs(logits, next);
+    const at::Tensor scores = logits.to(at::kFloat).contiguous();
+    const int64_t rows = scores.size(0), vocab = scores.size(1);
+    at::Tensor next = at::empty({rows}, at::kLong);
+    const float* x = scores.data_ptr<float>();
+    int64_t* out = next.data_ptr<int64_t>();
+    at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) out[b] = RowArgmax(x + b * vocab, vocab);
+    });
+    if (raw_logprobs != nullptr) *raw_logprobs = RawLogProbs(scores, next);
     return next;
   }
   const float neg_inf = -std::numeric_limits<float>::infinity();
@@ -84,12 +183,6 @@ at::Tensor SampleNextTokens(const at::Tensor& logits, const SamplingOptions& opt
     scores = scores.masked_fill(drop, neg_inf);
   }
   const at::Tensor probs = scores.softmax(-1).contiguous();  // [B, V]
-  const at::Tensor modes = probs.argmax(-1);
-  // As at::multinomial does: a broken model (NaN or infinite logits) is an
-  // error, never a token. Either makes its row's softmax all NaN, and
-  // argmax picks a NaN, so the modes tell.
-  TORCH_CHECK(at::isfinite(probs.gather(1, modes.unsqueeze(1))).all().item<bool>(),
-              "sampling: the probabilities are not finite (NaN or inf logits)");
   const int64_t rows = probs.size(0), vocab = probs.size(1);
   // One key per row from the row's generator (in row order when all rows
   // share one), then the race, rows in parallel.
@@ -101,13 +194,15 @@ at::Tensor SampleNextTokens(const at::Tensor& logits, const SamplingOptions& opt
   }
   at::Tensor next = at::empty({rows}, at::kLong);
   const float* p = probs.data_ptr<float>();
-  const int64_t* mode = modes.data_ptr<int64_t>();
   int64_t* out = next.data_ptr<int64_t>();
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
-      out[b] = ExponentialRace(p + b * vocab, vocab, mode[b], keys[static_cast<size_t>(b)]);
-    }
+    for (int64_t b = begin; b < end; ++b) out[b] = ExponentialRace(p + b * vocab, vocab, keys[static_cast<size_t>(b)]);
   });
+  // As at::multinomial does: a broken model (NaN or infinite logits) is an
+  // error, never a token. Either makes its row's softmax all NaN, and a
+  // row of NaN has no entry to draw.
+  TORCH_CHECK(std::all_of(out, out + rows, [](int64_t t) { return t >= 0; }),
+              "sampling: the probabilities are not finite (NaN or inf logits)");
   if (raw_logprobs != nullptr) {
     const bool untouched = options.temperature == 1.0 && options.top_k == 0 && options.top_p >= 1.0;
     // When the sampled distribution is the raw one, its probabilities give

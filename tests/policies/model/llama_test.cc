@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -564,6 +565,26 @@ TEST(GenerationTest, DrawsReportTheRawDistributionsLogProbs) {
         EXPECT_NEAR(logp[b].item<float>(), want[b][next[b].item<int64_t>()].item<float>(), 1e-5);
       }
     }
+  }
+}
+
+// Greedy is at::argmax's: the first of equal largest logits, and a NaN
+// before anything (so a broken model is seen), in rows of any length.
+TEST(GenerationTest, GreedyTakesTheFirstLargestLogitOrTheFirstNaN) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  SamplingOptions greedy;
+  greedy.greedy = true;
+  std::vector<at::Generator> none;
+  for (const int64_t vocab : {1, 3, 4, 7, 64, 1001}) {
+    at::Tensor logits = at::randn({3, vocab}, at::TensorOptions().dtype(at::kFloat));
+    if (vocab > 2) {
+      logits[0][vocab - 1] = 100.0f;  // ties: the first wins
+      logits[0][vocab / 2] = 100.0f;
+      logits[1][vocab - 2] = nan;
+      logits[1][vocab - 1] = nan;
+    }
+    const at::Tensor got = SampleNextTokens(logits, greedy, none);
+    EXPECT_TRUE(at::equal(got, logits.argmax(-1))) << "vocab " << vocab << ": " << got << " vs " << logits.argmax(-1);
   }
 }
 
