@@ -92,7 +92,7 @@ int64_t ExponentialRace(const float* p, int64_t n, uint64_t key) {
   uint32_t top[4];
   for (int64_t i = 0; i < n; i += 4) {
     bits.Next(top);
-    // u_i < ((top >> 8) + 1) / 2^24, so 1 - u_i is above this exact float.
+    // u_i <= ((top >> 8) + 1) / 2^24, so 1 - u_i is at least this exact float.
     int candidates = 0;
 #if defined(__SSE2__)
     if (i + 4 <= n) {
