@@ -46,7 +46,7 @@ chain() {
   local out=out/math_task quick=()
   if [ "${1:-}" = "--quick" ]; then
     out=out/math_task_quick
-    quick=(--set train.iterations=2 --set eval.every=1 --set eval.prompts=8)
+    quick=(--set train.iterations=2 --set train.batch_size=16 --set eval.every=1 --set eval.prompts=8)
   fi
   fetch
   mkdir -p "$out"
