@@ -2,8 +2,8 @@
 # The math task: arithmetic word problems with checkable `#### N` answers, a
 # fresh Qwen3-shaped model with the real Qwen3 tokenizer and chat template
 # (thinking off), SFT on worked solutions, then ReMax, GRPO and PPO rewarded
-# by the example reward server (OpenRLHF's protocol) and evaluated greedily
-# on the held-out problems by the built-in math verifier.
+# by the example reward server (OpenRLHF's protocol) and evaluated on the
+# held-out problems (one sampled answer each) by the built-in math verifier.
 #   bash examples/math_task/run.sh fetch          the tokenizer into examples/math_task/tokenizer/, the data into examples/math_task/data/
 #   bash examples/math_task/run.sh sft            fetch, then SFT: out/math_task/sft
 #   bash examples/math_task/run.sh chain [--quick]
