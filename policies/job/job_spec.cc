@@ -236,6 +236,10 @@ class MapReader {
     return absl::OkStatus();
   }
 
+  // Whether the mapping exists (a Child that is absent reads as empty).
+  bool present() const { return node_ && node_.IsMap(); }
+  bool IsScalar(const std::string& key) const { return present() && node_[key] && node_[key].IsScalar(); }
+
   absl::Status CheckNoUnknownKeys() const {
     if (!node_ || !node_.IsMap()) return absl::OkStatus();
     for (const auto& entry : node_) {
@@ -269,7 +273,30 @@ absl::Status ReadTier(MapReader& r, const std::string& key, offload::Tier* out) 
   return absl::OkStatus();
 }
 
-// path, dtype and placement of a model, in the mapping `r` reads.
+// A model's `lora` mapping, when present. target_modules is a list of
+// PEFT's names or the one string "all-linear".
+absl::Status ReadLora(MapReader& model, LoraConfig* lora) {
+  STRATA_ASSIGN_OR_RETURN(auto r, model.Child("lora"));
+  if (!r.present()) return absl::OkStatus();
+  STRATA_RETURN_IF_ERROR(r.Read("rank", &lora->rank));
+  STRATA_RETURN_IF_ERROR(r.Read("alpha", &lora->alpha));
+  STRATA_RETURN_IF_ERROR(r.Read("dropout", &lora->dropout));
+  STRATA_RETURN_IF_ERROR(r.Read("use_rslora", &lora->use_rslora));
+  std::string all;
+  if (r.IsScalar("target_modules")) {
+    STRATA_RETURN_IF_ERROR(r.Read("target_modules", &all));
+    lora->target_modules = {all};
+  } else {
+    STRATA_RETURN_IF_ERROR(r.ReadList("target_modules", &lora->target_modules));
+  }
+  STRATA_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
+  if (absl::Status s = lora->Validate(model.Path("lora")); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("spec key ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+// path, dtype, placement and adapters of a model, in the mapping `r` reads.
 absl::Status ReadModelFields(MapReader& r, ModelSpec* model) {
   STRATA_RETURN_IF_ERROR(r.Read("path", &model->path));
   STRATA_RETURN_IF_ERROR(r.Read("dtype", &model->dtype));
@@ -286,7 +313,7 @@ absl::Status ReadModelFields(MapReader& r, ModelSpec* model) {
   if (auto s = model->placement.Validate(); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("spec key '", r.Path("placement"), "': ", s.message()));
   }
-  return absl::OkStatus();
+  return ReadLora(r, &model->lora);
 }
 
 absl::Status ReadModel(MapReader& parent, const std::string& key, ModelSpec* model) {
@@ -468,6 +495,37 @@ absl::Status ValidateRewardSources(const std::vector<RewardSourceSpec>& sources)
 
 }  // namespace
 
+absl::Status JobSpec::ValidateLora() const {
+  const bool rl = algorithm != Algorithm::kSft && algorithm != Algorithm::kRewardModel;
+  if (reference.lora.enabled()) {
+    return KeyError("models.reference.lora",
+                    "is not allowed: the reference never trains (with models.actor.lora, the reference is the "
+                    "actor's own frozen base)");
+  }
+  if (rl && reward.lora.enabled()) {
+    return KeyError("models.reward.lora", "is for a reward_model job, which trains the reward model");
+  }
+  for (const RewardSourceSpec& source : reward_sources) {
+    if (source.model.lora.enabled()) {
+      return KeyError(absl::StrCat("reward.sources (", source.name, ").lora"),
+                      "is not allowed: a reward source never trains");
+    }
+  }
+  bool any = false;
+  for (const auto& [role, model] :
+       {std::pair{"actor", &actor}, std::pair{"reward", &reward}, std::pair{"critic", &critic}}) {
+    if (!model->lora.enabled()) continue;
+    any = true;
+    if (model->placement.step_in_backward) {
+      return KeyError(absl::StrCat("models.", role, ".placement.step_in_backward"),
+                      "steps whole layers; with models." + std::string(role) +
+                          ".lora only the adapters train (set it false)");
+    }
+  }
+  if (merge_lora && !any) return KeyError("output.merge_lora", "needs LoRA (models.<role>.lora) on the trained model");
+  return absl::OkStatus();
+}
+
 absl::Status JobSpec::Validate() const {
   auto need = [](const std::string& key, const std::string& value) -> absl::Status {
     if (value.empty()) return KeyError(key, "is required");
@@ -556,6 +614,7 @@ absl::Status JobSpec::Validate() const {
       return KeyError(key, "needs parallel.workers: 1 (a layer steps before the gang's gradient sum)");
     }
   }
+  STRATA_RETURN_IF_ERROR(ValidateLora());
   const absl::StatusOr<int> device = offload::ParseDeviceName(memory.device);  // -1: the CPU
   if (!device.ok()) return KeyError("memory.device", std::string(device.status().message()));
   if (*device != memory.device_index) {
@@ -788,6 +847,7 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::ve
 
     STRATA_ASSIGN_OR_RETURN(auto output, r.Child("output"));
     STRATA_RETURN_IF_ERROR(output.Read("dir", &spec.output_dir));
+    STRATA_RETURN_IF_ERROR(output.Read("merge_lora", &spec.merge_lora));
     STRATA_RETURN_IF_ERROR(output.CheckNoUnknownKeys());
     STRATA_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
     if (spec.checkpoint.dir.empty() && !spec.output_dir.empty()) spec.checkpoint.dir = spec.output_dir + "/checkpoints";

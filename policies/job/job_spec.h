@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "offload/tiers/placement.h"
+#include "policies/config/lora_config.h"
 
 namespace strata::policies {
 
@@ -25,6 +26,9 @@ struct ModelSpec {
   std::string rule;  // reward only: a rule-based reward instead of a model
   std::string dtype = "fp32";
   offload::ModelPlacement placement;
+  // Low-rank adapters on a model that trains (rank 0: none, every
+  // parameter trains); see docs/job-spec.md.
+  LoraConfig lora;
 };
 
 struct DataSpec {
@@ -207,9 +211,14 @@ struct JobSpec {
   MemorySpec memory;
   ParallelSpec parallel;
   std::string output_dir;  // required
+  // With LoRA: also write the merged model (base + adapters, HF layout) to
+  // <output.dir>/merged beside the adapter.
+  bool merge_lora = false;
 
   // Which models the algorithm uses, and cross-field checks.
   absl::Status Validate() const;
+  // Which models may carry `lora` (the ones that train) and what it excludes.
+  absl::Status ValidateLora() const;
   // Whether any model places weights or optimizer states on the NVMe tier;
   // memory.nvme_dir (or the worker's --nvme-dir) must then be set.
   bool UsesNvme() const;

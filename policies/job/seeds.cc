@@ -23,6 +23,8 @@ uint64_t UpdateShuffleSeed(uint64_t job_seed, int64_t iteration) {
 
 uint64_t ModelInitSeed(uint64_t job_seed) { return job_seed; }
 
+uint64_t AdapterSeed(uint64_t job_seed) { return IterationSeed(job_seed, -2); }
+
 uint64_t EpochShuffleSeed(uint64_t job_seed, uint64_t epoch) { return job_seed * 1315423911ULL + epoch; }
 
 }  // namespace strata::policies

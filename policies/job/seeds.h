@@ -34,6 +34,10 @@ uint64_t UpdateShuffleSeed(uint64_t job_seed, int64_t iteration);
 // fresh scalar head): the job seed itself, as every job so far drew it.
 uint64_t ModelInitSeed(uint64_t job_seed);
 
+// The seed of a model's LoRA adapters: their initial A matrices and (keyed
+// further by step, micro-batch, layer and module) their dropout masks.
+uint64_t AdapterSeed(uint64_t job_seed);
+
 // The seed that shuffles the examples of `epoch`: batch contents depend only
 // on (job seed, iteration). A linear mix, kept as first written: changing it
 // would change every job's batches.

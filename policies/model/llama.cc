@@ -11,6 +11,7 @@
 #include "policies/checkpoint/safetensors.h"
 #include "policies/checkpoint/tensor_io.h"
 #include "policies/model/layer_source.h"
+#include "policies/model/lora.h"
 
 namespace strata::policies {
 
@@ -192,7 +193,7 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 }
 
 at::Tensor DecoderLayerForward(const LlamaConfig& config, const LlamaLayerWeights& w, const at::Tensor& hidden,
-                               const LayerContext& ctx, KvCache* cache, int64_t layer_index) {
+                               const LayerContext& ctx, KvCache* cache, int64_t layer_index, const LoraApply* lora) {
   const int64_t b = hidden.size(0), t = hidden.size(1);
   const int64_t n_h = config.num_attention_heads, n_kv = config.num_key_value_heads, d = config.head_dim;
   const int64_t groups = n_h / n_kv;
@@ -200,14 +201,15 @@ at::Tensor DecoderLayerForward(const LlamaConfig& config, const LlamaLayerWeight
   const at::Tensor x = RmsNorm(hidden, w.input_layernorm, config.rms_norm_eps);
   const at::Tensor cos = ctx.cos.unsqueeze(1), sin = ctx.sin.unsqueeze(1);
   // Undefined biases and norms (families without them) are skipped.
-  auto heads = [&](const at::Tensor& proj, const at::Tensor& bias, const at::Tensor& norm, int64_t n) {
-    at::Tensor y = at::linear(x, proj, bias).view({b, t, n, d});
+  auto heads = [&](const at::Tensor& proj, const at::Tensor& bias, const at::Tensor& norm, int64_t n,
+                   LoraModule module) {
+    at::Tensor y = LoraLinear(x, proj, bias, lora, module).view({b, t, n, d});
     if (norm.defined()) y = RmsNorm(y, norm, config.rms_norm_eps);
     return y.transpose(1, 2);
   };
-  const at::Tensor q = ApplyRope(heads(w.q_proj, w.q_bias, w.q_norm, n_h), cos, sin);
-  at::Tensor k = ApplyRope(heads(w.k_proj, w.k_bias, w.k_norm, n_kv), cos, sin);
-  at::Tensor v = heads(w.v_proj, w.v_bias, at::Tensor(), n_kv);
+  const at::Tensor q = ApplyRope(heads(w.q_proj, w.q_bias, w.q_norm, n_h, LoraModule::kQ), cos, sin);
+  at::Tensor k = ApplyRope(heads(w.k_proj, w.k_bias, w.k_norm, n_kv, LoraModule::kK), cos, sin);
+  at::Tensor v = heads(w.v_proj, w.v_bias, at::Tensor(), n_kv, LoraModule::kV);
   if (cache != nullptr) std::tie(k, v) = cache->Append(layer_index, k, v);
   const int64_t s = k.size(2);
 
@@ -219,10 +221,12 @@ at::Tensor DecoderLayerForward(const LlamaConfig& config, const LlamaLayerWeight
   const at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
   const at::Tensor attended =
       at::matmul(probs.view({b, n_kv, groups * t, s}), v).view({b, n_h, t, d}).transpose(1, 2).reshape({b, t, n_h * d});
-  const at::Tensor h = hidden + at::linear(attended, w.o_proj);
+  const at::Tensor h = hidden + LoraLinear(attended, w.o_proj, at::Tensor(), lora, LoraModule::kO);
 
   const at::Tensor y = RmsNorm(h, w.post_attention_layernorm, config.rms_norm_eps);
-  const at::Tensor mlp = at::linear(at::silu(at::linear(y, w.gate_proj)) * at::linear(y, w.up_proj), w.down_proj);
+  const at::Tensor gate = LoraLinear(y, w.gate_proj, at::Tensor(), lora, LoraModule::kGate);
+  const at::Tensor up = LoraLinear(y, w.up_proj, at::Tensor(), lora, LoraModule::kUp);
+  const at::Tensor mlp = LoraLinear(at::silu(gate) * up, w.down_proj, at::Tensor(), lora, LoraModule::kDown);
   return h + mlp;
 }
 
@@ -353,7 +357,8 @@ at::Tensor LlamaModel::Hidden(const at::Tensor& input_ids, const at::Tensor& att
         layer_source_->EndPass();
         TORCH_CHECK(false, std::string(w.status().message()));
       }
-      h = DecoderLayerForward(config_, *w, h, ctx, cache, l);
+      const LoraApply lora = adapters_ != nullptr ? adapters_->ApplyFor(l) : LoraApply();
+      h = DecoderLayerForward(config_, *w, h, ctx, cache, l, &lora);
       // Let go of the weights first: a streamer reuses a released layer's
       // buffers for the next fetch only once nothing refers to them.
       *w = LlamaLayerWeights();
@@ -362,7 +367,9 @@ at::Tensor LlamaModel::Hidden(const at::Tensor& input_ids, const at::Tensor& att
     layer_source_->EndPass();
   } else {
     for (size_t l = 0; l < weights_.layers.size(); ++l) {
-      h = DecoderLayerForward(config_, weights_.layers[l], h, ctx, cache, static_cast<int64_t>(l));
+      const int64_t layer = static_cast<int64_t>(l);
+      const LoraApply lora = adapters_ != nullptr ? adapters_->ApplyFor(layer) : LoraApply();
+      h = DecoderLayerForward(config_, weights_.layers[l], h, ctx, cache, layer, &lora);
     }
   }
   if (cache != nullptr) cache->Advance(t);

@@ -106,9 +106,14 @@ at::Tensor PositionIdsFromMask(const at::Tensor& attention_mask);
 
 at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
-// One decoder layer: hidden [B, T, H] -> [B, T, H]. `cache` may be null.
+struct LoraApply;
+class LoraAdapters;
+
+// One decoder layer: hidden [B, T, H] -> [B, T, H]. `cache` may be null;
+// `lora`, when given, adds its adapters to the projections.
 at::Tensor DecoderLayerForward(const LlamaConfig& config, const LlamaLayerWeights& w, const at::Tensor& hidden,
-                               const LayerContext& ctx, KvCache* cache, int64_t layer_index);
+                               const LayerContext& ctx, KvCache* cache, int64_t layer_index,
+                               const LoraApply* lora = nullptr);
 
 class LayerSource;
 
@@ -151,6 +156,12 @@ class LlamaModel {
   // Scalar head at every position: [B, T, num_labels] float32 (critic values).
   at::Tensor TokenScores(const at::Tensor& input_ids, const at::Tensor& attention_mask) const;
 
+  // Adapters every forward applies from now on (null: none, the base).
+  // They must outlive their use; the model does not own them, so a model
+  // without them over the same weights is the adapted model's frozen base.
+  void UseAdapters(const LoraAdapters* adapters) { adapters_ = adapters; }
+  const LoraAdapters* adapters() const { return adapters_; }
+
   const LlamaConfig& config() const { return config_; }
   LlamaHead head() const { return head_; }
   // The resident weights. Tensors are handles: a copy shares their storage.
@@ -168,6 +179,7 @@ class LlamaModel {
   LlamaHead head_;
   LlamaWeights weights_;
   LayerSource* layer_source_ = nullptr;
+  const LoraAdapters* adapters_ = nullptr;
 };
 
 // The scalar head's output at each row's last real token: [B, T, L] with

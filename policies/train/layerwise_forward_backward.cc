@@ -32,6 +32,13 @@ absl::StatusOr<LlamaLayerWeights> AcquireOrEndPass(LayerSource& source, int64_t 
 
 }  // namespace
 
+LoraApply LayerwiseTrainerImpl::TrainingApply(int64_t l, const LoraLayer* layer) const {
+  if (layer == nullptr) return LoraApply();
+  const LoraConfig& config = options_.lora->config();
+  return {layer, config.scaling(), config.dropout,
+          LoraDropoutKey(options_.lora_dropout_seed, steps_taken_, passes_since_step_), l};
+}
+
 absl::StatusOr<double> LayerwiseTrainerImpl::ForwardBackwardAt(const at::Tensor& input_ids,
                                                                const at::Tensor& attention_mask,
                                                                const at::Tensor& head_positions, const LossFn& loss_fn,
@@ -65,22 +72,25 @@ absl::StatusOr<double> LayerwiseTrainerImpl::ForwardBackwardAt(const at::Tensor&
       }
       auto w = AcquireOrEndPass(*source_, l);
       if (!w.ok()) return w.status();
+      const LoraApply adapters = TrainingApply(l, lora() ? &options_.lora->layer(l) : nullptr);
       inputs[static_cast<size_t>(l) + 1] = DecoderLayerForward(config_, *w, inputs[static_cast<size_t>(l)], ctx,
-                                                               nullptr, l);
+                                                               nullptr, l, &adapters);
       *w = LlamaLayerWeights();  // before Release: the streamer may reuse the buffers
       source_->Release(l);
     }
     source_->EndPass();
   }
 
-  // Head and loss with autograd; leaves stand in for the resident weights.
-  at::Tensor embed = resident_.embed_tokens.detach().requires_grad_();
-  at::Tensor norm = resident_.norm.detach().requires_grad_();
+  // Head and loss with autograd; leaves stand in for the resident weights
+  // that train (with LoRA, the scalar head alone).
+  auto trained = [this](const at::Tensor& t) { return lora() ? t : t.detach().requires_grad_(); };
+  at::Tensor embed = trained(resident_.embed_tokens);
+  at::Tensor norm = trained(resident_.norm);
   at::Tensor head_weight;
   if (head_ == LlamaHead::kScalar) {
     head_weight = resident_.score.detach().requires_grad_();
   } else {
-    head_weight = resident_.lm_head.defined() ? resident_.lm_head.detach().requires_grad_() : embed;
+    head_weight = resident_.lm_head.defined() ? trained(resident_.lm_head) : embed;
   }
   at::Tensor top = inputs.back().detach().requires_grad_();
   inputs.back() = at::Tensor();
@@ -122,16 +132,35 @@ absl::StatusOr<double> LayerwiseTrainerImpl::ForwardBackwardAt(const at::Tensor&
     auto w = AcquireOrEndPass(*source_, l);
     if (!w.ok()) return w.status();
     std::vector<at::Tensor*> slots = LayerTensors(*w);
-    for (at::Tensor* t : slots) *t = t->detach().requires_grad_();
+    // What trains gets leaves: the layer's tensors, or with LoRA its
+    // adapters alone (the frozen base computes no weight gradient).
+    LoraLayer adapter_leaves;
+    if (lora()) {
+      adapter_leaves = options_.lora->layer(l);
+      for (LoraModule m : options_.lora->modules()) {
+        adapter_leaves.at(m).a = adapter_leaves.at(m).a.detach().requires_grad_();
+        adapter_leaves.at(m).b = adapter_leaves.at(m).b.detach().requires_grad_();
+      }
+    } else {
+      for (at::Tensor* t : slots) *t = t->detach().requires_grad_();
+    }
+    const LoraApply adapters = TrainingApply(l, lora() ? &adapter_leaves : nullptr);
     at::Tensor x = inputs[static_cast<size_t>(l)].detach().requires_grad_();
     inputs[static_cast<size_t>(l)] = at::Tensor();
     {
       // Scoped: the output's graph refers to the weights, which the streamer
       // reuses for a later fetch only once nothing does.
-      const at::Tensor y = DecoderLayerForward(config_, *w, x, ctx, nullptr, l);
+      const at::Tensor y = DecoderLayerForward(config_, *w, x, ctx, nullptr, l, &adapters);
       y.backward(grad);
     }
-    if (options_.step_in_backward) {
+    if (lora()) {
+      const std::vector<size_t>& indices = lora_params_[static_cast<size_t>(l)];
+      size_t i = 0;
+      for (LoraModule m : options_.lora->modules()) {
+        status.Update(AccumulateGrad(params_[indices[i++]], adapter_leaves.at(m).a.grad()));
+        status.Update(AccumulateGrad(params_[indices[i++]], adapter_leaves.at(m).b.grad()));
+      }
+    } else if (options_.step_in_backward) {
       status.Update(StepLayer(l, slots));
     } else {
       for (size_t i = 0; i < slots.size(); ++i) {
@@ -150,8 +179,10 @@ absl::StatusOr<double> LayerwiseTrainerImpl::ForwardBackwardAt(const at::Tensor&
   }
   source_->EndPass();
 
-  at::embedding(embed, input_ids).backward(grad);
-  status.Update(AccumulateGrad(params_[0], embed.grad()));  // params_[0] is embed_tokens (see Create)
+  if (!lora()) {
+    at::embedding(embed, input_ids).backward(grad);
+    status.Update(AccumulateGrad(params_[0], embed.grad()));  // params_[0] is embed_tokens (see Create)
+  }
   status.Update(FlushGrads(/*keep_in_flight=*/0));
   if (status.ok()) status.Update(StartGradientSums());
   if (status.ok()) status.Update(FinishGradientSums());

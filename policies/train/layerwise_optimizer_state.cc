@@ -5,6 +5,7 @@
 // the file's metadata also carries format = "strata-optimizer".
 #include "policies/train/layerwise_trainer_impl.h"
 
+#include <algorithm>
 #include <array>
 #include <map>
 #include <span>
@@ -93,6 +94,7 @@ absl::Status LayerwiseTrainerImpl::LoadState(const std::vector<std::string>& pat
       };
       STRATA_RETURN_IF_ERROR(nvme_adam_->WriteState(p.name, span(loaded[0]), span(loaded[1]), span(loaded[2])));
     }
+    steps_taken_ = std::max(steps_taken_, p.step);
   }
   return absl::OkStatus();
 }

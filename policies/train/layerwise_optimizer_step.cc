@@ -19,6 +19,7 @@ using internal::HostView;
 using internal::SquaredNorm;
 
 absl::Status LayerwiseTrainerImpl::OptimizerStep() {
+  ++steps_taken_;
   summed_since_step_ = false;
   passes_since_step_ = 0;
   STRATA_RETURN_IF_ERROR(ClipGradients());

@@ -91,6 +91,14 @@ absl::StatusOr<std::unique_ptr<LayerwiseTrainer>> LayerwiseTrainer::Create(const
     if (options.data_parallel != nullptr && options.data_parallel->world_size() > 1) {
       return absl::InvalidArgumentError("step_in_backward needs a gang of one");
     }
+    if (options.lora != nullptr) {
+      return absl::InvalidArgumentError(
+          "step_in_backward steps whole layers; with LoRA only the adapters train, after the backward pass");
+    }
+  }
+  if (options.lora != nullptr && options.lora->num_layers() != config.num_hidden_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("LoRA adapters for ", options.lora->num_layers(),
+                                                   " layers, the model has ", config.num_hidden_layers));
   }
   STRATA_ASSIGN_OR_RETURN(auto adam, offload::CpuAdam::Create(options.adam));
   std::unique_ptr<LayerwiseTrainerImpl> trainer(
@@ -111,21 +119,40 @@ absl::StatusOr<std::unique_ptr<LayerwiseTrainer>> LayerwiseTrainer::Create(const
     // Gradients leave the GPU through the download stream (pinned staging).
     STRATA_ASSIGN_OR_RETURN(trainer->grad_transfer_, offload::DeviceTransfer::Create(r.embed_tokens.device()));
   }
-  std::vector<std::pair<std::string, at::Tensor*>> resident_params = {{"model.embed_tokens.weight", &r.embed_tokens},
-                                                                      {"model.norm.weight", &r.norm}};
-  if (r.lm_head.defined()) resident_params.emplace_back("lm_head.weight", &r.lm_head);
+  std::vector<std::pair<std::string, at::Tensor*>> resident_params;
+  if (options.lora == nullptr) {
+    resident_params = {{"model.embed_tokens.weight", &r.embed_tokens}, {"model.norm.weight", &r.norm}};
+    if (r.lm_head.defined()) resident_params.emplace_back("lm_head.weight", &r.lm_head);
+  }
+  // A scalar head is new to the model: it trains in full, with or without
+  // adapters (PEFT's modules_to_save).
   if (r.score.defined()) resident_params.emplace_back("score.weight", &r.score);
   // Reserve first: ParamState holds pointers into resident_ only, but the
   // vector must not reallocate while layer_params_ indexes it.
   LlamaLayerWeights names_only = LlamaLayerWeights::Layout(config);
   const auto named = names_only.Named();
-  trainer->params_.reserve(resident_params.size() + static_cast<size_t>(config.num_hidden_layers) * named.size());
+  const size_t per_layer = options.lora != nullptr ? 2 * options.lora->modules().size() : named.size();
+  trainer->params_.reserve(resident_params.size() + static_cast<size_t>(config.num_hidden_layers) * per_layer);
   for (auto& [name, tensor] : resident_params) {
     LayerwiseTrainerImpl::ParamState state;
     state.name = name;
     state.resident = tensor;
     STRATA_RETURN_IF_ERROR(trainer->AllocateState(state, *tensor));
     trainer->params_.push_back(std::move(state));
+  }
+  if (options.lora != nullptr) {
+    trainer->lora_params_.resize(static_cast<size_t>(config.num_hidden_layers));
+    for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+      for (auto& [name, tensor] : options.lora->NamedInLayer(l)) {
+        LayerwiseTrainerImpl::ParamState state;
+        state.name = name;
+        state.resident = tensor;  // updated in place: generation uses these very tensors
+        STRATA_RETURN_IF_ERROR(trainer->AllocateState(state, *tensor));
+        trainer->lora_params_[static_cast<size_t>(l)].push_back(trainer->params_.size());
+        trainer->params_.push_back(std::move(state));
+      }
+    }
+    return trainer;
   }
   trainer->layer_params_.resize(static_cast<size_t>(config.num_hidden_layers));
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) {

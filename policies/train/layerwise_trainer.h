@@ -27,6 +27,7 @@
 #include "policies/dist/process_group.h"
 #include "policies/model/layer_source.h"
 #include "policies/model/llama.h"
+#include "policies/model/lora.h"
 
 namespace strata::policies {
 
@@ -72,6 +73,15 @@ struct LayerwiseTrainerOptions {
   // before OptimizerStep (micro-batches) is refused. OptimizerStep then
   // updates the resident tensors (embeddings, norm, head).
   bool step_in_backward = false;
+  // LoRA: train these adapters (and a scalar head, PEFT's modules_to_save)
+  // instead of every parameter. The base (embeddings, layers, norm, LM
+  // head) stays frozen: it gets no gradient, no master and no Adam state.
+  // The trainer updates the adapters' tensors in place, so a model using
+  // them (generation) sees each step. Must outlive the trainer.
+  LoraAdapters* lora = nullptr;
+  // The seed of the adapters' dropout masks (keyed further by the optimizer
+  // step, the micro-batch, the layer and the module); unused without dropout.
+  uint64_t lora_dropout_seed = 0;
 };
 
 class LayerwiseTrainer {

@@ -136,6 +136,11 @@ class LayerwiseTrainerImpl final : public LayerwiseTrainer {
   // Measures the global gradient norm and clips to options_.max_grad_norm.
   absl::Status ClipGradients();
   absl::Status DeviceStep();
+  bool lora() const { return options_.lora != nullptr; }
+  // Layer `l`'s adapters as a training pass applies them (dropout keyed by
+  // the step and micro-batch), over `layer`: the adapters themselves, or
+  // their leaves in a recomputation.
+  LoraApply TrainingApply(int64_t l, const LoraLayer* layer) const;
 
   const LlamaConfig config_;
   const LlamaHead head_;
@@ -160,6 +165,10 @@ class LayerwiseTrainerImpl final : public LayerwiseTrainer {
   double last_grad_norm_ = 0.0;
   std::vector<ParamState> params_;
   std::vector<std::vector<size_t>> layer_params_;  // params_ index per layer tensor
+  // LoRA: per layer, the params_ index of each adapter tensor, in
+  // LoraAdapters::NamedInLayer order. The layers' own tensors have none.
+  std::vector<std::vector<size_t>> lora_params_;
+  int64_t steps_taken_ = 0;  // optimizer steps, restored with the state (keys dropout masks)
   // ZeRO-1 and 2: the optimizer and the gradients are sharded over the
   // gang, whole tensors dealt out as they are met.
   bool sharded_ = false;

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "policies/model/peft_adapter.h"
 #include "policies/train/streamed_layers.h"
 
 namespace strata::policies {
@@ -54,8 +55,22 @@ absl::StatusOr<std::unique_ptr<PlacedModel>> PlacedModel::Create(std::unique_ptr
     placed->source_ = std::make_unique<StreamedLayerSource>(placed->streamer_.get());
     placed->model_ = std::make_unique<LlamaModel>(config, head, weights, placed->source_.get());
   }
+  if (options.lora.enabled()) {
+    if (!options.trainable) {
+      return absl::InvalidArgumentError(absl::StrCat(options.name, ": LoRA adapters are for a model that trains"));
+    }
+    auto adapters = LoraAdapters::Init(options.lora, config, dtype, context.device, options.lora_seed);
+    if (!adapters.ok()) {
+      return absl::Status(adapters.status().code(), absl::StrCat(options.name, ": ", adapters.status().message()));
+    }
+    placed->adapters_ = std::move(*adapters);
+    placed->base_ = std::make_unique<LlamaModel>(config, head, weights, placed->source_.get());
+    placed->model_->UseAdapters(placed->adapters_.get());
+  }
   if (options.trainable) {
     LayerwiseTrainerOptions trainer_options = options.trainer;
+    trainer_options.lora = placed->adapters_.get();
+    trainer_options.lora_dropout_seed = options.lora_seed;
     trainer_options.optimizer = placement.optimizer;
     trainer_options.gradients = placement.gradients;
     trainer_options.step_in_backward = placement.step_in_backward;
@@ -70,24 +85,61 @@ absl::StatusOr<std::unique_ptr<PlacedModel>> PlacedModel::Create(std::unique_ptr
   return placed;
 }
 
-absl::Status PlacedModel::Save(const std::string& dir) const {
-  if (placement().weights == offload::Tier::kDevice) return model_->Save(dir);
-  // Gather the streamed layers back for the write.
+absl::StatusOr<LlamaModel> PlacedModel::Gathered(bool merged) const {
   LlamaWeights weights = model_->weights();
-  weights.layers.resize(static_cast<size_t>(model_->config().num_hidden_layers));
-  for (size_t l = 0; l < weights.layers.size(); ++l) {
-    std::vector<at::Tensor*> slots = LayerTensors(weights.layers[l]);
-    for (size_t i = 0; i < slots.size(); ++i) {
-      STRATA_ASSIGN_OR_RETURN(auto tensor, source_->Load(static_cast<int64_t>(l), i));
-      *slots[i] = tensor;
+  const int64_t layers = model_->config().num_hidden_layers;
+  if (placement().weights != offload::Tier::kDevice) {
+    weights.layers.resize(static_cast<size_t>(layers));
+    for (size_t l = 0; l < weights.layers.size(); ++l) {
+      std::vector<at::Tensor*> slots = LayerTensors(weights.layers[l]);
+      for (size_t i = 0; i < slots.size(); ++i) {
+        STRATA_ASSIGN_OR_RETURN(auto tensor, source_->Load(static_cast<int64_t>(l), i));
+        *slots[i] = tensor;
+      }
     }
   }
-  return LlamaModel(model_->config(), model_->head(), std::move(weights)).Save(dir);
+  if (merged && adapters_ != nullptr) {
+    for (int64_t l = 0; l < layers; ++l) adapters_->MergeInto(l, weights.layers[static_cast<size_t>(l)]);
+  }
+  return LlamaModel(model_->config(), model_->head(), std::move(weights));
+}
+
+absl::Status PlacedModel::Save(const std::string& dir) const {
+  if (adapters_ != nullptr) {
+    const at::Tensor score = model_->head() == LlamaHead::kScalar ? model_->weights().score : at::Tensor();
+    return SavePeftAdapter(dir, *adapters_, model_->head(), score, options_.base_model);
+  }
+  if (placement().weights == offload::Tier::kDevice) return model_->Save(dir);
+  STRATA_ASSIGN_OR_RETURN(auto model, Gathered(/*merged=*/false));
+  return model.Save(dir);
+}
+
+absl::Status PlacedModel::SaveMerged(const std::string& dir) const {
+  STRATA_ASSIGN_OR_RETURN(auto model, Gathered(/*merged=*/true));
+  return model.Save(dir);
 }
 
 absl::Status PlacedModel::LoadWeights(const std::string& dir) {
-  STRATA_ASSIGN_OR_RETURN(auto loaded, LlamaModel::Load(dir, model_->head(), model_->dtype()));
   c10::NoGradGuard no_grad;
+  if (adapters_ != nullptr) {
+    STRATA_ASSIGN_OR_RETURN(auto loaded,
+                            LoadPeftAdapter(dir, model_->config(), model_->head(), model_->dtype(), model_->device()));
+    if (loaded.adapters->modules() != adapters_->modules() || loaded.config.rank != adapters_->config().rank) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(dir, ": the adapter's rank or target modules differ from ", name(), "'s lora settings"));
+    }
+    auto to = adapters_->Named();
+    auto from = loaded.adapters->Named();
+    for (size_t i = 0; i < to.size(); ++i) to[i].second->copy_(*from[i].second);
+    if (model_->head() == LlamaHead::kScalar) {
+      if (!loaded.score.defined()) {
+        return absl::InvalidArgumentError(absl::StrCat(dir, ": the adapter has no scalar head (score)"));
+      }
+      model_->weights().score.copy_(loaded.score);
+    }
+    return absl::OkStatus();
+  }
+  STRATA_ASSIGN_OR_RETURN(auto loaded, LlamaModel::Load(dir, model_->head(), model_->dtype()));
   LlamaWeights from = loaded->weights();
   const LlamaWeights& to = model_->weights();
   to.embed_tokens.copy_(from.embed_tokens);

@@ -13,8 +13,10 @@
 #include "offload/nvme/nvme_store.h"
 #include "offload/stream/layer_streamer.h"
 #include "offload/tiers/placement.h"
+#include "policies/config/lora_config.h"
 #include "policies/model/layer_source.h"
 #include "policies/model/llama.h"
+#include "policies/model/lora.h"
 #include "policies/train/layerwise_trainer.h"
 
 namespace strata::policies {
@@ -41,6 +43,13 @@ struct PlacedModelOptions {
   // kept free under a device budget.
   int64_t batch = 8;
   int64_t seq = 128;
+  // Trainable only: low-rank adapters train in place of every parameter
+  // (rank 0: none). The base stays frozen wherever its placement puts it;
+  // the adapters, their gradients and Adam state sit beside the compute
+  // (the device) and on the placement's optimizer tier.
+  LoraConfig lora;
+  uint64_t lora_seed = 0;  // the adapters' init and dropout masks
+  std::string base_model;  // base_model_name_or_path of saved adapters
 };
 
 class PlacedModel {
@@ -56,16 +65,30 @@ class PlacedModel {
   LayerwiseTrainer* trainer() { return trainer_.get(); }
   const offload::ModelPlacement& placement() const { return options_.placement; }
   const std::string& name() const { return options_.name; }
+  // With LoRA: the adapters model() applies, and the same weights without
+  // them (the frozen base: a LoRA job's reference, at no memory of its
+  // own). Null without LoRA.
+  LoraAdapters* adapters() { return adapters_.get(); }
+  const LlamaModel* frozen_base() const { return base_.get(); }
 
-  // Writes the current weights in HF layout (layers read back from their home).
+  // Writes the current weights in HF layout (layers read back from their
+  // home); with LoRA, the adapters (and a scalar head) in PEFT's layout.
   absl::Status Save(const std::string& dir) const;
   // Reads weights saved by Save (same shapes) into the placed model.
   absl::Status LoadWeights(const std::string& dir);
+  // With LoRA: base + adapters merged, in HF layout, one layer at a time.
+  absl::Status SaveMerged(const std::string& dir) const;
 
  private:
   explicit PlacedModel(const PlacedModelOptions& options) : options_(options) {}
 
+  // Gathers the layers back from their home (`merged`: with the adapters
+  // merged in) into a whole model.
+  absl::StatusOr<LlamaModel> Gathered(bool merged) const;
+
   std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<LlamaModel> base_;        // LoRA: model_ without adapters
+  std::unique_ptr<LoraAdapters> adapters_;  // LoRA only
   const PlacedModelOptions options_;
   std::unique_ptr<offload::LayerStreamer> streamer_;
   std::unique_ptr<LayerSource> source_;

@@ -28,8 +28,9 @@ LocalWorkerGroup::LocalWorkerGroup(policies::JobSpec spec) : spec_(std::move(spe
 
 LocalWorkerGroup::~LocalWorkerGroup() {
   // Models (and their streamers) hold buffers of the arena and the store.
-  actor_.reset();
+  // The scorer may use the actor's frozen base: it goes first.
   scorer_.reset();
+  actor_.reset();
   critic_.reset();
 }
 
@@ -79,8 +80,13 @@ absl::Status LocalWorkerGroup::LoadModels() {
       STRATA_ASSIGN_OR_RETURN(actor, memory_->Place("actor", spec_.actor, LlamaHead::kLanguageModel, true, lr));
       policies::ModelSpec reference = spec_.reference;
       if (reference.path.empty()) reference.path = spec_.actor.path;
-      STRATA_ASSIGN_OR_RETURN(scoring.reference,
-                              memory_->Place("reference", reference, LlamaHead::kLanguageModel, false, 0));
+      if (actor->frozen_base() != nullptr && reference.path == spec_.actor.path) {
+        // LoRA: the reference is the actor's base with the adapters off.
+        scoring.frozen_reference = actor->frozen_base();
+      } else {
+        STRATA_ASSIGN_OR_RETURN(scoring.reference,
+                                memory_->Place("reference", reference, LlamaHead::kLanguageModel, false, 0));
+      }
       if (spec_.algorithm == Algorithm::kPpo) {
         policies::ModelSpec critic_spec = spec_.critic;
         critic_spec.path = policies::DefaultCriticPath(spec_);
@@ -115,7 +121,7 @@ absl::Status LocalWorkerGroup::LoadModels() {
     }
   }
   if (actor != nullptr) actor_ = std::make_unique<Actor>(std::move(actor), *tokenizer_, stop_token_ids_, passes_);
-  if (scoring.reward != nullptr || scoring.reference != nullptr) {
+  if (scoring.reward != nullptr || scoring.reference != nullptr || scoring.frozen_reference != nullptr) {
     scorer_ = std::make_unique<Scorer>(std::move(scoring), *tokenizer_, passes_);
   }
   if (!spec_.reward_sources.empty()) {
@@ -381,7 +387,13 @@ absl::Status LocalWorkerGroup::SaveOutput(const std::string& dir) {
   policies::PlacedModel* model = spec_.algorithm == policies::Algorithm::kRewardModel ? scorer_->reward_model()
                                                                                       : &actor_->model();
   STRATA_RETURN_IF_ERROR(model->Save(dir));
-  return CopyTokenizer(dir);
+  STRATA_RETURN_IF_ERROR(CopyTokenizer(dir));
+  if (!spec_.merge_lora || model->adapters() == nullptr) return absl::OkStatus();
+  const std::string merged = JoinPath(dir, "merged");
+  std::filesystem::create_directories(merged, ec);
+  if (ec) return absl::PermissionDeniedError(absl::StrCat("output.dir: cannot create ", merged, ": ", ec.message()));
+  STRATA_RETURN_IF_ERROR(model->SaveMerged(merged));
+  return CopyTokenizer(merged);
 }
 
 }  // namespace strata::services

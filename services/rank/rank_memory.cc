@@ -134,6 +134,11 @@ absl::StatusOr<std::unique_ptr<policies::PlacedModel>> RankMemory::Place(const s
   options.trainer.adam.adam.weight_decay = spec_.train.weight_decay;
   options.trainer.max_grad_norm = spec_.train.max_grad_norm;
   options.trainer.data_parallel = &gang_;
+  if (trainable) {
+    options.lora = model.lora;
+    options.lora_seed = policies::AdapterSeed(spec_.train.seed);
+    options.base_model = model.path;
+  }
   options.batch = spec_.train.batch_size;
   options.seq = spec_.data.max_prompt_tokens +
                 std::max(spec_.data.max_response_tokens, spec_.generation.max_new_tokens);

@@ -11,6 +11,7 @@ namespace strata::services {
 Scorer::Scorer(ScorerModels models, const policies::Tokenizer& tokenizer, PassOptions passes)
     : reward_(std::move(models.reward)),
       reference_(std::move(models.reference)),
+      reference_model_(reference_ != nullptr ? &reference_->model() : models.frozen_reference),
       tokenizer_(tokenizer),
       passes_(passes) {}
 
@@ -18,7 +19,7 @@ Scorer::~Scorer() = default;
 
 std::vector<std::vector<float>> Scorer::ReferenceLogProbs(const Packed& packed,
                                                           const std::vector<policies::Rollout>& rollouts) {
-  const at::Tensor logits = reference_->model().LogitsAt(packed.ids, packed.mask, packed.positions);
+  const at::Tensor logits = reference_model_->LogitsAt(packed.ids, packed.mask, packed.positions);
   return RolloutRows(ResponseLogProbs(logits, packed), rollouts);
 }
 

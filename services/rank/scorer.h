@@ -19,7 +19,11 @@ namespace strata::services {
 // the reference. RL rewards come from the job's RewardSources.
 struct ScorerModels {
   std::unique_ptr<policies::PlacedModel> reward;     // a reward_model job's
-  std::unique_ptr<policies::PlacedModel> reference;  // RL's
+  std::unique_ptr<policies::PlacedModel> reference;  // RL's, loaded on its own
+  // RL with LoRA on the actor: the actor's frozen base serves as the
+  // reference instead (no load, no memory of its own). Must outlive the
+  // scorer.
+  const policies::LlamaModel* frozen_reference = nullptr;
 };
 
 // Not thread-safe: the rank's work thread drives it. `tokenizer` and the
@@ -45,6 +49,7 @@ class Scorer {
   // Members are destroyed in reverse order: the reference is freed first.
   std::unique_ptr<policies::PlacedModel> reward_;
   std::unique_ptr<policies::PlacedModel> reference_;
+  const policies::LlamaModel* reference_model_;  // reference_'s model, or the actor's frozen base
   const policies::Tokenizer& tokenizer_;
   const PassOptions passes_;
 };

@@ -6,9 +6,14 @@ eager implementations compute it (pure torch) for Llama, Mistral (sliding
 window), Qwen2 (q/k/v biases) and Qwen3 (per-head q/k RMSNorm, explicit
 head_dim), and writes the expected outputs.
 
-Usage: llama_reference.py OUT_DIR VARIANT
+Usage: llama_reference.py OUT_DIR VARIANT [lora]
   VARIANT: gqa_untied | mha_tied | gqa_sharded | scalar | mistral | qwen2 | qwen3 | qwen3_scalar
 Writes OUT_DIR/model/ (config.json, safetensors) and OUT_DIR/expected.json.
+With "lora" (language-model variants), also OUT_DIR/adapter/, a LoRA adapter
+written as PEFT writes one (rank 4 on every projection, random A and B), and
+in expected.json the adapted model's padded logits and the gradients of
+every A and B under the mean next-token negative log-likelihood, computed
+the way PEFT's LoRA layer computes its forward (base + scaling * B(A(x))).
 """
 import json
 import math
@@ -117,7 +122,36 @@ def rotate_half(x):
     return torch.cat((-x2, x1), dim=-1)
 
 
-def forward(cfg, w, input_ids, attention_mask):
+LORA_RANK, LORA_ALPHA = 4, 8.0
+LORA_MODULES = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
+                "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+
+
+def make_lora(cfg, w):
+    """PEFT-named adapters (base_model.model.<module>.lora_{A,B}.weight) with leaves that require grad."""
+    g = torch.Generator().manual_seed(4321)
+    lora = {}
+    for l in range(cfg["num_hidden_layers"]):
+        for name, parent in LORA_MODULES.items():
+            out_features, in_features = w[f"model.layers.{l}.{parent}.{name}.weight"].shape
+            prefix = f"base_model.model.model.layers.{l}.{parent}.{name}"
+            lora[prefix + ".lora_A.weight"] = (torch.rand(LORA_RANK, in_features, generator=g) * 2 - 1) / math.sqrt(in_features)
+            lora[prefix + ".lora_B.weight"] = 0.2 * torch.randn(out_features, LORA_RANK, generator=g)
+    for t in lora.values():
+        t.requires_grad_(True)
+    return lora
+
+
+def linear(w, lora, name, x):
+    """x W^T, plus PEFT's LoRA term when `lora` holds adapters for this module."""
+    out = x @ w[name + ".weight"].T
+    if lora is not None:
+        prefix = "base_model.model." + name
+        out = out + (LORA_ALPHA / LORA_RANK) * ((x @ lora[prefix + ".lora_A.weight"].T) @ lora[prefix + ".lora_B.weight"].T)
+    return out
+
+
+def forward(cfg, w, input_ids, attention_mask, lora=None):
     """Returns final hidden states [B, T, H] for full sequences (no cache)."""
     h, nh, nkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     d = head_dim(cfg)
@@ -147,7 +181,7 @@ def forward(cfg, w, input_ids, attention_mask):
         residual = x
         y = rms_norm(x, w[p + "input_layernorm.weight"], eps)
         def project(name, n):
-            out = y @ w[p + f"self_attn.{name}_proj.weight"].T
+            out = linear(w, lora, p + f"self_attn.{name}_proj", y)
             if p + f"self_attn.{name}_proj.bias" in w:
                 out = out + w[p + f"self_attn.{name}_proj.bias"]
             out = out.view(bsz, seq, n, d)
@@ -163,11 +197,11 @@ def forward(cfg, w, input_ids, attention_mask):
         scores = q @ k.transpose(2, 3) / math.sqrt(d) + mask
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         attn = (probs @ v).transpose(1, 2).reshape(bsz, seq, nh * d)
-        x = residual + attn @ w[p + "self_attn.o_proj.weight"].T
+        x = residual + linear(w, lora, p + "self_attn.o_proj", attn)
         residual = x
         y = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
-        gate = torch.nn.functional.silu(y @ w[p + "mlp.gate_proj.weight"].T)
-        x = residual + (gate * (y @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
+        gate = torch.nn.functional.silu(linear(w, lora, p + "mlp.gate_proj", y))
+        x = residual + linear(w, lora, p + "mlp.down_proj", gate * linear(w, lora, p + "mlp.up_proj", y))
     return rms_norm(x, w["model.norm.weight"], eps)
 
 
@@ -240,8 +274,32 @@ def main():
             ids, mask = left_pad(PROMPTS)
             logits = forward(cfg, w, ids, mask) @ head.T
             expected["padded_logits"] = logits.tolist()
+    if len(sys.argv) > 3 and sys.argv[3] == "lora":
+        expected.update(lora_expectations(cfg, w, os.path.join(out_dir, "adapter")))
     with open(os.path.join(out_dir, "expected.json"), "w") as f:
         json.dump(expected, f)
+
+
+def lora_expectations(cfg, w, adapter_dir):
+    lora = make_lora(cfg, w)
+    os.makedirs(adapter_dir, exist_ok=True)
+    write_safetensors(os.path.join(adapter_dir, "adapter_model.safetensors"),
+                      [(n, t.detach()) for n, t in lora.items()])
+    with open(os.path.join(adapter_dir, "adapter_config.json"), "w") as f:
+        json.dump({"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": LORA_RANK, "lora_alpha": LORA_ALPHA,
+                   "lora_dropout": 0.0, "target_modules": sorted(LORA_MODULES), "bias": "none",
+                   "fan_in_fan_out": False, "use_rslora": False, "use_dora": False, "modules_to_save": None,
+                   "base_model_name_or_path": "model", "inference_mode": True, "rank_pattern": {},
+                   "alpha_pattern": {}, "layers_to_transform": None}, f, indent=2)
+    ids, mask = left_pad(PROMPTS)
+    logits = forward(cfg, w, ids, mask, lora) @ lm_head(cfg, w).T
+    # Mean next-token NLL over positions whose token and next token are real.
+    logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
+    real = (mask[:, :-1] * mask[:, 1:]).float()
+    loss = -(logp * real).sum() / real.sum()
+    loss.backward()
+    return {"lora_padded_logits": logits.detach().tolist(), "lora_loss": loss.item(),
+            "lora_grads": {n[len("base_model.model."):]: t.grad.reshape(-1).tolist() for n, t in lora.items()}}
 
 
 if __name__ == "__main__":

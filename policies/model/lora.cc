@@ -1,0 +1,170 @@
+#include "policies/model/lora.h"
+
+#include <c10/core/GradMode.h>
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "policies/model/llama.h"
+
+namespace strata::policies {
+
+namespace {
+
+at::Tensor& Projection(LlamaLayerWeights& w, LoraModule m) {
+  switch (m) {
+    case LoraModule::kQ:
+      return w.q_proj;
+    case LoraModule::kK:
+      return w.k_proj;
+    case LoraModule::kV:
+      return w.v_proj;
+    case LoraModule::kO:
+      return w.o_proj;
+    case LoraModule::kGate:
+      return w.gate_proj;
+    case LoraModule::kUp:
+      return w.up_proj;
+    case LoraModule::kDown:
+      return w.down_proj;
+  }
+  return w.q_proj;
+}
+
+// SplitMix64's finaliser over the key's parts: independent streams per
+// (key, layer, module).
+uint64_t MixKey(uint64_t key, int64_t layer, LoraModule module) {
+  uint64_t z = key ^ (0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(layer + 1)) ^
+               (0xbf58476d1ce4e5b9ULL * static_cast<uint64_t>(static_cast<int>(module) + 1));
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// Inverted dropout whose mask is a function of the key alone. Drawn on the
+// CPU so that every device draws the same mask.
+at::Tensor KeyedDropout(const at::Tensor& x, double p, uint64_t key) {
+  at::Generator gen = at::detail::createCPUGenerator(key);
+  const at::Tensor keep = at::empty(x.sizes(), at::kFloat).bernoulli_(1.0 - p, gen);
+  return x * (keep / (1.0 - p)).to(x.device(), x.scalar_type());
+}
+
+}  // namespace
+
+uint64_t LoraDropoutKey(uint64_t seed, int64_t step, int64_t micro_batch) {
+  return MixKey(seed, step, static_cast<LoraModule>(0)) ^ MixKey(~seed, micro_batch, static_cast<LoraModule>(1));
+}
+
+at::Tensor LoraLinear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const LoraApply* lora,
+                      LoraModule module) {
+  at::Tensor y = at::linear(x, weight, bias);
+  if (lora == nullptr || lora->layer == nullptr) return y;
+  const LoraPair& pair = lora->layer->at(module);
+  if (!pair.a.defined()) return y;
+  const at::Tensor input =
+      lora->dropout > 0 ? KeyedDropout(x, lora->dropout, MixKey(lora->dropout_key, lora->layer_index, module)) : x;
+  return y + at::linear(at::linear(input, pair.a), pair.b) * lora->scaling;
+}
+
+std::pair<std::vector<int64_t>, std::vector<int64_t>> LoraAdapters::Shapes(const LlamaConfig& c, int64_t rank,
+                                                                           LoraModule module) {
+  const int64_t h = c.hidden_size, i = c.intermediate_size;
+  const int64_t q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
+  int64_t out = 0, in = 0;
+  switch (module) {
+    case LoraModule::kQ:
+      out = q, in = h;
+      break;
+    case LoraModule::kK:
+    case LoraModule::kV:
+      out = kv, in = h;
+      break;
+    case LoraModule::kO:
+      out = h, in = q;
+      break;
+    case LoraModule::kGate:
+    case LoraModule::kUp:
+      out = i, in = h;
+      break;
+    case LoraModule::kDown:
+      out = h, in = i;
+      break;
+  }
+  return {{rank, in}, {out, rank}};
+}
+
+absl::StatusOr<std::unique_ptr<LoraAdapters>> LoraAdapters::Zeros(const LoraConfig& lora, const LlamaConfig& model,
+                                                                  at::ScalarType dtype, at::Device device) {
+  if (absl::Status s = lora.Validate(); !s.ok()) return s;
+  auto modules = lora.Modules();
+  if (!modules.ok()) return modules.status();
+  std::unique_ptr<LoraAdapters> adapters(new LoraAdapters(lora, *modules));
+  const at::TensorOptions options = at::TensorOptions().dtype(dtype).device(device);
+  adapters->layers_.resize(static_cast<size_t>(model.num_hidden_layers));
+  for (LoraLayer& layer : adapters->layers_) {
+    for (LoraModule m : *modules) {
+      auto [a, b] = Shapes(model, lora.rank, m);
+      layer.at(m) = {at::zeros(a, options), at::zeros(b, options)};
+    }
+  }
+  return adapters;
+}
+
+absl::StatusOr<std::unique_ptr<LoraAdapters>> LoraAdapters::Init(const LoraConfig& lora, const LlamaConfig& model,
+                                                                 at::ScalarType dtype, at::Device device,
+                                                                 uint64_t seed) {
+  auto adapters = Zeros(lora, model, dtype, device);
+  if (!adapters.ok()) return adapters;
+  c10::NoGradGuard no_grad;
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  for (LoraLayer& layer : (*adapters)->layers_) {
+    for (LoraModule m : (*adapters)->modules_) {
+      at::Tensor& a = layer.at(m).a;
+      const double bound = 1.0 / std::sqrt(static_cast<double>(a.size(1)));
+      a.copy_(at::empty(a.sizes(), at::kFloat).uniform_(-bound, bound, gen));
+    }
+  }
+  return adapters;
+}
+
+std::vector<std::pair<std::string, at::Tensor*>> LoraAdapters::NamedInLayer(int64_t l) {
+  std::vector<std::pair<std::string, at::Tensor*>> out;
+  LoraLayer& layer = layers_.at(static_cast<size_t>(l));
+  for (LoraModule m : modules_) {
+    const std::string prefix = absl::StrCat("model.layers.", l, ".", LoraModuleParent(m), ".", LoraModuleName(m));
+    out.emplace_back(prefix + ".lora_A.weight", &layer.at(m).a);
+    out.emplace_back(prefix + ".lora_B.weight", &layer.at(m).b);
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor*>> LoraAdapters::Named() {
+  std::vector<std::pair<std::string, at::Tensor*>> out;
+  for (int64_t l = 0; l < num_layers(); ++l) {
+    auto layer = NamedInLayer(l);
+    out.insert(out.end(), layer.begin(), layer.end());
+  }
+  return out;
+}
+
+int64_t LoraAdapters::num_parameters() const {
+  int64_t n = 0;
+  for (const LoraLayer& layer : layers_) {
+    for (LoraModule m : modules_) n += layer.at(m).a.numel() + layer.at(m).b.numel();
+  }
+  return n;
+}
+
+void LoraAdapters::MergeInto(int64_t l, LlamaLayerWeights& w) const {
+  c10::NoGradGuard no_grad;
+  const LoraLayer& layer = layers_.at(static_cast<size_t>(l));
+  for (LoraModule m : modules_) {
+    at::Tensor& weight = Projection(w, m);
+    const LoraPair& pair = layer.at(m);
+    // In fp32, then rounded once to the weight's dtype, as PEFT's merge does.
+    const at::Tensor delta = at::matmul(pair.b.to(at::kFloat), pair.a.to(at::kFloat)) * scaling();
+    weight = (weight.to(at::kFloat) + delta.to(weight.device())).to(weight.scalar_type());
+  }
+}
+
+}  // namespace strata::policies
