@@ -34,8 +34,7 @@ const char* LoraModuleName(LoraModule module) {
 }
 
 const char* LoraModuleParent(LoraModule module) {
-  return module == LoraModule::kGate || module == LoraModule::kUp || module == LoraModule::kDown ? "mlp"
-                                                                                                  : "self_attn";
+  return module == LoraModule::kGate || module == LoraModule::kUp || module == LoraModule::kDown ? "mlp" : "self_attn";
 }
 
 double LoraConfig::scaling() const {
@@ -55,9 +54,8 @@ absl::StatusOr<std::vector<LoraModule>> LoraConfig::Modules() const {
     if (found == std::end(kAll)) {
       std::vector<std::string> names = {"all-linear"};
       for (LoraModule m : kAll) names.emplace_back(LoraModuleName(m));
-      return absl::InvalidArgumentError(absl::StrCat("target module '", name,
-                                                     "' is not a projection of a Llama-family layer (",
-                                                     absl::StrJoin(names, ", "), ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "target module '", name, "' is not a projection of a Llama-family layer (", absl::StrJoin(names, ", "), ")"));
     }
     if (std::find(out.begin(), out.end(), *found) == out.end()) out.push_back(*found);
   }

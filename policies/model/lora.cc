@@ -61,8 +61,9 @@ at::Tensor LoraLinear(const at::Tensor& x, const at::Tensor& weight, const at::T
   if (lora == nullptr || lora->layer == nullptr) return y;
   const LoraPair& pair = lora->layer->at(module);
   if (!pair.a.defined()) return y;
-  const at::Tensor input =
-      lora->dropout > 0 ? KeyedDropout(x, lora->dropout, MixKey(lora->dropout_key, lora->layer_index, module)) : x;
+  const at::Tensor input = lora->dropout > 0
+                               ? KeyedDropout(x, lora->dropout, MixKey(lora->dropout_key, lora->layer_index, module))
+                               : x;
   return y + at::linear(at::linear(input, pair.a), pair.b) * lora->scaling;
 }
 

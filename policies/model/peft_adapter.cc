@@ -81,7 +81,8 @@ absl::StatusOr<LoraConfig> ReadPeftConfig(const std::string& dir) {
   json config = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!config.is_object()) return ConfigError(path, "not a JSON object");
   if (config.value("peft_type", "") != "LORA") {
-    return ConfigError(path, absl::StrCat("peft_type is ", config.contains("peft_type") ? config["peft_type"].dump() : "missing",
+    return ConfigError(path, absl::StrCat("peft_type is ",
+                                          config.contains("peft_type") ? config["peft_type"].dump() : "missing",
                                           "; strata loads LORA adapters"));
   }
   // Settings that change what the adapter computes and that strata does not
@@ -92,7 +93,8 @@ absl::StatusOr<LoraConfig> ReadPeftConfig(const std::string& dir) {
       return ConfigError(path, absl::StrCat(key, " = ", config[key].dump(), " is not supported by strata"));
     }
   }
-  if (config.value("fan_in_fan_out", false) != false) return ConfigError(path, "fan_in_fan_out = true is not supported");
+  if (config.value("fan_in_fan_out", false) != false)
+    return ConfigError(path, "fan_in_fan_out = true is not supported");
   if (config.contains("bias") && config["bias"] != "none") {
     return ConfigError(path, absl::StrCat("bias = ", config["bias"].dump(), " is not supported (only \"none\")"));
   }
@@ -116,7 +118,8 @@ absl::StatusOr<LoraConfig> ReadPeftConfig(const std::string& dir) {
   if (!IsUnset(config, "modules_to_save")) {
     for (const json& m : config["modules_to_save"]) {
       if (m != "score") {
-        return ConfigError(path, absl::StrCat("modules_to_save names ", m.dump(), "; strata saves only a scalar head, \"score\""));
+        return ConfigError(path, absl::StrCat("modules_to_save names ", m.dump(),
+                                              "; strata saves only a scalar head, \"score\""));
       }
     }
   }
@@ -147,8 +150,8 @@ absl::StatusOr<PeftAdapter> LoadPeftAdapter(const std::string& dir, const LlamaC
   }
   if (const TensorView* score = file->Find(kScoreName); score != nullptr) {
     if (head != LlamaHead::kScalar) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": has a scalar head (", kScoreName,
-                                                     ") but is loaded as a causal LM"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": has a scalar head (", kScoreName, ") but is loaded as a causal LM"));
     }
     auto loaded = ToTensorWithShape(*score, {model.num_labels, model.hidden_size}, dtype);
     if (!loaded.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", loaded.status().message()));

@@ -53,6 +53,8 @@ absl::StatusOr<std::unique_ptr<LocalWorkerGroup>> LocalWorkerGroup::Create(const
   return group;
 }
 
+const std::vector<std::string>& LocalWorkerGroup::placed_models() const { return memory_->placed(); }
+
 offload::DeviceMemoryMonitor& LocalWorkerGroup::device_monitor() const { return memory_->monitor(); }
 
 absl::Status LocalWorkerGroup::LoadModels() {

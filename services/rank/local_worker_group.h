@@ -60,6 +60,8 @@ class LocalWorkerGroup final : public policies::WorkerGroup {
   policies::MemoryStats PhaseMemory(const std::string& phase) override;
   absl::Status BeginIteration(int64_t iteration) override;
   std::map<std::string, double> OptimizerMetrics() override;
+  // The models this rank loaded and placed, by key ("actor", "reference", ...).
+  const std::vector<std::string>& placed_models() const;
   // Bytes held now per tier ("device", "host", "nvme"), for the metrics
   // endpoint. Safe to call between operations of the job's work thread.
   std::map<std::string, int64_t> MemoryInUse() const;

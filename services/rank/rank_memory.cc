@@ -147,6 +147,7 @@ absl::StatusOr<std::unique_ptr<policies::PlacedModel>> RankMemory::Place(const s
   context.nvme = nvme_.get();
   context.device_budget_bytes = static_cast<size_t>(spec_.memory.device_mib) << 20;
   context.device = device_;
+  placed_.push_back(key);
   return policies::PlacedModel::Create(std::move(loaded), options, context);
 }
 

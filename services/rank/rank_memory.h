@@ -38,6 +38,10 @@ class RankMemory {
   absl::StatusOr<std::unique_ptr<policies::PlacedModel>> Place(const std::string& key, const policies::ModelSpec& model,
                                                                policies::LlamaHead head, bool trainable, double lr);
 
+  // The models placed so far, by key, in order: a model the job shares
+  // (a LoRA actor's frozen base serving as the reference) is not among them.
+  const std::vector<std::string>& placed() const { return placed_; }
+
   // Where the models compute (memory.device).
   const at::Device& device() const { return device_; }
   offload::DeviceMemoryMonitor& monitor() const { return *monitor_; }
@@ -56,6 +60,7 @@ class RankMemory {
   offload::DeviceMemoryMonitor* monitor_ = nullptr;  // of device_
   std::unique_ptr<offload::HostArena> arena_;
   std::unique_ptr<offload::NvmeStore> nvme_;
+  std::vector<std::string> placed_;
   std::string nvme_job_dir_;  // the store's own directory under memory.nvme_dir
 };
 

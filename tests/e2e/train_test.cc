@@ -542,6 +542,26 @@ TEST_P(DataParallelTest, UnevenShardsMakeTheSamePassesOnEveryRank) {
 INSTANTIATE_TEST_SUITE_P(Algorithms, DataParallelTest,
                          ::testing::Values("sft", "reward_model", "remax", "ppo", "grpo", "rloo"));
 
+// The settings that put LoRA on every model an algorithm trains.
+std::vector<std::string> LoraOverrides(const std::string& algorithm) {
+  if (algorithm == "reward_model") return {"models.reward.lora={rank: 4, alpha: 8}"};
+  std::vector<std::string> set = {"models.actor.lora={rank: 4, alpha: 8}"};
+  if (algorithm == "ppo") set.push_back("models.critic.lora={rank: 4}");
+  return set;
+}
+
+// LoRA in a gang: only the adapters' gradients cross, and two ranks
+// compute what one does.
+TEST_P(DataParallelTest, WithLoraTwoRanksMatchOneRank) {
+  const std::vector<std::string> lora = LoraOverrides(GetParam());
+  auto one = Train("one", "1", lora);
+  ASSERT_EQ(one.exit_code, 0) << one.error;
+  auto two = Train("two", "2", lora);
+  ASSERT_EQ(two.exit_code, 0) << two.error;
+  ExpectSameTraining("one", "two", 3, /*weights=*/false);
+  EXPECT_TRUE(IsRegularFile(dir_.Join("two/adapter_model.safetensors")));
+}
+
 // In `strata train --workers N` the ranks wait in a collective at most
 // --collective-timeout-ms for a slower rank: one rank scoring 4 s longer
 // (a larger shard, longer rollouts) fails a 1 s bound and passes a 20 s
@@ -846,6 +866,63 @@ TEST_F(ChatDataTest, AKilledRunResumesRenderingAndTrainingAsBefore) {
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "iteration " << i;
 }
+
+// LoRA jobs as a user runs them: killed with -9 mid-run and resumed, they
+// write what an uninterrupted run writes; the output is a PEFT adapter
+// (with output.merge_lora, also the merged model); the first iteration's KL
+// is zero, since fresh adapters leave the actor its own base, which is the
+// reference.
+class LoraJobTest : public TrainTest, public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(LoraJobTest, AKilledRunResumesExactlyAndWritesAPeftAdapter) {
+  auto args = [&](const std::string& out, std::vector<std::string> extra) {
+    std::vector<std::string> a = {testing::StrataBinary(),
+                                  "train",
+                                  spec_,
+                                  "--out",
+                                  dir_.Join(out),
+                                  "--set",
+                                  "algorithm=" + GetParam(),
+                                  "--set",
+                                  "output.merge_lora=true",
+                                  "--set",
+                                  "eval.every=0"};
+    for (const std::string& o : LoraOverrides(GetParam())) a.insert(a.end(), {"--set", o});
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  std::vector<std::string> killed_args = args("split", {});
+  killed_args.insert(killed_args.begin(), {"/usr/bin/env", "STRATA_FAILPOINT=kill@rollout:3"});
+  auto killed = testing::RunCommand(killed_args);
+  ASSERT_TRUE(killed.ok()) << killed.status();
+  EXPECT_EQ(killed->exit_code, 128 + SIGKILL) << killed->error;
+  auto whole = testing::RunCommand(args("whole", {}));
+  ASSERT_TRUE(whole.ok() && whole->exit_code == 0) << (whole.ok() ? whole->error : whole.status().ToString());
+  auto resumed = testing::RunCommand(args("split", {"--resume"}));
+  ASSERT_TRUE(resumed.ok() && resumed->exit_code == 0) << (resumed.ok() ? resumed->error : resumed.status().ToString());
+  const auto want = testing::RunMetrics(dir_.Join("whole/metrics.jsonl"));
+  const auto got = testing::RunMetrics(dir_.Join("split/metrics.jsonl"));
+  ASSERT_EQ(want.size(), 4u);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "iteration " << i;
+  // Sampled and scored log-probs of the same model differ by float noise only.
+  EXPECT_LT(std::abs(want[0]["objective/kl"].get<double>()), 1e-4);
+  EXPECT_GT(std::abs(want[3]["objective/kl"].get<double>()), 1e-4);  // and then the adapters moved it
+
+  for (const char* file : {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "merged/config.json",
+                           "merged/model.safetensors", "merged/tokenizer.json"}) {
+    EXPECT_TRUE(IsRegularFile(dir_.Join(std::string("split/") + file))) << file;
+  }
+  EXPECT_FALSE(IsRegularFile(dir_.Join("split/model.safetensors")));
+  auto adapter = policies::SafetensorsFile::Open(dir_.Join("split/adapter_model.safetensors"));
+  ASSERT_TRUE(adapter.ok()) << adapter.status();
+  EXPECT_NE((*adapter)->Find("base_model.model.model.layers.0.mlp.down_proj.lora_B.weight"), nullptr);
+  // A checkpoint holds the adapters (and their Adam state), not the base.
+  EXPECT_TRUE(IsRegularFile(dir_.Join("split/checkpoints/iter-000002/actor/adapter_model.safetensors")));
+  EXPECT_FALSE(IsRegularFile(dir_.Join("split/checkpoints/iter-000002/actor/model.safetensors")));
+}
+
+INSTANTIATE_TEST_SUITE_P(Algorithms, LoraJobTest, ::testing::Values("remax", "grpo", "ppo"));
 
 // RL with every kind of reward source at once: a verifier, the example
 // reward server (a real process on loopback) and a reward model. Its

@@ -68,7 +68,8 @@ struct Batch {
 };
 
 Batch LeftPadded() {
-  at::Tensor ids = at::tensor(std::vector<int64_t>{0, 0, 5, 9, 13, 2, 7, 1, 4, 8, 22, 3, 40, 30}, at::kLong).view({2, 7});
+  at::Tensor ids =
+      at::tensor(std::vector<int64_t>{0, 0, 5, 9, 13, 2, 7, 1, 4, 8, 22, 3, 40, 30}, at::kLong).view({2, 7});
   at::Tensor mask = at::ones_like(ids);
   mask[0][0] = 0;
   mask[0][1] = 0;
@@ -247,7 +248,8 @@ TEST(PeftAdapterTest, RefusesWhatStrataDoesNotImplementByName) {
     json config = good;
     config[field] = value;
     WriteJson(dir.Join(kPeftConfigFile), config);
-    const absl::Status status = LoadPeftAdapter(dir.path(), c, LlamaHead::kLanguageModel, at::kFloat, at::kCPU).status();
+    const absl::Status status =
+        LoadPeftAdapter(dir.path(), c, LlamaHead::kLanguageModel, at::kFloat, at::kCPU).status();
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << field;
     EXPECT_NE(status.message().find(named), std::string::npos) << status;
     EXPECT_NE(status.message().find(kPeftConfigFile), std::string::npos) << status;
@@ -266,10 +268,10 @@ TEST(PeftAdapterTest, RefusesWhatStrataDoesNotImplementByName) {
   // An adapter of another base: the shapes do not match, named by tensor.
   LlamaConfig wider = c;
   wider.hidden_size = 64;
-  const absl::Status status = LoadPeftAdapter(dir.path(), wider, LlamaHead::kLanguageModel, at::kFloat, at::kCPU).status();
+  const absl::Status status =
+      LoadPeftAdapter(dir.path(), wider, LlamaHead::kLanguageModel, at::kFloat, at::kCPU).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(status.message().find("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"),
-            std::string::npos)
+  EXPECT_NE(status.message().find("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"), std::string::npos)
       << status;
   // A deeper base than the adapter: a tensor it needs is missing.
   LlamaConfig deeper = c;

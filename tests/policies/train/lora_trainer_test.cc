@@ -114,8 +114,9 @@ TEST_P(LoraReferenceTest, LogitsAndAdapterGradientsMatchAnIndependentImplementat
   auto trainer = LayerwiseTrainer::Create((*model)->config(), LlamaHead::kLanguageModel, (*model)->weights(), &source,
                                           arena.get(), options);
   ASSERT_TRUE(trainer.ok()) << trainer.status();
-  auto loss = (*trainer)->ForwardBackward(
-      batch.ids, batch.mask, [&](const at::Tensor& out) { return NextTokenLoss(out, batch.ids, batch.mask); });
+  auto loss = (*trainer)->ForwardBackward(batch.ids, batch.mask, [&](const at::Tensor& out) {
+    return NextTokenLoss(out, batch.ids, batch.mask);
+  });
   ASSERT_TRUE(loss.ok()) << loss.status();
   EXPECT_NEAR(*loss, expected["lora_loss"].get<double>(), 1e-5 * std::abs(expected["lora_loss"].get<double>()));
   ASSERT_EQ(expected["lora_grads"].size(), peft->adapters->Named().size());
