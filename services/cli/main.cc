@@ -84,6 +84,8 @@ struct ModelCommands {
     // strata generate
     auto* generate = app.add_subcommand("generate", "Continue a prompt with a Llama-family model");
     generate->add_option("--model", gen.model_dir, "HF model directory")->required();
+    generate->add_option("--adapter", gen.adapter_dir,
+                         "a PEFT LoRA adapter directory of the model, applied on the fly");
     prompt_opt = generate->add_option("--prompt", gen_prompt, "prompt text (BOS added if the tokenizer asks)");
     ids_opt = generate->add_option("--prompt-ids", gen_prompt_ids, "prompt token ids, used as given: 1,2,3");
     prompt_opt->excludes(ids_opt);
@@ -109,6 +111,7 @@ struct ModelCommands {
     // strata logprobs
     auto* logprobs = app.add_subcommand("logprobs", "log p(token_t | tokens before t) for t = 1..n-1");
     logprobs->add_option("--model", lp.model_dir, "HF model directory")->required();
+    logprobs->add_option("--adapter", lp.adapter_dir, "a PEFT LoRA adapter directory of the model");
     logprobs->add_option("--ids", lp_ids, "token ids: 1,2,3")->required();
     logprobs->add_option("--dtype", lp.dtype, "fp32 | bf16")->check(CLI::IsMember({"fp32", "bf16"}));
     logprobs->add_flag("--json", lp.json, "print one JSON object");

@@ -18,6 +18,8 @@
 #include "policies/data/dataset.h"
 #include "policies/model/generation.h"
 #include "policies/model/llama.h"
+#include "policies/model/lora.h"
+#include "policies/model/peft_adapter.h"
 #include "policies/tokenizer/tokenizer.h"
 
 namespace strata::services {
@@ -36,12 +38,32 @@ absl::StatusOr<std::unique_ptr<policies::Tokenizer>> MaybeLoadTokenizer(const st
   return policies::Tokenizer::Load(dir);
 }
 
-absl::StatusOr<std::unique_ptr<policies::LlamaModel>> LoadLanguageModel(const std::string& dir,
-                                                                        const std::string& dtype_name) {
+// A language model and, when given, the LoRA adapter it computes with (the
+// model refers to the adapters: they live as long as it does).
+struct AdaptedModel {
+  std::unique_ptr<policies::LoraAdapters> adapters;
+  std::unique_ptr<policies::LlamaModel> model;
+};
+
+absl::StatusOr<AdaptedModel> LoadLanguageModel(const std::string& dir, const std::string& adapter_dir,
+                                               const std::string& dtype_name) {
   auto dtype = policies::ParseModelDType(dtype_name);
   if (!dtype.ok()) return absl::InvalidArgumentError(absl::StrCat("--dtype: ", dtype.status().message()));
   if (!IsDirectory(dir)) return absl::NotFoundError(absl::StrCat("--model: ", dir, " is not a directory"));
-  return policies::LlamaModel::Load(dir, policies::LlamaHead::kLanguageModel, *dtype);
+  AdaptedModel out;
+  STRATA_ASSIGN_OR_RETURN(out.model, policies::LlamaModel::Load(dir, policies::LlamaHead::kLanguageModel, *dtype));
+  if (adapter_dir.empty()) return out;
+  if (!policies::IsPeftAdapterDir(adapter_dir)) {
+    return absl::NotFoundError(absl::StrCat("--adapter: ", adapter_dir, " has no ", policies::kPeftConfigFile));
+  }
+  auto adapter = policies::LoadPeftAdapter(adapter_dir, out.model->config(), policies::LlamaHead::kLanguageModel,
+                                           *dtype, out.model->device());
+  if (!adapter.ok()) {
+    return absl::Status(adapter.status().code(), absl::StrCat("--adapter: ", adapter.status().message()));
+  }
+  out.adapters = std::move(adapter->adapters);
+  out.model->UseAdapters(out.adapters.get());
+  return out;
 }
 
 // --template-arg NAME=VALUE, repeated: VALUE as JSON when it parses, else
@@ -144,8 +166,15 @@ absl::StatusOr<std::string> RunGenerate(const GenerateRequest& request) {
   if (request.prompt.has_value() == request.prompt_ids.has_value()) {
     return absl::InvalidArgumentError("give exactly one of --prompt and --prompt-ids");
   }
-  STRATA_ASSIGN_OR_RETURN(auto model, LoadLanguageModel(request.model_dir, request.dtype));
-  STRATA_ASSIGN_OR_RETURN(auto tokenizer, MaybeLoadTokenizer(request.model_dir));
+  STRATA_ASSIGN_OR_RETURN(AdaptedModel adapted,
+                          LoadLanguageModel(request.model_dir, request.adapter_dir, request.dtype));
+  const std::unique_ptr<policies::LlamaModel>& model = adapted.model;
+  // A trained adapter's directory carries the tokenizer it was trained with.
+  const bool adapter_tokenizer = !request.adapter_dir.empty() &&
+                                 (IsRegularFile(JoinPath(request.adapter_dir, "tokenizer.json")) ||
+                                  IsRegularFile(JoinPath(request.adapter_dir, "tokenizer.model")));
+  STRATA_ASSIGN_OR_RETURN(auto tokenizer,
+                          MaybeLoadTokenizer(adapter_tokenizer ? request.adapter_dir : request.model_dir));
 
   std::vector<int32_t> prompt_ids;
   if (request.prompt.has_value()) {
@@ -191,7 +220,9 @@ absl::StatusOr<std::string> RunGenerate(const GenerateRequest& request) {
 
 absl::StatusOr<std::string> RunLogProbs(const LogProbsRequest& request) {
   if (request.ids.size() < 2) return absl::InvalidArgumentError("--ids: need at least two token ids");
-  STRATA_ASSIGN_OR_RETURN(auto model, LoadLanguageModel(request.model_dir, request.dtype));
+  STRATA_ASSIGN_OR_RETURN(AdaptedModel adapted,
+                          LoadLanguageModel(request.model_dir, request.adapter_dir, request.dtype));
+  const std::unique_ptr<policies::LlamaModel>& model = adapted.model;
   const auto& config = model->config();
   for (int32_t id : request.ids) {
     if (id >= config.vocab_size) {

@@ -17,6 +17,7 @@ namespace strata::services {
 
 struct GenerateRequest {
   std::string model_dir;
+  std::string adapter_dir;  // a PEFT LoRA adapter of the model, applied on the fly; "" = none
   // Exactly one of the two: text (tokenized, BOS added when the tokenizer
   // config asks for one) or ids used as given.
   std::optional<std::string> prompt;
@@ -34,6 +35,7 @@ struct GenerateRequest {
 
 struct LogProbsRequest {
   std::string model_dir;
+  std::string adapter_dir;   // as GenerateRequest's
   std::vector<int32_t> ids;  // at least two
   std::string dtype = "fp32";
   bool json = false;

@@ -872,7 +872,46 @@ TEST_F(ChatDataTest, AKilledRunResumesRenderingAndTrainingAsBefore) {
 // (with output.merge_lora, also the merged model); the first iteration's KL
 // is zero, since fresh adapters leave the actor its own base, which is the
 // reference.
-class LoraJobTest : public TrainTest, public ::testing::WithParamInterface<std::string> {};
+class LoraJobTest : public TrainTest, public ::testing::WithParamInterface<std::string> {
+ protected:
+  // The adapter in `out`, merged into the base by an independent script
+  // (PEFT's merge in python3-torch, tests/policies/model/peft_merge.py),
+  // gives the log-probs of strata's merged output and of the base with the
+  // adapter applied on the fly (`strata logprobs --adapter`).
+  void ExpectAnIndependentMergeToAgree(const std::string& out) {
+    const std::string python = testing::ReferencePython();
+    auto probe = testing::RunCommand({python, "-c", "import torch"});
+    if (!probe.ok() || probe->exit_code != 0) {
+      std::printf("skipped the independent merge: %s has no torch (Debian: python3-torch)\n", python.c_str());
+      return;
+    }
+    auto merge = testing::RunCommand({python, testing::SourcePath("tests/policies/model/peft_merge.py"), model_,
+                                      dir_.Join(out), dir_.Join("independent")});
+    ASSERT_TRUE(merge.ok() && merge->exit_code == 0) << (merge.ok() ? merge->error : merge.status().ToString());
+    auto logprobs = [&](std::vector<std::string> model) {
+      std::vector<std::string> args = {"logprobs", "--ids", "1,40,41,42,43,44,45,50,60,70", "--json"};
+      args.insert(args.end(), model.begin(), model.end());
+      auto run = Strata(args);
+      EXPECT_EQ(run.exit_code, 0) << run.error;
+      return json::parse(run.output)["logprobs"].get<std::vector<double>>();
+    };
+    const std::vector<double> independent = logprobs({"--model", dir_.Join("independent")});
+    const std::vector<double> merged = logprobs({"--model", dir_.Join(out + "/merged")});
+    const std::vector<double> on_the_fly = logprobs({"--model", model_, "--adapter", dir_.Join(out)});
+    const std::vector<double> base = logprobs({"--model", model_});
+    ASSERT_EQ(independent.size(), 9u);
+    double apart = 0, moved = 0;
+    for (size_t i = 0; i < independent.size(); ++i) {
+      // fp32 merges and forwards in another summation order: 1e-5 of a
+      // log-prob of a few units.
+      EXPECT_NEAR(merged[i], independent[i], 1e-4) << i;
+      EXPECT_NEAR(on_the_fly[i], independent[i], 1e-4) << i;
+      apart = std::max(apart, std::abs(merged[i] - independent[i]));
+      moved = std::max(moved, std::abs(base[i] - independent[i]));
+    }
+    EXPECT_GT(moved, 100 * std::max(apart, 1e-6));  // the adapter moved the model by far more
+  }
+};
 
 TEST_P(LoraJobTest, AKilledRunResumesExactlyAndWritesAPeftAdapter) {
   auto args = [&](const std::string& out, std::vector<std::string> extra) {
@@ -917,6 +956,7 @@ TEST_P(LoraJobTest, AKilledRunResumesExactlyAndWritesAPeftAdapter) {
   auto adapter = policies::SafetensorsFile::Open(dir_.Join("split/adapter_model.safetensors"));
   ASSERT_TRUE(adapter.ok()) << adapter.status();
   EXPECT_NE((*adapter)->Find("base_model.model.model.layers.0.mlp.down_proj.lora_B.weight"), nullptr);
+  if (GetParam() == "remax") ExpectAnIndependentMergeToAgree("split");
   // A checkpoint holds the adapters (and their Adam state), not the base.
   EXPECT_TRUE(IsRegularFile(dir_.Join("split/checkpoints/iter-000002/actor/adapter_model.safetensors")));
   EXPECT_FALSE(IsRegularFile(dir_.Join("split/checkpoints/iter-000002/actor/model.safetensors")));

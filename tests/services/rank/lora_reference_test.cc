@@ -90,8 +90,8 @@ TEST_F(LoraReferenceTest, TheReferenceIsTheActorsFrozenBaseLoadedOnce) {
   double moved = 0;
   for (size_t i = 0; i < rollouts->size(); ++i) {
     for (size_t t = 0; t < lora_scores->actor_logprobs[i].size(); ++t) {
-      moved = std::max(moved, static_cast<double>(std::abs(lora_scores->actor_logprobs[i][t] -
-                                                             lora_scores->reference_logprobs[i][t])));
+      moved = std::max(moved, static_cast<double>(
+                                  std::abs(lora_scores->actor_logprobs[i][t] - lora_scores->reference_logprobs[i][t])));
     }
   }
   EXPECT_GT(moved, 1e-2);
