@@ -37,6 +37,38 @@ const char* LoraModuleParent(LoraModule module) {
   return module == LoraModule::kGate || module == LoraModule::kUp || module == LoraModule::kDown ? "mlp" : "self_attn";
 }
 
+std::pair<int64_t, int64_t> LoraModuleShape(const LlamaConfig& c, LoraModule module) {
+  const int64_t h = c.hidden_size, i = c.intermediate_size;
+  const int64_t q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
+  switch (module) {
+    case LoraModule::kQ:
+      return {q, h};
+    case LoraModule::kK:
+    case LoraModule::kV:
+      return {kv, h};
+    case LoraModule::kO:
+      return {h, q};
+    case LoraModule::kGate:
+    case LoraModule::kUp:
+      return {i, h};
+    case LoraModule::kDown:
+      return {h, i};
+  }
+  return {0, 0};
+}
+
+int64_t LoraConfig::Parameters(const LlamaConfig& model) const {
+  if (!enabled()) return 0;
+  auto modules = Modules();
+  if (!modules.ok()) return 0;
+  int64_t per_layer = 0;
+  for (LoraModule m : *modules) {
+    const auto [out, in] = LoraModuleShape(model, m);
+    per_layer += rank * (in + out);
+  }
+  return per_layer * model.num_hidden_layers;
+}
+
 double LoraConfig::scaling() const {
   const double a = alpha > 0 ? alpha : 2.0 * static_cast<double>(rank);
   return use_rslora ? a / std::sqrt(static_cast<double>(rank)) : a / static_cast<double>(rank);

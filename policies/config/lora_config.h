@@ -5,10 +5,12 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "policies/config/llama_config.h"
 
 namespace strata::policies {
 
@@ -20,6 +22,9 @@ inline constexpr int kLoraModuleCount = 7;
 // "mlp"), for HF and PEFT tensor names.
 const char* LoraModuleName(LoraModule module);
 const char* LoraModuleParent(LoraModule module);
+
+// The [out, in] shape of `module`'s weight in a layer of `model`.
+std::pair<int64_t, int64_t> LoraModuleShape(const LlamaConfig& model, LoraModule module);
 
 struct LoraConfig {
   // The adapters' rank r; 0: no adapters (every parameter trains).
@@ -41,6 +46,9 @@ struct LoraConfig {
   // The targeted modules, "all-linear" expanded, in LoraModule order;
   // INVALID_ARGUMENT naming a name no Llama-family layer has.
   absl::StatusOr<std::vector<LoraModule>> Modules() const;
+  // Adapter parameters over all of `model`'s layers: rank x (in + out) per
+  // targeted projection (0 when disabled or invalid).
+  int64_t Parameters(const LlamaConfig& model) const;
   // INVALID_ARGUMENT naming the field, quoted as '`key`.field'.
   absl::Status Validate(const std::string& key = "lora") const;
 };

@@ -53,9 +53,15 @@ ModelFootprint PlanModel(const std::string& role, const LlamaConfig& config, con
                                             bytes;  // the streaming window
   }
   if (trainable) {
+    const int64_t adapters = model.lora.Parameters(config);
+    // LoRA: the adapters sit beside the compute, and they (with a scalar
+    // head) are all that trains.
+    f.weights[T(offload::Tier::kDevice)] += adapters * bytes;
+    f.trained_parameters = adapters > 0 ? adapters + (scalar_head ? config.num_labels * config.hidden_size : 0)
+                                        : f.parameters;
     // With step_in_backward only the resident tensors keep a gradient.
-    f.gradients[T(p.gradients)] += (p.step_in_backward ? resident : f.parameters) * 4;
-    f.optimizer[T(p.optimizer)] += f.parameters * 12;
+    f.gradients[T(p.gradients)] += (p.step_in_backward ? resident : f.trained_parameters) * 4;
+    f.optimizer[T(p.optimizer)] += f.trained_parameters * 12;
   }
   return f;
 }
@@ -79,7 +85,15 @@ absl::StatusOr<std::vector<PlannedModel>> JobModels(const JobSpec& spec) {
       break;
     default:
       STRATA_RETURN_IF_ERROR(add("actor", spec.actor, true, false, ""));
-      STRATA_RETURN_IF_ERROR(add("reference", spec.reference, false, false, spec.actor.path));
+      if (spec.actor.lora.enabled() && (spec.reference.path.empty() || spec.reference.path == spec.actor.path)) {
+        // The LoRA actor's base with the adapters off (LocalWorkerGroup).
+        ModelSpec base = spec.actor;
+        base.lora = LoraConfig();
+        STRATA_RETURN_IF_ERROR(add("reference", base, false, false, spec.actor.path));
+        models.back().shares_base_of = "actor";
+      } else {
+        STRATA_RETURN_IF_ERROR(add("reference", spec.reference, false, false, spec.actor.path));
+      }
       // Every reward model among the sources; the first is the one the
       // phase predictions score with.
       for (size_t i = 0; i < spec.reward_sources.size(); ++i) {
@@ -102,7 +116,16 @@ absl::StatusOr<std::vector<PlannedModel>> JobModels(const JobSpec& spec) {
 absl::StatusOr<MemoryPlan> PlanModelStates(const JobSpec& spec) {
   STRATA_ASSIGN_OR_RETURN(auto models, JobModels(spec));
   MemoryPlan plan;
-  for (const auto& m : models) plan.models.push_back(PlanModel(m.role, m.config, m.spec, m.trainable, m.scalar_head));
+  for (const auto& m : models) {
+    if (!m.shares_base_of.empty()) {
+      ModelFootprint shared;
+      shared.role = m.role;
+      shared.shares_base_of = m.shares_base_of;
+      plan.models.push_back(shared);
+      continue;
+    }
+    plan.models.push_back(PlanModel(m.role, m.config, m.spec, m.trainable, m.scalar_head));
+  }
   for (const auto& m : plan.models) {
     for (int t = 0; t < 3; ++t) plan.total[static_cast<size_t>(t)] += m.total(t);
   }
@@ -155,6 +178,11 @@ struct ModelShape {
   // ZeRO: the optimizer state is sharded over the gang (several ranks, and
   // an optimizer off the device).
   bool sharded = false;
+  // LoRA: the adapters' parameters (0 without), and what trains: every
+  // parameter, or the adapters and a scalar head.
+  int64_t adapter_params = 0, trained_params = 0;
+  // Served by another model's weights (a LoRA actor's frozen base).
+  bool shared = false;
   std::string dtype;
   const offload::ModelPlacement* placement = nullptr;
 
@@ -185,8 +213,22 @@ ModelShape ShapeOf(const PlannedModel& m, const offload::ModelPlacement& placeme
   s.resident_params = ResidentParameters(c, m.scalar_head);
   s.params = s.resident_params + s.L * s.layer_params;
   s.sharded = workers > 1 && placement.optimizer != offload::Tier::kDevice;
-  s.shard_params = s.sharded ? FullestShard(c.TrainedTensorElements(m.scalar_head), static_cast<int>(workers))
-                             : s.params;
+  s.shared = !m.shares_base_of.empty();
+  s.adapter_params = m.trainable ? m.spec.lora.Parameters(c) : 0;
+  std::vector<int64_t> trained_tensors = c.TrainedTensorElements(m.scalar_head);
+  if (s.adapter_params > 0) {
+    trained_tensors.clear();
+    if (m.scalar_head) trained_tensors.push_back(c.num_labels * c.hidden_size);
+    const std::vector<LoraModule> modules = m.spec.lora.Modules().value_or(std::vector<LoraModule>{});
+    for (LoraModule module : modules) {
+      const auto [out, in] = LoraModuleShape(c, module);
+      for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+        trained_tensors.insert(trained_tensors.end(), {m.spec.lora.rank * in, out * m.spec.lora.rank});
+    }
+  }
+  s.trained_params = 0;
+  for (int64_t n : trained_tensors) s.trained_params += n;
+  s.shard_params = s.sharded ? FullestShard(trained_tensors, static_cast<int>(workers)) : s.trained_params;
   s.placement = &placement;
   return s;
 }
@@ -205,9 +247,11 @@ double TrainLayerBytes(const ModelShape& s, int64_t R, int64_t T) {
   // Saved activations, the layer's weight gradients, and float32 scratch
   // for the largest of them (the product's accumulator, then the copy that
   // is added to the host gradient).
-  return Bytes(rt * s.H * kActivations.train_hidden + rt * s.I * kActivations.train_inter, s.E) +
-         kActivations.train_scores * rt * s.heads * T * (8.0 + s.E) + Bytes(s.layer_params, s.E) +
-         2.0 * 4.0 * static_cast<double>(s.H) * static_cast<double>(s.I);
+  const double activations = Bytes(rt * s.H * kActivations.train_hidden + rt * s.I * kActivations.train_inter, s.E) +
+                             kActivations.train_scores * rt * s.heads * T * (8.0 + s.E);
+  // LoRA: a frozen base makes no weight gradients, only its adapters'.
+  if (s.adapter_params > 0) return activations + Bytes(static_cast<double>(s.adapter_params) / s.L, 4.0 + s.E);
+  return activations + Bytes(s.layer_params, s.E) + 2.0 * 4.0 * static_cast<double>(s.H) * static_cast<double>(s.I);
 }
 
 // The output head over R x T positions, forward only or with its backward.
@@ -302,11 +346,14 @@ class CostModel {
   // recomputed with its backward (about twice a forward's work).
   double ForwardBackward(const ModelShape& s, int64_t R, int64_t T) const {
     const double layer = LayerForward(s, R, T, T);
-    const double compute = static_cast<double>(s.L) * 4.0 * layer;
+    // Forward, recomputation, and a backward of two forwards' work (input
+    // and weight gradients); with LoRA the frozen base's weight gradients
+    // are skipped, about one forward less.
+    const double compute = static_cast<double>(s.L) * (s.adapter_params > 0 ? 3.0 : 4.0) * layer;
     const double head = 3.0 * Linear(R * T, s.H, s.head_width, s.dtype) +
                         Copy(static_cast<double>(R * T) * s.head_width * 4.0 * 6.0);
     // Each layer's gradients added into the host fp32 buffers.
-    const double grads = Copy(static_cast<double>(s.params) * (4.0 * 3.0 + s.E));
+    const double grads = Copy(static_cast<double>(s.trained_params) * (4.0 * 3.0 + s.E));
     return WithStream(compute, 2.0 * Stream(s), /*decoding=*/false) + head + grads;
   }
   // One optimizer step over a rank's shard, and the new weights written home.
@@ -325,17 +372,18 @@ class CostModel {
         break;
     }
     const double layers = static_cast<double>(s.L * s.LayerBytes());
-    if (s.placement->weights == offload::Tier::kNvme) t += layers / f_.nvme_write_bytes_per_s;
-    t += Copy(static_cast<double>(s.params) * (4.0 + s.E));  // norm, clip, write back
+    // Updated layers go home to NVMe; a LoRA base never changes.
+    if (s.placement->weights == offload::Tier::kNvme && s.adapter_params == 0) t += layers / f_.nvme_write_bytes_per_s;
+    t += Copy(static_cast<double>(s.trained_params) * (4.0 + s.E));  // norm, clip, write back
     // Sharded, the updated weights come from each shard's owner.
-    if (s.sharded) t += static_cast<double>(s.params) * s.E / f_.allreduce_bytes_per_s;
+    if (s.sharded) t += static_cast<double>(s.trained_params) * s.E / f_.allreduce_bytes_per_s;
     return t;
   }
   // One sum of the gradients over the gang: every micro-batch's when the
   // optimizer is sharded (ZeRO-2 keeps no other rank's gradients between
   // them), else once a step.
   double GradientSum(const ModelShape& s, int64_t workers) const {
-    return workers > 1 ? static_cast<double>(s.params) * 4.0 / f_.allreduce_bytes_per_s : 0.0;
+    return workers > 1 ? static_cast<double>(s.trained_params) * 4.0 / f_.allreduce_bytes_per_s : 0.0;
   }
 
  private:
@@ -364,11 +412,19 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
   const CostModel cost(figures, cpu_device);
   std::map<std::string, ModelShape> shapes;
   for (const auto& m : models) {
+    if (!m.shares_base_of.empty()) {
+      out.shares_base_of[m.role] = m.shares_base_of;
+      continue;
+    }
     out.placement[m.role] = m.spec.placement;
     out.trainable[m.role] = m.trainable;
     out.placement_key[m.role] = m.placement_key;
   }
-  for (const auto& m : models) shapes[m.role] = ShapeOf(m, out.placement[m.role], workers);
+  for (const auto& m : models) {
+    // A shared base computes under its owner's placement.
+    const std::string& owner = m.shares_base_of.empty() ? m.role : m.shares_base_of;
+    shapes[m.role] = ShapeOf(m, out.placement.at(owner), workers);
+  }
   auto has = [&](const char* role) { return shapes.count(role) > 0; };
 
   // State that lives through every phase.
@@ -386,10 +442,14 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
   };
   std::map<std::string, Placed> placed;
   for (const auto& [role, s] : shapes) {
+    if (s.shared) {
+      placed[role] = Placed();
+      continue;
+    }
     const auto& p = *s.placement;
     const std::array<double, 3> before = resident;
     const double untouched_before = untouched_staging;
-    resident[kDev] += static_cast<double>(s.resident_params * s.E);
+    resident[kDev] += static_cast<double>((s.resident_params + s.adapter_params) * s.E);
     const double layers = static_cast<double>(s.L * s.LayerBytes());
     if (p.weights == offload::Tier::kDevice) resident[kDev] += layers;
     // On a CPU device the window's buffers are pooled and kept between passes.
@@ -400,8 +460,10 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
     // Training state: made when the model is placed, except the step scratch.
     double step_scratch = 0.0;
     if (s.model->trainable) {
-      const double params = static_cast<double>(s.params);
+      const double params = static_cast<double>(s.trained_params);
       const double shard = static_cast<double>(s.shard_params);
+      const double layer_trained = s.adapter_params > 0 ? static_cast<double>(s.adapter_params) / s.L
+                                                        : static_cast<double>(s.layer_params);
       // Gradient buffers: every parameter's; with several ranks (ZeRO-2) the
       // held share plus, borrowed, the others' share of two layers (one
       // summing while the next is made); with step_in_backward only the
@@ -409,7 +471,7 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
       double grads = 4.0 * params;
       if (workers > 1) {
         const double others = static_cast<double>(workers - 1) / static_cast<double>(workers);
-        grads = 4.0 * shard + 2.0 * 4.0 * static_cast<double>(s.layer_params) * others;
+        grads = 4.0 * shard + 2.0 * 4.0 * layer_trained * others;
       }
       if (p.step_in_backward) {
         grads = 4.0 * static_cast<double>(s.resident_params);
@@ -442,7 +504,7 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
           break;
       }
       // A GPU with host gradients stages two layers of them in pinned memory.
-      if (!cpu_device && p.gradients == offload::Tier::kHost) resident[kHost] += 2.0 * 4.0 * s.layer_params;
+      if (!cpu_device && p.gradients == offload::Tier::kHost) resident[kHost] += 2.0 * 4.0 * layer_trained;
     }
     Placed& added = placed[role];
     added.device = resident[kDev] - before[kDev];
@@ -546,6 +608,7 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
   double loading = 0.0, before_host = pinned ? static_cast<double>(arena) : 0.0, before_device = 0.0;
   for (const auto& m : models) {
     const ModelShape& s = shapes.at(m.role);
+    if (s.shared) continue;  // never loaded
     const Placed& p = placed.at(m.role);
     const double full = static_cast<double>(s.params * s.E);
     const double added = (pinned ? 0.0 : p.host) + (cpu_device ? p.device - p.loaded_kept : 0.0);
@@ -629,6 +692,10 @@ FitResult FitJob(const JobSpec& spec, const std::vector<PlannedModel>& models, c
   const bool step_in_backward_allowed = spec.train.max_grad_norm <= 0 && workers <= 1;
   for (const auto& m : models) {
     std::vector<offload::ModelPlacement> mine;
+    if (!m.shares_base_of.empty()) {  // follows its owner's
+      options.push_back({offload::ModelPlacement()});
+      continue;
+    }
     for (Tier weights : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
       if (weights == Tier::kNvme && hardware.nvme_bytes <= 0) continue;
       for (int prefetch : {1, 2}) {
@@ -645,7 +712,7 @@ FitResult FitJob(const JobSpec& spec, const std::vector<PlannedModel>& models, c
           p.gradients = optimizer == Tier::kDevice ? Tier::kDevice : Tier::kHost;
           p.prefetch_depth = prefetch;
           mine.push_back(p);
-          if (m.trainable && optimizer != Tier::kDevice && step_in_backward_allowed) {
+          if (m.trainable && optimizer != Tier::kDevice && step_in_backward_allowed && !m.spec.lora.enabled()) {
             p.step_in_backward = true;
             mine.push_back(p);
           }
@@ -673,6 +740,12 @@ FitResult FitJob(const JobSpec& spec, const std::vector<PlannedModel>& models, c
   std::vector<PlannedModel> placed = models;
   while (true) {
     for (size_t i = 0; i < models.size(); ++i) placed[i].spec.placement = options[i][pick[i]];
+    for (auto& m : placed) {
+      if (m.shares_base_of.empty()) continue;
+      for (const auto& owner : placed) {
+        if (owner.role == m.shares_base_of) m.spec.placement = owner.spec.placement;
+      }
+    }
     bool any_step_in_backward = false;
     for (const auto& m : placed) any_step_in_backward |= m.spec.placement.step_in_backward;
     for (int64_t micro : micros) {

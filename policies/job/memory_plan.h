@@ -26,7 +26,13 @@ namespace strata::policies {
 struct ModelFootprint {
   std::string role;  // actor, reference, reward, critic
   int64_t parameters = 0;
+  // Parameters with gradients and Adam state: all of them, or with LoRA the
+  // adapters (and a scalar head); 0 when frozen.
+  int64_t trained_parameters = 0;
   bool trainable = false;
+  // The role whose weights serve this one (a LoRA actor's frozen base as
+  // the reference): it holds no bytes of its own.
+  std::string shares_base_of;
   // Bytes per tier (device, host, nvme) for each kind of state.
   std::array<int64_t, 3> weights{}, gradients{}, optimizer{};
   int64_t total(int tier) const { return weights[tier] + gradients[tier] + optimizer[tier]; }
@@ -57,6 +63,9 @@ struct PlannedModel {
   // Where the spec sets its placement: models.<role>.placement, or
   // reward.sources.<i>.placement for a reward model among the sources.
   std::string placement_key;
+  // "actor" for the reference of a LoRA actor: the actor's own base with
+  // the adapters off, loaded once, computing under the actor's placement.
+  std::string shares_base_of;
 };
 
 // The models `spec`'s algorithm loads, with their configs (read from each
@@ -72,7 +81,10 @@ struct JobPrediction {
   std::map<std::string, offload::ModelPlacement> placement;  // by role
   std::map<std::string, bool> trainable;                     // by role: optimizer fields apply
   std::map<std::string, std::string> placement_key;          // by role: PlannedModel::placement_key
-  int64_t micro_batch_size = 0;                              // as train.micro_batch_size: 0 is the whole batch
+  // Roles served by another's weights (PlannedModel::shares_base_of): they
+  // have no placement of their own.
+  std::map<std::string, std::string> shares_base_of;
+  int64_t micro_batch_size = 0;  // as train.micro_batch_size: 0 is the whole batch
   // "rollout", "score", "update" (RL) or "update" alone (SFT, reward model).
   std::map<std::string, PhasePrediction> phases;
   std::array<int64_t, 3> peak{};  // the largest of the phases

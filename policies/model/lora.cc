@@ -69,28 +69,7 @@ at::Tensor LoraLinear(const at::Tensor& x, const at::Tensor& weight, const at::T
 
 std::pair<std::vector<int64_t>, std::vector<int64_t>> LoraAdapters::Shapes(const LlamaConfig& c, int64_t rank,
                                                                            LoraModule module) {
-  const int64_t h = c.hidden_size, i = c.intermediate_size;
-  const int64_t q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
-  int64_t out = 0, in = 0;
-  switch (module) {
-    case LoraModule::kQ:
-      out = q, in = h;
-      break;
-    case LoraModule::kK:
-    case LoraModule::kV:
-      out = kv, in = h;
-      break;
-    case LoraModule::kO:
-      out = h, in = q;
-      break;
-    case LoraModule::kGate:
-    case LoraModule::kUp:
-      out = i, in = h;
-      break;
-    case LoraModule::kDown:
-      out = h, in = i;
-      break;
-  }
+  const auto [out, in] = LoraModuleShape(c, module);
   return {{rank, in}, {out, rank}};
 }
 
@@ -153,7 +132,7 @@ int64_t LoraAdapters::num_parameters() const {
   for (const LoraLayer& layer : layers_) {
     for (LoraModule m : modules_) n += layer.at(m).a.numel() + layer.at(m).b.numel();
   }
-  return n;
+  return n;  // LoraConfig::Parameters, counted from the tensors
 }
 
 void LoraAdapters::MergeInto(int64_t l, LlamaLayerWeights& w) const {

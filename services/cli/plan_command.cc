@@ -37,6 +37,7 @@ json PredictionJson(const JobPrediction& p) {
         {"gradients", offload::TierName(placement.gradients)}, {"prefetch", placement.prefetch_depth},
         {"step_in_backward", placement.step_in_backward},      {"trainable", Trained(p, role)}};
   }
+  for (const auto& [role, owner] : p.shares_base_of) j["shares_base_of"][role] = owner;
   j["micro_batch_size"] = p.micro_batch_size;
   j["peak_bytes"] = PeakJson(p.peak);
   j["process_rss_bytes"] = p.process_rss_bytes;
@@ -72,6 +73,9 @@ std::string PredictionText(const JobPrediction& p) {
                             trained ? offload::TierName(placement.gradients) : "-",
                             streamed ? absl::StrCat(placement.prefetch_depth) : "-",
                             trained && placement.step_in_backward ? "yes" : "");
+  }
+  for (const auto& [role, owner] : p.shares_base_of) {
+    text += absl::StrFormat("  %-10s the %s's frozen base (LoRA): no memory of its own\n", role, owner);
   }
   text += absl::StrFormat("  micro-batch: %s\n", p.micro_batch_size > 0 ? absl::StrCat(p.micro_batch_size, " rows")
                                                                         : std::string("the whole batch"));
@@ -136,6 +140,8 @@ absl::StatusOr<std::string> RunPlan(const PlanOptions& options) {
     for (const auto& m : states.models) {
       j["models"].push_back({{"role", m.role},
                              {"parameters", m.parameters},
+                             {"trained_parameters", m.trained_parameters},
+                             {"shares_base_of", m.shares_base_of},
                              {"trainable", m.trainable},
                              {"device_bytes", m.total(0)},
                              {"host_bytes", m.total(1)},
@@ -143,11 +149,15 @@ absl::StatusOr<std::string> RunPlan(const PlanOptions& options) {
     }
     text += absl::StrFormat("\n%s (%s, %d worker%s)\n", path, policies::AlgorithmName(spec.algorithm), workers,
                             workers == 1 ? "" : "s");
-    text += absl::StrFormat("  %-10s %14s %12s %12s %12s   (model states)\n", "model", "parameters", "device", "host",
-                            "nvme");
+    text += absl::StrFormat("  %-10s %14s %14s %12s %12s %12s   (model states)\n", "model", "parameters", "trained",
+                            "device", "host", "nvme");
     for (const auto& m : states.models) {
-      text += absl::StrFormat("  %-10s %14d %12s %12s %12s\n", m.role, m.parameters, GiB(m.total(0)), GiB(m.total(1)),
-                              GiB(m.total(2)));
+      if (!m.shares_base_of.empty()) {
+        text += absl::StrFormat("  %-10s the %s's frozen base (LoRA): no bytes of its own\n", m.role, m.shares_base_of);
+        continue;
+      }
+      text += absl::StrFormat("  %-10s %14d %14d %12s %12s %12s\n", m.role, m.parameters, m.trained_parameters,
+                              GiB(m.total(0)), GiB(m.total(1)), GiB(m.total(2)));
     }
     if (options.fit.empty()) {
       const JobPrediction p = policies::PredictJob(spec, models, figures, workers);

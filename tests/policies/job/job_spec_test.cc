@@ -112,6 +112,46 @@ TEST(JobSpecTest, ErrorsNameTheKey) {
   EXPECT_NE(ErrorOf(kRemax, {"eval.greedy=often"}).find("eval.greedy"), std::string::npos);
 }
 
+// models.<role>.lora: PEFT's settings, on the models that train only, and
+// what each setting refuses named by its key.
+TEST(JobSpecTest, LoraSettingsAndWhatTheyExclude) {
+  auto spec = ParseJobSpec(kRemax,
+                           {"models.actor.lora={rank: 8, alpha: 32, dropout: 0.05, use_rslora: true, "
+                            "target_modules: [q_proj, v_proj]}",
+                            "output.merge_lora=true"},
+                           "job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->actor.lora.rank, 8);
+  EXPECT_DOUBLE_EQ(spec->actor.lora.alpha, 32);
+  EXPECT_DOUBLE_EQ(spec->actor.lora.dropout, 0.05);
+  EXPECT_TRUE(spec->actor.lora.use_rslora);
+  EXPECT_DOUBLE_EQ(spec->actor.lora.scaling(), 32 / std::sqrt(8.0));
+  EXPECT_EQ(spec->actor.lora.target_modules, (std::vector<std::string>{"q_proj", "v_proj"}));
+  EXPECT_TRUE(spec->merge_lora);
+  // The defaults: every projection, alpha 2 x rank.
+  auto plain = ParseJobSpec(kRemax, {"models.actor.lora={rank: 4}"}, "job.yaml");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->actor.lora.Modules()->size(), 7u);
+  EXPECT_DOUBLE_EQ(plain->actor.lora.scaling(), 2.0);
+  EXPECT_FALSE(plain->reference.lora.enabled());
+
+  auto error = [](std::vector<std::string> overrides) { return ErrorOf(kRemax, std::move(overrides)); };
+  EXPECT_NE(error({"models.actor.lora={rank: 0}"}).find("'models.actor.lora.rank'"), std::string::npos);
+  EXPECT_NE(error({"models.actor.lora={alpha: 8}"}).find("'models.actor.lora.rank'"), std::string::npos);
+  EXPECT_NE(error({"models.actor.lora={rank: 4, target_modules: [qkv_proj]}"}).find("models.actor.lora.target_modules"),
+            std::string::npos);
+  EXPECT_NE(error({"models.actor.lora={rank: 4, dropout: 1}"}).find("models.actor.lora.dropout"), std::string::npos);
+  EXPECT_NE(error({"models.actor.lora={rank: 4, ranks: 4}"}).find("models.actor.lora.ranks"), std::string::npos);
+  EXPECT_NE(error({"models.reference.lora={rank: 4}"}).find("models.reference.lora"), std::string::npos);
+  EXPECT_NE(error({"models.reward={path: /m, lora: {rank: 4}}"}).find("models.reward.lora"), std::string::npos);
+  EXPECT_NE(error({"models.actor.lora={rank: 4}", "models.actor.placement.step_in_backward=true",
+                   "train.max_grad_norm=0"})
+                .find("models.actor.placement.step_in_backward"),
+            std::string::npos);
+  EXPECT_NE(error({"output.merge_lora=true"}).find("output.merge_lora"), std::string::npos);
+  EXPECT_EQ(error({"models.actor.lora={rank: 4, target_modules: all-linear}"}), "");
+}
+
 // Learning-rate schedules: warmup ramps to 1, then constant, linear to 0 or
 // half a cosine to 0 over the remaining iterations; bad keys are named.
 TEST(JobSpecTest, LearningRateSchedules) {

@@ -132,6 +132,52 @@ TEST(MemoryPlanTest, ModelStatesAreExactPerTier) {
   EXPECT_EQ(p.peak[1], 4 * actor + 3 * 12 * (int64_t{1} << 20));
 }
 
+// LoRA: the adapters are all that trains (12 bytes of Adam state and 4 of
+// gradient a parameter, nothing for the base), they sit on the device, and
+// the reference is the actor's own base, with no bytes and no placement of
+// its own.
+TEST(MemoryPlanTest, LoraTrainsTheAdaptersAndTheReferenceIsTheActorsBase) {
+  const JobSpec spec = Spec("remax", {"models.actor.lora={rank: 4}"});
+  auto models = JobModels(spec);
+  ASSERT_TRUE(models.ok()) << models.status();
+  ASSERT_EQ(models->at(1).role, "reference");
+  EXPECT_EQ(models->at(1).shares_base_of, "actor");
+  // Per layer of the tiny model (H 256, I 688, q 256, k and v 128 wide):
+  // 4 x ((256+256) + 2 (256+128) + (256+256) + 3 (256+688)); four layers.
+  const int64_t adapters = 4 * 4 * (512 + 2 * 384 + 512 + 3 * 944);
+  auto states = PlanModelStates(spec);
+  ASSERT_TRUE(states.ok()) << states.status();
+  const ModelFootprint& actor = states->models[0];
+  EXPECT_EQ(actor.trained_parameters, adapters);
+  EXPECT_EQ(actor.optimizer[1], 12 * adapters);
+  EXPECT_EQ(actor.gradients[1], 4 * adapters);
+  EXPECT_EQ(actor.weights[0], 4 * (actor.parameters + adapters));
+  const ModelFootprint& reference = states->models[1];
+  EXPECT_EQ(reference.shares_base_of, "actor");
+  EXPECT_EQ(reference.total(0) + reference.total(1) + reference.total(2), 0);
+
+  const JobPrediction lora = PredictJob(spec, *models, Figures(), 1);
+  const JobSpec full_spec = Spec("remax");
+  const JobPrediction full = PredictJob(full_spec, *JobModels(full_spec), Figures(), 1);
+  EXPECT_EQ(lora.peak[1], 16 * adapters);  // the host holds the adapters' Adam state and gradients alone
+  EXPECT_EQ(full.peak[1], 16 * models->at(0).config.NumParameters());
+  // The device holds one copy of the base where it held two.
+  EXPECT_LE(lora.peak[0], full.peak[0] - 4 * (models->at(0).config.NumParameters() - adapters));
+  EXPECT_LT(lora.phases.at("update").seconds, full.phases.at("update").seconds);
+  EXPECT_EQ(lora.shares_base_of.at("reference"), "actor");
+  EXPECT_EQ(lora.placement.count("reference"), 0u);
+
+  // A fit places the actor (the reference follows it), never steps layers in
+  // the backward pass (the base does not train), and writes no reference key.
+  auto hardware = ParseHardware("device=cpu,host=24GiB,nvme=60GB");
+  ASSERT_TRUE(hardware.ok());
+  const FitResult fit = FitJob(spec, *models, Figures(), *hardware, 1);
+  ASSERT_TRUE(fit.fits);
+  for (const JobPrediction& p : fit.candidates) EXPECT_FALSE(p.placement.at("actor").step_in_backward);
+  for (const std::string& o : PredictionOverrides(fit.chosen))
+    EXPECT_EQ(o.find("models.reference"), std::string::npos) << o;
+}
+
 // Models load one at a time: a model's tensors are read whole, then its
 // streamed layers go home and only what it keeps stays. With every model's
 // layers on NVMe (and the actor stepping each layer in its backward, so no
