@@ -92,6 +92,9 @@ ids=$("$strata" tokenize --tokenizer examples/math_task/tokenizer --messages out
 echo "== a held-out problem: $(python3 -c 'import json, sys; r = json.loads(sys.argv[1]); print(r["messages"][0]["content"], "(answer", r["answer"] + ")")' "$problem")"
 for model in sft remax grpo ppo; do
   printf '%-6s ' "$model"
-  "$strata" generate --model "out/math_task/$model" --prompt-ids "$ids" --greedy --max-new-tokens 28 --json |
+  # The RL stages trained LoRA adapters of the SFT model.
+  adapter=()
+  [[ $model != sft ]] && adapter=(--adapter "out/math_task/$model")
+  "$strata" generate --model out/math_task/sft "${adapter[@]}" --prompt-ids "$ids" --greedy --max-new-tokens 28 --json |
     python3 -c 'import json, sys; print(json.dumps(json.load(sys.stdin).get("text", "")))'
 done

@@ -313,6 +313,7 @@ absl::Status ReadModelFields(MapReader& r, ModelSpec* model) {
   if (auto s = model->placement.Validate(); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("spec key '", r.Path("placement"), "': ", s.message()));
   }
+  STRATA_RETURN_IF_ERROR(r.Read("adapter", &model->adapter));
   return ReadLora(r, &model->lora);
 }
 
@@ -497,6 +498,21 @@ absl::Status ValidateRewardSources(const std::vector<RewardSourceSpec>& sources)
 
 absl::Status JobSpec::ValidateLora() const {
   const bool rl = algorithm != Algorithm::kSft && algorithm != Algorithm::kRewardModel;
+  if (!reference.adapter.empty()) {
+    return KeyError("models.reference.adapter",
+                    "is not allowed: with models.actor.adapter, the reference is the actor's base with that adapter");
+  }
+  for (const auto& [role, model] :
+       {std::pair{"actor", &actor}, std::pair{"reward", &reward}, std::pair{"critic", &critic}}) {
+    if (model->adapter.empty()) continue;
+    if (model->path.empty()) {
+      return KeyError(absl::StrCat("models.", role, ".adapter"),
+                      absl::StrCat("needs models.", role, ".path: the base model it adapts"));
+    }
+    if (rl && std::string(role) == "reward") {
+      return KeyError("models.reward.adapter", "is for a reward_model job, which trains the reward model");
+    }
+  }
   if (reference.lora.enabled()) {
     return KeyError("models.reference.lora",
                     "is not allowed: the reference never trains (with models.actor.lora, the reference is the "
@@ -869,6 +885,7 @@ JobSpec ResolvePaths(const JobSpec& spec, const std::string& base) {
   for (ModelSpec* m : {&out.actor, &out.reference, &out.reward, &out.critic}) {
     fix(m->path);
     fix(m->init);
+    fix(m->adapter);
   }
   fix(out.data.train);
   fix(out.data.eval);
@@ -981,6 +998,7 @@ absl::Status CheckPathsWithin(const JobSpec& spec, const std::string& base, cons
                                     {"critic", &spec.critic}}) {
     keys.push_back({absl::StrCat("models.", name, ".path"), &model->path});
     keys.push_back({absl::StrCat("models.", name, ".init"), &model->init});
+    keys.push_back({absl::StrCat("models.", name, ".adapter"), &model->adapter});
   }
   for (size_t i = 0; i < spec.reward_sources.size(); ++i) {
     keys.push_back({absl::StrCat("reward.sources[", i, "].path"), &spec.reward_sources[i].model.path});

@@ -29,6 +29,10 @@ struct ModelSpec {
   // Low-rank adapters on a model that trains (rank 0: none, every
   // parameter trains); see docs/job-spec.md.
   LoraConfig lora;
+  // A PEFT LoRA adapter of `path` to start from: kept frozen as part of the
+  // base (the reference sees it too) while `lora` trains new adapters over
+  // it ("" = none).
+  std::string adapter;
 };
 
 struct DataSpec {

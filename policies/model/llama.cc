@@ -338,6 +338,15 @@ const at::Tensor& LlamaModel::OutputHead() const {
   return weights_.lm_head.defined() ? weights_.lm_head : weights_.embed_tokens;
 }
 
+LoraApply LlamaModel::AdaptersFor(int64_t l, LoraApply* frozen) const {
+  LoraApply apply = adapters_ != nullptr ? adapters_->ApplyFor(l) : LoraApply();
+  if (frozen_adapters_ != nullptr) {
+    *frozen = frozen_adapters_->ApplyFor(l);
+    apply.frozen = frozen;
+  }
+  return apply;
+}
+
 at::Tensor LlamaModel::Hidden(const at::Tensor& input_ids, const at::Tensor& attention_mask, KvCache* cache) const {
   const int64_t t = input_ids.size(1);
   const int64_t cached = cache != nullptr ? cache->length() : 0;
@@ -357,7 +366,8 @@ at::Tensor LlamaModel::Hidden(const at::Tensor& input_ids, const at::Tensor& att
         layer_source_->EndPass();
         TORCH_CHECK(false, std::string(w.status().message()));
       }
-      const LoraApply lora = adapters_ != nullptr ? adapters_->ApplyFor(l) : LoraApply();
+      LoraApply frozen;
+      const LoraApply lora = AdaptersFor(l, &frozen);
       h = DecoderLayerForward(config_, *w, h, ctx, cache, l, &lora);
       // Let go of the weights first: a streamer reuses a released layer's
       // buffers for the next fetch only once nothing refers to them.
@@ -368,7 +378,8 @@ at::Tensor LlamaModel::Hidden(const at::Tensor& input_ids, const at::Tensor& att
   } else {
     for (size_t l = 0; l < weights_.layers.size(); ++l) {
       const int64_t layer = static_cast<int64_t>(l);
-      const LoraApply lora = adapters_ != nullptr ? adapters_->ApplyFor(layer) : LoraApply();
+      LoraApply frozen;
+      const LoraApply lora = AdaptersFor(layer, &frozen);
       h = DecoderLayerForward(config_, weights_.layers[l], h, ctx, cache, layer, &lora);
     }
   }

@@ -156,10 +156,14 @@ class LlamaModel {
   // Scalar head at every position: [B, T, num_labels] float32 (critic values).
   at::Tensor TokenScores(const at::Tensor& input_ids, const at::Tensor& attention_mask) const;
 
-  // Adapters every forward applies from now on (null: none, the base).
-  // They must outlive their use; the model does not own them, so a model
-  // without them over the same weights is the adapted model's frozen base.
-  void UseAdapters(const LoraAdapters* adapters) { adapters_ = adapters; }
+  // Adapters every forward applies from now on (null: none, the base), over
+  // an optional starting adapter `frozen` (a PEFT adapter the job started
+  // from). They must outlive their use; the model does not own them, so a
+  // model without `adapters` over the same weights is the frozen base.
+  void UseAdapters(const LoraAdapters* adapters, const LoraAdapters* frozen = nullptr) {
+    adapters_ = adapters;
+    frozen_adapters_ = frozen;
+  }
   const LoraAdapters* adapters() const { return adapters_; }
 
   const LlamaConfig& config() const { return config_; }
@@ -180,6 +184,10 @@ class LlamaModel {
   LlamaWeights weights_;
   LayerSource* layer_source_ = nullptr;
   const LoraAdapters* adapters_ = nullptr;
+  const LoraAdapters* frozen_adapters_ = nullptr;
+  // Layer `l`'s adapters for an inference pass; `frozen` is the storage the
+  // result points to for the starting adapter.
+  LoraApply AdaptersFor(int64_t l, LoraApply* frozen) const;
 };
 
 // The scalar head's output at each row's last real token: [B, T, L] with

@@ -2,6 +2,7 @@
 
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -58,13 +59,16 @@ uint64_t LoraDropoutKey(uint64_t seed, int64_t step, int64_t micro_batch) {
 at::Tensor LoraLinear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const LoraApply* lora,
                       LoraModule module) {
   at::Tensor y = at::linear(x, weight, bias);
-  if (lora == nullptr || lora->layer == nullptr) return y;
-  const LoraPair& pair = lora->layer->at(module);
-  if (!pair.a.defined()) return y;
-  const at::Tensor input = lora->dropout > 0
-                               ? KeyedDropout(x, lora->dropout, MixKey(lora->dropout_key, lora->layer_index, module))
-                               : x;
-  return y + at::linear(at::linear(input, pair.a), pair.b) * lora->scaling;
+  for (const LoraApply* apply = lora; apply != nullptr; apply = apply->frozen) {
+    if (apply->layer == nullptr) continue;
+    const LoraPair& pair = apply->layer->at(module);
+    if (!pair.a.defined()) continue;
+    const at::Tensor input = apply->dropout > 0 ? KeyedDropout(x, apply->dropout,
+                                                               MixKey(apply->dropout_key, apply->layer_index, module))
+                                                : x;
+    y = y + at::linear(at::linear(input, pair.a), pair.b) * apply->scaling;
+  }
+  return y;
 }
 
 std::pair<std::vector<int64_t>, std::vector<int64_t>> LoraAdapters::Shapes(const LlamaConfig& c, int64_t rank,
@@ -133,6 +137,42 @@ int64_t LoraAdapters::num_parameters() const {
     for (LoraModule m : modules_) n += layer.at(m).a.numel() + layer.at(m).b.numel();
   }
   return n;  // LoraConfig::Parameters, counted from the tensors
+}
+
+std::unique_ptr<LoraAdapters> LoraAdapters::Stacked(const LoraAdapters& below, const LoraAdapters& above) {
+  LoraConfig config;
+  config.rank = below.config_.rank + above.config_.rank;
+  config.alpha = static_cast<double>(config.rank);  // scale 1: the scales live in B
+  config.dropout = above.config_.dropout;
+  std::vector<LoraModule> modules = below.modules_;
+  for (LoraModule m : above.modules_) {
+    if (std::find(modules.begin(), modules.end(), m) == modules.end()) modules.push_back(m);
+  }
+  std::sort(modules.begin(), modules.end());
+  config.target_modules.clear();
+  for (LoraModule m : modules) config.target_modules.emplace_back(LoraModuleName(m));
+  std::unique_ptr<LoraAdapters> out(new LoraAdapters(config, modules));
+  c10::NoGradGuard no_grad;
+  out->layers_.resize(below.layers_.size());
+  for (size_t l = 0; l < out->layers_.size(); ++l) {
+    for (LoraModule m : modules) {
+      std::vector<at::Tensor> as, bs;
+      for (const LoraAdapters* part : {&below, &above}) {
+        const LoraPair& pair = part->layers_[l].at(m);
+        if (pair.a.defined()) {
+          as.push_back(pair.a);
+          bs.push_back(pair.b * part->scaling());
+          continue;
+        }
+        // A module one part does not adapt contributes rank zeros.
+        const LoraPair& other = (part == &below ? above : below).layers_[l].at(m);
+        as.push_back(at::zeros({part->config_.rank, other.a.size(1)}, other.a.options()));
+        bs.push_back(at::zeros({other.b.size(0), part->config_.rank}, other.b.options()));
+      }
+      out->layers_[l].at(m) = {at::cat(as, 0), at::cat(bs, 1)};
+    }
+  }
+  return out;
 }
 
 void LoraAdapters::MergeInto(int64_t l, LlamaLayerWeights& w) const {

@@ -46,6 +46,9 @@ struct LoraApply {
   double dropout = 0.0;
   uint64_t dropout_key = 0;
   int64_t layer_index = 0;
+  // A starting adapter under this one, applied too (never dropped out);
+  // null: none.
+  const LoraApply* frozen = nullptr;
 };
 
 // The dropout key of a training pass: a function of the adapters' seed, the
@@ -89,6 +92,13 @@ class LoraAdapters {
 
   // The apply of layer `l` for inference (no dropout).
   LoraApply ApplyFor(int64_t l) const { return {&layers_.at(static_cast<size_t>(l)), scaling(), 0.0, 0, l}; }
+  // One adapter computing what `below` and `above` compute together:
+  // rank r1 + r2 over the union of their modules, A stacked, B scaled into
+  // [s1 B1, s2 B2] with alpha = rank (scale 1). Exact, so a stack of a
+  // starting adapter and the one trained over it is written as one PEFT
+  // adapter.
+  static std::unique_ptr<LoraAdapters> Stacked(const LoraAdapters& below, const LoraAdapters& above);
+
   // Replaces each targeted projection of `w` (layer `l`'s base) with
   // W + s B A, computed in fp32 and rounded once; new tensors, so the base
   // `w` was copied from is untouched.

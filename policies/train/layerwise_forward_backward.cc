@@ -32,11 +32,14 @@ absl::StatusOr<LlamaLayerWeights> AcquireOrEndPass(LayerSource& source, int64_t 
 
 }  // namespace
 
-LoraApply LayerwiseTrainerImpl::TrainingApply(int64_t l, const LoraLayer* layer) const {
+LoraApply LayerwiseTrainerImpl::TrainingApply(int64_t l, const LoraLayer* layer, LoraApply* frozen) const {
   if (layer == nullptr) return LoraApply();
   const LoraConfig& config = options_.lora->config();
-  return {layer, config.scaling(), config.dropout,
-          LoraDropoutKey(options_.lora_dropout_seed, steps_taken_, passes_since_step_), l};
+  if (options_.lora_frozen != nullptr) *frozen = options_.lora_frozen->ApplyFor(l);
+  LoraApply apply{layer, config.scaling(), config.dropout,
+                  LoraDropoutKey(options_.lora_dropout_seed, steps_taken_, passes_since_step_), l};
+  if (options_.lora_frozen != nullptr) apply.frozen = frozen;
+  return apply;
 }
 
 absl::StatusOr<double> LayerwiseTrainerImpl::ForwardBackwardAt(const at::Tensor& input_ids,
@@ -72,7 +75,8 @@ absl::StatusOr<double> LayerwiseTrainerImpl::ForwardBackwardAt(const at::Tensor&
       }
       auto w = AcquireOrEndPass(*source_, l);
       if (!w.ok()) return w.status();
-      const LoraApply adapters = TrainingApply(l, lora() ? &options_.lora->layer(l) : nullptr);
+      LoraApply frozen;
+      const LoraApply adapters = TrainingApply(l, lora() ? &options_.lora->layer(l) : nullptr, &frozen);
       inputs[static_cast<size_t>(l) + 1] = DecoderLayerForward(config_, *w, inputs[static_cast<size_t>(l)], ctx,
                                                                nullptr, l, &adapters);
       *w = LlamaLayerWeights();  // before Release: the streamer may reuse the buffers
@@ -144,7 +148,8 @@ absl::StatusOr<double> LayerwiseTrainerImpl::ForwardBackwardAt(const at::Tensor&
     } else {
       for (at::Tensor* t : slots) *t = t->detach().requires_grad_();
     }
-    const LoraApply adapters = TrainingApply(l, lora() ? &adapter_leaves : nullptr);
+    LoraApply frozen;
+    const LoraApply adapters = TrainingApply(l, lora() ? &adapter_leaves : nullptr, &frozen);
     at::Tensor x = inputs[static_cast<size_t>(l)].detach().requires_grad_();
     inputs[static_cast<size_t>(l)] = at::Tensor();
     {

@@ -79,6 +79,8 @@ struct LayerwiseTrainerOptions {
   // The trainer updates the adapters' tensors in place, so a model using
   // them (generation) sees each step. Must outlive the trainer.
   LoraAdapters* lora = nullptr;
+  // A starting adapter under `lora`, frozen like the base (null: none).
+  const LoraAdapters* lora_frozen = nullptr;
   // The seed of the adapters' dropout masks (keyed further by the optimizer
   // step, the micro-batch, the layer and the module); unused without dropout.
   uint64_t lora_dropout_seed = 0;

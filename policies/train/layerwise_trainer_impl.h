@@ -139,8 +139,9 @@ class LayerwiseTrainerImpl final : public LayerwiseTrainer {
   bool lora() const { return options_.lora != nullptr; }
   // Layer `l`'s adapters as a training pass applies them (dropout keyed by
   // the step and micro-batch), over `layer`: the adapters themselves, or
-  // their leaves in a recomputation.
-  LoraApply TrainingApply(int64_t l, const LoraLayer* layer) const;
+  // their leaves in a recomputation. A starting adapter's apply is written
+  // to `frozen`, which the result points to.
+  LoraApply TrainingApply(int64_t l, const LoraLayer* layer, LoraApply* frozen) const;
 
   const LlamaConfig config_;
   const LlamaHead head_;

@@ -55,21 +55,36 @@ absl::StatusOr<std::unique_ptr<PlacedModel>> PlacedModel::Create(std::unique_ptr
     placed->source_ = std::make_unique<StreamedLayerSource>(placed->streamer_.get());
     placed->model_ = std::make_unique<LlamaModel>(config, head, weights, placed->source_.get());
   }
-  if (options.lora.enabled()) {
+  LoraConfig lora = options.lora;
+  if (!options.start_adapter.empty()) {
+    auto start = LoadPeftAdapter(options.start_adapter, config, head, dtype, context.device);
+    if (!start.ok()) {
+      return absl::Status(start.status().code(), absl::StrCat(options.name, ".adapter: ", start.status().message()));
+    }
+    placed->frozen_adapters_ = std::move(start->adapters);
+    if (start->score.defined()) {
+      c10::NoGradGuard no_grad;
+      weights.score.copy_(start->score);  // the head the adapter trained (modules_to_save)
+    }
+    if (!lora.enabled()) lora = start->config;
+  }
+  if (lora.enabled()) {
     if (!options.trainable) {
       return absl::InvalidArgumentError(absl::StrCat(options.name, ": LoRA adapters are for a model that trains"));
     }
-    auto adapters = LoraAdapters::Init(options.lora, config, dtype, context.device, options.lora_seed);
+    auto adapters = LoraAdapters::Init(lora, config, dtype, context.device, options.lora_seed);
     if (!adapters.ok()) {
       return absl::Status(adapters.status().code(), absl::StrCat(options.name, ": ", adapters.status().message()));
     }
     placed->adapters_ = std::move(*adapters);
     placed->base_ = std::make_unique<LlamaModel>(config, head, weights, placed->source_.get());
-    placed->model_->UseAdapters(placed->adapters_.get());
+    placed->base_->UseAdapters(nullptr, placed->frozen_adapters_.get());
   }
+  placed->model_->UseAdapters(placed->adapters_.get(), placed->frozen_adapters_.get());
   if (options.trainable) {
     LayerwiseTrainerOptions trainer_options = options.trainer;
     trainer_options.lora = placed->adapters_.get();
+    trainer_options.lora_frozen = placed->frozen_adapters_.get();
     trainer_options.lora_dropout_seed = options.lora_seed;
     trainer_options.optimizer = placement.optimizer;
     trainer_options.gradients = placement.gradients;
@@ -98,8 +113,11 @@ absl::StatusOr<LlamaModel> PlacedModel::Gathered(bool merged) const {
       }
     }
   }
-  if (merged && adapters_ != nullptr) {
-    for (int64_t l = 0; l < layers; ++l) adapters_->MergeInto(l, weights.layers[static_cast<size_t>(l)]);
+  if (merged) {
+    for (const LoraAdapters* adapters : {frozen_adapters_.get(), adapters_.get()}) {
+      if (adapters == nullptr) continue;
+      for (int64_t l = 0; l < layers; ++l) adapters->MergeInto(l, weights.layers[static_cast<size_t>(l)]);
+    }
   }
   return LlamaModel(model_->config(), model_->head(), std::move(weights));
 }
@@ -112,6 +130,13 @@ absl::Status PlacedModel::Save(const std::string& dir) const {
   if (placement().weights == offload::Tier::kDevice) return model_->Save(dir);
   STRATA_ASSIGN_OR_RETURN(auto model, Gathered(/*merged=*/false));
   return model.Save(dir);
+}
+
+absl::Status PlacedModel::Export(const std::string& dir) const {
+  if (frozen_adapters_ == nullptr || adapters_ == nullptr) return Save(dir);
+  const std::unique_ptr<LoraAdapters> stacked = LoraAdapters::Stacked(*frozen_adapters_, *adapters_);
+  const at::Tensor score = model_->head() == LlamaHead::kScalar ? model_->weights().score : at::Tensor();
+  return SavePeftAdapter(dir, *stacked, model_->head(), score, options_.base_model);
 }
 
 absl::Status PlacedModel::SaveMerged(const std::string& dir) const {

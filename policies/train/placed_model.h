@@ -50,6 +50,9 @@ struct PlacedModelOptions {
   LoraConfig lora;
   uint64_t lora_seed = 0;  // the adapters' init and dropout masks
   std::string base_model;  // base_model_name_or_path of saved adapters
+  // A PEFT LoRA adapter to start from: kept frozen as part of the base, with
+  // `lora` (default: the adapter's own settings) training new adapters over it.
+  std::string start_adapter;
 };
 
 class PlacedModel {
@@ -72,8 +75,13 @@ class PlacedModel {
   const LlamaModel* frozen_base() const { return base_.get(); }
 
   // Writes the current weights in HF layout (layers read back from their
-  // home); with LoRA, the adapters (and a scalar head) in PEFT's layout.
+  // home); with LoRA, the trained adapters (and a scalar head) in PEFT's
+  // layout: what a checkpoint holds and LoadWeights reads back.
   absl::Status Save(const std::string& dir) const;
+  // What a job outputs: Save's files, except that a starting adapter and
+  // the adapters trained over it are written as one PEFT adapter
+  // (LoraAdapters::Stacked) that PEFT loads over the base alone.
+  absl::Status Export(const std::string& dir) const;
   // Reads weights saved by Save (same shapes) into the placed model.
   absl::Status LoadWeights(const std::string& dir);
   // With LoRA: base + adapters merged, in HF layout, one layer at a time.
@@ -87,8 +95,9 @@ class PlacedModel {
   absl::StatusOr<LlamaModel> Gathered(bool merged) const;
 
   std::unique_ptr<LlamaModel> model_;
-  std::unique_ptr<LlamaModel> base_;        // LoRA: model_ without adapters
-  std::unique_ptr<LoraAdapters> adapters_;  // LoRA only
+  std::unique_ptr<LlamaModel> base_;               // LoRA: model_ without adapters
+  std::unique_ptr<LoraAdapters> adapters_;         // LoRA only
+  std::unique_ptr<LoraAdapters> frozen_adapters_;  // a starting adapter, frozen
   const PlacedModelOptions options_;
   std::unique_ptr<offload::LayerStreamer> streamer_;
   std::unique_ptr<LayerSource> source_;

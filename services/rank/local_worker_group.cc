@@ -388,7 +388,7 @@ absl::Status LocalWorkerGroup::SaveOutput(const std::string& dir) {
   if (ec) return absl::PermissionDeniedError(absl::StrCat("output.dir: cannot create ", dir, ": ", ec.message()));
   policies::PlacedModel* model = spec_.algorithm == policies::Algorithm::kRewardModel ? scorer_->reward_model()
                                                                                       : &actor_->model();
-  STRATA_RETURN_IF_ERROR(model->Save(dir));
+  STRATA_RETURN_IF_ERROR(model->Export(dir));
   STRATA_RETURN_IF_ERROR(CopyTokenizer(dir));
   if (!spec_.merge_lora || model->adapters() == nullptr) return absl::OkStatus();
   const std::string merged = JoinPath(dir, "merged");

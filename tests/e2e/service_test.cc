@@ -1053,6 +1053,28 @@ TEST_P(GangTest, TwoWorkerGangMatchesOneWorker) {
 
 INSTANTIATE_TEST_SUITE_P(Algorithms, GangTest, ::testing::Values("sft", "reward_model", "remax", "ppo"));
 
+// LoRA through the service: a LoRA ReMax job on a two-worker gang computes
+// what one worker does and writes a PEFT adapter; its reference is the
+// actor's own base.
+TEST_F(ServiceTest, ALoraGangMatchesOneWorkerAndWritesAnAdapter) {
+  std::vector<std::string> set = {"algorithm=remax", "models.actor.lora={rank: 4}", "output.merge_lora=true"};
+  v1::Job one, two;
+  ASSERT_TRUE(Submit(Spec(3, "lora1", 2), &one, "", set).ok());
+  ASSERT_EQ(Watch(one.id(), Ended).back().state(), v1::SUCCEEDED) << Get(one.id()).error_message();
+  set.push_back("parallel.workers=2");
+  ASSERT_TRUE(Submit(Spec(3, "lora2", 2), &two, "", set).ok());
+  ASSERT_EQ(Watch(two.id(), Ended).back().state(), v1::SUCCEEDED) << Get(two.id()).error_message();
+  const auto want = testing::RunMetrics(dir_.Join("lora1/metrics.jsonl"));
+  const auto got = testing::RunMetrics(dir_.Join("lora2/metrics.jsonl"));
+  ASSERT_EQ(want.size(), 3u);
+  testing::ExpectSameMetrics(want, got, {.sequences = 4, .ppo_epochs = 2});
+  EXPECT_LT(std::abs(want[0]["objective/kl"].get<double>()), 1e-4);  // fresh adapters: the actor is its reference
+  for (const char* file : {"adapter_config.json", "adapter_model.safetensors", "merged/model.safetensors"}) {
+    EXPECT_TRUE(IsRegularFile(dir_.Join(std::string("lora2/") + file))) << file;
+  }
+  EXPECT_FALSE(IsRegularFile(dir_.Join("lora2/model.safetensors")));
+}
+
 // Workers whose operator allows a loopback reward server (any port: the
 // test's server and a port where nothing listens).
 class RemoteRewardServiceTest : public ServiceTest {

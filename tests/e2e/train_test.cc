@@ -964,6 +964,34 @@ TEST_P(LoraJobTest, AKilledRunResumesExactlyAndWritesAPeftAdapter) {
 
 INSTANTIATE_TEST_SUITE_P(Algorithms, LoraJobTest, ::testing::Values("remax", "grpo", "ppo"));
 
+// LoRA learns: on the tiny task, ReMax and GRPO training only rank-8
+// adapters of a fresh model raise its held-out vowel score (the reward)
+// within a few iterations, by far more than the evaluation's sampling noise.
+TEST_F(TrainTest, LoraReMaxAndGrpoRaiseTheEvalScore) {
+  for (const char* algorithm : {"remax", "grpo"}) {
+    SCOPED_TRACE(algorithm);
+    const std::string out = dir_.Join(std::string("learn-") + algorithm);
+    auto run = Strata({"train", spec_,
+                       "--out", out,
+                       "--set", std::string("algorithm=") + algorithm,
+                       "--set", "models.actor.lora={rank: 8}",
+                       "--set", "train.lr=1.0e-2",
+                       "--set", "train.iterations=30",
+                       "--set", "train.batch_size=8",
+                       "--set", "eval.every=30",
+                       "--set", "eval.prompts=16",
+                       "--set", "checkpoint.every=0"});
+    ASSERT_EQ(run.exit_code, 0) << run.error;
+    const auto metrics = testing::RunMetrics(out + "/metrics.jsonl");
+    const double first = metrics.front()["eval/score"].get<double>();
+    const double last = metrics.back()["eval/score"].get<double>();
+    std::printf("%s with LoRA: eval score %.3f -> %.3f\n", algorithm, first, last);
+    // Measured on this task: +0.10 to +0.15 (ReMax) and +0.31 (GRPO) over
+    // two seeds; one evaluation's 64 sampled responses vary by about 0.03.
+    EXPECT_GT(last, first + 0.05);
+  }
+}
+
 // RL with every kind of reward source at once: a verifier, the example
 // reward server (a real process on loopback) and a reward model. Its
 // scores reach the objective, a resumed run is exact, and a server that is

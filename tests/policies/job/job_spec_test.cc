@@ -149,6 +149,11 @@ TEST(JobSpecTest, LoraSettingsAndWhatTheyExclude) {
                 .find("models.actor.placement.step_in_backward"),
             std::string::npos);
   EXPECT_NE(error({"output.merge_lora=true"}).find("output.merge_lora"), std::string::npos);
+  EXPECT_NE(error({"models.reference={path: out/sft, adapter: out/a}"}).find("models.reference.adapter"),
+            std::string::npos);
+  EXPECT_NE(error({"models.critic={init: c.json, adapter: out/a}", "algorithm=ppo"}).find("models.critic.adapter"),
+            std::string::npos);
+  EXPECT_EQ(error({"models.actor.adapter=out/sft-lora"}), "");
   EXPECT_EQ(error({"models.actor.lora={rank: 4, target_modules: all-linear}"}), "");
 }
 

@@ -142,6 +142,35 @@ TEST(LoraTest, AdaptedForwardEqualsTheMergedWeightsForwardInEveryFamily) {
   }
 }
 
+// A starting adapter under a trained one (a job that starts from an SFT
+// adapter) computes what the two stacked into one adapter compute: the one
+// adapter a job writes for PEFT.
+TEST(LoraTest, AStackOfTwoAdaptersIsOneAdapter) {
+  auto model = LlamaModel::RandomInit(FamilyConfig(ModelFamily::kQwen2), LlamaHead::kLanguageModel, at::kFloat, 5, 0.2);
+  LoraConfig below_config = Lora(2);
+  below_config.target_modules = {"q_proj", "down_proj"};
+  LoraConfig above_config = Lora(4);
+  above_config.use_rslora = true;
+  auto below = LoraAdapters::Init(below_config, model->config(), at::kFloat, at::kCPU, 1);
+  auto above = LoraAdapters::Init(above_config, model->config(), at::kFloat, at::kCPU, 2);
+  ASSERT_TRUE(below.ok() && above.ok());
+  RandomizeB(**below, 3);
+  RandomizeB(**above, 4);
+  const Batch batch = LeftPadded();
+  model->UseAdapters(above->get(), below->get());
+  const at::Tensor both = model->Logits(batch.ids, batch.mask);
+  model->UseAdapters(nullptr, below->get());
+  const at::Tensor below_only = model->Logits(batch.ids, batch.mask);
+  const std::unique_ptr<LoraAdapters> stacked = LoraAdapters::Stacked(**below, **above);
+  EXPECT_EQ(stacked->config().rank, 6);
+  EXPECT_EQ(stacked->modules().size(), 7u);
+  model->UseAdapters(stacked.get());
+  const at::Tensor one = model->Logits(batch.ids, batch.mask);
+  const double scale = both.abs().max().item<double>();
+  EXPECT_LT(MaxDiff(one, both, batch.mask), 1e-5 * scale);
+  EXPECT_GT(MaxDiff(both, below_only, batch.mask), 1e-2 * scale);  // the upper adapter counts
+}
+
 TEST(LoraTest, TargetModulesChooseTheProjections) {
   const LlamaConfig c = FamilyConfig(ModelFamily::kLlama);
   LoraConfig lora = Lora(2);

@@ -7,6 +7,8 @@
 #include "gtest/gtest.h"
 #include "policies/config/llama_config.h"
 #include "policies/model/llama.h"
+#include "policies/model/lora.h"
+#include "policies/model/peft_adapter.h"
 #include "services/rank/local_worker_group.h"
 #include "tests/testutil/testutil.h"
 
@@ -47,6 +49,19 @@ output: {dir: )",
                                        {}, "test spec");
     EXPECT_TRUE(spec.ok()) << spec.status();
     return *spec;
+  }
+
+  // Rollouts of the group's actor for three prompts.
+  static std::vector<policies::Rollout> Rollouts(LocalWorkerGroup& group) {
+    policies::RolloutRequest request;
+    for (const char* text : {"snow fire =>", "a long river =>", "stone =>"}) {
+      request.prompts.push_back(group.tokenizer().EncodeForPrompt(text));
+    }
+    request.sampling.max_new_tokens = 8;
+    request.sampling.seed = 4;
+    auto rollouts = group.Generate(request);
+    EXPECT_TRUE(rollouts.ok()) << rollouts.status();
+    return rollouts.ok() ? *rollouts : std::vector<policies::Rollout>{};
   }
 
   testing::TempDir dir_;
@@ -95,6 +110,62 @@ TEST_F(LoraReferenceTest, TheReferenceIsTheActorsFrozenBaseLoadedOnce) {
     }
   }
   EXPECT_GT(moved, 1e-2);
+}
+
+// A job that starts from an adapter (an SFT LoRA): the reference is the
+// base with that adapter, frozen, and the actor starts equal to it.
+TEST_F(LoraReferenceTest, WithAStartingAdapterTheReferenceIsTheBaseWithIt) {
+  auto config = policies::LlamaConfig::Load(model_);
+  ASSERT_TRUE(config.ok());
+  policies::LoraConfig lora;
+  lora.rank = 2;
+  lora.target_modules = {"v_proj", "up_proj"};
+  auto start = policies::LoraAdapters::Init(lora, *config, at::kFloat, at::kCPU, 21);
+  ASSERT_TRUE(start.ok());
+  for (auto& [name, t] : (*start)->Named()) {
+    if (name.find("lora_B") != std::string::npos) t->normal_(0.0, 0.5);
+  }
+  const std::string adapter = dir_.Join("sft-adapter");
+  ASSERT_TRUE(
+      policies::SavePeftAdapter(adapter, **start, policies::LlamaHead::kLanguageModel, at::Tensor(), model_).ok());
+
+  auto group = LocalWorkerGroup::Create(Spec(", adapter: " + adapter + ", lora: {rank: 4}"));
+  ASSERT_TRUE(group.ok()) << group.status();
+  EXPECT_EQ((*group)->placed_models(), std::vector<std::string>{"actor"});
+  auto plain = LocalWorkerGroup::Create(Spec(""));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  const std::vector<policies::Rollout> rollouts = Rollouts(**group);
+  policies::ScoreRequest both;
+  both.rewards = false;
+  both.actor_logprobs = true;
+  auto scores = (*group)->Score(rollouts, both);
+  auto base = (*plain)->Score(rollouts, both);
+  ASSERT_TRUE(scores.ok() && base.ok());
+  // Fresh trained adapters add exactly zero: the actor is the base with the
+  // starting adapter, which is the reference.
+  EXPECT_EQ(scores->actor_logprobs, scores->reference_logprobs);
+  // And that is not the bare base.
+  double apart = 0;
+  for (size_t i = 0; i < rollouts.size(); ++i) {
+    for (size_t t = 0; t < base->reference_logprobs[i].size(); ++t) {
+      apart = std::max(apart, static_cast<double>(
+                                  std::abs(base->reference_logprobs[i][t] - scores->reference_logprobs[i][t])));
+    }
+  }
+  EXPECT_GT(apart, 1e-2);
+
+  // A starting adapter of another base is refused naming the setting and the tensor.
+  const std::string wrong = dir_.Join("wrong-adapter");
+  policies::LlamaConfig other = *config;
+  other.hidden_size = 32;
+  auto mismatched = policies::LoraAdapters::Init(lora, other, at::kFloat, at::kCPU, 1);
+  ASSERT_TRUE(mismatched.ok());
+  ASSERT_TRUE(
+      policies::SavePeftAdapter(wrong, **mismatched, policies::LlamaHead::kLanguageModel, at::Tensor(), "other").ok());
+  auto refused = LocalWorkerGroup::Create(Spec(", adapter: " + wrong));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("actor.adapter"), std::string::npos) << refused.status();
+  EXPECT_NE(refused.status().message().find("lora_A.weight"), std::string::npos) << refused.status();
 }
 
 }  // namespace
