@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # ReMax vs PPO at Llama-2-7B width on this machine, as a user would do it:
 # random-weight models with Llama-2-7B's per-layer sizes (hidden 4096,
-# intermediate 11008, 32 heads, vocabulary 32000, bf16) and LAYERS decoder
+# intermediate 11008, 32 heads, vocabulary 32000; bf16, or DTYPE=fp32 where
+# the CPU has no fast bf16 products: libtorch 1.13 on an AVX2-only CPU
+# multiplies bf16 in a slow reference loop) and LAYERS decoder
 # layers; `strata plan --fit` picks each job's placement for this machine
 # (CPU device, its RAM, the free disk) and writes the spec; `strata train`
 # runs it; `strata compare` draws both. docs/REMAX_VS_PPO.md has a run.
@@ -10,6 +12,7 @@ set -euo pipefail
 layers=${1:?layers}
 work=${2:-out/7b-width-$layers}
 strata=${3:-build/strata}
+dtype=${DTYPE:-bf16}
 mkdir -p "$work/nvme"
 python3 - "$work/config.json" "$layers" <<'PY'
 import json, sys
@@ -21,20 +24,20 @@ PY
 for head in lm scalar; do
   dir=$work/$([[ $head == lm ]] && echo base || echo reward)
   if [[ ! -f $dir/config.json ]]; then
-    "$strata" init-model --config "$work/config.json" --out "$dir" --head $head --dtype bf16 --seed 1 >/dev/null
+    "$strata" init-model --config "$work/config.json" --out "$dir" --head $head --dtype $dtype --seed 1 >/dev/null
   fi
 done
 cp examples/tiny/data/tokenizer.json examples/tiny/data/tokenizer_config.json "$work/base/"
 ram=$(awk '/MemTotal/ {printf "%.0f", $2 * 1024}' /proc/meminfo)
 for algorithm in remax ppo; do
   critic=""
-  [[ $algorithm == ppo ]] && critic="  critic: {path: $work/reward, dtype: bf16}"
+  [[ $algorithm == ppo ]] && critic="  critic: {path: $work/reward, dtype: $dtype}"
   cat > "$work/$algorithm.yaml" <<YAML
 algorithm: $algorithm
 models:
-  actor: {path: $work/base, dtype: bf16}
-  reference: {path: $work/base, dtype: bf16}
-  reward: {path: $work/reward, dtype: bf16}
+  actor: {path: $work/base, dtype: $dtype}
+  reference: {path: $work/base, dtype: $dtype}
+  reward: {path: $work/reward, dtype: $dtype}
 $critic
 data: {train: examples/tiny/data/prompts.jsonl, max_prompt_tokens: 16}
 train: {iterations: 2, batch_size: 2, lr: 1.0e-6, seed: 3}
