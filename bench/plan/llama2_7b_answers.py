@@ -63,6 +63,8 @@ def describe(j):
         if p["trainable"]:
             s += f"/{p['optimizer']}" + (" step-in-backward" if p["step_in_backward"] else "")
         parts.append(s)
+    for role, owner in sorted(j.get("shares_base_of", {}).items()):
+        parts.append(f"{role} = {owner}'s base")
     micro = j["micro_batch_size"] or "whole"
     peak = j["peak_bytes"]
     return (f"{', '.join(parts)}; micro-batch {micro}; device {peak['device'] / 2**30:.1f} GiB, "

@@ -14,6 +14,10 @@ import argparse
 import json
 import os
 import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from llama2_7b_answers import describe  # noqa: E402  (one way to print a fit)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIGURES = "examples/figures/a100-80gb.json"
@@ -31,22 +35,6 @@ def plan(strata, algorithm, fit, overrides):
     for o in COMMON + [f"train.batch_size={BATCH[algorithm]}"] + overrides:
         cmd += ["--set", o]
     return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=REPO).stdout)[0]
-
-
-def describe(j):
-    parts = []
-    for role, p in sorted(j["placement"].items()):
-        s = f"{role} {p['weights']}"
-        if p["trainable"]:
-            s += f"/{p['optimizer']}" + (" step-in-backward" if p["step_in_backward"] else "")
-        parts.append(s)
-    for role, owner in sorted(j.get("shares_base_of", {}).items()):
-        parts.append(f"{role} = {owner}'s base")
-    micro = j["micro_batch_size"] or "whole"
-    peak = j["peak_bytes"]
-    return (f"{', '.join(parts)}; micro-batch {micro}; device {peak['device'] / 2**30:.1f} GiB, "
-            f"RSS {j['process_rss_bytes'] / 2**30:.1f} GiB, NVMe {peak['nvme'] / 2**30:.1f} GiB; "
-            f"{j['iteration_s']:.1f} s/iteration")
 
 
 def main():

@@ -15,6 +15,9 @@ import sys
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from llama_reference import write_safetensors  # noqa: E402  (the reference's own writer)
+
 DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 
 
@@ -31,22 +34,6 @@ def read_safetensors(path):
         t = torch.frombuffer(bytearray(data[begin:end]), dtype=DTYPES[entry["dtype"]])
         out[name] = t.reshape(entry["shape"]).to(torch.float32)
     return out
-
-
-def write_safetensors(path, tensors):
-    header, offset, blobs = {"__metadata__": {"format": "pt"}}, 0, []
-    for name, t in tensors.items():
-        raw = t.contiguous().numpy().tobytes()
-        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
-        blobs.append(raw)
-        offset += len(raw)
-    text = json.dumps(header).encode()
-    text += b" " * ((8 - len(text) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for b in blobs:
-            f.write(b)
 
 
 def main():
@@ -67,7 +54,7 @@ def main():
         weights[module + ".weight"] = weights[module + ".weight"] + scale * (b @ a)
         merged += 1
     os.makedirs(out_dir, exist_ok=True)
-    write_safetensors(os.path.join(out_dir, "model.safetensors"), weights)
+    write_safetensors(os.path.join(out_dir, "model.safetensors"), list(weights.items()))
     with open(os.path.join(base_dir, "config.json")) as f:
         model_config = json.load(f)
     model_config["torch_dtype"] = "float32"
