@@ -26,6 +26,8 @@ absl::Status ConfigError(const std::string& path, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
 }
 
+absl::StatusOr<LoraConfig> ParsePeftConfig(const std::string& path, const json& config);
+
 bool IsUnset(const json& config, const char* key) {
   if (!config.contains(key)) return true;
   const json& v = config[key];
@@ -78,11 +80,28 @@ absl::Status SavePeftAdapter(const std::string& dir, LoraAdapters& adapters, Lla
 absl::StatusOr<LoraConfig> ReadPeftConfig(const std::string& dir) {
   const std::string path = JoinPath(dir, kPeftConfigFile);
   STRATA_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
-  json config = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  return ParsePeftConfig(path, json::parse(text, nullptr, /*allow_exceptions=*/false));
+}
+
+namespace {
+
+// `key`'s value as a T, or `fallback` when absent or null; INVALID_ARGUMENT
+// naming the key when it holds another type.
+template <typename T>
+absl::StatusOr<T> Field(const std::string& path, const json& config, const char* key, T fallback) {
+  if (!config.contains(key) || config[key].is_null()) return fallback;
+  try {
+    return config[key].get<T>();
+  } catch (const json::exception&) {
+    return ConfigError(path, absl::StrCat(key, " = ", config[key].dump(), " has the wrong type"));
+  }
+}
+
+absl::StatusOr<LoraConfig> ParsePeftConfig(const std::string& path, const json& config) {
   if (!config.is_object()) return ConfigError(path, "not a JSON object");
-  if (config.value("peft_type", "") != "LORA") {
-    return ConfigError(path, absl::StrCat("peft_type is ",
-                                          config.contains("peft_type") ? config["peft_type"].dump() : "missing",
+  STRATA_ASSIGN_OR_RETURN(const std::string peft_type, Field<std::string>(path, config, "peft_type", ""));
+  if (peft_type != "LORA") {
+    return ConfigError(path, absl::StrCat("peft_type is ", peft_type.empty() ? "missing" : peft_type,
                                           "; strata loads LORA adapters"));
   }
   // Settings that change what the adapter computes and that strata does not
@@ -93,39 +112,36 @@ absl::StatusOr<LoraConfig> ReadPeftConfig(const std::string& dir) {
       return ConfigError(path, absl::StrCat(key, " = ", config[key].dump(), " is not supported by strata"));
     }
   }
-  if (config.value("fan_in_fan_out", false) != false)
-    return ConfigError(path, "fan_in_fan_out = true is not supported");
-  if (config.contains("bias") && config["bias"] != "none") {
-    return ConfigError(path, absl::StrCat("bias = ", config["bias"].dump(), " is not supported (only \"none\")"));
-  }
+  STRATA_ASSIGN_OR_RETURN(const bool fan_in_fan_out, Field<bool>(path, config, "fan_in_fan_out", false));
+  if (fan_in_fan_out) return ConfigError(path, "fan_in_fan_out = true is not supported");
+  STRATA_ASSIGN_OR_RETURN(const std::string bias, Field<std::string>(path, config, "bias", "none"));
+  if (bias != "none") return ConfigError(path, absl::StrCat("bias = ", bias, " is not supported (only \"none\")"));
   LoraConfig lora;
-  try {
-    lora.rank = config.at("r").get<int64_t>();
-    lora.alpha = config.value("lora_alpha", 8.0);  // PEFT's default
-    lora.dropout = config.value("lora_dropout", 0.0);
-    lora.use_rslora = config.value("use_rslora", false);
-    const json& targets = config.at("target_modules");
-    if (targets.is_string()) {
-      // PEFT reads a string as a regular expression over module names;
-      // "all-linear" is the one strata takes.
-      lora.target_modules = {targets.get<std::string>()};
-    } else {
-      lora.target_modules = targets.get<std::vector<std::string>>();
-    }
-  } catch (const json::exception& e) {
-    return ConfigError(path, absl::StrCat("r, lora_alpha, lora_dropout, use_rslora or target_modules: ", e.what()));
+  if (!config.contains("r")) return ConfigError(path, "r (the rank) is missing");
+  STRATA_ASSIGN_OR_RETURN(lora.rank, Field<int64_t>(path, config, "r", 0));
+  STRATA_ASSIGN_OR_RETURN(lora.alpha, Field<double>(path, config, "lora_alpha", 8.0));  // PEFT's default
+  STRATA_ASSIGN_OR_RETURN(lora.dropout, Field<double>(path, config, "lora_dropout", 0.0));
+  STRATA_ASSIGN_OR_RETURN(lora.use_rslora, Field<bool>(path, config, "use_rslora", false));
+  if (config.contains("target_modules") && config["target_modules"].is_string()) {
+    // PEFT reads a string as a regular expression over module names;
+    // "all-linear" is the one strata takes.
+    lora.target_modules = {config["target_modules"].get<std::string>()};
+  } else {
+    STRATA_ASSIGN_OR_RETURN(lora.target_modules, Field<std::vector<std::string>>(path, config, "target_modules", {}));
   }
-  if (!IsUnset(config, "modules_to_save")) {
-    for (const json& m : config["modules_to_save"]) {
-      if (m != "score") {
-        return ConfigError(path, absl::StrCat("modules_to_save names ", m.dump(),
-                                              "; strata saves only a scalar head, \"score\""));
-      }
+  STRATA_ASSIGN_OR_RETURN(const std::vector<std::string> saved,
+                          Field<std::vector<std::string>>(path, config, "modules_to_save", {}));
+  for (const std::string& m : saved) {
+    if (m != "score") {
+      return ConfigError(path,
+                         absl::StrCat("modules_to_save names ", m, "; strata saves only a scalar head, \"score\""));
     }
   }
   if (absl::Status s = lora.Validate("adapter_config"); !s.ok()) return ConfigError(path, std::string(s.message()));
   return lora;
 }
+
+}  // namespace
 
 absl::StatusOr<PeftAdapter> LoadPeftAdapter(const std::string& dir, const LlamaConfig& model, LlamaHead head,
                                             at::ScalarType dtype, at::Device device) {

@@ -291,6 +291,12 @@ TEST(PeftAdapterTest, RefusesWhatStrataDoesNotImplementByName) {
   refused("r", 0, "rank");
   refused("target_modules", json({"q_proj", "c_attn"}), "c_attn");
   refused("modules_to_save", json({"lm_head"}), "modules_to_save");
+  // A field of another JSON type is named, never a crash.
+  refused("fan_in_fan_out", "no", "fan_in_fan_out");
+  refused("r", "four", "r = \"four\"");
+  refused("lora_alpha", json::array(), "lora_alpha");
+  refused("target_modules", 7, "target_modules");
+  refused("peft_type", 3, "peft_type");
   WriteJson(dir.Join(kPeftConfigFile), good);
   ASSERT_TRUE(LoadPeftAdapter(dir.path(), c, LlamaHead::kLanguageModel, at::kFloat, at::kCPU).ok());
 
