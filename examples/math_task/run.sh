@@ -8,7 +8,9 @@
 #   bash examples/math_task/run.sh sft            fetch, then SFT: out/math_task/sft
 #   bash examples/math_task/run.sh chain [--quick]
 #       fetch, SFT, the reward server on a free loopback port, ReMax, GRPO
-#       and PPO with `strata train` (out/math_task/{remax,grpo,ppo}), then
+#       and PPO with `strata train` (out/math_task/{remax,grpo,ppo}: LoRA
+#       adapters of the SFT model, `strata generate --model out/math_task/sft
+#       --adapter out/math_task/remax`), then
 #       `strata compare` of the three. --quick: a few steps of each, into
 #       out/math_task_quick (what CI runs: the chain works, not how well).
 # Run from the directory that holds examples/ (outputs go to out/).
