@@ -57,16 +57,24 @@ std::pair<int64_t, int64_t> LoraModuleShape(const LlamaConfig& c, LoraModule mod
   return {0, 0};
 }
 
-int64_t LoraConfig::Parameters(const LlamaConfig& model) const {
-  if (!enabled()) return 0;
+std::vector<int64_t> LoraConfig::TensorElements(const LlamaConfig& model) const {
+  std::vector<int64_t> out;
+  if (!enabled()) return out;
   auto modules = Modules();
-  if (!modules.ok()) return 0;
-  int64_t per_layer = 0;
-  for (LoraModule m : *modules) {
-    const auto [out, in] = LoraModuleShape(model, m);
-    per_layer += rank * (in + out);
+  if (!modules.ok()) return out;
+  for (int64_t l = 0; l < model.num_hidden_layers; ++l) {
+    for (LoraModule m : *modules) {
+      const auto [rows, cols] = LoraModuleShape(model, m);
+      out.insert(out.end(), {rank * cols, rows * rank});
+    }
   }
-  return per_layer * model.num_hidden_layers;
+  return out;
+}
+
+int64_t LoraConfig::Parameters(const LlamaConfig& model) const {
+  int64_t n = 0;
+  for (int64_t elements : TensorElements(model)) n += elements;
+  return n;
 }
 
 double LoraConfig::scaling() const {

@@ -46,8 +46,11 @@ struct LoraConfig {
   // The targeted modules, "all-linear" expanded, in LoraModule order;
   // INVALID_ARGUMENT naming a name no Llama-family layer has.
   absl::StatusOr<std::vector<LoraModule>> Modules() const;
-  // Adapter parameters over all of `model`'s layers: rank x (in + out) per
-  // targeted projection (0 when disabled or invalid).
+  // The elements of each adapter tensor over all of `model`'s layers: per
+  // layer and targeted projection, A's rank x in and B's out x rank (none
+  // when disabled or invalid).
+  std::vector<int64_t> TensorElements(const LlamaConfig& model) const;
+  // Their sum: the adapters' parameters.
   int64_t Parameters(const LlamaConfig& model) const;
   // INVALID_ARGUMENT naming the field, quoted as '`key`.field'.
   absl::Status Validate(const std::string& key = "lora") const;

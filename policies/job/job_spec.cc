@@ -502,40 +502,34 @@ absl::Status JobSpec::ValidateLora() const {
     return KeyError("models.reference.adapter",
                     "is not allowed: with models.actor.adapter, the reference is the actor's base with that adapter");
   }
-  for (const auto& [role, model] :
-       {std::pair{"actor", &actor}, std::pair{"reward", &reward}, std::pair{"critic", &critic}}) {
-    if (model->adapter.empty()) continue;
-    if (model->path.empty()) {
-      return KeyError(absl::StrCat("models.", role, ".adapter"),
-                      absl::StrCat("needs models.", role, ".path: the base model it adapts"));
-    }
-    if (rl && std::string(role) == "reward") {
-      return KeyError("models.reward.adapter", "is for a reward_model job, which trains the reward model");
-    }
-  }
   if (reference.lora.enabled()) {
     return KeyError("models.reference.lora",
                     "is not allowed: the reference never trains (with models.actor.lora, the reference is the "
                     "actor's own frozen base)");
   }
-  if (rl && reward.lora.enabled()) {
-    return KeyError("models.reward.lora", "is for a reward_model job, which trains the reward model");
-  }
-  for (const RewardSourceSpec& source : reward_sources) {
-    if (source.model.lora.enabled()) {
-      return KeyError(absl::StrCat("reward.sources (", source.name, ").lora"),
-                      "is not allowed: a reward source never trains");
-    }
-  }
   bool any = false;
   for (const auto& [role, model] :
        {std::pair{"actor", &actor}, std::pair{"reward", &reward}, std::pair{"critic", &critic}}) {
-    if (!model->lora.enabled()) continue;
+    if (!model->adapter.empty() && model->path.empty()) {
+      return KeyError(absl::StrCat("models.", role, ".adapter"),
+                      absl::StrCat("needs models.", role, ".path: the base model it adapts"));
+    }
+    if (!model->trains_adapters()) continue;
+    if (rl && std::string(role) == "reward") {
+      return KeyError(absl::StrCat("models.reward.", reward.lora.enabled() ? "lora" : "adapter"),
+                      "is for a reward_model job, which trains the reward model");
+    }
     any = true;
     if (model->placement.step_in_backward) {
       return KeyError(absl::StrCat("models.", role, ".placement.step_in_backward"),
                       "steps whole layers; with models." + std::string(role) +
                           ".lora only the adapters train (set it false)");
+    }
+  }
+  for (const RewardSourceSpec& source : reward_sources) {
+    if (source.model.lora.enabled()) {
+      return KeyError(absl::StrCat("reward.sources (", source.name, ").lora"),
+                      "is not allowed: a reward source never trains");
     }
   }
   if (merge_lora && !any) return KeyError("output.merge_lora", "needs LoRA (models.<role>.lora) on the trained model");

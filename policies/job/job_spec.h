@@ -33,6 +33,10 @@ struct ModelSpec {
   // base (the reference sees it too) while `lora` trains new adapters over
   // it ("" = none).
   std::string adapter;
+
+  // Whether the model trains LoRA adapters: `lora` set, or a starting
+  // adapter (whose settings the new adapters then take).
+  bool trains_adapters() const { return lora.enabled() || !adapter.empty(); }
 };
 
 struct DataSpec {

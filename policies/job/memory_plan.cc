@@ -85,10 +85,11 @@ absl::StatusOr<std::vector<PlannedModel>> JobModels(const JobSpec& spec) {
       break;
     default:
       STRATA_RETURN_IF_ERROR(add("actor", spec.actor, true, false, ""));
-      if (spec.actor.lora.enabled() && (spec.reference.path.empty() || spec.reference.path == spec.actor.path)) {
+      if (spec.actor.trains_adapters() && (spec.reference.path.empty() || spec.reference.path == spec.actor.path)) {
         // The LoRA actor's base with the adapters off (LocalWorkerGroup).
         ModelSpec base = spec.actor;
         base.lora = LoraConfig();
+        base.adapter.clear();
         STRATA_RETURN_IF_ERROR(add("reference", base, false, false, spec.actor.path));
         models.back().shares_base_of = "actor";
       } else {
@@ -217,14 +218,8 @@ ModelShape ShapeOf(const PlannedModel& m, const offload::ModelPlacement& placeme
   s.adapter_params = m.trainable ? m.spec.lora.Parameters(c) : 0;
   std::vector<int64_t> trained_tensors = c.TrainedTensorElements(m.scalar_head);
   if (s.adapter_params > 0) {
-    trained_tensors.clear();
+    trained_tensors = m.spec.lora.TensorElements(c);
     if (m.scalar_head) trained_tensors.push_back(c.num_labels * c.hidden_size);
-    const std::vector<LoraModule> modules = m.spec.lora.Modules().value_or(std::vector<LoraModule>{});
-    for (LoraModule module : modules) {
-      const auto [out, in] = LoraModuleShape(c, module);
-      for (int64_t l = 0; l < c.num_hidden_layers; ++l)
-        trained_tensors.insert(trained_tensors.end(), {m.spec.lora.rank * in, out * m.spec.lora.rank});
-    }
   }
   s.trained_params = 0;
   for (int64_t n : trained_tensors) s.trained_params += n;
@@ -712,7 +707,7 @@ FitResult FitJob(const JobSpec& spec, const std::vector<PlannedModel>& models, c
           p.gradients = optimizer == Tier::kDevice ? Tier::kDevice : Tier::kHost;
           p.prefetch_depth = prefetch;
           mine.push_back(p);
-          if (m.trainable && optimizer != Tier::kDevice && step_in_backward_allowed && !m.spec.lora.enabled()) {
+          if (m.trainable && optimizer != Tier::kDevice && step_in_backward_allowed && !m.spec.trains_adapters()) {
             p.step_in_backward = true;
             mine.push_back(p);
           }

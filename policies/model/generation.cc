@@ -16,20 +16,12 @@
 #include "absl/strings/str_cat.h"
 #include "base/engine_counters.h"
 #include "base/interrupt.h"
+#include "base/splitmix64.h"
 #include "base/status_macros.h"
 
 namespace strata::policies {
 
 namespace {
-
-// SplitMix64 (Steele, Lea and Flood 2014): a counter-based generator, so
-// that entry i of a row draws from (key, i) alone.
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
 
 // The random bits of a row's vocabulary entries: four xorshift128 streams
 // (Marsaglia 2003) seeded from the row's key, one per SSE lane, so that

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "base/splitmix64.h"
 #include "policies/model/llama.h"
 
 namespace strata::policies {
@@ -32,14 +33,9 @@ at::Tensor& Projection(LlamaLayerWeights& w, LoraModule m) {
   return w.q_proj;
 }
 
-// SplitMix64's finaliser over the key's parts: independent streams per
-// (key, layer, module).
-uint64_t MixKey(uint64_t key, int64_t layer, LoraModule module) {
-  uint64_t z = key ^ (0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(layer + 1)) ^
-               (0xbf58476d1ce4e5b9ULL * static_cast<uint64_t>(static_cast<int>(module) + 1));
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
+// The mask key of one projection of one layer in a pass keyed `key`.
+uint64_t MaskKey(uint64_t key, int64_t layer, LoraModule module) {
+  return SplitMix64(SplitMix64(key ^ SplitMix64(static_cast<uint64_t>(layer))) + static_cast<uint64_t>(module));
 }
 
 // Inverted dropout whose mask is a function of the key alone. Drawn on the
@@ -53,7 +49,7 @@ at::Tensor KeyedDropout(const at::Tensor& x, double p, uint64_t key) {
 }  // namespace
 
 uint64_t LoraDropoutKey(uint64_t seed, int64_t step, int64_t micro_batch) {
-  return MixKey(seed, step, static_cast<LoraModule>(0)) ^ MixKey(~seed, micro_batch, static_cast<LoraModule>(1));
+  return SplitMix64(SplitMix64(seed ^ SplitMix64(static_cast<uint64_t>(step))) + static_cast<uint64_t>(micro_batch));
 }
 
 at::Tensor LoraLinear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const LoraApply* lora,
@@ -64,17 +60,11 @@ at::Tensor LoraLinear(const at::Tensor& x, const at::Tensor& weight, const at::T
     const LoraPair& pair = apply->layer->at(module);
     if (!pair.a.defined()) continue;
     const at::Tensor input = apply->dropout > 0 ? KeyedDropout(x, apply->dropout,
-                                                               MixKey(apply->dropout_key, apply->layer_index, module))
+                                                               MaskKey(apply->dropout_key, apply->layer_index, module))
                                                 : x;
     y = y + at::linear(at::linear(input, pair.a), pair.b) * apply->scaling;
   }
   return y;
-}
-
-std::pair<std::vector<int64_t>, std::vector<int64_t>> LoraAdapters::Shapes(const LlamaConfig& c, int64_t rank,
-                                                                           LoraModule module) {
-  const auto [out, in] = LoraModuleShape(c, module);
-  return {{rank, in}, {out, rank}};
 }
 
 absl::StatusOr<std::unique_ptr<LoraAdapters>> LoraAdapters::Zeros(const LoraConfig& lora, const LlamaConfig& model,
@@ -87,8 +77,8 @@ absl::StatusOr<std::unique_ptr<LoraAdapters>> LoraAdapters::Zeros(const LoraConf
   adapters->layers_.resize(static_cast<size_t>(model.num_hidden_layers));
   for (LoraLayer& layer : adapters->layers_) {
     for (LoraModule m : *modules) {
-      auto [a, b] = Shapes(model, lora.rank, m);
-      layer.at(m) = {at::zeros(a, options), at::zeros(b, options)};
+      const auto [out, in] = LoraModuleShape(model, m);
+      layer.at(m) = {at::zeros({lora.rank, in}, options), at::zeros({out, lora.rank}, options)};
     }
   }
   return adapters;

@@ -78,10 +78,6 @@ class LoraAdapters {
   double scaling() const { return config_.scaling(); }
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
   const LoraLayer& layer(int64_t l) const { return layers_.at(static_cast<size_t>(l)); }
-  // The shape of `module`'s A and B in a layer of `model`.
-  static std::pair<std::vector<int64_t>, std::vector<int64_t>> Shapes(const LlamaConfig& model, int64_t rank,
-                                                                      LoraModule module);
-
   // Every adapter tensor of layer `l` with its name relative to the model
   // ("model.layers.<l>.self_attn.q_proj.lora_A.weight": PEFT's names less
   // its "base_model.model." prefix), A before B, in LoraModule order.

@@ -124,8 +124,8 @@ absl::StatusOr<LlamaModel> PlacedModel::Gathered(bool merged) const {
 
 absl::Status PlacedModel::Save(const std::string& dir) const {
   if (adapters_ != nullptr) {
-    const at::Tensor score = model_->head() == LlamaHead::kScalar ? model_->weights().score : at::Tensor();
-    return SavePeftAdapter(dir, *adapters_, model_->head(), score, options_.base_model);
+    // A scalar head (undefined for a language model) is saved beside the adapters.
+    return SavePeftAdapter(dir, *adapters_, model_->head(), model_->weights().score, options_.base_model);
   }
   if (placement().weights == offload::Tier::kDevice) return model_->Save(dir);
   STRATA_ASSIGN_OR_RETURN(auto model, Gathered(/*merged=*/false));
@@ -135,8 +135,7 @@ absl::Status PlacedModel::Save(const std::string& dir) const {
 absl::Status PlacedModel::Export(const std::string& dir) const {
   if (frozen_adapters_ == nullptr || adapters_ == nullptr) return Save(dir);
   const std::unique_ptr<LoraAdapters> stacked = LoraAdapters::Stacked(*frozen_adapters_, *adapters_);
-  const at::Tensor score = model_->head() == LlamaHead::kScalar ? model_->weights().score : at::Tensor();
-  return SavePeftAdapter(dir, *stacked, model_->head(), score, options_.base_model);
+  return SavePeftAdapter(dir, *stacked, model_->head(), model_->weights().score, options_.base_model);
 }
 
 absl::Status PlacedModel::SaveMerged(const std::string& dir) const {

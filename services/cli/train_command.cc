@@ -73,9 +73,8 @@ absl::StatusOr<std::string> RunTrain(const TrainRequest& request) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   // With LoRA the output is an adapter, which needs its base to be used.
   const policies::ModelSpec& trained = spec.algorithm == policies::Algorithm::kRewardModel ? spec.reward : spec.actor;
-  const std::string what = trained.lora.enabled() || !trained.adapter.empty()
-                               ? absl::StrCat("LoRA adapter (PEFT) of ", trained.path, " in ")
-                               : std::string("model in ");
+  const std::string what = trained.trains_adapters() ? absl::StrCat("LoRA adapter (PEFT) of ", trained.path, " in ")
+                                                     : std::string("model in ");
   return absl::StrFormat("%s job done in %.1f s: %s%s\n", policies::AlgorithmName(spec.algorithm), seconds, what,
                          spec.output_dir);
 }
