@@ -15,6 +15,9 @@ absl::Status SamplingOptions::Validate() const {
   if (max_new_tokens < 0) {
     return absl::InvalidArgumentError(absl::StrCat("max_new_tokens must be >= 0, got ", max_new_tokens));
   }
+  for (int64_t cap : row_max_new_tokens) {
+    if (cap < 0) return absl::InvalidArgumentError(absl::StrCat("row_max_new_tokens must be >= 0, got ", cap));
+  }
   return absl::OkStatus();
 }
 

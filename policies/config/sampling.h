@@ -33,6 +33,10 @@ struct SamplingOptions {
   // generator, so a prompt's continuation does not depend on which other
   // prompts share its batch (a data-parallel rank's shard). `seed` is unused.
   std::vector<uint64_t> row_seeds;
+  // One cap per prompt, when given: row i ends after min(max_new_tokens,
+  // row_max_new_tokens[i]) tokens (a request's own limit; benchmarks force
+  // a spread of response lengths on random weights with it).
+  std::vector<int64_t> row_max_new_tokens;
 
   // INVALID_ARGUMENT naming the field.
   absl::Status Validate() const;

@@ -602,6 +602,7 @@ absl::Status JobSpec::Validate() const {
   if (!(generation.temperature > 0)) return KeyError("generation.temperature", "must be > 0");
   if (!(generation.top_p > 0 && generation.top_p <= 1)) return KeyError("generation.top_p", "must be in (0, 1]");
   if (generation.top_k < 0) return KeyError("generation.top_k", "must be >= 0");
+  STRATA_RETURN_IF_ERROR(generation.engine.Validate("generation"));
   if (eval.every < 0) return KeyError("eval.every", "must be >= 0");
   if (eval.prompts < 1) return KeyError("eval.prompts", "must be >= 1");
   if (checkpoint.every < 0) return KeyError("checkpoint.every", "must be >= 0");
@@ -796,6 +797,10 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::ve
     STRATA_RETURN_IF_ERROR(gen.Read("top_p", &spec.generation.top_p));
     STRATA_RETURN_IF_ERROR(gen.Read("top_k", &spec.generation.top_k));
     STRATA_RETURN_IF_ERROR(gen.ReadList("stop_token_ids", &spec.generation.stop_token_ids));
+    STRATA_RETURN_IF_ERROR(gen.Read("kv_block_tokens", &spec.generation.engine.kv_block_tokens));
+    STRATA_RETURN_IF_ERROR(gen.Read("kv_pool_mib", &spec.generation.engine.kv_pool_mib));
+    STRATA_RETURN_IF_ERROR(gen.Read("max_concurrency", &spec.generation.engine.max_concurrency));
+    STRATA_RETURN_IF_ERROR(gen.Read("share_prefixes", &spec.generation.engine.share_prefixes));
     STRATA_RETURN_IF_ERROR(gen.CheckNoUnknownKeys());
 
     STRATA_ASSIGN_OR_RETURN(auto remax, r.Child("remax"));

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "offload/tiers/placement.h"
 #include "policies/config/lora_config.h"
+#include "policies/config/rollout_options.h"
 
 namespace strata::policies {
 
@@ -101,6 +102,10 @@ struct GenerationSpec {
   // (config.json's and generation_config.json's eos_token_id, the
   // tokenizer's eos token).
   std::vector<int64_t> stop_token_ids;
+  // The rollout engine's KV blocks, pool and concurrency (kv_block_tokens,
+  // kv_pool_mib, max_concurrency, share_prefixes: keys of `generation`).
+  // max_concurrency 0 takes train.micro_batch_size when that is set.
+  RolloutEngineOptions engine;
 };
 
 struct RemaxSpec {

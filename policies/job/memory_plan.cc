@@ -73,7 +73,7 @@ absl::StatusOr<std::vector<PlannedModel>> JobModels(const JobSpec& spec) {
     if (model.path.empty() && model.init.empty()) model.path = fallback_path;
     STRATA_ASSIGN_OR_RETURN(auto config, ConfigOf(model, role));
     if (placement_key.empty()) placement_key = absl::StrCat("models.", role, ".placement");
-    models.push_back({role, config, model, trainable, scalar, std::move(placement_key)});
+    models.push_back({role, config, model, trainable, scalar, std::move(placement_key), ""});
     return absl::OkStatus();
   };
   switch (spec.algorithm) {
@@ -258,10 +258,26 @@ double HeadBytes(const ModelShape& s, int64_t R, int64_t T, bool training) {
          Bytes(static_cast<double>(R * T * s.H), 4.0);
 }
 
-// Device bytes of generating from R prompts of P tokens, N new tokens.
-double GenerateBytes(const ModelShape& s, int64_t R, int64_t P, int64_t N) {
-  const double kv = 2.0 * s.L * R * (P + N) * s.kv_heads * s.head_dim * s.E;
-  return kv + InferLayerBytes(s, R, P, P) + HeadBytes(s, R, 1, false) + 8.0 * R * s.head_width;
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / std::max<int64_t>(b, 1); }
+
+// One wave of the rollout engine: `prompts` prompts of P tokens prefilled
+// together, then `running` continuations of them decoding N new tokens.
+struct RolloutWave {
+  int64_t prompts = 1, running = 1;
+};
+
+// Device bytes of a wave: the KV blocks (each continuation's own, and the
+// prompts' full blocks once when they are shared), the prefill's working
+// set, and the logits of a decode step.
+double RolloutBytes(const ModelShape& s, const RolloutWave& w, int64_t P, int64_t N, const RolloutEngineOptions& e) {
+  const int64_t bt = e.kv_block_tokens;
+  const int64_t shared = e.share_prefixes ? P / bt * bt : 0;
+  const int64_t own = CeilDiv(P + std::max<int64_t>(N, 1) - 1, bt) * bt - shared;
+  const double positions = static_cast<double>(w.prompts * shared + w.running * own);
+  const double kv = 2.0 * s.L * positions * s.kv_heads * s.head_dim * s.E;
+  const int64_t prefill_rows = e.share_prefixes ? w.prompts : w.running;
+  return kv + std::max(InferLayerBytes(s, prefill_rows, P, P) + HeadBytes(s, prefill_rows, 1, false),
+                       HeadBytes(s, w.running, 1, false) + 8.0 * w.running * s.head_width);
 }
 
 double ScoreBytes(const ModelShape& s, int64_t R, int64_t T) {
@@ -330,11 +346,16 @@ class CostModel {
                         Copy(static_cast<double>(R * Tq * s.H) * s.E * 2.0);
     return WithStream(layers, Stream(s), /*decoding=*/Tq == 1) + head;
   }
-  double Generate(const ModelShape& s, int64_t R, int64_t P, int64_t N) const {
-    double t = Pass(s, R, P, P, R);
-    for (int64_t step = 1; step < N; ++step) t += Pass(s, R, 1, P + step, R);
+  // A wave of the rollout engine: one prefill of its prompts (of each
+  // continuation when prefixes are not shared), then N - 1 decode steps of
+  // every continuation (the worst case: none ends early).
+  double Rollout(const ModelShape& s, const RolloutWave& w, int64_t P, int64_t N, bool share) const {
+    const int64_t prefill_rows = share ? w.prompts : w.running;
+    double t = Pass(s, prefill_rows, P, P, prefill_rows);
+    for (int64_t step = 1; step < N; ++step) t += Pass(s, w.running, 1, P + step, w.running);
     // Sampling: softmax, sort for top-p, draws; on the CPU.
-    t += static_cast<double>(N) * (Copy(static_cast<double>(R) * s.head_width * 4.0 * 6.0) + f_.decode_step_overhead_s);
+    t += static_cast<double>(N) *
+         (Copy(static_cast<double>(w.running) * s.head_width * 4.0 * 6.0) + f_.decode_step_overhead_s);
     return t;
   }
   // Forward without autograd, a head pass with its backward, then each layer
@@ -386,7 +407,6 @@ class CostModel {
   const bool cpu_device_;
 };
 
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / std::max<int64_t>(b, 1); }
 int64_t RoundUp(int64_t a, int64_t b) { return CeilDiv(a, b) * b; }
 
 // Micro-batches of `rows`: their count and the largest one's size.
@@ -524,9 +544,18 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
   // The streaming window counts with a pass unless it is kept (CPU device).
   auto window = [&](const ModelShape& s) { return cpu_device ? 0.0 : static_cast<double>(s.Window()); };
   std::map<std::string, Phase> phases;
-  auto generate = [&](const ModelShape& s, int64_t n_rows) {
-    const auto [count, size] = Micro(n_rows, micro);
-    phases["rollout"].Pass(window(s) + GenerateBytes(s, size, P, N), count * cost.Generate(s, size, P, N));
+  // The rollout engine decodes `prompts` x `per_prompt` continuations, at
+  // most max_concurrency (else train.micro_batch_size) at once, in waves.
+  const RolloutEngineOptions& engine = spec.generation.engine;
+  auto generate = [&](const ModelShape& s, int64_t prompts, int64_t per_prompt) {
+    const int64_t total = std::max<int64_t>(prompts * per_prompt, 1);
+    const int64_t limit = engine.max_concurrency > 0 ? engine.max_concurrency : micro;
+    RolloutWave wave;
+    wave.running = limit > 0 ? std::min(limit, total) : total;
+    wave.prompts = std::min(prompts, CeilDiv(wave.running, per_prompt));
+    const int64_t waves = CeilDiv(total, wave.running);
+    phases["rollout"].Pass(window(s) + RolloutBytes(s, wave, P, N, engine),
+                           static_cast<double>(waves) * cost.Rollout(s, wave, P, N, engine.share_prefixes));
   };
   auto score = [&](const ModelShape& s, int64_t n_rows) {
     const auto [count, size] = Micro(n_rows, micro);
@@ -547,14 +576,13 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
       update(shapes["reward"], 1, 2 * rows, P + spec.data.max_response_tokens);
       break;
     case Algorithm::kRemax:
-      generate(shapes["actor"], rows);
-      generate(shapes["actor"], rows);  // the greedy baseline
+      generate(shapes["actor"], rows, 2);  // a sample and the greedy baseline
       if (has("reward")) score(shapes["reward"], rows), score(shapes["reward"], rows);
       score(shapes["reference"], rows);
       update(shapes["actor"], 1, rows, T);
       break;
     case Algorithm::kPpo: {
-      generate(shapes["actor"], rows);
+      generate(shapes["actor"], rows, 1);
       if (has("reward")) score(shapes["reward"], rows);
       score(shapes["reference"], rows);
       score(shapes["critic"], rows);
@@ -567,7 +595,7 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
     case Algorithm::kGrpo:
     case Algorithm::kRloo: {
       const int64_t group_rows = rows * spec.group.samples_per_prompt;
-      generate(shapes["actor"], group_rows);
+      generate(shapes["actor"], rows, spec.group.samples_per_prompt);
       if (has("reward")) score(shapes["reward"], group_rows);
       score(shapes["reference"], group_rows);
       update(shapes["actor"], 1, group_rows, T);

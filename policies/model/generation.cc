@@ -224,6 +224,10 @@ absl::StatusOr<GenerationOutput> Generate(const LlamaModel& model, const std::ve
     return absl::InvalidArgumentError(
         absl::StrCat("row_seeds has ", options.row_seeds.size(), " seeds for ", prompts.size(), " prompts"));
   }
+  if (!options.row_max_new_tokens.empty() && options.row_max_new_tokens.size() != prompts.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("row_max_new_tokens has ", options.row_max_new_tokens.size(),
+                                                   " caps for ", prompts.size(), " prompts"));
+  }
   const LlamaConfig& config = model.config();
   size_t longest = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -268,9 +272,10 @@ absl::StatusOr<GenerationOutput> Generate(const LlamaModel& model, const std::ve
   } else {
     for (uint64_t seed : options.row_seeds) generators.push_back(at::detail::createCPUGenerator(seed));
   }
-  std::unique_ptr<KvCache> cache;
+  std::unique_ptr<DenseKvCache> cache;
   if (options.use_kv_cache) {
-    cache = std::make_unique<KvCache>(config, batch, total, at::TensorOptions().dtype(model.dtype()).device(device));
+    cache = std::make_unique<DenseKvCache>(config, batch, total,
+                                           at::TensorOptions().dtype(model.dtype()).device(device));
   }
   const at::Tensor eos = at::tensor(std::vector<int64_t>(eos_ids.begin(), eos_ids.end()), at::kLong);
 
@@ -299,7 +304,8 @@ absl::StatusOr<GenerationOutput> Generate(const LlamaModel& model, const std::ve
       const auto i = static_cast<size_t>(rows[j]);
       out.tokens[i].push_back(static_cast<int32_t>(next_ids[j]));
       out.logprobs[i].push_back(next_logp[j]);
-      if (!(options.stop_at_eos && ended[j])) keep.push_back(static_cast<int64_t>(j));
+      const bool capped = !options.row_max_new_tokens.empty() && step + 1 >= options.row_max_new_tokens[i];
+      if (!(options.stop_at_eos && ended[j]) && !capped) keep.push_back(static_cast<int64_t>(j));
     }
     EngineCounters::Add(GlobalEngineCounters().generated_tokens, static_cast<int64_t>(rows.size()));
     if (keep.empty()) break;

@@ -117,7 +117,7 @@ at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tenso
 
 }  // namespace
 
-KvCache::KvCache(const LlamaConfig& config, int64_t batch, int64_t capacity, at::TensorOptions options)
+DenseKvCache::DenseKvCache(const LlamaConfig& config, int64_t batch, int64_t capacity, at::TensorOptions options)
     : capacity_(capacity) {
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
     keys_.push_back(at::zeros({batch, config.num_key_value_heads, capacity, config.head_dim}, options));
@@ -125,7 +125,7 @@ KvCache::KvCache(const LlamaConfig& config, int64_t batch, int64_t capacity, at:
   }
 }
 
-std::pair<at::Tensor, at::Tensor> KvCache::Append(int64_t layer, const at::Tensor& k, const at::Tensor& v) {
+std::pair<at::Tensor, at::Tensor> DenseKvCache::Append(int64_t layer, const at::Tensor& k, const at::Tensor& v) {
   const int64_t t = k.size(2);
   TORCH_CHECK(length_ + t <= capacity_, "KV cache overflow: ", length_, " + ", t, " > capacity ", capacity_);
   keys_[layer].narrow(2, length_, t).copy_(k);
@@ -133,7 +133,7 @@ std::pair<at::Tensor, at::Tensor> KvCache::Append(int64_t layer, const at::Tenso
   return {keys_[layer].narrow(2, 0, length_ + t), values_[layer].narrow(2, 0, length_ + t)};
 }
 
-void KvCache::KeepRows(const at::Tensor& index) {
+void DenseKvCache::KeepRows(const at::Tensor& index) {
   for (auto& k : keys_) k = k.index_select(0, index);
   for (auto& v : values_) v = v.index_select(0, index);
 }
@@ -210,17 +210,22 @@ at::Tensor DecoderLayerForward(const LlamaConfig& config, const LlamaLayerWeight
   const at::Tensor q = ApplyRope(heads(w.q_proj, w.q_bias, w.q_norm, n_h, LoraModule::kQ), cos, sin);
   at::Tensor k = ApplyRope(heads(w.k_proj, w.k_bias, w.k_norm, n_kv, LoraModule::kK), cos, sin);
   at::Tensor v = heads(w.v_proj, w.v_bias, at::Tensor(), n_kv, LoraModule::kV);
-  if (cache != nullptr) std::tie(k, v) = cache->Append(layer_index, k, v);
-  const int64_t s = k.size(2);
-
-  // Grouped-query attention without copying K/V: the `groups` query heads
-  // that share a key/value head are stacked along the query axis.
-  const at::Tensor q_grouped = q.reshape({b, n_kv, groups * t, d});
-  at::Tensor scores = at::matmul(q_grouped, k.transpose(-1, -2)) * (1.0 / std::sqrt(static_cast<double>(d)));
-  scores = scores.view({b, n_kv, groups, t, s}) + ctx.attention_bias;
-  const at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
-  const at::Tensor attended =
-      at::matmul(probs.view({b, n_kv, groups * t, s}), v).view({b, n_h, t, d}).transpose(1, 2).reshape({b, t, n_h * d});
+  at::Tensor attended;
+  if (cache != nullptr) attended = cache->AppendAndAttend(layer_index, q, k, v, config.sliding_window);
+  if (!attended.defined()) {
+    if (cache != nullptr) std::tie(k, v) = cache->Append(layer_index, k, v);
+    const int64_t s = k.size(2);
+    // Grouped-query attention without copying K/V: the `groups` query heads
+    // that share a key/value head are stacked along the query axis.
+    const at::Tensor q_grouped = q.reshape({b, n_kv, groups * t, d});
+    at::Tensor scores = at::matmul(q_grouped, k.transpose(-1, -2)) * (1.0 / std::sqrt(static_cast<double>(d)));
+    scores = scores.view({b, n_kv, groups, t, s}) + ctx.attention_bias;
+    const at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
+    attended = at::matmul(probs.view({b, n_kv, groups * t, s}), v)
+                   .view({b, n_h, t, d})
+                   .transpose(1, 2)
+                   .reshape({b, t, n_h * d});
+  }
   const at::Tensor h = hidden + LoraLinear(attended, w.o_proj, at::Tensor(), lora, LoraModule::kO);
 
   const at::Tensor y = RmsNorm(h, w.post_attention_layernorm, config.rms_norm_eps);

@@ -65,19 +65,41 @@ struct LlamaWeights {
 // and its layers too when `include_layers`.
 void MoveToDevice(LlamaWeights& w, const at::Device& device, bool include_layers);
 
-// Keys and values of every layer for incremental decoding. Storage is
-// allocated once for `capacity` positions; Append writes in place.
+// Keys and values of the tokens already seen, for incremental decoding. A
+// forward pass with a cache appends each layer's new keys and values and
+// attends over what Append returns; the attention mask covers length()
+// cached columns plus the new tokens.
 class KvCache {
  public:
-  KvCache(const LlamaConfig& config, int64_t batch, int64_t capacity, at::TensorOptions options);
-
-  int64_t length() const { return length_; }
-  int64_t capacity() const { return capacity_; }
-  // Stores k, v ([B, n_kv, T, d]) for `layer` at positions [length, length+T)
-  // and returns views of all cached keys and values, [B, n_kv, length+T, d].
-  std::pair<at::Tensor, at::Tensor> Append(int64_t layer, const at::Tensor& k, const at::Tensor& v);
+  virtual ~KvCache() = default;
+  // Columns already cached (the mask's width before the new tokens).
+  virtual int64_t length() const = 0;
+  // Stores k, v ([B, n_kv, T, d]) of `layer` for the T new tokens and
+  // returns the keys and values to attend over, [B, n_kv, length+T, d].
+  virtual std::pair<at::Tensor, at::Tensor> Append(int64_t layer, const at::Tensor& k, const at::Tensor& v) = 0;
   // Called once all layers have appended a step of T tokens.
-  void Advance(int64_t tokens) { length_ += tokens; }
+  virtual void Advance(int64_t tokens) = 0;
+  // A cache that attends over what it holds where it lies (a paged cache on
+  // the CPU, without gathering it) stores k, v as Append does and returns
+  // the attention of q ([B, n_h, T, d], already rotated) over its keys and
+  // values, [B, T, n_h * d] in q's dtype. Undefined, having stored nothing:
+  // the layer calls Append and attends itself.
+  virtual at::Tensor AppendAndAttend(int64_t /*layer*/, const at::Tensor& /*q*/, const at::Tensor& /*k*/,
+                                     const at::Tensor& /*v*/, int64_t /*sliding_window*/) {
+    return at::Tensor();
+  }
+};
+
+// A cache of one batch in contiguous storage, allocated once for
+// `capacity` positions of every row; Append writes in place.
+class DenseKvCache final : public KvCache {
+ public:
+  DenseKvCache(const LlamaConfig& config, int64_t batch, int64_t capacity, at::TensorOptions options);
+
+  int64_t length() const override { return length_; }
+  int64_t capacity() const { return capacity_; }
+  std::pair<at::Tensor, at::Tensor> Append(int64_t layer, const at::Tensor& k, const at::Tensor& v) override;
+  void Advance(int64_t tokens) override { length_ += tokens; }
   // Keeps only the batch rows `index` (int64, on the cache's device), in
   // that order: rows that finished decoding leave the batch.
   void KeepRows(const at::Tensor& index);

@@ -19,6 +19,7 @@
 #include "bench/figures_bench.h"
 #include "bench/generate_bench.h"
 #include "bench/io_bench.h"
+#include "bench/rollout_bench.h"
 #include "bench/stream_bench.h"
 #include "bench/tokenizer_bench.h"
 #include "bench/transfer_bench.h"
@@ -78,6 +79,8 @@ struct ModelCommands {
   CLI::Option* ids_opt = nullptr;
   CLI::Option* text_opt = nullptr;
   CLI::Option* decode_opt = nullptr;
+  CLI::Option* prompts_file_opt = nullptr;
+  std::string gen_prompts_file, gen_stop_ids;
   CLI::Option* messages_opt = nullptr;
 
   void Register(CLI::App& app, Runner& run) {
@@ -88,7 +91,19 @@ struct ModelCommands {
                          "a PEFT LoRA adapter directory of the model, applied on the fly");
     prompt_opt = generate->add_option("--prompt", gen_prompt, "prompt text (BOS added if the tokenizer asks)");
     ids_opt = generate->add_option("--prompt-ids", gen_prompt_ids, "prompt token ids, used as given: 1,2,3");
-    prompt_opt->excludes(ids_opt);
+    prompts_file_opt = generate->add_option(
+        "--prompts-file", gen_prompts_file,
+        "JSONL, one prompt a line: {\"prompt\": TEXT}, {\"prompt_ids\": [...]} or {\"messages\": [...]}; prints one "
+        "JSON line per response in input order");
+    prompt_opt->excludes(ids_opt)->excludes(prompts_file_opt);
+    ids_opt->excludes(prompts_file_opt);
+    generate->add_option("--samples", gen.samples, "continuations per prompt, each from its own seed")
+        ->check(CLI::PositiveNumber);
+    generate->add_option("--stop-token-ids", gen_stop_ids, "ids that also end a response: 7,9");
+    generate->add_option("--kv-block-tokens", gen.kv_block_tokens,
+                         "positions per KV block (generation.kv_block_tokens)");
+    generate->add_option("--max-concurrency", gen.max_concurrency,
+                         "sequences decoded together at most (generation.max_concurrency; 0: no limit)");
     generate->add_option("--max-new-tokens", gen.max_new_tokens, "new tokens at most")->check(CLI::NonNegativeNumber);
     auto* greedy = generate->add_flag("--greedy", gen.greedy, "argmax decoding");
     generate->add_option("--temperature", gen.temperature, "sampling temperature (> 0)")->excludes(greedy);
@@ -101,6 +116,12 @@ struct ModelCommands {
     generate->callback([&] {
       run = [&] {
         if (!prompt_opt->empty()) gen.prompt = gen_prompt;
+        if (!prompts_file_opt->empty()) gen.prompts_file = gen_prompts_file;
+        if (!gen_stop_ids.empty()) {
+          auto ids = strata::services::ParseIdList(gen_stop_ids, "--stop-token-ids");
+          if (!ids.ok()) return Finish("generate", ids.status());
+          gen.stop_token_ids = *ids;
+        }
         if (!ids_opt->empty()) {
           if (auto s = FillIds(gen_prompt_ids, "--prompt-ids", &gen.prompt_ids); !s.ok()) return Finish("generate", s);
         }
@@ -389,6 +410,7 @@ struct ReportCommands {
 // bench ...: each benchmark against a peer measured in the same run.
 struct BenchCommands {
   strata::bench::GenerateBenchRequest gb;
+  strata::bench::RolloutBenchRequest rb;
   strata::bench::IoBenchRequest io;
   strata::bench::AdamBenchRequest ab;
 #if STRATA_WITH_SERVICE
@@ -422,6 +444,23 @@ struct BenchCommands {
     bench_generate->add_flag("--json", gb.json, "print one JSON object");
     bench_generate->callback(
         [&] { run = [&] { return Finish("bench generate", strata::bench::RunGenerateBench(gb)); }; });
+
+    auto* bench_rollout = bench->add_subcommand(
+        "rollout", "An RL rollout (n samples + a greedy baseline per prompt) through the engine vs the static loop");
+    bench_rollout->add_option("--config", rb.config, "HF config.json of the shape (random weights)");
+    bench_rollout->add_option("--model", rb.model, "a model directory (its weights)");
+    bench_rollout->add_option("--prompts", rb.prompts, "prompts");
+    bench_rollout->add_option("--samples", rb.samples, "sampled continuations per prompt");
+    bench_rollout->add_option("--greedy-baseline", rb.greedy_baseline, "also a greedy continuation per prompt (true)");
+    bench_rollout->add_option("--min-prompt-tokens", rb.min_prompt_tokens, "shortest prompt");
+    bench_rollout->add_option("--max-prompt-tokens", rb.max_prompt_tokens, "longest prompt");
+    bench_rollout->add_option("--new-tokens", rb.new_tokens, "max_new_tokens (continuations end at 10-100% of it)");
+    bench_rollout->add_option("--kv-block-tokens", rb.kv_block_tokens, "positions per KV block");
+    bench_rollout->add_option("--max-concurrency", rb.max_concurrency, "engine sequences at once (0: no limit)");
+    bench_rollout->add_option("--dtype", rb.dtype, "fp32 | bf16")->check(CLI::IsMember({"fp32", "bf16"}));
+    bench_rollout->add_option("--check-greedy", rb.check_greedy, "decode greedily by both and compare (true)");
+    bench_rollout->add_flag("--json", rb.json, "print one JSON object");
+    bench_rollout->callback([&] { run = [&] { return Finish("bench rollout", strata::bench::RunRolloutBench(rb)); }; });
 
     auto* bench_tokenizer =
         bench->add_subcommand("tokenizer", "tokenizer.json load time and encode tokens/s vs Hugging Face tokenizers");

@@ -16,10 +16,12 @@
 #include "policies/data/chat_renderer.h"
 #include "policies/data/chat_template.h"
 #include "policies/data/dataset.h"
+#include "policies/job/seeds.h"
 #include "policies/model/generation.h"
 #include "policies/model/llama.h"
 #include "policies/model/lora.h"
 #include "policies/model/peft_adapter.h"
+#include "policies/rollout/rollout_engine.h"
 #include "policies/tokenizer/tokenizer.h"
 
 namespace strata::services {
@@ -162,30 +164,98 @@ absl::StatusOr<std::vector<int32_t>> ParseIdList(const std::string& text, const 
   return ids;
 }
 
-absl::StatusOr<std::string> RunGenerate(const GenerateRequest& request) {
-  if (request.prompt.has_value() == request.prompt_ids.has_value()) {
-    return absl::InvalidArgumentError("give exactly one of --prompt and --prompt-ids");
+namespace {
+
+// The prompts of a --prompts-file, encoded: errors name the file and line.
+struct FilePrompt {
+  std::vector<int32_t> ids;
+  int64_t max_new_tokens = -1;  // the record's own, or -1
+};
+
+absl::StatusOr<std::vector<FilePrompt>> ReadPromptsFile(const std::string& path, const std::string& model_dir,
+                                                        const policies::Tokenizer* tokenizer, int64_t vocab) {
+  auto records = policies::ReadJsonl(path);
+  if (!records.ok()) {
+    return absl::Status(records.status().code(), absl::StrCat("--prompts-file: ", records.status().message()));
   }
+  std::optional<policies::ChatRenderer> renderer;
+  std::vector<FilePrompt> out;
+  for (const policies::Record& record : *records) {
+    const auto& f = record.fields;
+    auto bad = [&](const std::string& why) {
+      return absl::InvalidArgumentError(absl::StrCat("--prompts-file: ", record.where, ": ", why));
+    };
+    const int given = f.contains("prompt") + f.contains("prompt_ids") + f.contains("messages");
+    if (given != 1) return bad("give exactly one of \"prompt\", \"prompt_ids\" and \"messages\"");
+    FilePrompt prompt;
+    if (f.contains("prompt_ids")) {
+      const auto& ids = f["prompt_ids"];
+      if (!ids.is_array() || ids.empty()) return bad("\"prompt_ids\" must be a non-empty list of token ids");
+      for (const auto& id : ids) {
+        if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= vocab) {
+          return bad(absl::StrCat("\"prompt_ids\" holds ", id.dump(), ", not a token id in [0, ", vocab, ")"));
+        }
+        prompt.ids.push_back(id.get<int32_t>());
+      }
+    } else {
+      if (tokenizer == nullptr) return bad(absl::StrCat("text needs a tokenizer, and ", model_dir, " has none"));
+      const std::string key = f.contains("prompt") ? "prompt" : "messages";
+      STRATA_ASSIGN_OR_RETURN(auto text, policies::RequireText(record, key));
+      if (text.is_conversation()) {
+        if (!renderer) {
+          auto found = policies::LoadChatTemplate(model_dir, {});
+          if (!found.ok()) return bad(std::string(found.status().message()));
+          renderer.emplace(*std::move(found), policies::ChatTemplateContext());
+        }
+        STRATA_ASSIGN_OR_RETURN(auto rendered, renderer->Render({{text.messages, /*add_generation_prompt=*/true}}));
+        if (!rendered[0].error.empty()) return bad(absl::StrCat("chat template: ", rendered[0].error));
+        prompt.ids = tokenizer->Encode(rendered[0].text);  // the template wrote the special tokens
+      } else {
+        prompt.ids = tokenizer->EncodeForPrompt(text.text);
+      }
+      if (prompt.ids.empty()) return bad("the prompt encodes to no tokens");
+    }
+    if (f.contains("max_new_tokens")) {
+      const auto& cap = f["max_new_tokens"];
+      if (!cap.is_number_integer() || cap.get<int64_t>() < 1) return bad("\"max_new_tokens\" must be an integer >= 1");
+      prompt.max_new_tokens = cap.get<int64_t>();
+    }
+    out.push_back(std::move(prompt));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> RunGenerate(const GenerateRequest& request) {
+  if (request.prompt.has_value() + request.prompt_ids.has_value() + request.prompts_file.has_value() != 1) {
+    return absl::InvalidArgumentError("give exactly one of --prompt, --prompt-ids and --prompts-file");
+  }
+  if (request.samples < 1) return absl::InvalidArgumentError("--samples must be >= 1");
   STRATA_ASSIGN_OR_RETURN(AdaptedModel adapted,
                           LoadLanguageModel(request.model_dir, request.adapter_dir, request.dtype));
   const std::unique_ptr<policies::LlamaModel>& model = adapted.model;
+  const policies::LlamaConfig& config = model->config();
   // A trained adapter's directory carries the tokenizer it was trained with.
   const bool adapter_tokenizer = !request.adapter_dir.empty() &&
                                  (IsRegularFile(JoinPath(request.adapter_dir, "tokenizer.json")) ||
                                   IsRegularFile(JoinPath(request.adapter_dir, "tokenizer.model")));
-  STRATA_ASSIGN_OR_RETURN(auto tokenizer,
-                          MaybeLoadTokenizer(adapter_tokenizer ? request.adapter_dir : request.model_dir));
+  const std::string tokenizer_dir = adapter_tokenizer ? request.adapter_dir : request.model_dir;
+  STRATA_ASSIGN_OR_RETURN(auto tokenizer, MaybeLoadTokenizer(tokenizer_dir));
 
-  std::vector<int32_t> prompt_ids;
-  if (request.prompt.has_value()) {
+  std::vector<FilePrompt> prompts;
+  if (request.prompts_file.has_value()) {
+    STRATA_ASSIGN_OR_RETURN(prompts,
+                            ReadPromptsFile(*request.prompts_file, tokenizer_dir, tokenizer.get(), config.vocab_size));
+  } else if (request.prompt.has_value()) {
     if (tokenizer == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat("--prompt needs a tokenizer, but ", request.model_dir,
                                                         " has no tokenizer.json or tokenizer.model"));
     }
-    prompt_ids = tokenizer->EncodeForPrompt(*request.prompt);
-    if (prompt_ids.empty()) return absl::InvalidArgumentError("--prompt: encodes to no tokens");
+    prompts.push_back({tokenizer->EncodeForPrompt(*request.prompt)});
+    if (prompts[0].ids.empty()) return absl::InvalidArgumentError("--prompt: encodes to no tokens");
   } else {
-    prompt_ids = *request.prompt_ids;
+    prompts.push_back({*request.prompt_ids});
   }
 
   policies::SamplingOptions options;
@@ -194,28 +264,64 @@ absl::StatusOr<std::string> RunGenerate(const GenerateRequest& request) {
   options.top_p = request.top_p;
   options.top_k = request.top_k;
   options.max_new_tokens = request.max_new_tokens;
-  options.seed = request.seed;
   options.stop_at_eos = !request.ignore_eos;
-  // Clamp to the context window so a long prompt still gets what fits.
-  const int64_t room = model->config().max_position_embeddings - static_cast<int64_t>(prompt_ids.size());
-  if (room <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt has ", prompt_ids.size(), " tokens; the model's context is ",
-                                                   model->config().max_position_embeddings));
+  // Each prompt gets what fits of its context window.
+  std::vector<policies::RolloutPrompt> rollout;
+  int64_t longest_cap = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const int64_t room = config.max_position_embeddings - static_cast<int64_t>(prompts[i].ids.size());
+    if (room <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt ", i, " has ", prompts[i].ids.size(),
+                                                     " tokens; the model's context is ",
+                                                     config.max_position_embeddings));
+    }
+    int64_t cap = prompts[i].max_new_tokens > 0 ? prompts[i].max_new_tokens : request.max_new_tokens;
+    if (cap > room) {
+      STRATA_LOG(Warning) << "prompt " << i << ": " << cap << " new tokens exceed the context window; using " << room;
+      cap = room;
+    }
+    longest_cap = std::max(longest_cap, cap);
+    policies::RolloutPrompt p{prompts[i].ids, {}, false, {}};
+    const uint64_t prompt_seed = policies::PromptSeed(request.seed, static_cast<int64_t>(i));
+    for (int64_t g = 0; g < request.samples; ++g) {
+      p.sample_seeds.push_back(policies::SampleSeed(prompt_seed, g));
+      p.max_new_tokens.push_back(std::max<int64_t>(cap, 1));
+    }
+    rollout.push_back(std::move(p));
   }
-  if (options.max_new_tokens > room) {
-    STRATA_LOG(Warning) << "--max-new-tokens " << options.max_new_tokens << " exceeds the context window; using "
-                        << room;
-    options.max_new_tokens = room;
+  options.max_new_tokens = std::min(options.max_new_tokens, longest_cap);
+  std::vector<int64_t> stops = config.eos_token_ids;
+  stops.insert(stops.end(), request.stop_token_ids.begin(), request.stop_token_ids.end());
+  policies::RolloutEngineOptions engine_options;
+  engine_options.kv_block_tokens = request.kv_block_tokens;
+  engine_options.max_concurrency = request.max_concurrency;
+  policies::RolloutEngine engine(*model, engine_options, stops);
+  std::vector<std::vector<policies::Continuation>> out;
+  if (options.max_new_tokens > 0) {
+    STRATA_ASSIGN_OR_RETURN(out, engine.Run(rollout, options));
+  } else {
+    out.assign(rollout.size(), std::vector<policies::Continuation>(static_cast<size_t>(request.samples)));
   }
-  STRATA_ASSIGN_OR_RETURN(auto out, policies::Generate(*model, {prompt_ids}, options, model->config().eos_token_ids,
-                                                       model->config().pad_token_id));
-  const std::vector<int32_t>& output_ids = out.tokens[0];
-  const std::string text = tokenizer ? tokenizer->Decode(output_ids) : std::string();
-  if (request.json) {
-    return Dump(json{{"prompt_ids", prompt_ids}, {"output_ids", output_ids}, {"text", text}});
+
+  std::string printed;
+  for (size_t i = 0; i < out.size(); ++i) {
+    for (size_t g = 0; g < out[i].size(); ++g) {
+      const policies::Continuation& c = out[i][g];
+      const std::string text = tokenizer ? tokenizer->Decode(c.tokens) : std::string();
+      if (request.json || request.prompts_file.has_value()) {
+        absl::StrAppend(&printed, Dump(json{{"index", i},
+                                            {"sample", g},
+                                            {"prompt_ids", rollout[i].ids},
+                                            {"output_ids", c.tokens},
+                                            {"logprobs", c.logprobs},
+                                            {"finish_reason", c.stopped ? "stop" : "length"},
+                                            {"text", text}}));
+      } else {
+        absl::StrAppend(&printed, tokenizer ? text : absl::StrJoin(c.tokens, ","), "\n");
+      }
+    }
   }
-  if (tokenizer) return text + "\n";
-  return absl::StrJoin(output_ids, ",") + "\n";
+  return printed;
 }
 
 absl::StatusOr<std::string> RunLogProbs(const LogProbsRequest& request) {

@@ -18,10 +18,19 @@ namespace strata::services {
 struct GenerateRequest {
   std::string model_dir;
   std::string adapter_dir;  // a PEFT LoRA adapter of the model, applied on the fly; "" = none
-  // Exactly one of the two: text (tokenized, BOS added when the tokenizer
-  // config asks for one) or ids used as given.
+  // Exactly one of the three: text (tokenized, BOS added when the tokenizer
+  // config asks for one), ids used as given, or a JSONL file of prompts,
+  // one record per line: {"prompt": TEXT}, {"prompt_ids": [...]} or
+  // {"messages": [...]} (rendered through the model's chat template with
+  // the generation prompt), each with an optional "max_new_tokens".
   std::optional<std::string> prompt;
   std::optional<std::vector<int32_t>> prompt_ids;
+  std::optional<std::string> prompts_file;
+  int64_t samples = 1;                  // continuations per prompt, each from its own seed
+  std::vector<int32_t> stop_token_ids;  // besides the model's own end-of-turn ids
+  // The rollout engine's settings (generation.kv_block_tokens, ...).
+  int64_t kv_block_tokens = 16;
+  int64_t max_concurrency = 0;
   int64_t max_new_tokens = 64;
   bool greedy = false;
   double temperature = 1.0;

@@ -5,74 +5,43 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "policies/job/seeds.h"
-#include "policies/model/generation.h"
 #include "policies/rl/rl_losses.h"
+#include "policies/rollout/rollout_engine.h"
 #include "services/rank/gang_sum.h"
 
 namespace strata::services {
 
 absl::StatusOr<std::vector<policies::Rollout>> Actor::Generate(const policies::RolloutRequest& request) {
-  const policies::LlamaModel& actor = model_->model();
-  std::vector<std::vector<int32_t>> prompts;
-  std::vector<int64_t> prompt_index;
+  const std::vector<uint64_t>& prompt_seeds = request.sampling.row_seeds;
+  if (!prompt_seeds.empty() && prompt_seeds.size() != request.prompts.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rollout: ", prompt_seeds.size(), " row seeds for ", request.prompts.size(), " prompts"));
+  }
+  // Sample g of prompt p draws from its own stream of the prompt's seed.
+  std::vector<policies::RolloutPrompt> prompts;
   for (size_t p = 0; p < request.prompts.size(); ++p) {
+    const uint64_t prompt_seed = prompt_seeds.empty()
+                                     ? policies::PromptSeed(request.sampling.seed, static_cast<int64_t>(p))
+                                     : prompt_seeds[p];
+    policies::RolloutPrompt prompt{request.prompts[p], {}, request.with_greedy, {}};
     for (int64_t g = 0; g < request.samples_per_prompt; ++g) {
-      prompts.push_back(request.prompts[p]);
-      prompt_index.push_back(static_cast<int64_t>(p));
+      prompt.sample_seeds.push_back(policies::SampleSeed(prompt_seed, g));
     }
+    prompts.push_back(std::move(prompt));
   }
-  const std::vector<int64_t>& eos = stop_ids_;
-  const int64_t pad = tokenizer_.pad_id() >= 0 ? tokenizer_.pad_id() : 0;
-  if (!request.sampling.row_seeds.empty() && request.sampling.row_seeds.size() != request.prompts.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("rollout: ", request.sampling.row_seeds.size(), " row seeds for ",
-                                                   request.prompts.size(), " prompts"));
-  }
-  policies::SamplingOptions sampling = request.sampling;
-  if (!sampling.row_seeds.empty()) {
-    // Sample g of prompt p draws from its own stream of the prompt's seed.
-    sampling.row_seeds.clear();
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      const uint64_t prompt_seed = request.sampling.row_seeds[static_cast<size_t>(prompt_index[i])];
-      sampling.row_seeds.push_back(
-          policies::SampleSeed(prompt_seed, static_cast<int64_t>(i % static_cast<size_t>(request.samples_per_prompt))));
-    }
-  }
-  // Decoding in micro-batches of rows: the KV cache and logits scale with a
-  // micro-batch, not the batch.
-  auto generate = [&](const std::vector<std::vector<int32_t>>& rows,
-                      const policies::SamplingOptions& options) -> absl::StatusOr<policies::GenerationOutput> {
-    const auto micros = MicroBatches(rows.size(), passes_.micro_batch_size);
-    if (micros.size() == 1) return policies::Generate(actor, rows, options, eos, pad);  // no copy of the batch
-    policies::GenerationOutput all;
-    for (const auto& [begin, end] : micros) {
-      const std::vector<std::vector<int32_t>> part(rows.begin() + begin, rows.begin() + end);
-      policies::SamplingOptions part_options = options;
-      if (!options.row_seeds.empty()) {
-        part_options.row_seeds.assign(options.row_seeds.begin() + begin, options.row_seeds.begin() + end);
-      }
-      STRATA_ASSIGN_OR_RETURN(auto out, policies::Generate(actor, part, part_options, eos, pad));
-      all.tokens.insert(all.tokens.end(), out.tokens.begin(), out.tokens.end());
-      all.logprobs.insert(all.logprobs.end(), out.logprobs.begin(), out.logprobs.end());
-    }
-    return all;
-  };
-  auto truncated = [&](const std::vector<int32_t>& response) {
-    return response.empty() || std::find(eos.begin(), eos.end(), response.back()) == eos.end();
-  };
+  policies::RolloutEngine engine(model_->model(), passes_.rollout, stop_ids_);
+  STRATA_ASSIGN_OR_RETURN(auto decoded, engine.Run(prompts, request.sampling));
+  // The samples of every prompt, prompt by prompt, then the greedy ones.
   std::vector<policies::Rollout> out;
-  STRATA_ASSIGN_OR_RETURN(auto sampled, generate(prompts, sampling));
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    out.push_back(
-        {prompt_index[i], prompts[i], sampled.tokens[i], sampled.logprobs[i], false, truncated(sampled.tokens[i])});
-  }
-  if (request.with_greedy) {
-    policies::SamplingOptions greedy = request.sampling;
-    greedy.greedy = true;
-    greedy.row_seeds.clear();
-    STRATA_ASSIGN_OR_RETURN(auto best, generate(request.prompts, greedy));
-    for (size_t p = 0; p < request.prompts.size(); ++p) {
-      out.push_back({static_cast<int64_t>(p), request.prompts[p], best.tokens[p], best.logprobs[p], true,
-                     truncated(best.tokens[p])});
+  for (int pass = 0; pass < 2; ++pass) {
+    const bool greedy = pass == 1;
+    for (size_t p = 0; p < prompts.size(); ++p) {
+      for (size_t c = 0; c < decoded[p].size(); ++c) {
+        if ((c == static_cast<size_t>(request.samples_per_prompt)) != greedy) continue;
+        policies::Continuation& r = decoded[p][c];
+        out.push_back({static_cast<int64_t>(p), request.prompts[p], std::move(r.tokens), std::move(r.logprobs), greedy,
+                       !r.stopped});
+      }
     }
   }
   return out;

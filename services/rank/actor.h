@@ -28,9 +28,9 @@ class Actor {
 
   policies::PlacedModel& model() { return *model_; }
 
-  // samples_per_prompt responses per prompt (and the greedy one), decoded
-  // in micro-batches; sample g of prompt p draws from its own seed
-  // (SampleSeed), so the split changes nothing but the padding.
+  // samples_per_prompt responses per prompt (and the greedy one) from the
+  // rollout engine (passes.rollout); sample g of prompt p draws from its
+  // own seed (SampleSeed), so the schedule changes no draw.
   absl::StatusOr<std::vector<policies::Rollout>> Generate(const policies::RolloutRequest& request);
   // The current policy's log-probs of the packed rollouts' responses.
   std::vector<std::vector<float>> LogProbs(const Packed& packed, const std::vector<policies::Rollout>& rollouts);

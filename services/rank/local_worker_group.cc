@@ -49,6 +49,10 @@ absl::StatusOr<std::unique_ptr<LocalWorkerGroup>> LocalWorkerGroup::Create(const
   group->passes_.gang = gang;
   group->passes_.device = group->memory_->device();
   group->passes_.micro_batch_size = spec.train.micro_batch_size;
+  group->passes_.rollout = spec.generation.engine;
+  // Rows decoded together are bounded as the training passes' rows are,
+  // unless the spec bounds them itself.
+  if (group->passes_.rollout.max_concurrency == 0) group->passes_.rollout.max_concurrency = spec.train.micro_batch_size;
   STRATA_RETURN_IF_ERROR(group->LoadModels());
   return group;
 }

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "policies/config/rollout_options.h"
 #include "policies/dist/process_group.h"
 
 namespace strata::services {
@@ -14,6 +15,7 @@ struct PassOptions {
   policies::ProcessGroup* gang = nullptr;  // sums gradients and figures; outlives the role
   at::Device device = at::kCPU;            // where the models compute (memory.device)
   int64_t micro_batch_size = 0;            // train.micro_batch_size: rows per pass, 0 = all
+  policies::RolloutEngineOptions rollout;  // generation's engine keys, max_concurrency resolved
 };
 
 }  // namespace strata::services

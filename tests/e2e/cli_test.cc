@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "base/file.h"
 #include "gtest/gtest.h"
@@ -82,6 +83,52 @@ TEST_F(CliTest, SampledGenerationIsSeededAndBf16Runs) {
   auto c = Strata(args);
   ASSERT_EQ(c.exit_code, 0) << c.error;
   EXPECT_FALSE(json::parse(c.output)["output_ids"].empty());
+}
+
+// A batch through the rollout engine without a job: one JSON line per
+// response in input order, greedy continuations equal to the reference
+// model's, a record's own max_new_tokens and --stop-token-ids honoured, and
+// a bad record named by file and line.
+TEST_F(CliTest, GeneratePromptsFileWritesOneLinePerResponseInOrder) {
+  const auto p0 = (*expected_)["prompts"][0].get<std::vector<int32_t>>();
+  const auto p1 = (*expected_)["prompts"][1].get<std::vector<int32_t>>();
+  const auto g0 = (*expected_)["greedy"][0].get<std::vector<int32_t>>();
+  const auto g1 = (*expected_)["greedy"][1].get<std::vector<int32_t>>();
+  const std::string file = dir_->Join("prompts.jsonl");
+  ASSERT_TRUE(WriteFileAtomically(file, json{{"prompt_ids", p0}}.dump() + "\n" + json{{"prompt_ids", p1}}.dump() +
+                                            "\n" + json{{"prompt_ids", p1}, {"max_new_tokens", 3}}.dump() + "\n")
+                  .ok());
+  auto r = Strata({"generate", "--model", ModelDir(), "--prompts-file", file, "--samples", "2", "--greedy",
+                   "--ignore-eos", "--max-new-tokens", "8"});
+  ASSERT_EQ(r.exit_code, 0) << r.error;
+  std::vector<json> lines;
+  std::istringstream in(r.output);
+  for (std::string line; std::getline(in, line);) lines.push_back(json::parse(line));
+  ASSERT_EQ(lines.size(), 6u);
+  for (size_t i = 0; i < lines.size(); ++i) {
+    EXPECT_EQ(lines[i]["index"], i / 2);
+    EXPECT_EQ(lines[i]["sample"], i % 2);
+    EXPECT_EQ(lines[i]["logprobs"].size(), lines[i]["output_ids"].size());
+  }
+  EXPECT_EQ(lines[0]["output_ids"].get<std::vector<int32_t>>(), g0);
+  EXPECT_EQ(lines[1]["output_ids"].get<std::vector<int32_t>>(), g0);
+  EXPECT_EQ(lines[3]["output_ids"].get<std::vector<int32_t>>(), g1);
+  EXPECT_EQ(lines[4]["output_ids"].get<std::vector<int32_t>>(), std::vector<int32_t>(g1.begin(), g1.begin() + 3));
+  EXPECT_EQ(lines[4]["finish_reason"], "length");
+  EXPECT_EQ(lines[2]["prompt_ids"].get<std::vector<int32_t>>(), p1);
+
+  // A stop id: the first greedy token of prompt 0 ends its responses there.
+  auto stopped = Strata({"generate", "--model", ModelDir(), "--prompts-file", file, "--greedy", "--max-new-tokens", "8",
+                         "--stop-token-ids", std::to_string(g0[0])});
+  ASSERT_EQ(stopped.exit_code, 0) << stopped.error;
+  const json first = json::parse(stopped.output.substr(0, stopped.output.find('\n')));
+  EXPECT_EQ(first["output_ids"].get<std::vector<int32_t>>(), std::vector<int32_t>{g0[0]});
+  EXPECT_EQ(first["finish_reason"], "stop");
+
+  ASSERT_TRUE(WriteFileAtomically(file, json{{"prompt_ids", p0}}.dump() + "\n{\"prompt_ids\": \"x\"}\n").ok());
+  auto bad = Strata({"generate", "--model", ModelDir(), "--prompts-file", file});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.error.find("prompts.jsonl:2"), std::string::npos) << bad.error;
 }
 
 TEST_F(CliTest, LogProbsMatchReferenceLogits) {

@@ -160,7 +160,7 @@ TEST_P(LlamaReferenceTest, KvCacheDecodingEqualsFullRecomputation) {
   const at::Tensor full_ids = Ids(prompts[2]);
   const int64_t n = full_ids.size(1);
   const at::Tensor full = model_->Logits(full_ids, at::ones_like(full_ids))[0];
-  KvCache cache(model_->config(), 1, n, at::TensorOptions().dtype(at::kFloat));
+  DenseKvCache cache(model_->config(), 1, n, at::TensorOptions().dtype(at::kFloat));
   // Prefill 4 tokens, then one at a time.
   std::vector<at::Tensor> pieces;
   pieces.push_back(model_->Logits(full_ids.narrow(1, 0, 4), at::ones({1, 4}, at::kLong), &cache)[0]);

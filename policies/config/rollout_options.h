@@ -1,0 +1,33 @@
+// How the rollout engine schedules a batch of continuations: the KV
+// cache's block size and pool, how many sequences decode at once, and
+// whether a prompt's continuations share its cached prefix. Free of torch,
+// so the job spec names it without compiling ATen.
+#ifndef STRATA_POLICIES_CONFIG_ROLLOUT_OPTIONS_H_
+#define STRATA_POLICIES_CONFIG_ROLLOUT_OPTIONS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace strata::policies {
+
+struct RolloutEngineOptions {
+  // Positions of one sequence per KV block.
+  int64_t kv_block_tokens = 16;
+  // The block pool's size; 0 sizes it for the worst case of the sequences
+  // that may decode at once (max_concurrency of them, or all).
+  int64_t kv_pool_mib = 0;
+  // Sequences decoded together at most; 0 = no limit but the pool.
+  int64_t max_concurrency = 0;
+  // A prompt's continuations (its samples and a greedy baseline) share the
+  // prompt's KV blocks, so the prompt is prefilled once.
+  bool share_prefixes = true;
+
+  // INVALID_ARGUMENT naming "<key_prefix>.<field>".
+  absl::Status Validate(const std::string& key_prefix) const;
+};
+
+}  // namespace strata::policies
+
+#endif  // STRATA_POLICIES_CONFIG_ROLLOUT_OPTIONS_H_

@@ -1,0 +1,290 @@
+#include "policies/rollout/rollout_engine.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "policies/model/generation.h"
+#include "policies/rollout/kv_block_pool.h"
+
+namespace strata::policies {
+namespace {
+
+LlamaConfig FamilyConfig(const std::string& family) {
+  LlamaConfig c;
+  c.vocab_size = 50;
+  c.hidden_size = 32;
+  c.intermediate_size = 64;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 8;
+  c.max_position_embeddings = 128;
+  if (family == "mistral") {
+    c.family = ModelFamily::kMistral;
+    c.sliding_window = 5;  // shorter than most prompts + responses
+  } else if (family == "qwen2") {
+    c.family = ModelFamily::kQwen2;
+    c.qkv_bias = true;
+    c.tie_word_embeddings = true;
+  } else if (family == "qwen3") {
+    c.family = ModelFamily::kQwen3;
+    c.qk_norm = true;
+    c.head_dim = 12;  // not hidden / heads
+  }
+  return c;
+}
+
+// Prompts of different lengths, some longer than a block of 4 tokens and
+// some ending on a block's edge.
+const std::vector<std::vector<int32_t>> kPrompts = {{1, 2, 3}, {4},          {5, 6, 7, 8},     {9, 10, 11, 12, 13, 14, 15},
+                                                    {16, 17}, {18, 19, 20}, {21, 22, 23, 24, 25, 26, 27, 28, 29}};
+// 6 of 50 tokens stop: continuations end at different steps.
+const std::vector<int64_t> kStops = {2, 5, 9, 14, 20, 27};
+
+// The top-two gap of the logits after `prefix` (fp32, the sequence alone,
+// recomputed without a cache): a greedy token may differ between two
+// batchings only where this is within float rounding.
+float TopTwoMargin(const LlamaModel& model, const std::vector<int32_t>& prefix) {
+  c10::NoGradGuard no_grad;
+  const at::Tensor ids = at::tensor(std::vector<int64_t>(prefix.begin(), prefix.end()), at::kLong).unsqueeze(0);
+  const at::Tensor logits = model.Logits(ids, at::ones_like(ids))[0][-1];
+  const at::Tensor top = std::get<0>(logits.topk(2));
+  return (top[0] - top[1]).item<float>();
+}
+
+// Greedy continuations agree token for token except after a near-tie: at
+// the first token they differ, the margin must be under kNearTie (float32
+// logits of these models move by ~1e-6 with the batch's shape).
+constexpr float kNearTie = 1e-4f;
+void ExpectSameGreedy(const LlamaModel& model, const std::vector<int32_t>& prompt, const std::vector<int32_t>& want,
+                      const std::vector<int32_t>& got, const std::string& what, int* near_ties) {
+  const size_t n = std::min(want.size(), got.size());
+  for (size_t t = 0; t < n; ++t) {
+    if (want[t] == got[t]) continue;
+    std::vector<int32_t> prefix = prompt;
+    prefix.insert(prefix.end(), want.begin(), want.begin() + static_cast<std::ptrdiff_t>(t));
+    const float margin = TopTwoMargin(model, prefix);
+    EXPECT_LT(margin, kNearTie) << what << ": token " << t << " differs with a top-two margin of " << margin;
+    ++*near_ties;
+    return;
+  }
+  EXPECT_EQ(want.size(), got.size()) << what;
+}
+
+class RolloutEngineFamilyTest : public ::testing::TestWithParam<std::string> {};
+
+// The engine's greedy continuations equal the static loop's on every
+// family (sliding window, biases and tied embeddings, q/k norms), with
+// prompts of different lengths in one pool and continuations that end at
+// different steps, whatever the block size and concurrency.
+TEST_P(RolloutEngineFamilyTest, GreedyEqualsTheStaticLoop) {
+  auto model = LlamaModel::RandomInit(FamilyConfig(GetParam()), LlamaHead::kLanguageModel, at::kFloat, 5, 0.5);
+  SamplingOptions greedy;
+  greedy.greedy = true;
+  greedy.max_new_tokens = 20;
+  auto want = Generate(*model, kPrompts, greedy, kStops);
+  ASSERT_TRUE(want.ok()) << want.status();
+  std::set<size_t> lengths;
+  for (const auto& t : want->tokens) lengths.insert(t.size());
+  EXPECT_GE(lengths.size(), 3u) << "continuations should end at different steps";
+  int near_ties = 0;
+  for (int64_t block : {1, 4, 16}) {
+    for (int64_t concurrency : {0, 2}) {
+      RolloutEngineOptions options;
+      options.kv_block_tokens = block;
+      options.max_concurrency = concurrency;
+      std::vector<RolloutPrompt> prompts;
+      for (const auto& p : kPrompts) prompts.push_back({p, {}, true, {}});
+      RolloutEngine engine(*model, options, kStops);
+      auto got = engine.Run(prompts, greedy);
+      ASSERT_TRUE(got.ok()) << got.status();
+      for (size_t p = 0; p < kPrompts.size(); ++p) {
+        ASSERT_EQ((*got)[p].size(), 1u);
+        const Continuation& c = (*got)[p][0];
+        ExpectSameGreedy(*model, kPrompts[p], want->tokens[p], c.tokens,
+                         "prompt " + std::to_string(p) + ", block " + std::to_string(block) + ", concurrency " +
+                             std::to_string(concurrency),
+                         &near_ties);
+        ASSERT_EQ(c.logprobs.size(), c.tokens.size());
+        if (c.tokens == want->tokens[p]) {
+          for (size_t t = 0; t < c.logprobs.size(); ++t) EXPECT_NEAR(c.logprobs[t], want->logprobs[p][t], 1e-4);
+        }
+        EXPECT_EQ(c.stopped, std::find(kStops.begin(), kStops.end(), c.tokens.back()) != kStops.end());
+      }
+    }
+  }
+  EXPECT_EQ(near_ties, 0) << "near-ties are possible but should be rare on these models";
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, RolloutEngineFamilyTest, ::testing::Values("llama", "mistral", "qwen2", "qwen3"));
+
+std::vector<RolloutPrompt> SampledPrompts(int64_t samples, bool greedy) {
+  std::vector<RolloutPrompt> prompts;
+  for (size_t p = 0; p < kPrompts.size(); ++p) {
+    RolloutPrompt r{kPrompts[p], {}, greedy, {}};
+    for (int64_t g = 0; g < samples; ++g) r.sample_seeds.push_back(1000 * (p + 1) + static_cast<uint64_t>(g));
+    prompts.push_back(std::move(r));
+  }
+  return prompts;
+}
+
+// A sampled continuation draws its t-th token with its own generator's
+// t-th key, so the schedule changes no draw: the concurrency limit, the
+// block size, prefix sharing and the order prompts arrive in give the
+// tokens the static loop gives each row with the same seed.
+TEST(RolloutEngineTest, SampledDrawsDoNotDependOnTheSchedule) {
+  auto model = LlamaModel::RandomInit(FamilyConfig("llama"), LlamaHead::kLanguageModel, at::kFloat, 5, 0.5);
+  SamplingOptions sampling;
+  sampling.max_new_tokens = 16;
+  sampling.temperature = 0.9;
+  sampling.top_k = 30;
+  sampling.top_p = 0.95;
+  const auto prompts = SampledPrompts(3, true);
+  // The static loop, one row per continuation, each with its seed.
+  std::vector<std::vector<int32_t>> rows;
+  SamplingOptions rows_options = sampling;
+  for (const auto& p : prompts) {
+    for (uint64_t seed : p.sample_seeds) rows.push_back(p.ids), rows_options.row_seeds.push_back(seed);
+  }
+  auto want = Generate(*model, rows, rows_options, kStops);
+  ASSERT_TRUE(want.ok()) << want.status();
+  SamplingOptions greedy = sampling;
+  greedy.greedy = true;
+  auto want_greedy = Generate(*model, kPrompts, greedy, kStops);
+  ASSERT_TRUE(want_greedy.ok());
+
+  struct Schedule {
+    int64_t block, concurrency;
+    bool share, reversed;
+  };
+  for (const Schedule& s : {Schedule{4, 0, true, false}, Schedule{4, 1, true, false}, Schedule{4, 5, true, true},
+                            Schedule{16, 2, false, false}, Schedule{1, 0, false, true}}) {
+    RolloutEngineOptions options;
+    options.kv_block_tokens = s.block;
+    options.max_concurrency = s.concurrency;
+    options.share_prefixes = s.share;
+    std::vector<RolloutPrompt> order = prompts;
+    if (s.reversed) std::reverse(order.begin(), order.end());
+    RolloutEngine engine(*model, options, kStops);
+    auto got = engine.Run(order, sampling);
+    ASSERT_TRUE(got.ok()) << got.status();
+    const std::string what = "block " + std::to_string(s.block) + ", concurrency " + std::to_string(s.concurrency) +
+                             ", share " + std::to_string(s.share) + ", reversed " + std::to_string(s.reversed);
+    if (s.concurrency > 0) {
+      EXPECT_LE(engine.stats().peak_concurrency, s.concurrency) << what;
+    }
+    size_t row = 0;
+    for (size_t p = 0; p < prompts.size(); ++p) {
+      const auto& conts = (*got)[s.reversed ? prompts.size() - 1 - p : p];
+      ASSERT_EQ(conts.size(), 4u);
+      for (size_t g = 0; g < 3; ++g, ++row) {
+        EXPECT_EQ(conts[g].tokens, want->tokens[row]) << what << ", prompt " << p << " sample " << g;
+        for (size_t t = 0; t < std::min(conts[g].logprobs.size(), want->logprobs[row].size()); ++t) {
+          EXPECT_NEAR(conts[g].logprobs[t], want->logprobs[row][t], 1e-4) << what;
+        }
+      }
+      EXPECT_EQ(conts[3].tokens, want_greedy->tokens[p]) << what << ", prompt " << p << " greedy";
+    }
+  }
+}
+
+// Prefix sharing: a prompt of 10 tokens (two full blocks of 4 and two
+// positions of a third) with 4 samples and a greedy baseline is prefilled
+// once; the 5 continuations share its 2 full blocks and each holds its own
+// copy of the third and the blocks it grows into. Every block is free again
+// at the end (the next run's pool starts empty).
+TEST(RolloutEngineTest, AContinuationSharesItsPromptsBlocks) {
+  auto model = LlamaModel::RandomInit(FamilyConfig("llama"), LlamaHead::kLanguageModel, at::kFloat, 5, 0.5);
+  SamplingOptions sampling;
+  sampling.max_new_tokens = 7;  // positions 0..15 cached at most: 4 blocks
+  sampling.stop_at_eos = false;
+  std::vector<RolloutPrompt> one = {{{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, {1, 2, 3, 4}, true, {}}};
+  for (const bool share : {true, false}) {
+    RolloutEngineOptions options;
+    options.kv_block_tokens = 4;
+    options.share_prefixes = share;
+    RolloutEngine engine(*model, options, {});
+    auto got = engine.Run(one, sampling);
+    ASSERT_TRUE(got.ok()) << got.status();
+    const RolloutStats& st = engine.stats();
+    // Shared: 2 full blocks + 5 x (a copy of the third + the fourth).
+    // Not shared: 5 x 4 blocks, and the prompt prefilled 5 times.
+    EXPECT_EQ(st.peak_used_blocks, share ? 2 + 5 * 2 : 5 * 4) << "share " << share;
+    EXPECT_EQ(st.pool_blocks, st.peak_used_blocks) << "the default pool is the worst case, reached here";
+    EXPECT_EQ(st.prefill_tokens, share ? 10 : 50);
+    EXPECT_EQ(st.decode_steps, 6) << "the first token comes from the prefill";
+    for (const auto& c : (*got)[0]) EXPECT_EQ(c.tokens.size(), 7u);
+  }
+}
+
+// With one sequence at a time the pool is one continuation's worst case,
+// and 7 prompts decode through it: each frees its blocks as it ends.
+TEST(RolloutEngineTest, FreedBlocksReturnToThePool) {
+  auto model = LlamaModel::RandomInit(FamilyConfig("llama"), LlamaHead::kLanguageModel, at::kFloat, 5, 0.5);
+  SamplingOptions sampling;
+  sampling.max_new_tokens = 10;
+  RolloutEngineOptions options;
+  options.kv_block_tokens = 4;
+  options.max_concurrency = 1;
+  const auto prompts = SampledPrompts(2, false);
+  RolloutEngine engine(*model, options, kStops);
+  auto got = engine.Run(prompts, sampling);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(engine.stats().peak_concurrency, 1);
+  // The longest prompt (9 tokens) holds 3 blocks while its 2 continuations
+  // fork one at a time, each taking up to ceil(18 / 4) - 2 = 3 of its own.
+  EXPECT_LE(engine.stats().peak_used_blocks, 3 + 3);
+  EXPECT_LE(engine.stats().peak_used_blocks, engine.stats().pool_blocks);
+}
+
+// A pool too small for one continuation is an error naming the key, never
+// a hang: 2 layers x 2 heads x 32 dims x 256 positions x 2 x 4 bytes = a
+// 256 KiB block, 4 in 1 MiB; a 1000-token prompt needs 4 + 1.
+TEST(RolloutEngineTest, APoolTooSmallForOneSequenceIsAnErrorNamingTheKey) {
+  LlamaConfig c = FamilyConfig("llama");
+  c.head_dim = 32;
+  c.hidden_size = 64;
+  c.max_position_embeddings = 2048;
+  auto model = LlamaModel::RandomInit(c, LlamaHead::kLanguageModel, at::kFloat, 5, 0.5);
+  ASSERT_EQ(KvBlockPool::BlockBytes(c, 256, at::kFloat), 256 << 10);
+  RolloutEngineOptions options;
+  options.kv_block_tokens = 256;
+  options.kv_pool_mib = 1;
+  SamplingOptions sampling;
+  sampling.max_new_tokens = 40;
+  std::vector<int32_t> long_prompt(1000, 3);
+  RolloutEngine engine(*model, options, {});
+  auto got = engine.Run({{long_prompt, {1}, false, {}}}, sampling);
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(got.status().message().find("generation.kv_pool_mib"), std::string::npos) << got.status();
+  // A prompt that fits goes through the same pool.
+  std::vector<int32_t> short_prompt(700, 3);
+  EXPECT_TRUE(engine.Run({{short_prompt, {1}, false, {}}}, sampling).ok());
+}
+
+TEST(RolloutEngineTest, BadRequestsAreRejected) {
+  auto model = LlamaModel::RandomInit(FamilyConfig("llama"), LlamaHead::kLanguageModel, at::kFloat, 5, 0.5);
+  RolloutEngine engine(*model, RolloutEngineOptions(), {});
+  SamplingOptions sampling;
+  EXPECT_EQ(engine.Run({{{}, {1}, false, {}}}, sampling).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine.Run({{{1, 99}, {1}, false, {}}}, sampling).status().code(), absl::StatusCode::kInvalidArgument);
+  sampling.max_new_tokens = 200;
+  EXPECT_NE(engine.Run({{{1}, {1}, false, {}}}, sampling).status().message().find("max_position_embeddings"),
+            std::string::npos);
+  RolloutEngineOptions bad;
+  bad.kv_block_tokens = 0;
+  RolloutEngine bad_engine(*model, bad, {});
+  sampling.max_new_tokens = 4;
+  EXPECT_NE(bad_engine.Run({{{1}, {1}, false, {}}}, sampling).status().message().find("generation.kv_block_tokens"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace strata::policies
