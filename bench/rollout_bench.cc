@@ -77,8 +77,8 @@ absl::StatusOr<std::vector<std::vector<policies::Continuation>>> RunStatic(const
   }
   const policies::LlamaConfig& c = model.config();
   // DenseKvCache: every row at the longest prompt + new tokens, per call.
-  const int64_t per_position =
-      2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * static_cast<int64_t>(c10::elementSize(model.dtype()));
+  const int64_t per_position = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim *
+                               static_cast<int64_t>(c10::elementSize(model.dtype()));
   const int64_t width = static_cast<int64_t>(longest) + sampling.max_new_tokens;
   *kv_bytes = static_cast<int64_t>(std::max(rows.size(), baselines.size())) * width * per_position;
   std::vector<std::vector<policies::Continuation>> out(w.prompts.size());
@@ -103,7 +103,8 @@ absl::StatusOr<std::vector<std::vector<policies::Continuation>>> RunStatic(const
 }  // namespace
 
 absl::StatusOr<std::string> RunRolloutBench(const RolloutBenchRequest& r) {
-  if (r.config.empty() == r.model.empty()) return absl::InvalidArgumentError("give exactly one of --config and --model");
+  if (r.config.empty() == r.model.empty())
+    return absl::InvalidArgumentError("give exactly one of --config and --model");
   if (r.prompts < 1 || r.samples < 0 || r.samples + (r.greedy_baseline ? 1 : 0) < 1 || r.new_tokens < 1 ||
       r.min_prompt_tokens < 1 || r.max_prompt_tokens < r.min_prompt_tokens) {
     return absl::InvalidArgumentError(
@@ -123,8 +124,8 @@ absl::StatusOr<std::string> RunRolloutBench(const RolloutBenchRequest& r) {
   }
   const policies::LlamaConfig& config = model->config();
   if (r.max_prompt_tokens + r.new_tokens > config.max_position_embeddings) {
-    return absl::InvalidArgumentError(absl::StrCat("--max-prompt-tokens + --new-tokens exceed the model's context ",
-                                                   config.max_position_embeddings));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-prompt-tokens + --new-tokens exceed the model's context ", config.max_position_embeddings));
   }
   const Workload w = MakeWorkload(r, config.vocab_size);
   policies::SamplingOptions sampling;

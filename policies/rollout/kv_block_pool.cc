@@ -7,8 +7,7 @@
 
 namespace strata::policies {
 
-KvBlockPool::KvBlockPool(const LlamaConfig& config, int64_t num_blocks, int64_t block_tokens,
-                         at::TensorOptions options)
+KvBlockPool::KvBlockPool(const LlamaConfig& config, int64_t num_blocks, int64_t block_tokens, at::TensorOptions options)
     : block_tokens_(block_tokens), references_(static_cast<size_t>(num_blocks), 0) {
   TORCH_CHECK(num_blocks >= 0 && block_tokens >= 1, "KV pool of ", num_blocks, " blocks of ", block_tokens, " tokens");
   const int64_t slots = num_blocks * block_tokens + 1;
@@ -60,8 +59,8 @@ void KvBlockPool::CopyPositions(int64_t from, int64_t to, int64_t positions) {
 
 PagedKvView::PagedKvView(KvBlockPool& pool, at::Tensor slots, int64_t new_tokens)
     : pool_(pool), rows_(slots.size(0)), columns_(slots.size(1)), cached_(slots.size(1) - new_tokens) {
-  TORCH_CHECK(new_tokens >= 1 && new_tokens <= columns_, "a paged pass of ", new_tokens, " new tokens over ",
-              columns_, " columns");
+  TORCH_CHECK(new_tokens >= 1 && new_tokens <= columns_, "a paged pass of ", new_tokens, " new tokens over ", columns_,
+              " columns");
   host_slots_ = slots.contiguous();
   const at::Device device = pool.keys(0).device();
   const at::Tensor on_device = host_slots_.to(device);

@@ -88,10 +88,10 @@ class PagedKvView final : public KvCache {
 
   KvBlockPool& pool_;
   int64_t rows_, columns_, cached_;
-  at::Tensor host_slots_;          // [B, S] on the CPU
-  at::Tensor all_slots_;           // [B x S] on the pool's device
-  at::Tensor new_slots_;           // [B x T] on the pool's device
-  std::vector<int64_t> first_;     // each row's first real column
+  at::Tensor host_slots_;       // [B, S] on the CPU
+  at::Tensor all_slots_;        // [B x S] on the pool's device
+  at::Tensor new_slots_;        // [B x T] on the pool's device
+  std::vector<int64_t> first_;  // each row's first real column
 };
 
 }  // namespace strata::policies

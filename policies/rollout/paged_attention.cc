@@ -46,7 +46,8 @@ STRATA_AVX2 float DotAvx2(const float* a, const float* b, int64_t n) {
 STRATA_AVX2 void AxpyAvx2(float alpha, const float* x, float* y, int64_t n) {
   const __m256 a = _mm256_set1_ps(alpha);
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(a, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(a, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
   for (; i < n; ++i) y[i] += alpha * x[i];
 }
 
@@ -99,7 +100,8 @@ void Attend(const T* q, const T* keys, const T* values, const int64_t* slots, co
       scores.assign(static_cast<size_t>(groups * seen), 0.0f);
       for (int64_t j = 0; j < seen; ++j) {
         const float* k = AsFloat(keys + (seq[from + j] * n_kv + h) * d, d, row.data());
-        for (int64_t g = 0; g < groups; ++g) scores[static_cast<size_t>(g * seen + j)] = kernels.dot(query.data() + g * d, k, d);
+        for (int64_t g = 0; g < groups; ++g)
+          scores[static_cast<size_t>(g * seen + j)] = kernels.dot(query.data() + g * d, k, d);
       }
       float* o = out + (b * n_h + h * groups) * d;
       std::fill(o, o + groups * d, 0.0f);
@@ -126,8 +128,8 @@ void Attend(const T* q, const T* keys, const T* values, const int64_t* slots, co
 }  // namespace
 
 at::Tensor PagedDecodeAttention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
-                                const int64_t* slots, const std::vector<int64_t>& first, int64_t columns,
-                                double scale, int64_t sliding_window) {
+                                const int64_t* slots, const std::vector<int64_t>& first, int64_t columns, double scale,
+                                int64_t sliding_window) {
   TORCH_CHECK(q.device().is_cpu() && keys.device().is_cpu(), "paged attention runs on the CPU");
   TORCH_CHECK(q.scalar_type() == keys.scalar_type(), "paged attention: q and the pool differ in dtype");
   const at::Tensor query = q.contiguous();
@@ -137,8 +139,8 @@ at::Tensor PagedDecodeAttention(const at::Tensor& q, const at::Tensor& keys, con
   at::Tensor out = at::empty({rows, n_h, d}, at::kFloat);
   const auto s = static_cast<float>(scale);
   if (q.scalar_type() == at::kFloat) {
-    Attend(query.data_ptr<float>(), keys.data_ptr<float>(), values.data_ptr<float>(), slots, first, columns, n_h,
-           n_kv, d, s, sliding_window, out.data_ptr<float>());
+    Attend(query.data_ptr<float>(), keys.data_ptr<float>(), values.data_ptr<float>(), slots, first, columns, n_h, n_kv,
+           d, s, sliding_window, out.data_ptr<float>());
   } else {
     TORCH_CHECK(q.scalar_type() == at::kBFloat16, "paged attention: fp32 or bf16, got ", q.scalar_type());
     Attend(query.data_ptr<c10::BFloat16>(), keys.data_ptr<c10::BFloat16>(), values.data_ptr<c10::BFloat16>(), slots,

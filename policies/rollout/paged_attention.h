@@ -18,8 +18,8 @@ namespace strata::policies {
 // order, the query's own last), within `sliding_window` positions of the
 // query when that is > 0. Returns [B, n_h, d] float32.
 at::Tensor PagedDecodeAttention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
-                                const int64_t* slots, const std::vector<int64_t>& first, int64_t columns,
-                                double scale, int64_t sliding_window);
+                                const int64_t* slots, const std::vector<int64_t>& first, int64_t columns, double scale,
+                                int64_t sliding_window);
 
 }  // namespace strata::policies
 

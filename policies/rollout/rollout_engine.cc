@@ -149,7 +149,9 @@ absl::StatusOr<std::vector<std::vector<Continuation>>> RolloutEngine::Run(const 
       for (int64_t c = 0; c < n; ++c) waiting.push_back(Instance{static_cast<int64_t>(p), {c}});
     }
   }
-  auto length_of = [&](const Instance& i) { return static_cast<int64_t>(prompts[static_cast<size_t>(i.prompt)].ids.size()); };
+  auto length_of = [&](const Instance& i) {
+    return static_cast<int64_t>(prompts[static_cast<size_t>(i.prompt)].ids.size());
+  };
   std::vector<Sequence> running;
   auto available = [&] {
     int64_t reserved = 0;
@@ -158,7 +160,7 @@ absl::StatusOr<std::vector<std::vector<Continuation>>> RolloutEngine::Run(const 
   };
   auto concurrency_left = [&](int64_t planned) {
     return options_.max_concurrency == 0 ? std::numeric_limits<int64_t>::max()
-                                          : options_.max_concurrency - static_cast<int64_t>(running.size()) - planned;
+                                         : options_.max_concurrency - static_cast<int64_t>(running.size()) - planned;
   };
   auto cap_of = [&](const Instance& i, size_t k) {
     return prompts[static_cast<size_t>(i.prompt)].Cap(i.continuations[k], max_new);
@@ -172,15 +174,15 @@ absl::StatusOr<std::vector<std::vector<Continuation>>> RolloutEngine::Run(const 
     return OwnBlocks(length, cap_of(i, k), bt) - (length % bt != 0 && last ? 1 : 0);
   };
   auto pool_error = [&](const Instance& i, int64_t need) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "generation.kv_pool_mib: the KV pool of ", blocks, " blocks (", blocks * stats_.block_bytes,
-        " bytes) cannot hold one continuation of prompt ", i.prompt, " (", length_of(i), " tokens + ", cap_of(i, 0),
-        " new ones need ", need, " blocks of ", bt, " tokens)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("generation.kv_pool_mib: the KV pool of ", blocks, " blocks (", blocks * stats_.block_bytes,
+                     " bytes) cannot hold one continuation of prompt ", i.prompt, " (", length_of(i), " tokens + ",
+                     cap_of(i, 0), " new ones need ", need, " blocks of ", bt, " tokens)"));
   };
 
   // The first token of the continuations forked in a round: their rows of
   // the prefill's logits.
-  std::vector<size_t> fresh;          // indices into `running`
+  std::vector<size_t> fresh;           // indices into `running`
   std::vector<at::Tensor> fresh_rows;  // [V] each
   auto fork = [&](Prefilled& from) {
     const Instance& i = from.instance;
@@ -214,7 +216,8 @@ absl::StatusOr<std::vector<std::vector<Continuation>>> RolloutEngine::Run(const 
     s.budget = OwnBlocks(length, s.cap, bt) - (length % bt != 0 ? 1 : 0);
     const auto seeds = static_cast<int64_t>(prompt.sample_seeds.size());
     s.greedy = sampling.greedy || s.continuation >= seeds;
-    if (!s.greedy) s.generator = at::detail::createCPUGenerator(prompt.sample_seeds[static_cast<size_t>(s.continuation)]);
+    if (!s.greedy)
+      s.generator = at::detail::createCPUGenerator(prompt.sample_seeds[static_cast<size_t>(s.continuation)]);
     fresh.push_back(running.size());
     fresh_rows.push_back(from.logits);
     running.push_back(std::move(s));
@@ -237,7 +240,8 @@ absl::StatusOr<std::vector<std::vector<Continuation>>> RolloutEngine::Run(const 
     }
     std::vector<int64_t> token(which.size());
     std::vector<float> logp(which.size());
-    auto draw = [&](const std::vector<int64_t>& rows, const SamplingOptions& options, std::vector<at::Generator>& gens) {
+    auto draw = [&](const std::vector<int64_t>& rows, const SamplingOptions& options,
+                    std::vector<at::Generator>& gens) {
       if (rows.empty()) return;
       // Callers put the sampled rows first: each kind is a range of the
       // logits, no copy of a [rows, V] block.
@@ -263,8 +267,7 @@ absl::StatusOr<std::vector<std::vector<Continuation>>> RolloutEngine::Run(const 
       c.tokens.push_back(static_cast<int32_t>(token[r]));
       c.logprobs.push_back(logp[r]);
       ++s.produced;
-      c.stopped = sampling.stop_at_eos &&
-                  std::find(stop_ids_.begin(), stop_ids_.end(), token[r]) != stop_ids_.end();
+      c.stopped = sampling.stop_at_eos && std::find(stop_ids_.begin(), stop_ids_.end(), token[r]) != stop_ids_.end();
       if (c.stopped || s.produced >= s.cap) {
         for (int64_t b : s.table) pool.Release(b);
         s.table.clear();

@@ -60,13 +60,13 @@ struct Continuation {
 };
 
 struct RolloutStats {
-  int64_t block_bytes = 0;        // one KV block, every layer
-  int64_t pool_blocks = 0;        // the pool's size
-  int64_t peak_used_blocks = 0;   // at most this many held at once
-  int64_t prefill_tokens = 0;     // prompt tokens run through the model
-  int64_t decode_steps = 0;       // forward passes of one token per sequence
-  int64_t decoded_tokens = 0;     // sequence-steps in them
-  int64_t peak_concurrency = 0;   // sequences decoding together at most
+  int64_t block_bytes = 0;       // one KV block, every layer
+  int64_t pool_blocks = 0;       // the pool's size
+  int64_t peak_used_blocks = 0;  // at most this many held at once
+  int64_t prefill_tokens = 0;    // prompt tokens run through the model
+  int64_t decode_steps = 0;      // forward passes of one token per sequence
+  int64_t decoded_tokens = 0;    // sequence-steps in them
+  int64_t peak_concurrency = 0;  // sequences decoding together at most
 
   int64_t peak_kv_bytes() const { return peak_used_blocks * block_bytes; }
 };

@@ -19,6 +19,7 @@
 #include "base/log.h"
 #include "base/status_macros.h"
 #include "services/coordinator/coordinator.h"
+#include "services/rank/rank_memory.h"
 #include "services/rank/reward_sources.h"
 #include "services/rpc/rpc_metrics.h"
 #include "services/rpc/wire.h"
@@ -190,6 +191,8 @@ absl::StatusOr<std::string> RunWorkerServer(const WorkerCommand& command) {
   options.worker_id = command.worker_id.empty() ? "worker-" + command.listen : command.worker_id;
   options.token = security.token;
   options.nvme_dir = command.nvme_dir;
+  // What ranks of this worker's earlier life (killed with -9) left there.
+  SweepAbandonedNvmeDirs(command.nvme_dir);
   options.device_budget_mib = command.device_budget_mib;
   const int64_t physical_mib =
       (static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(::sysconf(_SC_PAGESIZE))) >> 20;

@@ -87,13 +87,11 @@ absl::StatusOr<std::unique_ptr<RankMemory>> RankMemory::Create(const policies::J
   if (!spec.memory.nvme_dir.empty()) {
     // A directory of its own: ranks of a gang on one machine, and jobs
     // sharing a worker's --nvme-dir, never share a store.
-    std::error_code ec;
-    std::filesystem::create_directories(spec.memory.nvme_dir, ec);
-    std::string pattern = JoinPath(spec.memory.nvme_dir, absl::StrCat("strata-rank", gang.rank(), "-XXXXXX"));
-    if (::mkdtemp(pattern.data()) == nullptr) {
-      return ErrnoToStatus(errno, absl::StrCat("memory.nvme_dir: cannot create a directory in ", spec.memory.nvme_dir));
-    }
-    memory->nvme_job_dir_ = pattern;
+    SweepAbandonedNvmeDirs(spec.memory.nvme_dir);
+    auto dir = OwnedDirectory::Create(spec.memory.nvme_dir, absl::StrCat(kNvmeRankDirPrefix, gang.rank()));
+    if (!dir.ok()) return absl::Status(dir.status().code(), absl::StrCat("memory.nvme_dir: ", dir.status().message()));
+    memory->nvme_job_dir_ = std::move(*dir);
+    const std::string pattern = memory->nvme_job_dir_->path();
     offload::NvmeStoreOptions nvme_options;
     nvme_options.directory = pattern;
     auto store = offload::NvmeStore::Open(nvme_options);
@@ -114,11 +112,21 @@ absl::StatusOr<std::unique_ptr<RankMemory>> RankMemory::Create(const policies::J
 }
 
 RankMemory::~RankMemory() {
-  nvme_.reset();
-  if (!nvme_job_dir_.empty()) {
-    if (!RemoveTree(nvme_job_dir_)) {
-      STRATA_LOG(Warning) << "removing NVMe slots " << nvme_job_dir_ << ": some of it could not be removed";
-    }
+  nvme_.reset();  // closes the store's files before its directory goes
+  nvme_job_dir_.reset();
+}
+
+void SweepAbandonedNvmeDirs(const std::string& nvme_dir) {
+  if (nvme_dir.empty()) return;
+  // A rank's prefix is "strata-rank<R>"; the sweep takes every rank's.
+  const SweepResult swept = SweepAbandonedDirectories(nvme_dir, "strata-rank");
+  for (const std::string& dir : swept.failed) {
+    STRATA_LOG(Warning) << "NVMe directory " << dir << " belongs to no live rank, but not all of it could be removed";
+  }
+  if (!swept.removed.empty()) {
+    STRATA_LOG(Info) << "removed " << swept.removed.size() << " NVMe director"
+                     << (swept.removed.size() == 1 ? "y" : "ies") << " of ranks that are gone from " << nvme_dir << " ("
+                     << (swept.bytes >> 20) << " MiB)";
   }
 }
 

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "base/owned_directory.h"
 #include "offload/device/device_memory.h"
 #include "offload/host/host_arena.h"
 #include "offload/nvme/nvme_store.h"
@@ -18,6 +19,15 @@
 #include "policies/train/placed_model.h"
 
 namespace strata::services {
+
+// The prefix of a rank's NVMe directory under memory.nvme_dir (or a
+// worker's --nvme-dir): "strata-rank<R>-XXXXXX".
+inline constexpr const char* kNvmeRankDirPrefix = "strata-rank";
+
+// Removes the NVMe directories under `nvme_dir` of ranks that are gone (a
+// worker or `strata train` killed with -9 leaves its rank's behind) and
+// logs what it freed. Ranks alive in any process keep theirs.
+void SweepAbandonedNvmeDirs(const std::string& nvme_dir);
 
 class RankMemory {
  public:
@@ -61,7 +71,9 @@ class RankMemory {
   std::unique_ptr<offload::HostArena> arena_;
   std::unique_ptr<offload::NvmeStore> nvme_;
   std::vector<std::string> placed_;
-  std::string nvme_job_dir_;  // the store's own directory under memory.nvme_dir
+  // The store's own directory under memory.nvme_dir, locked while this
+  // rank lives: a later rank sweeps it if this one dies without removing it.
+  std::unique_ptr<OwnedDirectory> nvme_job_dir_;
 };
 
 }  // namespace strata::services

@@ -282,6 +282,46 @@ TEST_F(TrainTest, PlacementChangesMemoryNotMetrics) {
   EXPECT_GT(jb["memory/nvme_peak_bytes"].get<double>(), 0.0);
 }
 
+// A run killed with -9 leaves its rank's NVMe directory behind (tens of GB
+// at 7B); the next rank that opens the same memory.nvme_dir (here the
+// resumed run; a restarted worker sweeps its --nvme-dir at start too)
+// removes it, and its own when it ends.
+TEST_F(TrainTest, AKilledRanksNvmeDirectoryIsSweptByTheNextRank) {
+  const std::string nvme = dir_.Join("nvme-swept");
+  auto args = [&](bool resume) {
+    std::vector<std::string> a = {testing::StrataBinary(),
+                                  "train",
+                                  spec_,
+                                  "--out",
+                                  dir_.Join("killed"),
+                                  "--set",
+                                  "models.actor.placement.optimizer=nvme",
+                                  "--set",
+                                  "memory.nvme_dir=" + nvme};
+    if (resume) a.push_back("--resume");
+    return a;
+  };
+  auto rank_dirs = [&] {
+    std::vector<std::string> found;
+    for (const auto& entry : std::filesystem::directory_iterator(nvme)) {
+      if (entry.path().filename().string().rfind("strata-rank", 0) == 0) found.push_back(entry.path().string());
+    }
+    return found;
+  };
+  std::vector<std::string> killed_args = args(false);
+  killed_args.insert(killed_args.begin(), {"/usr/bin/env", "STRATA_FAILPOINT=kill@rollout:3"});
+  auto killed = testing::RunCommand(killed_args);
+  ASSERT_TRUE(killed.ok()) << killed.status();
+  EXPECT_EQ(killed->exit_code, 128 + SIGKILL) << killed->error;
+  const auto left = rank_dirs();
+  ASSERT_EQ(left.size(), 1u) << "the killed rank's NVMe directory";
+  auto resumed = testing::RunCommand(args(true));
+  ASSERT_TRUE(resumed.ok() && resumed->exit_code == 0) << (resumed.ok() ? resumed->error : resumed.status().ToString());
+  EXPECT_NE(resumed->error.find("removed 1 NVMe directory of ranks that are gone"), std::string::npos)
+      << resumed->error;
+  EXPECT_TRUE(rank_dirs().empty()) << "left: " << (rank_dirs().empty() ? "" : rank_dirs()[0]);
+}
+
 // On a GPU (CUDA build and a visible device): the same job runs with
 // memory.device=cuda, streaming the actor from the pinned arena, and reports
 // the GPU's caching-allocator peak.

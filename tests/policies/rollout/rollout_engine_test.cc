@@ -42,8 +42,13 @@ LlamaConfig FamilyConfig(const std::string& family) {
 
 // Prompts of different lengths, some longer than a block of 4 tokens and
 // some ending on a block's edge.
-const std::vector<std::vector<int32_t>> kPrompts = {{1, 2, 3}, {4},          {5, 6, 7, 8},     {9, 10, 11, 12, 13, 14, 15},
-                                                    {16, 17}, {18, 19, 20}, {21, 22, 23, 24, 25, 26, 27, 28, 29}};
+const std::vector<std::vector<int32_t>> kPrompts = {{1, 2, 3},
+                                                    {4},
+                                                    {5, 6, 7, 8},
+                                                    {9, 10, 11, 12, 13, 14, 15},
+                                                    {16, 17},
+                                                    {18, 19, 20},
+                                                    {21, 22, 23, 24, 25, 26, 27, 28, 29}};
 // 6 of 50 tokens stop: continuations end at different steps.
 const std::vector<int64_t> kStops = {2, 5, 9, 14, 20, 27};
 
