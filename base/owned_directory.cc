@@ -36,7 +36,7 @@ int64_t TreeBytes(const std::string& path) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<OwnedDirectory>> OwnedDirectory::Create(const std::string& parent,
-                                                                        const std::string& prefix) {
+                                                                       const std::string& prefix) {
   if (::mkdir(parent.c_str(), 0755) != 0 && errno != EEXIST) {
     return ErrnoToStatus(errno, absl::StrCat("cannot create ", parent));
   }
@@ -45,7 +45,8 @@ absl::StatusOr<std::unique_ptr<OwnedDirectory>> OwnedDirectory::Create(const std
   // its file unlinked and makes another.
   for (int attempt = 0; attempt < 8; ++attempt) {
     std::string path = JoinPath(parent, prefix + "-XXXXXX");
-    if (::mkdtemp(path.data()) == nullptr) return ErrnoToStatus(errno, absl::StrCat("cannot create a directory in ", parent));
+    if (::mkdtemp(path.data()) == nullptr)
+      return ErrnoToStatus(errno, absl::StrCat("cannot create a directory in ", parent));
     const int fd = ::open(JoinPath(path, kOwnerFile).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) {
       const int err = errno;

@@ -20,8 +20,7 @@ class OwnedDirectory {
  public:
   // Creates PARENT/PREFIX-XXXXXX (PARENT too if missing), empty but for its
   // locked OWNER file. Errors name the parent.
-  static absl::StatusOr<std::unique_ptr<OwnedDirectory>> Create(const std::string& parent,
-                                                                const std::string& prefix);
+  static absl::StatusOr<std::unique_ptr<OwnedDirectory>> Create(const std::string& parent, const std::string& prefix);
   // Removes the directory, then lets go of the lock.
   ~OwnedDirectory();
   OwnedDirectory(const OwnedDirectory&) = delete;

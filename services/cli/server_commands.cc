@@ -208,6 +208,10 @@ absl::StatusOr<std::string> RunWorkerServer(const WorkerCommand& command) {
       return absl::InvalidArgumentError(absl::StrCat("--data-root / --allow-path: ", root, " is not a directory"));
     }
   }
+  // What the coordinator's submit checks spec paths against: the same
+  // directories ParseSpec allows.
+  std::vector<std::string> served = options.data_roots;
+  if (!command.nvme_dir.empty()) served.push_back(command.nvme_dir);
   STRATA_ASSIGN_OR_RETURN(options.reward_access, LoadRewardAccess(command.allow_reward_hosts, command.reward_secrets));
   STRATA_RETURN_IF_ERROR(ServeMetrics(command.metrics_listen));
   WorkerService service(options);
@@ -248,6 +252,7 @@ absl::StatusOr<std::string> RunWorkerServer(const WorkerCommand& command) {
         request.set_worker_id(options.worker_id);
         request.set_address(command.listen);
         request.set_working_directory(std::filesystem::current_path().string());
+        for (const std::string& root : served) request.add_data_roots(root);
         // What this worker can hold, for the coordinator's admission check.
         (*request.mutable_memory_bytes())["host"] = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) *
                                                     static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
@@ -273,6 +278,7 @@ absl::StatusOr<std::string> RunWorkerServer(const WorkerCommand& command) {
         request.set_worker_id(options.worker_id);
         request.set_job_id(job_id);
         request.set_working_directory(std::filesystem::current_path().string());
+        for (const std::string& root : served) request.add_data_roots(root);
         v1::HeartbeatResponse response;
         status = stub->Heartbeat(&context, request, &response);
         if (status.error_code() == grpc::StatusCode::NOT_FOUND) registered = false;  // expired: register again

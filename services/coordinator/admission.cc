@@ -1,11 +1,13 @@
 #include "services/coordinator/admission.h"
 
 #include <algorithm>
+#include <optional>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "base/status_macros.h"
 #include "policies/job/memory_plan.h"
 
@@ -43,6 +45,25 @@ absl::StatusOr<AdmittedJob> AdmitJob(JobStore& store, JobSpecs& specs, const Cal
   limits.max_host_mib = largest["host"] >> 20;
   limits.max_device_mib = largest["device"] >> 20;
   STRATA_RETURN_IF_ERROR(policies::CheckJobLimits(spec, limits, "workers accept"));
+  // A path no worker serves would fail the job only when a worker starts it
+  // (each worker still checks its own roots then): refuse it now.
+  std::optional<absl::Status> refused;
+  for (const WorkerOffer::Paths& worker : offer.paths) {
+    if (worker.roots.empty()) {
+      refused = absl::OkStatus();  // a worker that did not say what it serves
+      break;
+    }
+    absl::Status s = policies::CheckPathsWithin(spec, worker.directory, worker.roots);
+    if (s.ok() || !refused.has_value()) refused = std::move(s);
+    if (refused->ok()) break;
+  }
+  if (refused.has_value() && !refused->ok()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(absl::StrReplaceAll(refused->message(), {{"this worker serves", "a worker serves"}}),
+                     offer.paths.size() > 1 ? absl::StrCat(", and none of the other ", offer.paths.size() - 1,
+                                                           " registered workers serves it")
+                                            : ""));
+  }
   // Paths resolve on the workers, which report a missing model or data file
   // when they start the job (naming the spec key); the coordinator opens no
   // job file. What the memory planner predicts at the job's peak (model

@@ -33,6 +33,13 @@ struct WorkerOffer {
   std::map<std::string, int64_t> largest_bytes;
   // Where a worker resolves relative spec paths; "" when none said.
   std::string directory;
+  // Each registered worker's working directory and the directories it
+  // serves (none: it did not say, and admission does not check paths).
+  struct Paths {
+    std::string directory;
+    std::vector<std::string> roots;
+  };
+  std::vector<Paths> paths;
 };
 
 struct AdmissionLimits {
@@ -47,6 +54,7 @@ struct AdmittedJob {
 
 // Parses and checks a submission. INVALID_ARGUMENT naming the spec key,
 // RESOURCE_EXHAUSTED when no worker (or too few) can take it,
+// PERMISSION_DENIED naming the key of a path no worker serves,
 // FAILED_PRECONDITION for another tenant's continuation. A spec without
 // data.template_date gets the submission time (`submitted_unix_ms`).
 absl::StatusOr<AdmittedJob> AdmitJob(JobStore& store, JobSpecs& specs, const Caller& caller,

@@ -117,6 +117,10 @@ absl::Status CoordinatorService::Submit(const Caller& caller, const v1::SubmitJo
       for (const auto& [tier, bytes] : memory) offer.largest_bytes[tier] = std::max(offer.largest_bytes[tier], bytes);
     }
     if (!worker_directories_.empty()) offer.directory = worker_directories_.begin()->second;
+    for (const auto& [id, dir] : worker_directories_) {
+      const auto roots = worker_roots_.find(id);
+      offer.paths.push_back({dir, roots != worker_roots_.end() ? roots->second : std::vector<std::string>()});
+    }
   }
   AdmissionLimits limits;
   limits.max_rollout_rows = options_.max_rollout_rows;
@@ -243,7 +247,8 @@ grpc::ServerUnaryReactor* CoordinatorService::RegisterWorker(grpc::CallbackServe
     if (request->worker_id().empty() || request->address().empty()) {
       return absl::InvalidArgumentError("worker_id and address are required");
     }
-    RememberWorkerDirectory(request->worker_id(), request->working_directory());
+    RememberWorkerDirectory(request->worker_id(), request->working_directory(),
+                            {request->data_roots().begin(), request->data_roots().end()});
     {
       std::lock_guard<std::mutex> lock(mu_);
       worker_memory_[request->worker_id()] = {request->memory_bytes().begin(), request->memory_bytes().end()};
@@ -263,7 +268,8 @@ grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerCont
                                                         v1::HeartbeatResponse* response) {
   return Handle(context, [this, request, response](const Caller& caller) -> absl::Status {
     if (!caller.worker) return absl::PermissionDeniedError("only a worker credential may heartbeat");
-    RememberWorkerDirectory(request->worker_id(), request->working_directory());
+    RememberWorkerDirectory(request->worker_id(), request->working_directory(),
+                            {request->data_roots().begin(), request->data_roots().end()});
     STRATA_RETURN_IF_ERROR(store_->Heartbeat(request->worker_id(), request->job_id(), options_.worker_ttl_ms));
     if (!request->job_id().empty()) {
       // Reconciliation: a worker holding a job that no loop here runs on it
@@ -604,10 +610,12 @@ void CoordinatorService::RecordOutcome(const std::string& job_id, const std::str
   }
 }
 
-void CoordinatorService::RememberWorkerDirectory(const std::string& worker_id, const std::string& dir) {
+void CoordinatorService::RememberWorkerDirectory(const std::string& worker_id, const std::string& dir,
+                                                 const std::vector<std::string>& roots) {
   if (dir.empty()) return;
   std::lock_guard<std::mutex> lock(mu_);
   worker_directories_[worker_id] = dir;
+  worker_roots_[worker_id] = roots;
 }
 
 }  // namespace strata::services

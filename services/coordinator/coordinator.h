@@ -122,7 +122,8 @@ class CoordinatorService final : public strata::v1::Coordinator::CallbackService
                      const std::map<std::string, std::string>& fields,
                      const std::vector<std::pair<std::string, std::string>>& events);
   // Where workers resolve relative spec paths (from registration and heartbeats).
-  void RememberWorkerDirectory(const std::string& worker_id, const std::string& dir);
+  void RememberWorkerDirectory(const std::string& worker_id, const std::string& dir,
+                               const std::vector<std::string>& roots);
 
   JobStore* const store_;
   const CoordinatorOptions options_;
@@ -161,6 +162,7 @@ class CoordinatorService final : public strata::v1::Coordinator::CallbackService
   std::set<std::string> held_workers_;
   std::map<std::string, Backoff> worker_backoff_;  // workers that stopped answering
   std::map<std::string, std::string> worker_directories_;
+  std::map<std::string, std::vector<std::string>> worker_roots_;         // what each serves
   std::map<std::string, std::map<std::string, int64_t>> worker_memory_;  // tier -> bytes, by worker
   // Job loops by run number, not job id: a requeued job can be scheduled
   // again before its previous loop has been reaped.

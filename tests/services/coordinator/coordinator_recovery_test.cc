@@ -300,6 +300,40 @@ TEST_F(CoordinatorRecoveryTest, TheTemplateDateIsFixedAtSubmissionAndKeptByACont
   EXPECT_EQ(continued->spec->data.template_date, "2026-11-27T15:40:00+00:00");
 }
 
+// A spec path that no registered worker serves is refused at submit, with
+// PERMISSION_DENIED naming the key, instead of failing the job when a
+// worker starts it. One worker serving it is enough; a worker that did not
+// say what it serves lets the spec through (it still checks at start).
+TEST_F(CoordinatorRecoveryTest, ASpecPathNoWorkerServesIsRefusedAtSubmit) {
+  JobSpecs specs;
+  const Caller admin{"", /*admin=*/true, /*worker=*/false};
+  strata::v1::SubmitJobRequest request;
+  request.set_spec_yaml(kSpec);
+  request.add_overrides("data.train=/etc/passwd");
+  WorkerOffer offer;
+  offer.paths = {{"/srv/jobs", {"/srv/jobs"}}, {"/srv/other", {"/srv/other", "/scratch/nvme"}}};
+  auto refused = AdmitJob(store_, specs, admin, request, offer, AdmissionLimits{4096, 1 << 22}, 0);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied) << refused.status();
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "spec key 'data.train'")) << refused.status();
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "none of the other 1 registered workers"))
+      << refused.status();
+  // Relative paths resolve in each worker's directory: inside its root.
+  strata::v1::SubmitJobRequest relative;
+  relative.set_spec_yaml(kSpec);
+  EXPECT_TRUE(AdmitJob(store_, specs, admin, relative, offer, AdmissionLimits{4096, 1 << 22}, 0).ok());
+  // A ".." that escapes is refused like an absolute path.
+  strata::v1::SubmitJobRequest escaping = relative;
+  escaping.add_overrides("output.dir=../../etc/x");
+  EXPECT_EQ(AdmitJob(store_, specs, admin, escaping, offer, AdmissionLimits{4096, 1 << 22}, 0).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  // One worker serving every path of the spec, /etc among them: admitted.
+  offer.paths.push_back({"/srv/third", {"/srv/third", "/etc"}});
+  EXPECT_TRUE(AdmitJob(store_, specs, admin, request, offer, AdmissionLimits{4096, 1 << 22}, 0).ok());
+  // A worker that reported no roots: admitted (it checks when it starts the job).
+  offer.paths = {{"/srv/jobs", {"/srv/jobs"}}, {"/srv/old", {}}};
+  EXPECT_TRUE(AdmitJob(store_, specs, admin, request, offer, AdmissionLimits{4096, 1 << 22}, 0).ok());
+}
+
 TEST_F(CoordinatorRecoveryTest, AContinuationStartsFromTheEndedJobsCheckpoint) {
   const std::string ended = Create(store_);
   ASSERT_TRUE(store_.Transition(ended, {JobState::kQueued}, JobState::kRunning, {{"worker", "w0"}}, {}).ok());
