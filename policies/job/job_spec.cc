@@ -966,19 +966,25 @@ absl::Status CheckJobLimits(const JobSpec& spec, const JobLimits& limits, const 
   return absl::OkStatus();
 }
 
-absl::Status CheckPathsWithin(const JobSpec& spec, const std::string& base, const std::vector<std::string>& roots) {
+absl::Status CheckPathsWithin(const JobSpec& spec, const std::string& base, const std::vector<std::string>& roots,
+                              bool lexical) {
   namespace fs = std::filesystem;
+  // "/a/b/" and "/a/b" name one directory.
+  auto normal = [](const fs::path& p) {
+    fs::path n = p.lexically_normal();
+    return !n.has_filename() && n != n.root_path() ? n.parent_path() : n;
+  };
   std::vector<fs::path> allowed;
   for (const std::string& root : roots) {
     std::error_code ec;
-    fs::path canonical = fs::weakly_canonical(fs::absolute(root, ec), ec);
+    fs::path canonical = lexical ? normal(fs::path(base) / root) : fs::weakly_canonical(fs::absolute(root, ec), ec);
     if (!ec) allowed.push_back(canonical);
   }
   auto inside = [&](const std::string& path) {
     std::error_code ec;
     const fs::path p = path[0] == '/' ? fs::path(path) : fs::path(base) / path;
     // Symlinks are followed as far as the path exists; ".." is folded after.
-    const fs::path resolved = fs::weakly_canonical(p, ec);
+    const fs::path resolved = lexical ? normal(p) : fs::weakly_canonical(p, ec);
     if (ec) return false;
     for (const fs::path& root : allowed) {
       const fs::path rel = resolved.lexically_relative(root);

@@ -278,7 +278,11 @@ absl::Status CheckJobLimits(const JobSpec& spec, const JobLimits& limits, const 
 // `base` and resolved through symlinks as far as it exists, must lie inside
 // one of `roots`. PERMISSION_DENIED naming the key otherwise; the answer is
 // the same whether the path exists, so a spec cannot probe the file system.
-absl::Status CheckPathsWithin(const JobSpec& spec, const std::string& base, const std::vector<std::string>& roots);
+// With `lexical`, paths and roots are compared as written, `..` folded and
+// no link followed: the coordinator's check of another machine's paths,
+// which it may not be allowed to stat.
+absl::Status CheckPathsWithin(const JobSpec& spec, const std::string& base, const std::vector<std::string>& roots,
+                              bool lexical = false);
 
 // Largest spec text accepted (and, separately, the overrides' total): a
 // spec is a page of settings, and every job record carries it.

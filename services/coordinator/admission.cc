@@ -53,7 +53,8 @@ absl::StatusOr<AdmittedJob> AdmitJob(JobStore& store, JobSpecs& specs, const Cal
       refused = absl::OkStatus();  // a worker that did not say what it serves
       break;
     }
-    absl::Status s = policies::CheckPathsWithin(spec, worker.directory, worker.roots);
+    // Lexical: the workers' files may be out of the coordinator's reach.
+    absl::Status s = policies::CheckPathsWithin(spec, worker.directory, worker.roots, /*lexical=*/true);
     if (s.ok() || !refused.has_value()) refused = std::move(s);
     if (refused->ok()) break;
   }

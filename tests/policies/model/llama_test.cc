@@ -16,6 +16,7 @@
 #include "base/interrupt.h"
 #include "gtest/gtest.h"
 #include "policies/model/generation.h"
+#include "tests/policies/model/tiny_config.h"
 #include "tests/testutil/testutil.h"
 
 namespace strata::policies {
@@ -205,19 +206,6 @@ TEST_P(LlamaScalarHeadTest, ScoresMatchHfSequenceClassification) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, LlamaScalarHeadTest, ::testing::Values("scalar", "qwen3_scalar"));
-
-LlamaConfig TinyConfig() {
-  LlamaConfig c;
-  c.vocab_size = 50;
-  c.hidden_size = 32;
-  c.intermediate_size = 64;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 8;
-  c.max_position_embeddings = 64;
-  return c;
-}
 
 TEST(LlamaCheckpointTest, SaveThenLoadIsBitExact) {
   for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {

@@ -11,33 +11,16 @@
 
 #include "policies/model/generation.h"
 #include "policies/rollout/kv_block_pool.h"
+#include "tests/policies/model/tiny_config.h"
 
 namespace strata::policies {
 namespace {
 
 LlamaConfig FamilyConfig(const std::string& family) {
-  LlamaConfig c;
-  c.vocab_size = 50;
-  c.hidden_size = 32;
-  c.intermediate_size = 64;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 8;
-  c.max_position_embeddings = 128;
-  if (family == "mistral") {
-    c.family = ModelFamily::kMistral;
-    c.sliding_window = 5;  // shorter than most prompts + responses
-  } else if (family == "qwen2") {
-    c.family = ModelFamily::kQwen2;
-    c.qkv_bias = true;
-    c.tie_word_embeddings = true;
-  } else if (family == "qwen3") {
-    c.family = ModelFamily::kQwen3;
-    c.qk_norm = true;
-    c.head_dim = 12;  // not hidden / heads
-  }
-  return c;
+  return TinyConfig(family == "mistral" ? ModelFamily::kMistral
+                    : family == "qwen2" ? ModelFamily::kQwen2
+                    : family == "qwen3" ? ModelFamily::kQwen3
+                                        : ModelFamily::kLlama);
 }
 
 // Prompts of different lengths, some longer than a block of 4 tokens and

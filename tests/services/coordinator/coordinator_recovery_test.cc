@@ -329,6 +329,10 @@ TEST_F(CoordinatorRecoveryTest, ASpecPathNoWorkerServesIsRefusedAtSubmit) {
   // One worker serving every path of the spec, /etc among them: admitted.
   offer.paths.push_back({"/srv/third", {"/srv/third", "/etc"}});
   EXPECT_TRUE(AdmitJob(store_, specs, admin, request, offer, AdmissionLimits{4096, 1 << 22}, 0).ok());
+  // Compared as written: a root with a trailing slash is the same root, and
+  // roots the coordinator cannot see are no reason to refuse.
+  offer.paths = {{"/nonexistent/jobs", {"/nonexistent/jobs/", "/etc/"}}};
+  EXPECT_TRUE(AdmitJob(store_, specs, admin, request, offer, AdmissionLimits{4096, 1 << 22}, 0).ok());
   // A worker that reported no roots: admitted (it checks when it starts the job).
   offer.paths = {{"/srv/jobs", {"/srv/jobs"}}, {"/srv/old", {}}};
   EXPECT_TRUE(AdmitJob(store_, specs, admin, request, offer, AdmissionLimits{4096, 1 << 22}, 0).ok());
