@@ -11,6 +11,7 @@
 #include "policies/checkpoint/safetensors.h"
 #include "policies/model/llama.h"
 #include "policies/model/peft_adapter.h"
+#include "tests/policies/model/tiny_config.h"
 #include "tests/testutil/testutil.h"
 
 namespace strata::policies {
@@ -18,32 +19,11 @@ namespace {
 
 using json = nlohmann::json;
 
+// The shared tiny model with an MLP narrower than the default (48): the
+// adapters' shapes then differ between up/gate and down.
 LlamaConfig FamilyConfig(ModelFamily family) {
-  LlamaConfig c;
-  c.family = family;
-  c.vocab_size = 50;
-  c.hidden_size = 32;
+  LlamaConfig c = TinyConfig(family);
   c.intermediate_size = 48;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 8;
-  c.max_position_embeddings = 64;
-  switch (family) {
-    case ModelFamily::kLlama:
-      break;
-    case ModelFamily::kMistral:
-      c.sliding_window = 3;
-      break;
-    case ModelFamily::kQwen2:
-      c.qkv_bias = true;
-      c.tie_word_embeddings = true;
-      break;
-    case ModelFamily::kQwen3:
-      c.qk_norm = true;
-      c.head_dim = 16;  // attention 64 wide in a 32-wide model
-      break;
-  }
   return c;
 }
 
