@@ -18,6 +18,8 @@
 #include "absl/strings/str_cat.h"
 #include "base/log.h"
 #include "base/status_macros.h"
+#include "offload/device/device_transfer.h"
+#include "policies/dist/process_group.h"
 #include "services/coordinator/coordinator.h"
 #include "services/rank/rank_memory.h"
 #include "services/rank/reward_sources.h"
@@ -212,6 +214,11 @@ absl::StatusOr<std::string> RunWorkerServer(const WorkerCommand& command) {
   // directories ParseSpec allows.
   std::vector<std::string> served = options.data_roots;
   if (!command.nvme_dir.empty()) served.push_back(command.nvme_dir);
+  // What the scheduler matches a job's needs against.
+  std::vector<std::string> runs;
+  if (policies::ProcessGroup::Available(policies::Backend::kGloo)) runs.push_back("gloo");
+  if (policies::ProcessGroup::Available(policies::Backend::kNccl)) runs.push_back("nccl");
+  if (offload::CheckComputeDevice(at::Device(at::kCUDA, 0)).ok()) runs.push_back("cuda");
   STRATA_ASSIGN_OR_RETURN(options.reward_access, LoadRewardAccess(command.allow_reward_hosts, command.reward_secrets));
   STRATA_RETURN_IF_ERROR(ServeMetrics(command.metrics_listen));
   WorkerService service(options);
@@ -253,6 +260,7 @@ absl::StatusOr<std::string> RunWorkerServer(const WorkerCommand& command) {
         request.set_address(command.listen);
         request.set_working_directory(std::filesystem::current_path().string());
         for (const std::string& root : served) request.add_data_roots(root);
+        for (const std::string& can : runs) request.add_runs(can);
         // What this worker can hold, for the coordinator's admission check.
         (*request.mutable_memory_bytes())["host"] = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) *
                                                     static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
@@ -279,6 +287,7 @@ absl::StatusOr<std::string> RunWorkerServer(const WorkerCommand& command) {
         request.set_job_id(job_id);
         request.set_working_directory(std::filesystem::current_path().string());
         for (const std::string& root : served) request.add_data_roots(root);
+        for (const std::string& can : runs) request.add_runs(can);
         v1::HeartbeatResponse response;
         status = stub->Heartbeat(&context, request, &response);
         if (status.error_code() == grpc::StatusCode::NOT_FOUND) registered = false;  // expired: register again

@@ -23,6 +23,21 @@ namespace v1 = strata::v1;
 
 namespace {
 
+// What each worker of a job's gang must run: its c10d backend when it has
+// more than one rank (named, or Gloo for "auto" on the CPU; "auto" on a GPU
+// takes NCCL or Gloo, whichever the build has), and a GPU for a GPU job.
+std::vector<std::string> WorkerNeeds(const policies::JobSpec& spec) {
+  std::vector<std::string> needs;
+  const std::string& backend = spec.parallel.backend;
+  if (backend == "gloo" || backend == "nccl") {
+    needs.push_back(backend);
+  } else if (spec.parallel.workers > 1 && spec.memory.on_cpu()) {
+    needs.push_back("gloo");
+  }
+  if (!spec.memory.on_cpu()) needs.push_back("cuda");
+  return needs;
+}
+
 // Who may call: the tenants' tokens and the worker token, or in
 // single-token mode one token that is both admin and worker.
 std::map<std::string, Caller> AuthenticatedCallers(const CoordinatorOptions& options) {
@@ -248,7 +263,8 @@ grpc::ServerUnaryReactor* CoordinatorService::RegisterWorker(grpc::CallbackServe
       return absl::InvalidArgumentError("worker_id and address are required");
     }
     RememberWorkerDirectory(request->worker_id(), request->working_directory(),
-                            {request->data_roots().begin(), request->data_roots().end()});
+                            {request->data_roots().begin(), request->data_roots().end()},
+                            {request->runs().begin(), request->runs().end()});
     {
       std::lock_guard<std::mutex> lock(mu_);
       worker_memory_[request->worker_id()] = {request->memory_bytes().begin(), request->memory_bytes().end()};
@@ -269,7 +285,8 @@ grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerCont
   return Handle(context, [this, request, response](const Caller& caller) -> absl::Status {
     if (!caller.worker) return absl::PermissionDeniedError("only a worker credential may heartbeat");
     RememberWorkerDirectory(request->worker_id(), request->working_directory(),
-                            {request->data_roots().begin(), request->data_roots().end()});
+                            {request->data_roots().begin(), request->data_roots().end()},
+                            {request->runs().begin(), request->runs().end()});
     STRATA_RETURN_IF_ERROR(store_->Heartbeat(request->worker_id(), request->job_id(), options_.worker_ttl_ms));
     if (!request->job_id().empty()) {
       // Reconciliation: a worker holding a job that no loop here runs on it
@@ -329,6 +346,7 @@ void CoordinatorService::SchedulerLoop() {
         // (its run then fails naming the spec).
         auto spec = specs_.Of(job);
         planned.workers = spec.ok() ? (*spec)->parallel.workers : 1;
+        if (spec.ok()) planned.needs = WorkerNeeds(**spec);
       }
       std::set<std::string> held_by_workers;  // jobs the workers' heartbeats name
       for (const WorkerRecord& w : *workers) held_by_workers.insert(w.job_id);
@@ -352,7 +370,11 @@ void CoordinatorService::SchedulerLoop() {
           if (!ended.empty() && (jobs_in_flight_.count(ended) || held_by_workers.count(ended))) job.waits_for = ended;
         }
         std::vector<SchedulableWorker> states;
-        for (const WorkerRecord& w : *workers) states.push_back({w.id, StateOfWorkerLocked(w.id, now)});
+        for (const WorkerRecord& w : *workers) {
+          const auto runs = worker_runs_.find(w.id);
+          states.push_back({w.id, StateOfWorkerLocked(w.id, now),
+                            runs != worker_runs_.end() ? std::optional(runs->second) : std::nullopt});
+        }
         plan = PlanGangs(jobs, states);
         // What a job was told is forgotten once it says nothing new or has
         // left the queue, so that the next reason to wait is told again.
@@ -611,9 +633,11 @@ void CoordinatorService::RecordOutcome(const std::string& job_id, const std::str
 }
 
 void CoordinatorService::RememberWorkerDirectory(const std::string& worker_id, const std::string& dir,
-                                                 const std::vector<std::string>& roots) {
-  if (dir.empty()) return;
+                                                 const std::vector<std::string>& roots,
+                                                 const std::vector<std::string>& runs) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (!runs.empty()) worker_runs_[worker_id] = {runs.begin(), runs.end()};
+  if (dir.empty()) return;
   worker_directories_[worker_id] = dir;
   worker_roots_[worker_id] = roots;
 }

@@ -122,8 +122,9 @@ class CoordinatorService final : public strata::v1::Coordinator::CallbackService
                      const std::map<std::string, std::string>& fields,
                      const std::vector<std::pair<std::string, std::string>>& events);
   // Where workers resolve relative spec paths (from registration and heartbeats).
+  // What a worker says of itself in each registration and heartbeat.
   void RememberWorkerDirectory(const std::string& worker_id, const std::string& dir,
-                               const std::vector<std::string>& roots);
+                               const std::vector<std::string>& roots, const std::vector<std::string>& runs);
 
   JobStore* const store_;
   const CoordinatorOptions options_;
@@ -163,6 +164,7 @@ class CoordinatorService final : public strata::v1::Coordinator::CallbackService
   std::map<std::string, Backoff> worker_backoff_;  // workers that stopped answering
   std::map<std::string, std::string> worker_directories_;
   std::map<std::string, std::vector<std::string>> worker_roots_;         // what each serves
+  std::map<std::string, std::set<std::string>> worker_runs_;             // what each said it runs
   std::map<std::string, std::map<std::string, int64_t>> worker_memory_;  // tier -> bytes, by worker
   // Job loops by run number, not job id: a requeued job can be scheduled
   // again before its previous loop has been reaped.

@@ -3,6 +3,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace strata::services {
 
@@ -28,12 +29,21 @@ GangPlan PlanGangs(const std::vector<QueuedGangJob>& jobs, const std::vector<Sch
                                       " registered");
       continue;
     }
+    int64_t able = 0;  // registered workers that run what it needs
+    for (const SchedulableWorker& worker : workers) able += worker.Runs(job.needs) ? 1 : 0;
+    if (able < job.workers) {
+      // Like too few registered workers: it holds nothing.
+      decision.waiting = absl::StrCat("waiting: the job needs ", job.workers, job.workers == 1 ? " worker" : " workers",
+                                      " that run ", absl::StrJoin(job.needs, " and "), "; ", able, " of the ",
+                                      registered, " registered ", able == 1 ? "does" : "do");
+      continue;
+    }
     std::vector<std::string> gang;
     int64_t answering = 0;      // busy or free
     int64_t free_but_held = 0;  // free, held for an older job
     const QueuedGangJob* behind = nullptr;
     for (const SchedulableWorker& worker : workers) {
-      if (worker.state == WorkerState::kKeptOut) continue;
+      if (worker.state == WorkerState::kKeptOut || !worker.Runs(job.needs)) continue;
       ++answering;
       if (worker.state == WorkerState::kBusy || taken.count(worker.id)) continue;
       if (auto h = holder.find(worker.id); h != holder.end()) {

@@ -3,8 +3,9 @@
 // coordinator gathers the state under its lock, plans, marks the chosen
 // workers busy, and claims the jobs in Redis afterwards.
 //
-// The policy: oldest job first. A job starts when enough free workers are
-// left for it. A gang job (two workers or more) that cannot start yet, for
+// The policy: oldest job first. A job starts when enough free workers that
+// run what it needs (its c10d backend, a GPU) are left for it; workers that
+// do not are never offered it. A gang job (two workers or more) that cannot start yet, for
 // lack of free workers or while it waits out its backoff after a lost
 // gang, holds the free workers it would take: younger jobs of fewer
 // workers would otherwise take each worker as it frees, and the gang job
@@ -15,6 +16,7 @@
 #define STRATA_SERVICES_COORDINATOR_GANG_PLAN_H_
 
 #include <cstdint>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -29,6 +31,8 @@ struct QueuedGangJob {
   // The ended job this one continues, while that job's run still stops on
   // its workers (it may still write its checkpoint.dir): the job waits.
   std::string waits_for;
+  // What each worker of its gang must run ("gloo", "nccl", "cuda").
+  std::vector<std::string> needs;
 };
 
 enum class WorkerState {
@@ -40,6 +44,16 @@ enum class WorkerState {
 struct SchedulableWorker {
   std::string id;
   WorkerState state = WorkerState::kFree;
+  // What it said it runs; nullopt when it said nothing (any job's).
+  std::optional<std::set<std::string>> runs = std::nullopt;
+
+  bool Runs(const std::vector<std::string>& needs) const {
+    if (!runs.has_value()) return true;
+    for (const std::string& need : needs) {
+      if (runs->count(need) == 0) return false;
+    }
+    return true;
+  }
 };
 
 struct GangDecision {

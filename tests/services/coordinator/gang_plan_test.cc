@@ -119,3 +119,36 @@ TEST(PlanGangsTest, AContinuationWaitsForTheRunItContinuesToStop) {
 
 }  // namespace
 }  // namespace strata::services
+
+namespace strata::services {
+namespace {
+
+// A worker whose build lacks a job's backend (or that has no GPU for a GPU
+// job) is never offered it: a mixed gang's ranks would wait for it until
+// the collective timeout. A worker that says nothing of itself (an older
+// build) is offered anything.
+TEST(PlanGangsTest, AJobGoesOnlyToWorkersThatRunWhatItNeeds) {
+  QueuedGangJob gloo_gang{"gang", "", 2, false, "", {"gloo"}};
+  QueuedGangJob gpu{"gpu", "", 1, false, "", {"cuda"}};
+  const std::set<std::string> cpu_only = {"gloo"}, nothing = {};
+  std::vector<SchedulableWorker> workers = {{"w0", WorkerState::kFree, nothing},
+                                            {"w1", WorkerState::kFree, cpu_only},
+                                            {"w2", WorkerState::kFree, std::nullopt},
+                                            {"w3", WorkerState::kFree, cpu_only}};
+  auto plan = PlanGangs({gloo_gang, gpu}, workers);
+  EXPECT_EQ(plan.decisions[0].gang, (std::vector<std::string>{"w1", "w2"}));
+  EXPECT_TRUE(plan.decisions[1].gang.empty()) << "no worker said it has a GPU but w2, taken by the gang";
+  // Alone, the GPU job takes the worker that said nothing.
+  plan = PlanGangs({gpu}, workers);
+  EXPECT_EQ(plan.decisions[0].gang, (std::vector<std::string>{"w2"}));
+  // Too few able workers: told what it needs, and it holds nothing.
+  workers[2].runs = cpu_only;
+  plan = PlanGangs({gpu, QueuedGangJob{"small", "", 1, false, "", {}}}, workers);
+  EXPECT_TRUE(plan.decisions[0].gang.empty());
+  EXPECT_EQ(plan.decisions[0].waiting, "waiting: the job needs 1 worker that run cuda; 0 of the 4 registered do");
+  EXPECT_EQ(plan.decisions[1].gang, (std::vector<std::string>{"w0"}));
+  EXPECT_TRUE(plan.held.empty());
+}
+
+}  // namespace
+}  // namespace strata::services
