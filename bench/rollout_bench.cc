@@ -82,8 +82,9 @@ absl::StatusOr<std::vector<std::vector<policies::Continuation>>> RunStatic(const
   const int64_t width = static_cast<int64_t>(longest) + sampling.max_new_tokens;
   *kv_bytes = static_cast<int64_t>(std::max(rows.size(), baselines.size())) * width * per_position;
   std::vector<std::vector<policies::Continuation>> out(w.prompts.size());
-  auto keep = [&](const policies::GenerationOutput& g, size_t row, size_t p, bool stop) {
-    out[p].push_back({g.tokens[row], g.logprobs[row], stop});
+  // The bench forces lengths and stops at no id: nothing is `stopped`.
+  auto keep = [&](const policies::GenerationOutput& g, size_t row, size_t p) {
+    out[p].push_back({g.tokens[row], g.logprobs[row], false});
   };
   policies::GenerationOutput s, b;
   if (!rows.empty()) {
@@ -94,8 +95,8 @@ absl::StatusOr<std::vector<std::vector<policies::Continuation>>> RunStatic(const
   }
   size_t row = 0;
   for (size_t p = 0; p < w.prompts.size(); ++p) {
-    for (size_t k = 0; k < w.prompts[p].sample_seeds.size(); ++k) keep(s, row++, p, false);
-    if (w.prompts[p].greedy) keep(b, p, p, false);
+    for (size_t k = 0; k < w.prompts[p].sample_seeds.size(); ++k) keep(s, row++, p);
+    if (w.prompts[p].greedy) keep(b, p, p);
   }
   return out;
 }

@@ -287,16 +287,20 @@ absl::StatusOr<std::vector<std::vector<Continuation>>> RolloutEngine::Run(const 
     running = std::move(kept);
   };
 
+  // The prompt first in line forks what the pool and the limit allow.
   std::optional<Prefilled> pending;
+  auto fork_pending = [&] {
+    while (pending && concurrency_left(0) > 0 && fork_need(pending->instance, pending->next) <= available()) {
+      fork(*pending);
+      if (pending->next == pending->instance.continuations.size()) pending.reset();
+    }
+  };
   while (true) {
     STRATA_RETURN_IF_ERROR(CheckInterrupt("while generating"));
     fresh.clear();
     fresh_rows.clear();
     // Continuations of the prompt first in line, as room frees up.
-    while (pending && concurrency_left(0) > 0 && fork_need(pending->instance, pending->next) <= available()) {
-      fork(*pending);
-      if (pending->next == pending->instance.continuations.size()) pending.reset();
-    }
+    fork_pending();
     // Then whole prompts, while all their continuations fit; the first in
     // line alone when nothing runs, forking what fits.
     std::vector<Prefilled> admitted;
@@ -351,10 +355,7 @@ absl::StatusOr<std::vector<std::vector<Continuation>>> RolloutEngine::Run(const 
         const bool last_admitted = r + 1 == rows;
         if (last_admitted && partial) {
           pending = std::move(p);
-          while (pending && concurrency_left(0) > 0 && fork_need(pending->instance, pending->next) <= available()) {
-            fork(*pending);
-            if (pending->next == pending->instance.continuations.size()) pending.reset();
-          }
+          fork_pending();
         } else {
           while (p.next < p.instance.continuations.size()) fork(p);
         }

@@ -118,8 +118,8 @@ RankMemory::~RankMemory() {
 
 void SweepAbandonedNvmeDirs(const std::string& nvme_dir) {
   if (nvme_dir.empty()) return;
-  // A rank's prefix is "strata-rank<R>"; the sweep takes every rank's.
-  const SweepResult swept = SweepAbandonedDirectories(nvme_dir, "strata-rank");
+  // A rank's prefix is kNvmeRankDirPrefix + R; the sweep takes every rank's.
+  const SweepResult swept = SweepAbandonedDirectories(nvme_dir, kNvmeRankDirPrefix);
   for (const std::string& dir : swept.failed) {
     STRATA_LOG(Warning) << "NVMe directory " << dir << " belongs to no live rank, but not all of it could be removed";
   }
