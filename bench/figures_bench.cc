@@ -70,7 +70,7 @@ absl::StatusOr<double> NvmeAdamParamsPerSecond(const std::string& dir, int64_t t
         ++step;
         std::vector<offload::NvmeAdamUpdate> updates;
         for (int64_t t = 0; t < tensors; ++t) {
-          updates.push_back({absl::StrCat("w", t), grad, step, out, {}});
+          updates.push_back({absl::StrCat("w", t), grad, step, out, {}, {}});
         }
         status.Update(state->Step(updates));
       },

@@ -294,6 +294,37 @@ absl::Status CpuAdam::SetLearningRate(double lr) {
   return absl::OkStatus();
 }
 
+absl::Status CpuAdam::ApplyDirection(std::span<const DirectionSpan> tensors) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const DirectionSpan& t = tensors[i];
+    const size_t n = t.param.size();
+    if (t.direction.size() != n || (!t.device_bf16.empty() && t.device_bf16.size() != n) ||
+        (!t.device_fp32.empty() && t.device_fp32.size() != n)) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", i, " '", std::string(t.name),
+                                                     "': direction and device copies must have the param's ", n,
+                                                     " elements"));
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!config_.adam.decoupled) {
+    return absl::FailedPreconditionError("a precomputed direction needs AdamW (decoupled weight decay)");
+  }
+  // As torch rounds them: p.mul_(1 - lr * wd), then p.add_(d, -lr) (fused).
+  const float decay = static_cast<float>(1 - lr_ * config_.adam.weight_decay);
+  const float neg_lr = static_cast<float>(-lr_);
+  for (const DirectionSpan& t : tensors) {
+    float* p = t.param.data();
+    const float* d = t.direction.data();
+    const int64_t n = static_cast<int64_t>(t.param.size());
+    for (int64_t i = 0; i < n; ++i) p[i] = std::fma(d[i], neg_lr, p[i] * decay);
+    if (!t.device_fp32.empty()) std::memcpy(t.device_fp32.data(), p, static_cast<size_t>(n) * sizeof(float));
+    if (!t.device_bf16.empty()) {
+      for (int64_t i = 0; i < n; ++i) t.device_bf16[static_cast<size_t>(i)] = internal::FloatToBf16(p[i]);
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CpuAdam::Step(std::span<const AdamTensorSpan> tensors) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     STRATA_RETURN_IF_ERROR(CheckTensor(tensors[i], i));

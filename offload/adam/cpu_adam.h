@@ -114,6 +114,19 @@ struct AdamTensorSpan {
   int64_t step = 0;
 };
 
+// A tensor (or tile) whose update direction was computed elsewhere
+// (GaLore's projected-back step): ApplyDirection sets
+// param = param * (1 - lr * weight_decay) - lr * direction, AdamW's decay
+// and step with the optimizer's current hyperparameters, and writes the
+// device copies in the same pass. Same span rules as AdamTensorSpan.
+struct DirectionSpan {
+  std::string_view name;
+  std::span<float> param;
+  std::span<const float> direction;
+  std::span<uint16_t> device_bf16;
+  std::span<float> device_fp32;
+};
+
 namespace internal {
 struct AdamKernelArgs;  // the per-ISA kernels' arguments: cpu_adam_kernels.h
 class WorkerPool;
@@ -134,6 +147,10 @@ class CpuAdam {
   // nothing has been modified.
   absl::Status Step(std::span<const AdamTensorSpan> tensors);
   absl::Status Step(const AdamTensorSpan& tensor) { return Step(std::span<const AdamTensorSpan>(&tensor, 1)); }
+
+  // Applies each direction as DirectionSpan says (AdamW only: decoupled
+  // decay; FAILED_PRECONDITION otherwise). Checks all spans first.
+  absl::Status ApplyDirection(std::span<const DirectionSpan> tensors);
 
   // For learning-rate schedules; INVALID_ARGUMENT if negative.
   absl::Status SetLearningRate(double lr);

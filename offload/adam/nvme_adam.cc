@@ -9,8 +9,11 @@
 namespace strata::offload {
 namespace {
 
-// A tile's bytes on NVMe and in staging: master | exp_avg | exp_avg_sq.
-size_t TileBytes(int64_t count) { return static_cast<size_t>(count) * 3 * sizeof(float); }
+// A tile's bytes on NVMe and in staging: master | exp_avg | exp_avg_sq, or
+// the master alone for a master-only tensor.
+size_t TileBytes(int64_t count, bool master_only = false) {
+  return static_cast<size_t>(count) * (master_only ? 1 : 3) * sizeof(float);
+}
 
 std::span<const std::byte> AsBytes(const HostBuffer& buffer, size_t bytes) { return {buffer.data(), bytes}; }
 
@@ -43,7 +46,7 @@ absl::StatusOr<std::unique_ptr<NvmeAdamState>> NvmeAdamState::Create(const NvmeA
 std::vector<NvmeAdamState::Tile> NvmeAdamState::TilesOf(const std::string& name, int64_t elements) const {
   std::vector<Tile> tiles;
   for (int64_t offset = 0, k = 0; offset < elements; offset += options_.tile_elements, ++k) {
-    tiles.push_back({absl::StrCat(options_.id_prefix, name, ".adam.", k), offset,
+    tiles.push_back({absl::StrCat(options_.id_prefix, name, master_only(name) ? ".master." : ".adam.", k), offset,
                      std::min(options_.tile_elements, elements - offset)});
   }
   return tiles;
@@ -57,6 +60,43 @@ absl::Status NvmeAdamState::Register(const std::string& name, std::span<const fl
     std::memcpy(out, master.data() + tile.offset, static_cast<size_t>(tile.count) * sizeof(float));
     std::memset(out + tile.count, 0, static_cast<size_t>(tile.count) * 2 * sizeof(float));
     STRATA_RETURN_IF_ERROR(store_->Put(tile.id, AsBytes(buffer, TileBytes(tile.count))));
+  }
+  elements_[name] = n;
+  return absl::OkStatus();
+}
+
+absl::Status NvmeAdamState::RegisterMaster(const std::string& name, std::span<const float> master) {
+  master_only_.insert(name);
+  return WriteMaster(name, master);
+}
+
+absl::Status NvmeAdamState::ReadMaster(const std::string& name, std::span<float> master) {
+  const int64_t n = num_elements(name);
+  if (n < 0 || !master_only(name)) {
+    return absl::NotFoundError(absl::StrCat("nvme adam: tensor ", name, " was never registered master-only"));
+  }
+  if (master.size() != static_cast<size_t>(n)) {
+    return absl::InvalidArgumentError(absl::StrCat("nvme adam: master span of ", name, " must have ", n, " elements"));
+  }
+  HostBuffer& buffer = staging_[0];
+  for (const Tile& tile : TilesOf(name, n)) {
+    const size_t bytes = TileBytes(tile.count, true);
+    STRATA_RETURN_IF_ERROR(store_->Get(tile.id, std::span<std::byte>(buffer.data(), bytes)));
+    std::memcpy(master.data() + tile.offset, buffer.data(), bytes);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NvmeAdamState::WriteMaster(const std::string& name, std::span<const float> master) {
+  if (!master_only(name)) {
+    return absl::NotFoundError(absl::StrCat("nvme adam: tensor ", name, " was never registered master-only"));
+  }
+  const int64_t n = static_cast<int64_t>(master.size());
+  HostBuffer& buffer = staging_[0];
+  for (const Tile& tile : TilesOf(name, n)) {
+    const size_t bytes = TileBytes(tile.count, true);
+    std::memcpy(buffer.data(), master.data() + tile.offset, bytes);
+    STRATA_RETURN_IF_ERROR(store_->Put(tile.id, AsBytes(buffer, bytes)));
   }
   elements_[name] = n;
   return absl::OkStatus();
@@ -78,16 +118,19 @@ absl::Status NvmeAdamState::Step(std::span<const NvmeAdamUpdate> updates) {
   struct Work {
     const NvmeAdamUpdate* update;
     Tile tile;
+    bool master_only = false;
   };
   std::vector<Work> work;
   for (const NvmeAdamUpdate& u : updates) {
     const int64_t n = num_elements(u.name);
     if (n < 0) return absl::NotFoundError(absl::StrCat("nvme adam: tensor ", u.name, " was never registered"));
-    if (static_cast<int64_t>(u.grad.size()) != n) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("nvme adam: gradient of ", u.name, " has ", u.grad.size(), " elements, expected ", n));
+    const bool direction = master_only(u.name);
+    const size_t given = direction ? u.direction.size() : u.grad.size();
+    if (static_cast<int64_t>(given) != n) {
+      return absl::InvalidArgumentError(absl::StrCat("nvme adam: ", direction ? "direction" : "gradient", " of ",
+                                                     u.name, " has ", given, " elements, expected ", n));
     }
-    for (const Tile& tile : TilesOf(u.name, n)) work.push_back({&u, tile});
+    for (const Tile& tile : TilesOf(u.name, n)) work.push_back({&u, tile, direction});
   }
   const size_t slots = staging_.size();
   // Per staging slot: the ticket of the I/O last started on it (read or write).
@@ -103,7 +146,8 @@ absl::Status NvmeAdamState::Step(std::span<const NvmeAdamUpdate> updates) {
     const size_t slot = i % slots;
     wait_slot(slot);  // its previous tile's write-back must land first
     const Tile& tile = work[i].tile;
-    auto ticket = store_->StartRead(tile.id, std::span<std::byte>(staging_[slot].data(), TileBytes(tile.count)));
+    auto ticket = store_->StartRead(tile.id, std::span<std::byte>(staging_[slot].data(),
+                                                                  TileBytes(tile.count, work[i].master_only)));
     if (!ticket.ok()) {
       if (first_error.ok()) first_error = ticket.status();
       return;
@@ -121,20 +165,33 @@ absl::Status NvmeAdamState::Step(std::span<const NvmeAdamUpdate> updates) {
     const size_t count = static_cast<size_t>(w.tile.count);
     const size_t offset = static_cast<size_t>(w.tile.offset);
     float* base = staging_[slot].floats().data();
-    AdamTensorSpan span;
-    span.name = w.update->name;
-    span.param = {base, count};
-    span.exp_avg = {base + count, count};
-    span.exp_avg_sq = {base + 2 * count, count};
-    span.grad = w.update->grad.subspan(offset, count);
-    if (!w.update->out_fp32.empty()) span.device_fp32 = w.update->out_fp32.subspan(offset, count);
-    if (!w.update->out_bf16.empty()) span.device_bf16 = w.update->out_bf16.subspan(offset, count);
-    span.step = w.update->step;
-    if (auto s = adam_->Step(span); !s.ok()) {
-      first_error = s;
-      break;
+    if (w.master_only) {
+      DirectionSpan span;
+      span.name = w.update->name;
+      span.param = {base, count};
+      span.direction = w.update->direction.subspan(offset, count);
+      if (!w.update->out_fp32.empty()) span.device_fp32 = w.update->out_fp32.subspan(offset, count);
+      if (!w.update->out_bf16.empty()) span.device_bf16 = w.update->out_bf16.subspan(offset, count);
+      if (auto s = adam_->ApplyDirection({&span, 1}); !s.ok()) {
+        first_error = s;
+        break;
+      }
+    } else {
+      AdamTensorSpan span;
+      span.name = w.update->name;
+      span.param = {base, count};
+      span.exp_avg = {base + count, count};
+      span.exp_avg_sq = {base + 2 * count, count};
+      span.grad = w.update->grad.subspan(offset, count);
+      if (!w.update->out_fp32.empty()) span.device_fp32 = w.update->out_fp32.subspan(offset, count);
+      if (!w.update->out_bf16.empty()) span.device_bf16 = w.update->out_bf16.subspan(offset, count);
+      span.step = w.update->step;
+      if (auto s = adam_->Step(span); !s.ok()) {
+        first_error = s;
+        break;
+      }
     }
-    auto ticket = store_->StartWrite(w.tile.id, AsBytes(staging_[slot], TileBytes(w.tile.count)));
+    auto ticket = store_->StartWrite(w.tile.id, AsBytes(staging_[slot], TileBytes(w.tile.count, w.master_only)));
     if (!ticket.ok()) {
       first_error = ticket.status();
       break;
@@ -148,6 +205,11 @@ absl::Status NvmeAdamState::Step(std::span<const NvmeAdamUpdate> updates) {
 absl::StatusOr<std::vector<float>> NvmeAdamState::Master(const std::string& name) {
   const int64_t n = num_elements(name);
   if (n < 0) return absl::NotFoundError(absl::StrCat("nvme adam: tensor ", name, " was never registered"));
+  if (master_only(name)) {
+    std::vector<float> master(static_cast<size_t>(n));
+    STRATA_RETURN_IF_ERROR(ReadMaster(name, master));
+    return master;
+  }
   std::vector<float> master(static_cast<size_t>(n)), m(static_cast<size_t>(n)), v(static_cast<size_t>(n));
   STRATA_RETURN_IF_ERROR(ReadState(name, master, m, v));
   return master;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -33,13 +34,17 @@ struct NvmeAdamOptions {
   absl::Status Validate() const;
 };
 
-// One tensor's update: its gradient and where the new weights go.
+// One tensor's update: its gradient (or, for a master-only tensor, its
+// direction) and where the new weights go.
 struct NvmeAdamUpdate {
   std::string name;
   std::span<const float> grad;   // whole tensor, fp32
   int64_t step = 0;              // this update's step number (1 for the first)
   std::span<float> out_fp32;     // optional: updated weights, fp32
   std::span<uint16_t> out_bf16;  // optional: updated weights, bf16
+  // A master-only tensor's update direction, instead of grad (the master
+  // becomes what CpuAdam::ApplyDirection makes of it).
+  std::span<const float> direction;
 };
 
 // Drive from one thread. `store`, `arena` and `adam` must outlive it.
@@ -50,12 +55,19 @@ class NvmeAdamState {
 
   // Writes `master` (the initial fp32 weights) with zero moments.
   absl::Status Register(const std::string& name, std::span<const float> master);
+  // A tensor whose moments live elsewhere (GaLore's, small, in host
+  // memory): only its master goes to NVMe, 4 bytes per element, and its
+  // updates come with a direction instead of a gradient.
+  absl::Status RegisterMaster(const std::string& name, std::span<const float> master);
 
   // Updates every tensor in `updates`, pipelining all their tiles.
   absl::Status Step(std::span<const NvmeAdamUpdate> updates);
 
   // Reads a tensor's current fp32 master weights (for checkpoints and tests).
   absl::StatusOr<std::vector<float>> Master(const std::string& name);
+  // A master-only tensor's state (checkpoints).
+  absl::Status ReadMaster(const std::string& name, std::span<float> master);
+  absl::Status WriteMaster(const std::string& name, std::span<const float> master);
 
   // Whole-state access for checkpoints: each span has the tensor's length.
   absl::Status ReadState(const std::string& name, std::span<float> master, std::span<float> exp_avg,
@@ -64,6 +76,7 @@ class NvmeAdamState {
                           std::span<const float> exp_avg_sq);
 
   int64_t num_elements(const std::string& name) const;
+  bool master_only(const std::string& name) const { return master_only_.contains(name); }
   // Host bytes of the staging buffers.
   size_t staging_bytes() const;
 
@@ -82,6 +95,7 @@ class NvmeAdamState {
   CpuAdam* const adam_;
   std::vector<HostBuffer> staging_;
   std::map<std::string, int64_t> elements_;
+  std::set<std::string> master_only_;
 };
 
 }  // namespace strata::offload

@@ -296,7 +296,21 @@ absl::Status ReadLora(MapReader& model, LoraConfig* lora) {
   return absl::OkStatus();
 }
 
-// path, dtype, placement and adapters of a model, in the mapping `r` reads.
+// A model's `galore` mapping, when present.
+absl::Status ReadGalore(MapReader& model, GaloreConfig* galore) {
+  STRATA_ASSIGN_OR_RETURN(auto r, model.Child("galore"));
+  if (!r.present()) return absl::OkStatus();
+  STRATA_RETURN_IF_ERROR(r.Read("rank", &galore->rank));
+  STRATA_RETURN_IF_ERROR(r.Read("update_proj_gap", &galore->update_proj_gap));
+  STRATA_RETURN_IF_ERROR(r.Read("scale", &galore->scale));
+  STRATA_RETURN_IF_ERROR(r.CheckNoUnknownKeys());
+  if (absl::Status s = galore->Validate(model.Path("galore")); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("spec key ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+// path, dtype, placement, adapters and GaLore of a model, in the mapping `r` reads.
 absl::Status ReadModelFields(MapReader& r, ModelSpec* model) {
   STRATA_RETURN_IF_ERROR(r.Read("path", &model->path));
   STRATA_RETURN_IF_ERROR(r.Read("dtype", &model->dtype));
@@ -314,6 +328,7 @@ absl::Status ReadModelFields(MapReader& r, ModelSpec* model) {
     return absl::InvalidArgumentError(absl::StrCat("spec key '", r.Path("placement"), "': ", s.message()));
   }
   STRATA_RETURN_IF_ERROR(r.Read("adapter", &model->adapter));
+  STRATA_RETURN_IF_ERROR(ReadGalore(r, &model->galore));
   return ReadLora(r, &model->lora);
 }
 
@@ -536,6 +551,30 @@ absl::Status JobSpec::ValidateLora() const {
   return absl::OkStatus();
 }
 
+absl::Status JobSpec::ValidateGalore() const {
+  const bool rl = algorithm != Algorithm::kSft && algorithm != Algorithm::kRewardModel;
+  if (reference.galore.enabled())
+    return KeyError("models.reference.galore", "is not allowed: the reference never trains");
+  for (const auto& [role, model] :
+       {std::pair{"actor", &actor}, std::pair{"reward", &reward}, std::pair{"critic", &critic}}) {
+    if (!model->galore.enabled()) continue;
+    const std::string key = absl::StrCat("models.", role, ".galore");
+    if (rl && std::string(role) == "reward")
+      return KeyError(key, "is for a reward_model job, which trains the reward model");
+    if (model->trains_adapters()) {
+      return KeyError(key, absl::StrCat("trains every parameter; with models.", role, ".",
+                                        model->lora.enabled() ? "lora" : "adapter", " only the adapters train"));
+    }
+  }
+  for (const RewardSourceSpec& source : reward_sources) {
+    if (source.model.galore.enabled()) {
+      return KeyError(absl::StrCat("reward.sources (", source.name, ").galore"),
+                      "is not allowed: a reward source never trains");
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status JobSpec::Validate() const {
   auto need = [](const std::string& key, const std::string& value) -> absl::Status {
     if (value.empty()) return KeyError(key, "is required");
@@ -626,6 +665,7 @@ absl::Status JobSpec::Validate() const {
     }
   }
   STRATA_RETURN_IF_ERROR(ValidateLora());
+  STRATA_RETURN_IF_ERROR(ValidateGalore());
   const absl::StatusOr<int> device = offload::ParseDeviceName(memory.device);  // -1: the CPU
   if (!device.ok()) return KeyError("memory.device", std::string(device.status().message()));
   if (*device != memory.device_index) {

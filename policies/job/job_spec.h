@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "offload/tiers/placement.h"
+#include "policies/config/galore_config.h"
 #include "policies/config/lora_config.h"
 #include "policies/config/rollout_options.h"
 
@@ -30,6 +31,8 @@ struct ModelSpec {
   // Low-rank adapters on a model that trains (rank 0: none, every
   // parameter trains); see docs/job-spec.md.
   LoraConfig lora;
+  // GaLore on a model that trains in full (rank 0: off); see docs/job-spec.md.
+  GaloreConfig galore;
   // A PEFT LoRA adapter of `path` to start from: kept frozen as part of the
   // base (the reference sees it too) while `lora` trains new adapters over
   // it ("" = none).
@@ -232,6 +235,8 @@ struct JobSpec {
   absl::Status Validate() const;
   // Which models may carry `lora` (the ones that train) and what it excludes.
   absl::Status ValidateLora() const;
+  // Which models may carry `galore` (the ones that train in full).
+  absl::Status ValidateGalore() const;
   // Whether any model places weights or optimizer states on the NVMe tier;
   // memory.nvme_dir (or the worker's --nvme-dir) must then be set.
   bool UsesNvme() const;

@@ -25,6 +25,8 @@ uint64_t ModelInitSeed(uint64_t job_seed) { return job_seed; }
 
 uint64_t AdapterSeed(uint64_t job_seed) { return IterationSeed(job_seed, -2); }
 
+uint64_t GaloreSeed(uint64_t job_seed) { return IterationSeed(job_seed, -3); }
+
 uint64_t EpochShuffleSeed(uint64_t job_seed, uint64_t epoch) { return job_seed * 1315423911ULL + epoch; }
 
 }  // namespace strata::policies

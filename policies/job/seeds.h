@@ -38,6 +38,10 @@ uint64_t ModelInitSeed(uint64_t job_seed);
 // further by step, micro-batch, layer and module) their dropout masks.
 uint64_t AdapterSeed(uint64_t job_seed);
 
+// The seed of a model's GaLore projections (keyed further by tensor and
+// the step that computes each).
+uint64_t GaloreSeed(uint64_t job_seed);
+
 // The seed that shuffles the examples of `epoch`: batch contents depend only
 // on (job seed, iteration). A linear mix, kept as first written: changing it
 // would change every job's batches.

@@ -2,8 +2,12 @@
 // file per rank, holding the parameters that rank holds: for a parameter
 // with HF name N, fp32 tensors "N.master", "N.exp_avg" and "N.exp_avg_sq",
 // each flat [numel], and metadata "step.N" (its Adam step count, decimal);
-// the file's metadata also carries format = "strata-optimizer".
+// the file's metadata also carries format = "strata-optimizer". A GaLore
+// matrix keeps its moments in their projected shape, flat, and adds
+// "N.galore_projection" (the projection, [rows or cols, r], flat).
 #include "policies/train/layerwise_trainer_impl.h"
+
+#include <c10/core/GradMode.h>
 
 #include <algorithm>
 #include <array>
@@ -24,6 +28,7 @@ using internal::HostView;
 namespace {
 // The state tensors' name suffixes, in the order master, exp_avg, exp_avg_sq.
 constexpr std::array<const char*, 3> kStateSuffixes = {".master", ".exp_avg", ".exp_avg_sq"};
+constexpr char kProjectionSuffix[] = ".galore_projection";
 }  // namespace
 
 absl::Status LayerwiseTrainerImpl::SaveState(const std::string& path) {
@@ -32,7 +37,19 @@ absl::Status LayerwiseTrainerImpl::SaveState(const std::string& path) {
   for (ParamState& p : params_) {
     if (!p.held) continue;
     at::Tensor master, m, v;
-    if (options_.optimizer == offload::Tier::kDevice) {
+    if (p.galore != nullptr) {
+      m = p.galore->exp_avg().reshape({-1}), v = p.galore->exp_avg_sq().reshape({-1});
+      STRATA_RETURN_IF_ERROR(batch.Add(p.name + kProjectionSuffix, p.galore->projection().reshape({-1})));
+      if (options_.optimizer == offload::Tier::kDevice) {
+        master = p.device_master;
+      } else if (options_.optimizer == offload::Tier::kHost) {
+        master = HostView(p.master, p.numel);
+      } else {
+        master = at::empty({p.numel}, at::kFloat);
+        STRATA_RETURN_IF_ERROR(
+            nvme_adam_->ReadMaster(p.name, std::span<float>(master.data_ptr<float>(), static_cast<size_t>(p.numel))));
+      }
+    } else if (options_.optimizer == offload::Tier::kDevice) {
       master = p.device_master, m = p.device_exp_avg, v = p.device_exp_avg_sq;
     } else if (options_.optimizer == offload::Tier::kHost) {
       master = HostView(p.master, p.numel), m = HostView(p.exp_avg, p.numel), v = HostView(p.exp_avg_sq, p.numel);
@@ -67,22 +84,53 @@ absl::Status LayerwiseTrainerImpl::LoadState(const std::vector<std::string>& pat
     }
     const SafetensorsFile* file = files[which].get();
     const std::string& path = paths[which];
+    // Each tensor's expected length: a GaLore matrix's moments and
+    // projection have their own (a checkpoint of another rank, or of full
+    // Adam, does not fit and is named).
+    const int64_t moments = p.galore != nullptr ? p.galore->exp_avg().numel() : p.numel;
+    auto read = [&](const std::string& name, int64_t numel) -> absl::StatusOr<at::Tensor> {
+      const TensorView* view = file->Find(name);
+      if (view == nullptr)
+        return absl::InvalidArgumentError(absl::StrCat(path, ": optimizer state has no tensor ", name));
+      auto tensor = ToTensorWithShape(*view, {numel}, at::kFloat);
+      if (!tensor.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            path, ": ", tensor.status().message(),
+            p.galore != nullptr || file->Find(p.name + kProjectionSuffix) != nullptr
+                ? " (GaLore's state has another shape: was the checkpoint written with other galore settings?)"
+                : ""));
+      }
+      return *tensor;
+    };
     std::array<at::Tensor, 3> loaded;
     for (size_t i = 0; i < kStateSuffixes.size(); ++i) {
-      const TensorView* view = file->Find(p.name + kStateSuffixes[i]);
-      if (view == nullptr) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(path, ": optimizer state has no tensor ", p.name, kStateSuffixes[i]));
-      }
-      auto tensor = ToTensorWithShape(*view, {p.numel}, at::kFloat);
-      if (!tensor.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", tensor.status().message()));
-      loaded[i] = *tensor;
+      STRATA_ASSIGN_OR_RETURN(loaded[i], read(p.name + kStateSuffixes[i], i == 0 ? p.numel : moments));
+    }
+    if (p.galore != nullptr) {
+      STRATA_ASSIGN_OR_RETURN(auto projection, read(p.name + kProjectionSuffix, p.galore->projection().numel()));
+      c10::NoGradGuard no_grad;
+      p.galore->projection().copy_(projection.view(p.galore->projection().sizes()));
+      p.galore->exp_avg().copy_(loaded[1].view(p.galore->exp_avg().sizes()));
+      p.galore->exp_avg_sq().copy_(loaded[2].view(p.galore->exp_avg_sq().sizes()));
+    } else if (file->Find(p.name + kProjectionSuffix) != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": ", p.name,
+                                                     " has GaLore state, but this run trains it with full Adam "
+                                                     "(was galore removed from the spec?)"));
     }
     auto step = file->metadata().find("step." + p.name);
     if (step == file->metadata().end() || !absl::SimpleAtoi(step->second, &p.step)) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": optimizer state has no step count for ", p.name));
     }
-    if (options_.optimizer == offload::Tier::kDevice) {
+    if (p.galore != nullptr) {
+      if (options_.optimizer == offload::Tier::kDevice) {
+        p.device_master.copy_(loaded[0]);
+      } else if (options_.optimizer == offload::Tier::kHost) {
+        HostView(p.master, p.numel).copy_(loaded[0]);
+      } else {
+        STRATA_RETURN_IF_ERROR(nvme_adam_->WriteMaster(p.name, std::span<const float>(loaded[0].data_ptr<float>(),
+                                                                                      static_cast<size_t>(p.numel))));
+      }
+    } else if (options_.optimizer == offload::Tier::kDevice) {
       p.device_master.copy_(loaded[0]), p.device_exp_avg.copy_(loaded[1]), p.device_exp_avg_sq.copy_(loaded[2]);
     } else if (options_.optimizer == offload::Tier::kHost) {
       HostView(p.master, p.numel).copy_(loaded[0]);

@@ -74,12 +74,29 @@ absl::Status LayerwiseTrainerImpl::StepLayer(int64_t l, const std::vector<at::Te
   return status;
 }
 
+at::Tensor LayerwiseTrainerImpl::GaloreDirection(ParamState& p, const at::Tensor& grad) {
+  const int64_t step = ++p.step;
+  return p.galore->Direction(grad, step, adam_->options(), GaloreProjectionKey(options_.galore_seed, p.name, step));
+}
+
 absl::Status LayerwiseTrainerImpl::HostStep(const std::vector<ParamState*>& params) {
   std::vector<offload::AdamTensorSpan> spans;
   spans.reserve(params.size());
   std::vector<const ParamState*> write_back;  // homes the optimizer cannot write in place
   for (ParamState* held : params) {
     ParamState& p = *held;
+    if (p.galore != nullptr) {
+      // One matrix at a time: its full-size direction is the step's only
+      // temporary of the parameter's size.
+      const at::Tensor direction = GaloreDirection(p, HostView(p.grad, p.numel)).reshape({-1}).contiguous();
+      offload::DirectionSpan span;
+      span.name = p.name;
+      span.param = p.master.floats().first(static_cast<size_t>(p.numel));
+      span.direction = {direction.data_ptr<float>(), static_cast<size_t>(p.numel)};
+      STRATA_RETURN_IF_ERROR(adam_->ApplyDirection({&span, 1}));
+      write_back.push_back(&p);
+      continue;
+    }
     offload::AdamTensorSpan span;
     span.name = p.name;
     const size_t n = static_cast<size_t>(p.numel);
@@ -115,6 +132,7 @@ absl::Status LayerwiseTrainerImpl::NvmeStep(const std::vector<ParamState*>& para
   write_back.reserve(params.size());
   for (ParamState* held : params) {
     ParamState& p = *held;
+    if (p.galore != nullptr) continue;  // after the full-Adam tensors, one at a time
     offload::NvmeAdamUpdate update;
     update.name = p.name;
     const size_t n = static_cast<size_t>(p.numel);
@@ -140,6 +158,26 @@ absl::Status LayerwiseTrainerImpl::NvmeStep(const std::vector<ParamState*>& para
   for (const auto& [p, scratch] : write_back) {
     STRATA_RETURN_IF_ERROR(WriteBack(*p, HostView(scratch, p->numel)));
   }
+  // GaLore matrices: the direction, then the master's tiles stream through
+  // ApplyDirection (4 bytes each way per parameter instead of 12).
+  for (ParamState* held : params) {
+    ParamState& p = *held;
+    if (p.galore == nullptr) continue;
+    const size_t n = static_cast<size_t>(p.numel);
+    const at::Tensor direction = GaloreDirection(p, HostView(p.grad, p.numel)).reshape({-1}).contiguous();
+    offload::NvmeAdamUpdate update;
+    update.name = p.name;
+    update.direction = {direction.data_ptr<float>(), n};
+    update.step = p.step;
+    STRATA_ASSIGN_OR_RETURN(auto scratch, arena_->Allocate(n * sizeof(float)));
+    update.out_fp32 = scratch.floats().first(n);
+    STRATA_RETURN_IF_ERROR(nvme_adam_->Step({&update, 1}));
+    STRATA_RETURN_IF_ERROR(WriteBack(p, HostView(scratch, p.numel)));
+    if (sharded_) {
+      updated[&p] = HostView(scratch, p.numel);
+      write_back.emplace_back(&p, std::move(scratch));  // keeps it until the broadcast
+    }
+  }
   if (!sharded_) return absl::OkStatus();
   return BroadcastUpdatedWeights([&](const ParamState& p) { return updated.at(&p); });
 }
@@ -149,6 +187,12 @@ absl::Status LayerwiseTrainerImpl::DeviceStep() {
   c10::NoGradGuard no_grad;
   const offload::AdamOptions& o = options_.adam.adam;
   for (ParamState& p : params_) {
+    if (p.galore != nullptr) {
+      const at::Tensor direction = GaloreDirection(p, p.device_grad).reshape({-1});
+      p.device_master.mul_(1 - o.lr * o.weight_decay).add_(direction, -o.lr);
+      STRATA_RETURN_IF_ERROR(WriteBack(p, p.device_master));
+      continue;
+    }
     const int64_t step = ++p.step;
     const double bias1 = 1 - std::pow(o.beta1, static_cast<double>(step));
     const double bias2 = 1 - std::pow(o.beta2, static_cast<double>(step));

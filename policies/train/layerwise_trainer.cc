@@ -33,9 +33,11 @@ absl::Status LayerwiseTrainerImpl::AllocateState(ParamState& state, const at::Te
     state.owner = dealer_->Deal(state.numel);
     state.held = state.owner == options_.data_parallel->rank();
   }
+  const bool galore = options_.galore.enabled() && state.layer >= 0 && value.dim() == 2;
   if (options_.optimizer == offload::Tier::kDevice) {
     state.device_master = value.detach().to(at::kFloat, /*non_blocking=*/false, /*copy=*/true).reshape({-1});
     state.device_grad = at::zeros_like(state.device_master);
+    if (galore) return AllocateGalore(state);
     state.device_exp_avg = at::zeros_like(state.device_master);
     state.device_exp_avg_sq = at::zeros_like(state.device_master);
     return absl::OkStatus();
@@ -46,7 +48,8 @@ absl::Status LayerwiseTrainerImpl::AllocateState(ParamState& state, const at::Te
   if (!(options_.step_in_backward && state.layer >= 0) && state.held) STRATA_RETURN_IF_ERROR(AllocateGrad(state));
   std::vector<offload::HostBuffer*> buffers;
   if (options_.optimizer == offload::Tier::kHost && state.held) {
-    buffers.insert(buffers.end(), {&state.master, &state.exp_avg, &state.exp_avg_sq});
+    buffers.push_back(&state.master);
+    if (!galore) buffers.insert(buffers.end(), {&state.exp_avg, &state.exp_avg_sq});
   }
   for (offload::HostBuffer* buffer : buffers) {
     auto allocated = arena_->Allocate(bytes);
@@ -57,13 +60,42 @@ absl::Status LayerwiseTrainerImpl::AllocateState(ParamState& state, const at::Te
     *buffer = std::move(*allocated);
     std::memset(buffer->data(), 0, bytes);
   }
+  if (!state.held) return absl::OkStatus();
+  if (galore) STRATA_RETURN_IF_ERROR(AllocateGalore(state));
   const at::Tensor master = value.detach().to(at::kCPU, at::kFloat).contiguous().reshape({-1});
   if (options_.optimizer == offload::Tier::kNvme) {
-    if (!state.held) return absl::OkStatus();
-    return nvme_adam_->Register(state.name,
-                                std::span<const float>(master.data_ptr<float>(), static_cast<size_t>(state.numel)));
+    const std::span<const float> values(master.data_ptr<float>(), static_cast<size_t>(state.numel));
+    return galore ? nvme_adam_->RegisterMaster(state.name, values) : nvme_adam_->Register(state.name, values);
   }
-  if (state.held) HostView(state.master, state.numel).copy_(master);
+  HostView(state.master, state.numel).copy_(master);
+  return absl::OkStatus();
+}
+
+absl::Status LayerwiseTrainerImpl::AllocateGalore(ParamState& state) {
+  GaloreMatrix::Allocator allocate;
+  if (options_.optimizer == offload::Tier::kDevice) {
+    const at::TensorOptions on = state.device_master.options();
+    allocate = [on](const std::vector<int64_t>& shape) -> absl::StatusOr<at::Tensor> { return at::zeros(shape, on); };
+  } else {
+    // The small state stays in the arena on an NVMe optimizer too: it is
+    // read and written whole every step, and is a fraction of the master.
+    allocate = [&](const std::vector<int64_t>& shape) -> absl::StatusOr<at::Tensor> {
+      int64_t numel = 1;
+      for (int64_t d : shape) numel *= d;
+      const size_t bytes = static_cast<size_t>(numel) * sizeof(float);
+      auto buffer = arena_->Allocate(bytes);
+      if (!buffer.ok()) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("GaLore state for ", state.name, ": ", buffer.status().message()));
+      }
+      std::memset(buffer->data(), 0, bytes);
+      at::Tensor view = at::from_blob(buffer->data(), shape, at::TensorOptions().dtype(at::kFloat));
+      state.galore_state.push_back(std::move(*buffer));
+      return view;
+    };
+  }
+  STRATA_ASSIGN_OR_RETURN(state.galore,
+                          GaloreMatrix::Create(state.shape[0], state.shape[1], options_.galore, allocate));
   return absl::OkStatus();
 }
 
@@ -95,6 +127,13 @@ absl::StatusOr<std::unique_ptr<LayerwiseTrainer>> LayerwiseTrainer::Create(const
       return absl::InvalidArgumentError(
           "step_in_backward steps whole layers; with LoRA only the adapters train, after the backward pass");
     }
+  }
+  if (options.galore.enabled()) {
+    STRATA_RETURN_IF_ERROR(options.galore.Validate());
+    if (options.lora != nullptr) {
+      return absl::InvalidArgumentError("GaLore trains every parameter; with LoRA only the adapters train");
+    }
+    if (!options.adam.adam.decoupled) return absl::InvalidArgumentError("GaLore needs AdamW (decoupled weight decay)");
   }
   if (options.lora != nullptr && options.lora->num_layers() != config.num_hidden_layers) {
     return absl::InvalidArgumentError(absl::StrCat("LoRA adapters for ", options.lora->num_layers(),
@@ -177,11 +216,13 @@ absl::Status LayerwiseTrainerImpl::SetLearningRate(double lr) {
 }
 
 int64_t LayerwiseTrainerImpl::optimizer_state_bytes() const {
-  int64_t floats = 0;
+  int64_t bytes = 0;
   for (const ParamState& p : params_) {
-    if (p.held) floats += 3 * p.numel;
+    if (!p.held) continue;
+    bytes += p.galore != nullptr ? p.numel * static_cast<int64_t>(sizeof(float)) + p.galore->state_bytes()
+                                 : 3 * p.numel * static_cast<int64_t>(sizeof(float));
   }
-  return floats * static_cast<int64_t>(sizeof(float));
+  return bytes;
 }
 
 }  // namespace strata::policies

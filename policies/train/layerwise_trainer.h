@@ -24,6 +24,7 @@
 #include "offload/host/host_arena.h"
 #include "offload/nvme/nvme_store.h"
 #include "offload/tiers/placement.h"
+#include "policies/config/galore_config.h"
 #include "policies/dist/process_group.h"
 #include "policies/model/layer_source.h"
 #include "policies/model/llama.h"
@@ -84,6 +85,15 @@ struct LayerwiseTrainerOptions {
   // The seed of the adapters' dropout masks (keyed further by the optimizer
   // step, the micro-batch, the layer and the module); unused without dropout.
   uint64_t lora_dropout_seed = 0;
+  // GaLore (rank 0: off): every parameter trains, but the Adam moments of
+  // the decoder layers' projections live in a low-rank projection of their
+  // gradients (policies/train/galore.h), beside the fp32 master on the
+  // optimizer's tier; with an NVMe optimizer the small moments stay in the
+  // arena and only masters go to NVMe. Embeddings, norms, biases and heads
+  // keep full Adam. Needs AdamW; not with LoRA.
+  GaloreConfig galore;
+  // The seed of GaLore's projections (keyed further by tensor and step).
+  uint64_t galore_seed = 0;
 };
 
 class LayerwiseTrainer {

@@ -26,6 +26,7 @@
 #include "offload/device/device_transfer.h"
 #include "offload/host/host_arena.h"
 #include "policies/config/tensor_dealer.h"
+#include "policies/train/galore.h"
 #include "policies/train/layerwise_trainer.h"
 
 namespace strata::policies {
@@ -78,6 +79,10 @@ class LayerwiseTrainerImpl final : public LayerwiseTrainer {
     // not hold has a grad only while its sum is in flight.
     offload::HostBuffer master, grad, exp_avg, exp_avg_sq;
     at::Tensor device_master, device_grad, device_exp_avg, device_exp_avg_sq;  // device optimizer
+    // GaLore: the projection and low-rank moments in place of exp_avg and
+    // exp_avg_sq (in galore_state on a host or NVMe optimizer).
+    std::unique_ptr<GaloreMatrix> galore;
+    std::vector<offload::HostBuffer> galore_state;
   };
 
   // Gradients of one layer (or of the head) on their way to the host.
@@ -121,6 +126,11 @@ class LayerwiseTrainerImpl final : public LayerwiseTrainer {
   absl::Status WriteBack(const ParamState& p, const at::Tensor& master);
   // The optimizer over `params` (all of them: every held parameter).
   absl::Status HostStep(const std::vector<ParamState*>& params);
+  // GaLore's step of one matrix: its direction from the gradient (the
+  // projection refreshed when due), the step number advanced.
+  at::Tensor GaloreDirection(ParamState& p, const at::Tensor& grad);
+  // The GaLore state of a decoder-layer matrix, where the optimizer lives.
+  absl::Status AllocateGalore(ParamState& state);
   absl::Status NvmeStep(const std::vector<ParamState*>& params);
   std::vector<ParamState*> HeldParams(bool layers);
   // step_in_backward: updates layer `l` from the gradients its backward

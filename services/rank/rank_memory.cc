@@ -147,6 +147,8 @@ absl::StatusOr<std::unique_ptr<policies::PlacedModel>> RankMemory::Place(const s
     options.lora_seed = policies::AdapterSeed(spec_.train.seed);
     options.base_model = model.path;
     options.start_adapter = model.adapter;
+    options.trainer.galore = model.galore;
+    options.trainer.galore_seed = policies::GaloreSeed(spec_.train.seed);
   }
   options.batch = spec_.train.batch_size;
   options.seq = spec_.data.max_prompt_tokens +

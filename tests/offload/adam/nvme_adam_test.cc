@@ -58,7 +58,7 @@ TEST_F(NvmeAdamTest, TiledNvmeStepsEqualHostSteps) {
     std::vector<NvmeAdamUpdate> updates;
     for (size_t t = 0; t < sizes.size(); ++t) grads.push_back(Random(sizes[t], 100 * static_cast<uint32_t>(step) + t));
     for (size_t t = 0; t < sizes.size(); ++t) {
-      updates.push_back({"t" + std::to_string(t), grads[t], step, out[t], {}});
+      updates.push_back({"t" + std::to_string(t), grads[t], step, out[t], {}, {}});
       AdamTensorSpan span;
       span.param = host_param[t];
       span.grad = grads[t];
@@ -82,10 +82,10 @@ TEST_F(NvmeAdamTest, UnknownTensorAndWrongSizeAreErrors) {
   auto nvme = NvmeAdamState::Create(options, store_.get(), arena_.get(), adam_.get());
   ASSERT_TRUE(nvme.ok()) << nvme.status();
   std::vector<float> g(10);
-  std::vector<NvmeAdamUpdate> unknown = {{"nope", g, 1, {}, {}}};
+  std::vector<NvmeAdamUpdate> unknown = {{"nope", g, 1, {}, {}, {}}};
   EXPECT_EQ((*nvme)->Step(unknown).code(), absl::StatusCode::kNotFound);
   ASSERT_TRUE((*nvme)->Register("w", std::vector<float>(20, 1.f)).ok());
-  std::vector<NvmeAdamUpdate> wrong = {{"w", g, 1, {}, {}}};
+  std::vector<NvmeAdamUpdate> wrong = {{"w", g, 1, {}, {}, {}}};
   const auto status = (*nvme)->Step(wrong);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("w"), std::string::npos);
