@@ -31,7 +31,13 @@ at::Tensor TopLeftSingularVectors(const at::Tensor& matrix, int64_t rank, uint64
   for (int i = 0; i < kPowerIterations; ++i) q = Orthonormal(at::matmul(a, Orthonormal(at::matmul(a.t(), q))));
   // a ~ q (q^T a); the SVD of the [k, cols] sketch orders the directions.
   const at::Tensor small_u = std::get<0>(at::linalg_svd(at::matmul(q.t(), a), /*full_matrices=*/false));
-  return at::matmul(q, small_u.narrow(1, 0, rank)).contiguous();
+  const at::Tensor u = at::matmul(q, small_u.narrow(1, 0, rank));
+  // A singular vector's sign is LAPACK's arbitrary choice, and the moments
+  // kept across a refresh read each column by its sign: fix it (the entry
+  // of largest magnitude positive), so that nearby gradients give nearby
+  // projections.
+  const at::Tensor largest = u.abs().argmax(0, /*keepdim=*/true);
+  return (u * at::sign(u.gather(0, largest))).contiguous();
 }
 
 uint64_t GaloreProjectionKey(uint64_t seed, std::string_view tensor, int64_t step) {
@@ -50,7 +56,8 @@ absl::StatusOr<std::unique_ptr<GaloreMatrix>> GaloreMatrix::Create(int64_t rows,
   if (rows < 1 || cols < 1) return absl::InvalidArgumentError(absl::StrCat("galore: bad shape ", rows, " x ", cols));
   std::unique_ptr<GaloreMatrix> m(new GaloreMatrix(rows, cols, config));
   const int64_t r = m->rank_;
-  const std::vector<int64_t> moments = m->projects_rows() ? std::vector<int64_t>{r, cols} : std::vector<int64_t>{rows, r};
+  const std::vector<int64_t> moments = m->projects_rows() ? std::vector<int64_t>{r, cols}
+                                                          : std::vector<int64_t>{rows, r};
   const std::vector<int64_t> projection = {m->projects_rows() ? rows : cols, r};
   auto p = allocate(projection);
   if (!p.ok()) return p.status();

@@ -157,6 +157,34 @@ TEST(JobSpecTest, LoraSettingsAndWhatTheyExclude) {
   EXPECT_EQ(error({"models.actor.lora={rank: 4, target_modules: all-linear}"}), "");
 }
 
+// models.<role>.galore: the paper's defaults, on models that train in full
+// only, bad values named by their key.
+TEST(JobSpecTest, GaloreSettingsAndWhatTheyExclude) {
+  auto spec = ParseJobSpec(kRemax, {"models.actor.galore={rank: 64, update_proj_gap: 50, scale: 0.5}"}, "job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->actor.galore.rank, 64);
+  EXPECT_EQ(spec->actor.galore.update_proj_gap, 50);
+  EXPECT_DOUBLE_EQ(spec->actor.galore.scale, 0.5);
+  auto plain = ParseJobSpec(kRemax, {"models.actor.galore={rank: 8}"}, "job.yaml");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->actor.galore.update_proj_gap, 200);
+  EXPECT_DOUBLE_EQ(plain->actor.galore.scale, 0.25);
+  EXPECT_FALSE(plain->critic.galore.enabled());
+
+  auto error = [](std::vector<std::string> overrides) { return ErrorOf(kRemax, std::move(overrides)); };
+  EXPECT_NE(error({"models.actor.galore={rank: 0}"}).find("'models.actor.galore.rank'"), std::string::npos);
+  EXPECT_NE(error({"models.actor.galore={scale: 1}"}).find("'models.actor.galore.rank'"), std::string::npos);
+  EXPECT_NE(error({"models.actor.galore={rank: 8, update_proj_gap: 0}"}).find("'models.actor.galore.update_proj_gap'"),
+            std::string::npos);
+  EXPECT_NE(error({"models.actor.galore={rank: 8, scale: -1}"}).find("'models.actor.galore.scale'"), std::string::npos);
+  EXPECT_NE(error({"models.actor.galore={rank: 8, gap: 10}"}).find("models.actor.galore.gap"), std::string::npos);
+  EXPECT_NE(error({"models.actor.galore={rank: 8}", "models.actor.lora={rank: 4}"}).find("models.actor.galore"),
+            std::string::npos);
+  EXPECT_NE(error({"models.reference.galore={rank: 8}"}).find("models.reference.galore"), std::string::npos);
+  EXPECT_NE(error({"models.reward={path: /m, galore: {rank: 8}}"}).find("models.reward.galore"), std::string::npos);
+  EXPECT_EQ(error({"models.critic={init: c.json, galore: {rank: 8}}", "algorithm=ppo"}), "");
+}
+
 // Learning-rate schedules: warmup ramps to 1, then constant, linear to 0 or
 // half a cosine to 0 over the remaining iterations; bad keys are named.
 TEST(JobSpecTest, LearningRateSchedules) {

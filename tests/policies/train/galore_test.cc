@@ -39,9 +39,10 @@ GaloreConfig Config(int64_t rank, int64_t gap = 200, double scale = 0.25) {
 }
 
 std::unique_ptr<GaloreMatrix> Matrix(int64_t rows, int64_t cols, const GaloreConfig& config) {
-  auto m = GaloreMatrix::Create(rows, cols, config, [](const std::vector<int64_t>& shape) -> absl::StatusOr<at::Tensor> {
-    return at::zeros(shape, at::kFloat);
-  });
+  auto m = GaloreMatrix::Create(rows, cols, config,
+                                [](const std::vector<int64_t>& shape) -> absl::StatusOr<at::Tensor> {
+                                  return at::zeros(shape, at::kFloat);
+                                });
   EXPECT_TRUE(m.ok()) << m.status();
   return m.ok() ? std::move(*m) : nullptr;
 }
@@ -90,6 +91,10 @@ TEST(GaloreTest, TopLeftSingularVectorsHoldTheTopSubspacesEnergy) {
     EXPECT_GT(held, (1 - 1e-3) * best) << rows << "x" << cols << " rank " << rank;
     EXPECT_LE(held, best * (1 + 1e-5));
     EXPECT_TRUE(p.equal(TopLeftSingularVectors(g, rank, 42)));
+    // Each column's sign is fixed (its largest entry positive): the same
+    // subspace from -g, as from a nearby gradient, reads alike.
+    EXPECT_TRUE(p.gather(0, p.abs().argmax(0, true)).gt(0).all().item<bool>());
+    EXPECT_LT((TopLeftSingularVectors(-g, rank, 42) - p).abs().max().item<double>(), 1e-4);
   }
   EXPECT_NE(GaloreProjectionKey(1, "model.layers.0.mlp.up_proj.weight", 1),
             GaloreProjectionKey(1, "model.layers.0.mlp.up_proj.weight", 201));
@@ -130,8 +135,7 @@ TEST(GaloreTest, TheIdentityProjectionGivesAdamW) {
     const double w_scale = reference.abs().max().item<double>();
     EXPECT_LT((w - reference).abs().max().item<double>(), 40 * std::ldexp(w_scale, -24)) << rows << "x" << cols;
     EXPECT_LT((galore->exp_avg() - m).abs().max().item<double>(), 4 * std::ldexp(m.abs().max().item<double>(), -24));
-    EXPECT_LT((galore->exp_avg_sq() - v).abs().max().item<double>(),
-              4 * std::ldexp(v.abs().max().item<double>(), -24));
+    EXPECT_LT((galore->exp_avg_sq() - v).abs().max().item<double>(), 4 * std::ldexp(v.abs().max().item<double>(), -24));
   }
 }
 
