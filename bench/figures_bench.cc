@@ -163,6 +163,14 @@ absl::StatusOr<std::string> RunFiguresBench(const FiguresBenchRequest& request) 
     }
   }
   {
+    // GaLore's projection on the host: [r + 8, 4096] x [4096, 4096], fp32.
+    const int64_t k = request.quick ? 1024 : 4096;
+    const at::Tensor p = at::randn({136, k}), g = at::randn({k, k});
+    const double s = BestSeconds([&] { (void)at::mm(p, g); }, budget);
+    f.host_matmul_flops_per_s = 2.0 * 136.0 * static_cast<double>(k) * static_cast<double>(k) / s;
+    table += absl::StrFormat("host matmul fp32 (GaLore)       %10.2f GFLOP/s\n", f.host_matmul_flops_per_s / 1e9);
+  }
+  {
     const at::Tensor a = at::ones({8}), b = at::ones({8});
     f.op_overhead_s = BestSeconds([&] { (void)at::add(a, b); }, budget);
     table += absl::StrFormat("op overhead                     %10.2f us\n", f.op_overhead_s * 1e6);

@@ -85,6 +85,12 @@ double HardwareFigures::NvmeAdamParamsPerSecond() const {
   return std::min(adam_params_per_s, 1.0 / disk_s);
 }
 
+double HardwareFigures::HostMatmulFlops() const {
+  if (host_matmul_flops_per_s > 0) return host_matmul_flops_per_s;
+  const double flops = 2.0 * 1024 * 4096 * 4096;
+  return flops / MatmulSeconds(1024, 4096, 4096, "fp32");
+}
+
 std::string HardwareFigures::ToJson() const {
   json j{{"machine", machine},
          {"matmul_fp32", PointsJson(matmul_fp32)},
@@ -102,6 +108,7 @@ std::string HardwareFigures::ToJson() const {
          {"allreduce_bytes_per_s", allreduce_bytes_per_s},
          {"process_baseline_bytes", process_baseline_bytes}};
   if (nvme_adam_params_per_s > 0) j["nvme_adam_params_per_s"] = nvme_adam_params_per_s;
+  if (host_matmul_flops_per_s > 0) j["host_matmul_flops_per_s"] = host_matmul_flops_per_s;
   return j.dump(2) + "\n";
 }
 
@@ -133,6 +140,7 @@ HardwareFigures BuiltInHardwareFigures() {
   f.adam_params_per_s = 2.205e+09;
   f.device_adam_params_per_s = 3.242e+08;
   f.nvme_adam_params_per_s = 1.428e+08;
+  f.host_matmul_flops_per_s = 1.446e+11;
   f.allreduce_bytes_per_s = 1.529e+09;
   f.process_baseline_bytes = 180682752;
   return f;
@@ -184,6 +192,9 @@ absl::StatusOr<HardwareFigures> ParseHardwareFigures(const std::string& text, co
   if (s.ok()) s = number("adam_params_per_s", &f.adam_params_per_s);
   if (s.ok()) s = number("device_adam_params_per_s", &f.device_adam_params_per_s);
   // Optional: files from before it was measured lack it (derived then).
+  if (s.ok() && j.contains("host_matmul_flops_per_s")) {
+    s = number("host_matmul_flops_per_s", &f.host_matmul_flops_per_s);
+  }
   if (s.ok() && j.contains("nvme_adam_params_per_s")) {
     s = number("nvme_adam_params_per_s", &f.nvme_adam_params_per_s);
   }

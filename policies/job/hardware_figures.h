@@ -47,6 +47,10 @@ struct HardwareFigures {
   // NVMe read and write rates (NvmeAdamParamsPerSecond).
   double nvme_adam_params_per_s = 0.0;
   double allreduce_bytes_per_s = 0.0;  // bytes summed per second over 2 ranks
+  // fp32 matrix products on the host CPU at GaLore's shape (a projection
+  // [136, 4096] times a [4096, 4096] gradient); 0 in figures files written
+  // before it was measured: then the device's fp32 rate (HostMatmulFlops).
+  double host_matmul_flops_per_s = 0.0;
   // Resident bytes of a strata process before it loads a model (libtorch,
   // code, thread stacks), which peak RSS adds to the tiers' figures.
   int64_t process_baseline_bytes = 0;
@@ -58,6 +62,8 @@ struct HardwareFigures {
   // The NVMe-tiled AdamW rate: measured, or derived from the NVMe read and
   // write rates (and no faster than CPU Adam) where a file lacks it.
   double NvmeAdamParamsPerSecond() const;
+  // FLOP/s of the host's fp32 products (GaLore's projections).
+  double HostMatmulFlops() const;
 
   std::string ToJson() const;
 

@@ -61,7 +61,12 @@ ModelFootprint PlanModel(const std::string& role, const LlamaConfig& config, con
                                         : f.parameters;
     // With step_in_backward only the resident tensors keep a gradient.
     f.gradients[T(p.gradients)] += (p.step_in_backward ? resident : f.trained_parameters) * 4;
-    f.optimizer[T(p.optimizer)] += f.trained_parameters * 12;
+    // GaLore: the projected matrices keep a 4-byte master and their small
+    // state (in host memory beside an NVMe optimizer), the rest full Adam.
+    const int64_t projected = model.galore.enabled() ? model.galore.ProjectedParameters(config) : 0;
+    const int64_t small = model.galore.StateElements(config);
+    f.optimizer[T(p.optimizer)] += (f.trained_parameters - projected) * 12 + projected * 4;
+    f.optimizer[T(p.optimizer == offload::Tier::kNvme ? offload::Tier::kHost : p.optimizer)] += small * 4;
   }
   return f;
 }
@@ -182,6 +187,10 @@ struct ModelShape {
   // LoRA: the adapters' parameters (0 without), and what trains: every
   // parameter, or the adapters and a scalar head.
   int64_t adapter_params = 0, trained_params = 0;
+  // GaLore: of this rank's shard, the projected matrices' parameters and
+  // their small state's elements; the floating-point work of a step's
+  // projections, and of a refresh spread over the steps between refreshes.
+  double galore_params = 0, galore_state = 0, galore_step_flops = 0;
   // Served by another model's weights (a LoRA actor's frozen base).
   bool shared = false;
   std::string dtype;
@@ -224,6 +233,14 @@ ModelShape ShapeOf(const PlannedModel& m, const offload::ModelPlacement& placeme
   s.trained_params = 0;
   for (int64_t n : trained_tensors) s.trained_params += n;
   s.shard_params = s.sharded ? FullestShard(trained_tensors, static_cast<int>(workers)) : s.trained_params;
+  if (m.trainable && m.spec.galore.enabled() && s.trained_params > 0) {
+    // A shard holds its share of the projected matrices, as of the rest.
+    const GaloreConfig& g = m.spec.galore;
+    const double share = static_cast<double>(s.shard_params) / static_cast<double>(s.trained_params);
+    s.galore_params = share * static_cast<double>(g.ProjectedParameters(c));
+    s.galore_state = share * static_cast<double>(g.StateElements(c));
+    s.galore_step_flops = share * (g.StepFlops(c) + g.RefreshFlops(c) / static_cast<double>(g.update_proj_gap));
+  }
   s.placement = &placement;
   return s;
 }
@@ -374,18 +391,30 @@ class CostModel {
   }
   // One optimizer step over a rank's shard, and the new weights written home.
   double OptimizerStep(const ModelShape& s) const {
-    const double shard = static_cast<double>(s.shard_params);
+    const double full = static_cast<double>(s.shard_params) - s.galore_params;  // full Adam's
     double t = 0;
     switch (s.placement->optimizer) {
       case offload::Tier::kDevice:
-        t = shard / f_.device_adam_params_per_s;
+        t = full / f_.device_adam_params_per_s;
         break;
       case offload::Tier::kHost:
-        t = shard / f_.adam_params_per_s;
+        t = full / f_.adam_params_per_s;
         break;
       case offload::Tier::kNvme:
-        t = shard / f_.NvmeAdamParamsPerSecond();
+        t = full / f_.NvmeAdamParamsPerSecond();
         break;
+    }
+    if (s.galore_params > 0) {
+      // GaLore's projections (on the device for a device optimizer, else
+      // the host), the direction applied (master, gradient and direction
+      // read, master written), and on NVMe the master's 4 bytes each way.
+      const double flops = s.placement->optimizer == offload::Tier::kDevice
+                               ? f_.MatmulSeconds(1024, 4096, 4096, "fp32") / (2.0 * 1024 * 4096 * 4096)
+                               : 1.0 / f_.HostMatmulFlops();
+      t += s.galore_step_flops * flops + Copy(16.0 * s.galore_params);
+      if (s.placement->optimizer == offload::Tier::kNvme) {
+        t += s.galore_params * (4.0 / f_.nvme_read_bytes_per_s + 4.0 / f_.nvme_write_bytes_per_s);
+      }
     }
     const double layers = static_cast<double>(s.L * s.LayerBytes());
     // Updated layers go home to NVMe; a LoRA base never changes.
@@ -496,13 +525,13 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
       }
       switch (p.optimizer) {
         case offload::Tier::kDevice:
-          resident[kDev] += 16.0 * params;
+          resident[kDev] += 16.0 * params - 8.0 * s.galore_params + 4.0 * s.galore_state;
           break;
         case offload::Tier::kHost:
-          resident[kHost] += grads + 12.0 * shard;
+          resident[kHost] += grads + 12.0 * shard - 8.0 * s.galore_params + 4.0 * s.galore_state;
           break;
         case offload::Tier::kNvme:
-          resident[kHost] += grads + kNvmeAdamStagingBytes;
+          resident[kHost] += grads + kNvmeAdamStagingBytes + 4.0 * s.galore_state;
           // A tile holds one tensor's elements: a model whose largest tensor
           // is under a tile never touches the rest of its staging buffers.
           untouched_staging += static_cast<double>(
@@ -515,8 +544,14 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
             step_scratch = 4.0 * static_cast<double>(s.L * s.layer_params);
             resident[kHost] += step_scratch;
           }
-          resident[kNvme] += 12.0 * shard + 3.0 * kNvmeBlock * (s.L * kTensorsPerLayer + 3);
+          resident[kNvme] += 12.0 * shard - 8.0 * s.galore_params + 3.0 * kNvmeBlock * (s.L * kTensorsPerLayer + 3);
           break;
+      }
+      // GaLore's step holds one matrix's direction (and, on NVMe, its new
+      // weights) at a time: the largest projection's.
+      if (s.galore_params > 0) {
+        step_buffers = std::max(step_buffers, (p.optimizer == offload::Tier::kNvme ? 8.0 : 4.0) *
+                                                  static_cast<double>(s.H) * static_cast<double>(s.I));
       }
       // A GPU with host gradients stages two layers of them in pinned memory.
       if (!cpu_device && p.gradients == offload::Tier::kHost) resident[kHost] += 2.0 * 4.0 * layer_trained;
@@ -758,37 +793,67 @@ FitResult FitJob(const JobSpec& spec, const std::vector<PlannedModel>& models, c
   FitResult result;
   double nearest = 1e300;
   std::vector<JobPrediction> fits;
-  std::vector<size_t> pick(models.size(), 0);
   JobSpec trial = spec;
-  std::vector<PlannedModel> placed = models;
-  while (true) {
-    for (size_t i = 0; i < models.size(); ++i) placed[i].spec.placement = options[i][pick[i]];
-    for (auto& m : placed) {
-      if (m.shares_base_of.empty()) continue;
-      for (const auto& owner : placed) {
-        if (owner.role == m.shares_base_of) m.spec.placement = owner.spec.placement;
+  // Every combination of the models' options and micro-batches, with the
+  // models' GaLore settings as `base` has them.
+  auto search = [&](const std::vector<PlannedModel>& base) {
+    std::vector<size_t> pick(models.size(), 0);
+    std::vector<PlannedModel> placed = base;
+    while (true) {
+      for (size_t i = 0; i < models.size(); ++i) placed[i].spec.placement = options[i][pick[i]];
+      for (auto& m : placed) {
+        if (m.shares_base_of.empty()) continue;
+        for (const auto& owner : placed) {
+          if (owner.role == m.shares_base_of) m.spec.placement = owner.spec.placement;
+        }
       }
-    }
-    bool any_step_in_backward = false;
-    for (const auto& m : placed) any_step_in_backward |= m.spec.placement.step_in_backward;
-    for (int64_t micro : micros) {
-      if (any_step_in_backward && micro > 0 && micro < rows) continue;
-      trial.train.micro_batch_size = micro;
-      JobPrediction p = PredictJob(trial, placed, figures, workers);
-      ++result.tried;
-      std::string tier;
-      double over = 0;
-      if (Fits(p, hardware, &tier, &over)) {
-        fits.push_back(std::move(p));
-      } else if (fits.empty() && over < nearest) {
-        nearest = over;
-        result.binding_tier = tier;
-        result.chosen = std::move(p);
+      bool any_step_in_backward = false;
+      for (const auto& m : placed) any_step_in_backward |= m.spec.placement.step_in_backward;
+      for (int64_t micro : micros) {
+        if (any_step_in_backward && micro > 0 && micro < rows) continue;
+        trial.train.micro_batch_size = micro;
+        JobPrediction p = PredictJob(trial, placed, figures, workers);
+        ++result.tried;
+        std::string tier;
+        double over = 0;
+        if (Fits(p, hardware, &tier, &over)) {
+          fits.push_back(std::move(p));
+        } else if (fits.empty() && over < nearest) {
+          nearest = over;
+          result.binding_tier = tier;
+          result.chosen = std::move(p);
+        }
       }
+      size_t i = 0;
+      while (i < pick.size() && ++pick[i] == options[i].size()) pick[i++] = 0;
+      if (i == pick.size()) break;
     }
-    size_t i = 0;
-    while (i < pick.size() && ++pick[i] == options[i].size()) pick[i++] = 0;
-    if (i == pick.size()) break;
+  };
+  search(models);
+  // Nothing fits with full Adam: GaLore shrinks the optimizer state of the
+  // models that train every parameter, at the largest rank that fits (the
+  // closest to full Adam).
+  std::vector<size_t> full_adam;
+  for (size_t i = 0; i < models.size(); ++i) {
+    const PlannedModel& m = models[i];
+    if (m.trainable && m.shares_base_of.empty() && !m.spec.trains_adapters() && !m.spec.galore.enabled()) {
+      full_adam.push_back(i);
+    }
+  }
+  for (int64_t rank = 1024; fits.empty() && !full_adam.empty() && rank >= 32; rank /= 2) {
+    std::vector<PlannedModel> with = models;
+    bool smaller = true;  // a rank at or above a matrix's side saves nothing
+    for (size_t i : full_adam) {
+      with[i].spec.galore.rank = rank;
+      const LlamaConfig& c = with[i].config;
+      const GaloreConfig& g = with[i].spec.galore;
+      smaller = smaller && 4 * g.ProjectedParameters(c) + 4 * g.StateElements(c) < 12 * g.ProjectedParameters(c);
+    }
+    if (!smaller) continue;
+    search(with);
+    for (JobPrediction& p : fits) {
+      for (size_t i : full_adam) p.galore_rank[models[i].role] = rank;
+    }
   }
   if (fits.empty()) return result;
   // Fastest first; on a tie, the smaller host footprint.
@@ -815,6 +880,9 @@ std::vector<std::string> PredictionOverrides(const JobPrediction& prediction) {
     out.push_back(absl::StrCat(key, "optimizer=", offload::TierName(p.optimizer)));
     out.push_back(absl::StrCat(key, "gradients=", offload::TierName(p.gradients)));
     out.push_back(absl::StrCat(key, "step_in_backward=", p.step_in_backward ? "true" : "false"));
+    if (auto rank = prediction.galore_rank.find(role); rank != prediction.galore_rank.end()) {
+      out.push_back(absl::StrCat("models.", role, ".galore={rank: ", rank->second, "}"));
+    }
   }
   out.push_back(absl::StrCat("train.micro_batch_size=", prediction.micro_batch_size));
   const int64_t arena_mib = (prediction.peak[kHost] + prediction.peak[kHost] / 10 + (1 << 20) - 1) >> 20;

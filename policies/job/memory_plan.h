@@ -85,6 +85,9 @@ struct JobPrediction {
   // have no placement of their own.
   std::map<std::string, std::string> shares_base_of;
   int64_t micro_batch_size = 0;  // as train.micro_batch_size: 0 is the whole batch
+  // Roles FitJob put GaLore on because nothing fit with full Adam, and its
+  // rank (the spec's own galore settings are not listed).
+  std::map<std::string, int64_t> galore_rank;
   // "rollout", "score", "update" (RL) or "update" alone (SFT, reward model).
   std::map<std::string, PhasePrediction> phases;
   std::array<int64_t, 3> peak{};  // the largest of the phases
@@ -130,13 +133,16 @@ struct FitResult {
 // Tries every supported placement of every model (weights device / host /
 // nvme; optimizer device / host / nvme; prefetch 1 or 2; step_in_backward
 // where the spec allows it) and, unless `vary_micro_batch` is false,
-// micro-batch sizes from the spec's down to 1.
+// micro-batch sizes from the spec's down to 1. When nothing fits, tries
+// again with GaLore on every model that trains in full without it, at the
+// largest rank of 1024, 512, ..., 32 that fits (chosen.galore_rank says so).
 FitResult FitJob(const JobSpec& spec, const std::vector<PlannedModel>& models, const HardwareFigures& figures,
                  const Hardware& hardware, int64_t workers, bool vary_micro_batch = true);
 
 // The spec overrides ("models.actor.placement.weights=host", ...) that turn
-// a spec into the prediction's: placements, train.micro_batch_size, and
-// memory.host_mib set to what the arena needs with 10% to spare.
+// a spec into the prediction's: placements, GaLore where the fit added it,
+// train.micro_batch_size, and memory.host_mib set to what the arena needs
+// with 10% to spare.
 std::vector<std::string> PredictionOverrides(const JobPrediction& prediction);
 
 }  // namespace strata::policies

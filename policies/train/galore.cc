@@ -69,8 +69,8 @@ absl::StatusOr<std::unique_ptr<GaloreMatrix>> GaloreMatrix::Create(int64_t rows,
   return m;
 }
 
-at::Tensor GaloreMatrix::Direction(const at::Tensor& grad, int64_t step, const offload::AdamOptions& adam,
-                                   uint64_t key) {
+at::Tensor GaloreMatrix::Direction(const at::Tensor& grad, int64_t step, const offload::AdamOptions& adam, uint64_t key,
+                                   at::Tensor out) {
   c10::NoGradGuard no_grad;
   const at::Tensor g = grad.view({rows_, cols_});
   if (RefreshDue(step)) {
@@ -85,9 +85,14 @@ at::Tensor GaloreMatrix::Direction(const at::Tensor& grad, int64_t step, const o
   exp_avg_sq_.mul_(adam.beta2).addcmul_(low, low, 1 - adam.beta2);
   const at::Tensor denom = (exp_avg_sq_.sqrt() / std::sqrt(bias2)).add_(adam.eps);
   const at::Tensor normalised = exp_avg_.div(denom).div_(bias1);
-  at::Tensor back = projects_rows() ? at::matmul(projection_, normalised) : at::matmul(normalised, projection_.t());
-  if (config_.scale != 1.0) back.mul_(config_.scale);
-  return back;
+  if (!out.defined()) out = at::empty({rows_, cols_}, normalised.options());
+  if (projects_rows()) {
+    at::mm_out(out, projection_, normalised);
+  } else {
+    at::mm_out(out, normalised, projection_.t());
+  }
+  if (config_.scale != 1.0) out.mul_(config_.scale);
+  return out;
 }
 
 absl::Status GaloreMatrix::SetProjection(const at::Tensor& projection) {

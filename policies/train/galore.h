@@ -58,7 +58,10 @@ class GaloreMatrix {
   // projection from `grad` when due (with `key`), projects the gradient,
   // updates the moments as torch's Adam does at `step` (its bias
   // corrections), and projects the normalised moment back, times scale.
-  at::Tensor Direction(const at::Tensor& grad, int64_t step, const offload::AdamOptions& adam, uint64_t key);
+  // With `out` ([rows, cols] fp32 on that device) the direction is written
+  // there and returned: a caller's pooled buffer, not a fresh allocation.
+  at::Tensor Direction(const at::Tensor& grad, int64_t step, const offload::AdamOptions& adam, uint64_t key,
+                       at::Tensor out = at::Tensor());
 
   // Sets the projection (a checkpoint's, or a test's); INVALID_ARGUMENT
   // when its shape is not projection()'s.

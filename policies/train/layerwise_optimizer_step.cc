@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <future>
 #include <map>
 #include <span>
 #include <utility>
@@ -74,9 +75,16 @@ absl::Status LayerwiseTrainerImpl::StepLayer(int64_t l, const std::vector<at::Te
   return status;
 }
 
-at::Tensor LayerwiseTrainerImpl::GaloreDirection(ParamState& p, const at::Tensor& grad) {
+at::Tensor LayerwiseTrainerImpl::GaloreDirection(ParamState& p, const at::Tensor& grad, at::Tensor out) {
   const int64_t step = ++p.step;
-  return p.galore->Direction(grad, step, adam_->options(), GaloreProjectionKey(options_.galore_seed, p.name, step));
+  return p.galore->Direction(grad, step, adam_->options(), GaloreProjectionKey(options_.galore_seed, p.name, step),
+                             std::move(out));
+}
+
+absl::StatusOr<offload::HostBuffer> LayerwiseTrainerImpl::GaloreHostDirection(ParamState& p) {
+  STRATA_ASSIGN_OR_RETURN(auto buffer, arena_->Allocate(static_cast<size_t>(p.numel) * sizeof(float)));
+  GaloreDirection(p, HostView(p.grad, p.numel), HostView(buffer, p.numel).view(p.shape));
+  return buffer;
 }
 
 absl::Status LayerwiseTrainerImpl::HostStep(const std::vector<ParamState*>& params) {
@@ -88,11 +96,11 @@ absl::Status LayerwiseTrainerImpl::HostStep(const std::vector<ParamState*>& para
     if (p.galore != nullptr) {
       // One matrix at a time: its full-size direction is the step's only
       // temporary of the parameter's size.
-      const at::Tensor direction = GaloreDirection(p, HostView(p.grad, p.numel)).reshape({-1}).contiguous();
+      STRATA_ASSIGN_OR_RETURN(const offload::HostBuffer direction, GaloreHostDirection(p));
       offload::DirectionSpan span;
       span.name = p.name;
       span.param = p.master.floats().first(static_cast<size_t>(p.numel));
-      span.direction = {direction.data_ptr<float>(), static_cast<size_t>(p.numel)};
+      span.direction = direction.floats().first(static_cast<size_t>(p.numel));
       STRATA_RETURN_IF_ERROR(adam_->ApplyDirection({&span, 1}));
       write_back.push_back(&p);
       continue;
@@ -158,26 +166,46 @@ absl::Status LayerwiseTrainerImpl::NvmeStep(const std::vector<ParamState*>& para
   for (const auto& [p, scratch] : write_back) {
     STRATA_RETURN_IF_ERROR(WriteBack(*p, HostView(scratch, p->numel)));
   }
-  // GaLore matrices: the direction, then the master's tiles stream through
-  // ApplyDirection (4 bytes each way per parameter instead of 12).
+  // GaLore matrices: the master's tiles stream through ApplyDirection (4
+  // bytes each way per parameter instead of 12) on a helper thread while
+  // the next matrix's direction is computed here.
+  struct InFlight {
+    ParamState* p = nullptr;
+    offload::HostBuffer direction, scratch;
+    offload::NvmeAdamUpdate update;
+    std::future<absl::Status> done;  // last: destroyed first, waiting for the stream
+  };
+  std::unique_ptr<InFlight> flight;
+  auto land = [&]() -> absl::Status {
+    std::unique_ptr<InFlight> landed = std::move(flight);
+    STRATA_RETURN_IF_ERROR(landed->done.get());
+    ParamState& p = *landed->p;
+    STRATA_RETURN_IF_ERROR(WriteBack(p, HostView(landed->scratch, p.numel)));
+    if (sharded_) {
+      updated[&p] = HostView(landed->scratch, p.numel);
+      write_back.emplace_back(&p, std::move(landed->scratch));  // kept until the broadcast
+    }
+    return absl::OkStatus();
+  };
   for (ParamState* held : params) {
     ParamState& p = *held;
     if (p.galore == nullptr) continue;
     const size_t n = static_cast<size_t>(p.numel);
-    const at::Tensor direction = GaloreDirection(p, HostView(p.grad, p.numel)).reshape({-1}).contiguous();
-    offload::NvmeAdamUpdate update;
-    update.name = p.name;
-    update.direction = {direction.data_ptr<float>(), n};
-    update.step = p.step;
-    STRATA_ASSIGN_OR_RETURN(auto scratch, arena_->Allocate(n * sizeof(float)));
-    update.out_fp32 = scratch.floats().first(n);
-    STRATA_RETURN_IF_ERROR(nvme_adam_->Step({&update, 1}));
-    STRATA_RETURN_IF_ERROR(WriteBack(p, HostView(scratch, p.numel)));
-    if (sharded_) {
-      updated[&p] = HostView(scratch, p.numel);
-      write_back.emplace_back(&p, std::move(scratch));  // keeps it until the broadcast
-    }
+    auto next = std::make_unique<InFlight>();
+    next->p = &p;
+    STRATA_ASSIGN_OR_RETURN(next->direction, GaloreHostDirection(p));
+    STRATA_ASSIGN_OR_RETURN(next->scratch, arena_->Allocate(n * sizeof(float)));
+    if (flight != nullptr) STRATA_RETURN_IF_ERROR(land());
+    next->update.name = p.name;
+    next->update.direction = next->direction.floats().first(n);
+    next->update.step = p.step;
+    next->update.out_fp32 = next->scratch.floats().first(n);
+    flight = std::move(next);
+    flight->done = std::async(std::launch::async, [this, update = &flight->update] {
+      return nvme_adam_->Step({update, 1});
+    });
   }
+  if (flight != nullptr) STRATA_RETURN_IF_ERROR(land());
   if (!sharded_) return absl::OkStatus();
   return BroadcastUpdatedWeights([&](const ParamState& p) { return updated.at(&p); });
 }

@@ -127,8 +127,12 @@ class LayerwiseTrainerImpl final : public LayerwiseTrainer {
   // The optimizer over `params` (all of them: every held parameter).
   absl::Status HostStep(const std::vector<ParamState*>& params);
   // GaLore's step of one matrix: its direction from the gradient (the
-  // projection refreshed when due), the step number advanced.
-  at::Tensor GaloreDirection(ParamState& p, const at::Tensor& grad);
+  // projection refreshed when due), the step number advanced; into `out`
+  // when given.
+  at::Tensor GaloreDirection(ParamState& p, const at::Tensor& grad, at::Tensor out = at::Tensor());
+  // Host and NVMe optimizers: the direction in a buffer from the arena
+  // (pooled: the same sizes recur every step, so no page is faulted twice).
+  absl::StatusOr<offload::HostBuffer> GaloreHostDirection(ParamState& p);
   // The GaLore state of a decoder-layer matrix, where the optimizer lives.
   absl::Status AllocateGalore(ParamState& state);
   absl::Status NvmeStep(const std::vector<ParamState*>& params);

@@ -38,6 +38,7 @@ json PredictionJson(const JobPrediction& p) {
         {"step_in_backward", placement.step_in_backward},      {"trainable", Trained(p, role)}};
   }
   for (const auto& [role, owner] : p.shares_base_of) j["shares_base_of"][role] = owner;
+  for (const auto& [role, rank] : p.galore_rank) j["galore_rank"][role] = rank;
   j["micro_batch_size"] = p.micro_batch_size;
   j["peak_bytes"] = PeakJson(p.peak);
   j["process_rss_bytes"] = p.process_rss_bytes;
@@ -177,6 +178,10 @@ absl::StatusOr<std::string> RunPlan(const PlanOptions& options) {
     if (fit.fits) {
       text += absl::StrFormat("  fits %s: the fastest of %d placements that fit (%d tried):\n", options.fit,
                               fit.candidates.size() + 1, fit.tried);
+      for (const auto& [role, rank] : fit.chosen.galore_rank) {
+        text += absl::StrFormat("  only with GaLore: nothing fits with full Adam; models.%s.galore={rank: %d}\n", role,
+                                rank);
+      }
     } else {
       text += absl::StrFormat("  does NOT fit %s: no placement of the %d tried; %s binds. The nearest miss:\n",
                               options.fit, fit.tried, fit.binding_tier);

@@ -19,11 +19,14 @@
 #include <thread>
 
 #include <grpcpp/health_check_service_interface.h>
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "base/file.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
+#include "policies/checkpoint/safetensors.h"
 #include "services/coordinator/service_bench.h"
 #include "services/driver/job_runner.h"
 #include "services/rpc/auth.h"
@@ -1072,6 +1075,33 @@ TEST_F(ServiceTest, ALoraGangMatchesOneWorkerAndWritesAnAdapter) {
     EXPECT_TRUE(IsRegularFile(dir_.Join(std::string("lora2/") + file))) << file;
   }
   EXPECT_FALSE(IsRegularFile(dir_.Join("lora2/model.safetensors")));
+}
+
+// GaLore through the service: a two-worker ReMax gang (each projection and
+// its moments on the rank that owns the tensor) takes the update one worker
+// takes, and the gang's checkpoint carries the projections.
+TEST_F(ServiceTest, AGaloreGangMatchesOneWorkerThroughTheService) {
+  std::vector<std::string> set = {"models.actor.galore={rank: 4, update_proj_gap: 2}"};
+  v1::Job one, two;
+  ASSERT_TRUE(Submit(Spec(2, "galore1", 2), &one, "", set).ok());
+  ASSERT_EQ(Watch(one.id(), Ended).back().state(), v1::SUCCEEDED) << Get(one.id()).error_message();
+  set.push_back("parallel.workers=2");
+  ASSERT_TRUE(Submit(Spec(2, "galore2", 2), &two, "", set).ok());
+  ASSERT_EQ(Watch(two.id(), Ended).back().state(), v1::SUCCEEDED) << Get(two.id()).error_message();
+  const auto want = testing::RunMetrics(dir_.Join("galore1/metrics.jsonl"));
+  const auto got = testing::RunMetrics(dir_.Join("galore2/metrics.jsonl"));
+  ASSERT_EQ(want.size(), 2u);
+  // The first iteration's update; past it sampling parts the runs over float
+  // noise (DataParallelTest.WithGaloreTwoRanksMatchOneRank).
+  testing::ExpectSameMetrics(want, got, {.sequences = 4, .ppo_epochs = 2}, "galore2", /*compared_iterations=*/1);
+  int projections = 0;
+  for (int rank : {0, 1}) {
+    auto state = policies::SafetensorsFile::Open(
+        dir_.Join(absl::StrCat("galore2/checkpoints/iter-000002/actor/optimizer-rank", rank, "-of-2.safetensors")));
+    ASSERT_TRUE(state.ok()) << state.status();
+    for (const auto& view : (*state)->tensors()) projections += absl::EndsWith(view.name, ".galore_projection");
+  }
+  EXPECT_EQ(projections, 7 * 4);  // every projection of the 4 layers, on one rank or the other
 }
 
 // Workers whose operator allows a loopback reward server (any port: the

@@ -178,6 +178,62 @@ TEST(MemoryPlanTest, LoraTrainsTheAdaptersAndTheReferenceIsTheActorsBase) {
     EXPECT_EQ(o.find("models.reference"), std::string::npos) << o;
 }
 
+// GaLore: the projected matrices keep a 4-byte master and their small state
+// (in the host arena beside NVMe masters); everything else full Adam.
+TEST(MemoryPlanTest, GaloreShrinksTheOptimizerStateOnEveryTier) {
+  const JobSpec spec = Spec("remax", {"models.actor.galore={rank: 32}"});
+  auto models = JobModels(spec);
+  ASSERT_TRUE(models.ok()) << models.status();
+  const LlamaConfig& c = models->at(0).config;
+  const int64_t projected = spec.actor.galore.ProjectedParameters(c);
+  const int64_t small = spec.actor.galore.StateElements(c);
+  ASSERT_GT(projected, 0);
+  ModelSpec model = spec.actor;
+  const int64_t params = PlanModel("actor", c, model, true, false).trained_parameters;
+  EXPECT_EQ(PlanModel("actor", c, model, true, false).optimizer[1],
+            12 * (params - projected) + 4 * projected + 4 * small);
+  model.placement.optimizer = offload::Tier::kNvme;
+  const ModelFootprint nvme = PlanModel("actor", c, model, true, false);
+  EXPECT_EQ(nvme.optimizer[2], 12 * (params - projected) + 4 * projected);
+  EXPECT_EQ(nvme.optimizer[1], 4 * small);
+  // Predicted: the host holds the small state instead of the moments.
+  const JobPrediction with = PredictJob(spec, *models, Figures(), 1);
+  const JobSpec full_spec = Spec("remax");
+  const JobPrediction full = PredictJob(full_spec, *JobModels(full_spec), Figures(), 1);
+  EXPECT_LT(with.peak[1], full.peak[1]);
+  EXPECT_GT(with.phases.at("update").seconds, 0.0);
+}
+
+// When nothing fits with full Adam, a fit puts GaLore on the models that
+// train in full, at the largest rank that fits, and says so in the spec it
+// writes.
+TEST(MemoryPlanTest, FitTurnsToGaloreWhenFullAdamFitsNowhere) {
+  const JobSpec spec = Spec("ppo");
+  auto models = JobModels(spec);
+  ASSERT_TRUE(models.ok()) << models.status();
+  Hardware hw;
+  hw.cpu_device = true;
+  hw.host_bytes = 64 * kGiB;
+  const FitResult roomy = FitJob(spec, *models, Figures(), hw, 1);
+  ASSERT_TRUE(roomy.fits);
+  EXPECT_TRUE(roomy.chosen.galore_rank.empty());
+  int64_t least = roomy.chosen.process_rss_bytes;
+  for (const auto& c : roomy.candidates) least = std::min(least, c.process_rss_bytes);
+  hw.host_bytes = least - 1;  // no placement of full Adam fits
+  const FitResult fit = FitJob(spec, *models, Figures(), hw, 1);
+  ASSERT_TRUE(fit.fits) << fit.binding_tier;
+  ASSERT_EQ(fit.chosen.galore_rank.size(), 2u);  // the actor and the critic
+  const int64_t rank = fit.chosen.galore_rank.at("actor");
+  EXPECT_GE(rank, 32);
+  EXPECT_LE(fit.chosen.process_rss_bytes, hw.host_bytes);
+  const std::vector<std::string> overrides = PredictionOverrides(fit.chosen);
+  EXPECT_NE(std::find(overrides.begin(), overrides.end(), "models.critic.galore={rank: " + std::to_string(rank) + "}"),
+            overrides.end());
+  const JobSpec chosen = Spec("ppo", overrides);
+  EXPECT_EQ(chosen.actor.galore.rank, rank);
+  EXPECT_EQ(PredictJob(chosen, *JobModels(chosen), Figures(), 1).peak, fit.chosen.peak);
+}
+
 // Models load one at a time: a model's tensors are read whole, then its
 // streamed layers go home and only what it keeps stays. With every model's
 // layers on NVMe (and the actor stepping each layer in its backward, so no
