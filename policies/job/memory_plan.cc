@@ -473,9 +473,9 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
 
   // State that lives through every phase.
   std::array<double, 3> resident{};
-  // step_in_backward: one layer's gradient buffer (and, for NVMe-homed
-  // layers, the scratch their new fp32 weights wait in), which the arena
-  // keeps pooled between steps and the trained models share (measured).
+  // The buffers of a step (step_in_backward's layer, GaLore's directions),
+  // which the arena keeps pooled between steps and the trained models
+  // share (measured): the largest model's.
   double step_buffers = 0.0;
   // Arena bytes reserved but never written, so never resident.
   double untouched_staging = 0.0;
@@ -517,12 +517,23 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
         const double others = static_cast<double>(workers - 1) / static_cast<double>(workers);
         grads = 4.0 * shard + 2.0 * 4.0 * layer_trained * others;
       }
+      // What this model's step holds besides: one layer's gradient with
+      // step_in_backward (and its new weights' scratch for NVMe-homed
+      // layers); GaLore's directions of its largest projection (one on the
+      // host; on NVMe two matrices' direction and new weights, one
+      // streaming while the next is computed).
+      double step_held = 0.0;
       if (p.step_in_backward) {
         grads = 4.0 * static_cast<double>(s.resident_params);
         const double layer = 4.0 * static_cast<double>(s.layer_params);
         const bool scratch = p.optimizer == offload::Tier::kNvme && p.weights == offload::Tier::kNvme;
-        step_buffers = std::max(step_buffers, layer * (scratch ? 2.0 : 1.0));
+        step_held += layer * (scratch ? 2.0 : 1.0);
       }
+      if (s.galore_params > 0) {
+        step_held += (p.optimizer == offload::Tier::kNvme ? 16.0 : 4.0) * static_cast<double>(s.H) *
+                     static_cast<double>(s.I);
+      }
+      step_buffers = std::max(step_buffers, step_held);
       switch (p.optimizer) {
         case offload::Tier::kDevice:
           resident[kDev] += 16.0 * params - 8.0 * s.galore_params + 4.0 * s.galore_state;
@@ -546,12 +557,6 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
           }
           resident[kNvme] += 12.0 * shard - 8.0 * s.galore_params + 3.0 * kNvmeBlock * (s.L * kTensorsPerLayer + 3);
           break;
-      }
-      // GaLore's step holds one matrix's direction (and, on NVMe, its new
-      // weights) at a time: the largest projection's.
-      if (s.galore_params > 0) {
-        step_buffers = std::max(step_buffers, (p.optimizer == offload::Tier::kNvme ? 8.0 : 4.0) *
-                                                  static_cast<double>(s.H) * static_cast<double>(s.I));
       }
       // A GPU with host gradients stages two layers of them in pinned memory.
       if (!cpu_device && p.gradients == offload::Tier::kHost) resident[kHost] += 2.0 * 4.0 * layer_trained;
@@ -795,8 +800,9 @@ FitResult FitJob(const JobSpec& spec, const std::vector<PlannedModel>& models, c
   std::vector<JobPrediction> fits;
   JobSpec trial = spec;
   // Every combination of the models' options and micro-batches, with the
-  // models' GaLore settings as `base` has them.
-  auto search = [&](const std::vector<PlannedModel>& base) {
+  // models' GaLore settings as `base` has them (`galore_rank`: those the
+  // fit added, recorded in each prediction).
+  auto search = [&](const std::vector<PlannedModel>& base, const std::map<std::string, int64_t>& galore_rank) {
     std::vector<size_t> pick(models.size(), 0);
     std::vector<PlannedModel> placed = base;
     while (true) {
@@ -813,6 +819,7 @@ FitResult FitJob(const JobSpec& spec, const std::vector<PlannedModel>& models, c
         if (any_step_in_backward && micro > 0 && micro < rows) continue;
         trial.train.micro_batch_size = micro;
         JobPrediction p = PredictJob(trial, placed, figures, workers);
+        p.galore_rank = galore_rank;
         ++result.tried;
         std::string tier;
         double over = 0;
@@ -829,7 +836,7 @@ FitResult FitJob(const JobSpec& spec, const std::vector<PlannedModel>& models, c
       if (i == pick.size()) break;
     }
   };
-  search(models);
+  search(models, {});
   // Nothing fits with full Adam: GaLore shrinks the optimizer state of the
   // models that train every parameter, at the largest rank that fits (the
   // closest to full Adam).
@@ -842,18 +849,16 @@ FitResult FitJob(const JobSpec& spec, const std::vector<PlannedModel>& models, c
   }
   for (int64_t rank = 1024; fits.empty() && !full_adam.empty() && rank >= 32; rank /= 2) {
     std::vector<PlannedModel> with = models;
+    std::map<std::string, int64_t> added;
     bool smaller = true;  // a rank at or above a matrix's side saves nothing
     for (size_t i : full_adam) {
       with[i].spec.galore.rank = rank;
+      added[models[i].role] = rank;
       const LlamaConfig& c = with[i].config;
       const GaloreConfig& g = with[i].spec.galore;
       smaller = smaller && 4 * g.ProjectedParameters(c) + 4 * g.StateElements(c) < 12 * g.ProjectedParameters(c);
     }
-    if (!smaller) continue;
-    search(with);
-    for (JobPrediction& p : fits) {
-      for (size_t i : full_adam) p.galore_rank[models[i].role] = rank;
-    }
+    if (smaller) search(with, added);
   }
   if (fits.empty()) return result;
   // Fastest first; on a tie, the smaller host footprint.

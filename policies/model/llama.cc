@@ -10,6 +10,7 @@
 #include "base/status_macros.h"
 #include "policies/checkpoint/safetensors.h"
 #include "policies/checkpoint/tensor_io.h"
+#include "policies/model/blocked_attention.h"
 #include "policies/model/layer_source.h"
 #include "policies/model/lora.h"
 
@@ -144,7 +145,7 @@ at::Tensor PositionIdsFromMask(const at::Tensor& attention_mask) {
 }
 
 LayerContext MakeLayerContext(const LlamaConfig& config, const at::Tensor& attention_mask, int64_t new_tokens,
-                              at::ScalarType dtype) {
+                              at::ScalarType dtype, AttentionKind attention) {
   const int64_t s = attention_mask.size(1);
   const int64_t t = new_tokens;
   TORCH_CHECK(t <= s, "attention mask covers ", s, " positions, fewer than the ", t, " new tokens");
@@ -155,6 +156,10 @@ LayerContext MakeLayerContext(const LlamaConfig& config, const at::Tensor& atten
   ctx.cos = emb.cos().to(dtype);
   ctx.sin = emb.sin().to(dtype);
 
+  ctx.key_real = attention_mask.to(at::kBool);
+  if (attention == AttentionKind::kBlocked || (attention == AttentionKind::kAuto && t * s >= kBlockedAttentionScores)) {
+    return ctx;
+  }
   // Query i (absolute position s - t + i) sees key j when j <= s - t + i,
   // within the sliding window if there is one (j > s - t + i - window), and
   // key j is a real token. A large finite negative (not -inf) keeps rows that
@@ -212,6 +217,12 @@ at::Tensor DecoderLayerForward(const LlamaConfig& config, const LlamaLayerWeight
   at::Tensor v = heads(w.v_proj, w.v_bias, at::Tensor(), n_kv, LoraModule::kV);
   at::Tensor attended;
   if (cache != nullptr) attended = cache->AppendAndAttend(layer_index, q, k, v, config.sliding_window);
+  if (!attended.defined() && !ctx.attention_bias.defined()) {
+    if (cache != nullptr) std::tie(k, v) = cache->Append(layer_index, k, v);
+    BlockedAttentionOptions blocked;
+    blocked.window = config.sliding_window;
+    attended = BlockedAttention(q, k, v, ctx.key_real, blocked).transpose(1, 2).reshape({b, t, n_h * d});
+  }
   if (!attended.defined()) {
     if (cache != nullptr) std::tie(k, v) = cache->Append(layer_index, k, v);
     const int64_t s = k.size(2);

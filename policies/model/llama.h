@@ -110,17 +110,26 @@ class DenseKvCache final : public KvCache {
   int64_t length_ = 0;
 };
 
+// How a forward pass without a paged cache attends: the whole [T, S] score
+// matrix at once, or blocks of it with an online softmax (working memory
+// linear in the sequence: policies/model/blocked_attention.h). kAuto takes
+// the blocks once T x S reaches kBlockedAttentionScores.
+enum class AttentionKind { kAuto, kMaterialised, kBlocked };
+inline constexpr int64_t kBlockedAttentionScores = int64_t{1} << 20;
+
 // Per-call inputs that every layer shares.
 struct LayerContext {
   at::Tensor cos, sin;        // [B, T, d], model dtype
-  at::Tensor attention_bias;  // [B, 1, 1, T, S] additive, 0 or a large negative
+  at::Tensor attention_bias;  // [B, 1, 1, T, S] additive, 0 or a large negative; undefined when blocked
+  at::Tensor key_real;        // [B, S] bool: the real tokens (blocked attention's mask)
 };
 
 // Builds rotary tables and the causal + padding mask for a step.
 // `attention_mask` is [B, S] (1 for real tokens, 0 for padding) and covers
-// the cached tokens plus the T new ones.
+// the cached tokens plus the T new ones. Blocked attention builds its mask
+// per block, so it gets no attention_bias.
 LayerContext MakeLayerContext(const LlamaConfig& config, const at::Tensor& attention_mask, int64_t new_tokens,
-                              at::ScalarType dtype);
+                              at::ScalarType dtype, AttentionKind attention = AttentionKind::kAuto);
 
 // Position of every token: the count of real tokens before it, so that
 // left padding does not shift positions (HF convention). [B, S] int64.

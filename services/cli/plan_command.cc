@@ -185,6 +185,9 @@ absl::StatusOr<std::string> RunPlan(const PlanOptions& options) {
     } else {
       text += absl::StrFormat("  does NOT fit %s: no placement of the %d tried; %s binds. The nearest miss:\n",
                               options.fit, fit.tried, fit.binding_tier);
+      for (const auto& [role, rank] : fit.chosen.galore_rank) {
+        text += absl::StrFormat("  (with GaLore the fit tried: models.%s.galore={rank: %d})\n", role, rank);
+      }
     }
     text += PredictionText(fit.chosen);
     for (size_t i = 0; i < fit.candidates.size() && i < 3; ++i) {

@@ -1,0 +1,128 @@
+// Blocked attention against the materialised one (the decoder's own
+// formula: scores, a finite additive mask, an fp32 softmax), forward and
+// backward, with grouped queries, padding, a window, fewer queries than keys
+// and blocks that do not divide the sequence, and in every family's decoder
+// layer. Its working memory: tests/policies/train/attention_memory_test.cc.
+#include "policies/model/blocked_attention.h"
+
+#include <c10/core/GradMode.h>
+
+#include <cmath>
+#include <limits>
+
+#include "gtest/gtest.h"
+#include "policies/model/llama.h"
+#include "tests/policies/model/tiny_config.h"
+
+namespace strata::policies {
+namespace {
+
+// What DecoderLayerForward computes without a cache.
+at::Tensor Materialised(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_real,
+                        int64_t window) {
+  const int64_t b = q.size(0), hq = q.size(1), t = q.size(2), d = q.size(3), hkv = k.size(1), s = k.size(2);
+  const at::Tensor query_pos = at::arange(s - t, s, at::kLong).unsqueeze(1);
+  const at::Tensor key_pos = at::arange(0, s, at::kLong).unsqueeze(0);
+  at::Tensor allowed = key_pos.le(query_pos);
+  if (window > 0) allowed = allowed.logical_and(key_pos.gt(query_pos - window));
+  allowed = allowed.unsqueeze(0).logical_and(key_real.unsqueeze(1));
+  const at::Tensor bias = at::zeros(allowed.sizes(), at::kFloat)
+                              .masked_fill(allowed.logical_not(), std::numeric_limits<float>::lowest())
+                              .view({b, 1, 1, t, s});
+  const at::Tensor scores =
+      (at::matmul(q.reshape({b, hkv, -1, d}), k.transpose(-1, -2)) / std::sqrt(static_cast<double>(d)))
+          .view({b, hkv, hq / hkv, t, s}) +
+      bias;
+  return at::matmul(at::softmax(scores, -1, at::kFloat).view({b, hkv, -1, s}), v).view({b, hq, t, d});
+}
+
+struct Case {
+  const char* name;
+  int64_t b, hq, hkv, t, s, d, window, query_block, key_block;
+  std::vector<int64_t> pads;  // left padding of each row
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+class BlockedAttentionTest : public ::testing::TestWithParam<Case> {};
+
+// Outputs and the gradients of q, k and v under a loss over the real
+// queries: the materialised attention's, to fp32 rounding.
+TEST_P(BlockedAttentionTest, EqualsTheMaterialisedAttentionForwardAndBackward) {
+  const Case c = GetParam();
+  at::manual_seed(7);
+  const at::Tensor q0 = at::randn({c.b, c.hq, c.t, c.d}), k0 = at::randn({c.b, c.hkv, c.s, c.d}),
+                   v0 = at::randn({c.b, c.hkv, c.s, c.d});
+  at::Tensor key_real = at::ones({c.b, c.s}, at::kBool);
+  for (int64_t r = 0; r < c.b; ++r) key_real[r].narrow(0, 0, c.pads[static_cast<size_t>(r)]).fill_(false);
+  // Real queries only: a pad query's output is never read.
+  const at::Tensor query_real = key_real.narrow(1, c.s - c.t, c.t).view({c.b, 1, c.t, 1}).to(at::kFloat);
+  const at::Tensor weights = at::randn({c.b, c.hq, c.t, c.d}) * query_real;
+
+  auto run = [&](bool blocked) {
+    at::Tensor q = q0.clone().requires_grad_(), k = k0.clone().requires_grad_(), v = v0.clone().requires_grad_();
+    BlockedAttentionOptions options;
+    options.window = c.window, options.query_block = c.query_block, options.key_block = c.key_block;
+    const at::Tensor out = blocked ? BlockedAttention(q, k, v, key_real, options) : Materialised(q, k, v, key_real, c.window);
+    (out * weights).sum().backward();
+    return std::vector<at::Tensor>{(out * query_real).detach(), q.grad(), k.grad(), v.grad()};
+  };
+  const auto want = run(false), got = run(true);
+  const char* names[] = {"output", "dq", "dk", "dv"};
+  for (size_t i = 0; i < want.size(); ++i) {
+    // fp32 both ways, sums split into blocks and rescaled (the online
+    // softmax): 1e-5 of each quantity's scale (a few hundred roundings of
+    // 6e-8); a wrong mask or a missed block is off by its whole size.
+    const double scale = want[i].abs().max().item<double>();
+    ASSERT_GT(scale, 0.0) << names[i];
+    EXPECT_LT((got[i] - want[i]).abs().max().item<double>(), 1e-5 * scale) << c.name << " " << names[i];
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, BlockedAttentionTest,
+    ::testing::Values(Case{"gqa", 2, 4, 2, 37, 37, 8, 0, 8, 16, {0, 5}},
+                      Case{"mha_one_block", 1, 2, 2, 20, 20, 16, 0, 128, 256, {3}},
+                      Case{"qwen3_head_dim", 2, 6, 2, 23, 23, 12, 0, 5, 7, {2, 0}},
+                      Case{"mistral_window", 2, 4, 2, 41, 41, 8, 5, 8, 6, {0, 9}},
+                      Case{"fewer_queries_than_keys", 2, 4, 1, 9, 30, 8, 0, 4, 8, {4, 0}},
+                      Case{"window_and_prefix", 1, 4, 2, 12, 33, 8, 7, 5, 4, {6}}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// A decoder layer of every family (Mistral's window, Qwen2's biases,
+// Qwen3's q/k norms and head_dim) with left padding: the layer's output and
+// the gradients of its input and weights, blocked against materialised.
+TEST(BlockedAttentionLayerTest, EveryFamilysLayerComputesTheSame) {
+  for (const ModelFamily family : {ModelFamily::kLlama, ModelFamily::kMistral, ModelFamily::kQwen2, ModelFamily::kQwen3}) {
+    const LlamaConfig config = TinyConfig(family);
+    auto model = LlamaModel::RandomInit(config, LlamaHead::kLanguageModel, at::kFloat, 5, 0.2);
+    LlamaLayerWeights layer = model->weights().layers[0];
+    at::Tensor mask = at::ones({2, 19}, at::kLong);
+    mask[1].narrow(0, 0, 6).fill_(0);
+    at::manual_seed(3);
+    const at::Tensor hidden0 = at::randn({2, 19, config.hidden_size});
+    const at::Tensor weights = at::randn({2, 19, config.hidden_size}) * mask.unsqueeze(-1).to(at::kFloat);
+    auto run = [&](AttentionKind kind) {
+      for (auto& [name, t] : layer.Named()) *t = t->detach().clone().requires_grad_();
+      const at::Tensor hidden = hidden0.clone().requires_grad_();
+      const LayerContext ctx = MakeLayerContext(config, mask, 19, at::kFloat, kind);
+      EXPECT_EQ(ctx.attention_bias.defined(), kind == AttentionKind::kMaterialised);
+      const at::Tensor out = DecoderLayerForward(config, layer, hidden, ctx, nullptr, 0, nullptr);
+      (out * weights).sum().backward();
+      std::vector<at::Tensor> result = {(out * mask.unsqueeze(-1).to(at::kFloat)).detach(), hidden.grad()};
+      for (auto& [name, t] : layer.Named()) result.push_back(t->grad());
+      return result;
+    };
+    const auto want = run(AttentionKind::kMaterialised), got = run(AttentionKind::kBlocked);
+    ASSERT_EQ(want.size(), got.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      if (!want[i].defined()) continue;  // a weight this family lacks
+      const double scale = want[i].abs().max().item<double>();
+      EXPECT_LE((got[i] - want[i]).abs().max().item<double>(), 1e-5 * scale)
+          << ModelTypeName(family) << " tensor " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace strata::policies
