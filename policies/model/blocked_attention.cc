@@ -35,7 +35,7 @@ struct Geometry {
   at::Tensor Mask(const at::Tensor& key_real, int64_t t0, int64_t t1, int64_t j0, int64_t j1) const {
     const at::TensorOptions longs = at::TensorOptions().dtype(at::kLong).device(key_real.device());
     const at::Tensor query = at::arange(Position(t0), Position(t1 - 1) + 1, longs).unsqueeze(1);  // [tq, 1]
-    const at::Tensor key = at::arange(j0, j1, longs).unsqueeze(0);                                  // [1, tk]
+    const at::Tensor key = at::arange(j0, j1, longs).unsqueeze(0);                                // [1, tk]
     at::Tensor visible = key.le(query);
     if (window > 0) visible = visible.logical_and(key.gt(query - window));
     visible = visible.unsqueeze(0).logical_and(key_real.narrow(1, j0, j1 - j0).unsqueeze(1));  // [B, tq, tk]
@@ -124,7 +124,10 @@ class BlockedAttentionFunction : public torch::autograd::Function<BlockedAttenti
         dk.narrow(2, j0, tk).add_(at::matmul(Rows(ds).transpose(-1, -2), Rows(qi)));
       }
     }
-    return {dq.view(q.sizes()).to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), at::Tensor(),
+    return {dq.view(q.sizes()).to(q.scalar_type()),
+            dk.to(k.scalar_type()),
+            dv.to(v.scalar_type()),
+            at::Tensor(),
             at::Tensor(),
             at::Tensor(),
             at::Tensor()};
@@ -155,7 +158,8 @@ class BlockedAttentionFunction : public torch::autograd::Function<BlockedAttenti
 
 at::Tensor BlockedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& key_real,
                             const BlockedAttentionOptions& options) {
-  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.sizes() == k.sizes(), "BlockedAttention: q [B, Hq, T, D], k and v [B, Hkv, S, D]");
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.sizes() == k.sizes(),
+              "BlockedAttention: q [B, Hq, T, D], k and v [B, Hkv, S, D]");
   TORCH_CHECK(q.size(1) % k.size(1) == 0, "BlockedAttention: ", q.size(1), " query heads over ", k.size(1),
               " key/value heads");
   TORCH_CHECK(q.size(2) <= k.size(2), "BlockedAttention: more queries than keys");

@@ -1083,14 +1083,14 @@ TEST_F(ServiceTest, ALoraGangMatchesOneWorkerAndWritesAnAdapter) {
 TEST_F(ServiceTest, AGaloreGangMatchesOneWorkerThroughTheService) {
   std::vector<std::string> set = {"models.actor.galore={rank: 4, update_proj_gap: 2}"};
   v1::Job one, two;
-  ASSERT_TRUE(Submit(Spec(2, "galore1", 2), &one, "", set).ok());
+  ASSERT_TRUE(Submit(Spec(3, "galore1", 2), &one, "", set).ok());
   ASSERT_EQ(Watch(one.id(), Ended).back().state(), v1::SUCCEEDED) << Get(one.id()).error_message();
   set.push_back("parallel.workers=2");
-  ASSERT_TRUE(Submit(Spec(2, "galore2", 2), &two, "", set).ok());
+  ASSERT_TRUE(Submit(Spec(3, "galore2", 2), &two, "", set).ok());
   ASSERT_EQ(Watch(two.id(), Ended).back().state(), v1::SUCCEEDED) << Get(two.id()).error_message();
   const auto want = testing::RunMetrics(dir_.Join("galore1/metrics.jsonl"));
   const auto got = testing::RunMetrics(dir_.Join("galore2/metrics.jsonl"));
-  ASSERT_EQ(want.size(), 2u);
+  ASSERT_EQ(want.size(), 3u);
   // The first iteration's update; past it sampling parts the runs over float
   // noise (DataParallelTest.WithGaloreTwoRanksMatchOneRank).
   testing::ExpectSameMetrics(want, got, {.sequences = 4, .ppo_epochs = 2}, "galore2", /*compared_iterations=*/1);
@@ -1101,7 +1101,9 @@ TEST_F(ServiceTest, AGaloreGangMatchesOneWorkerThroughTheService) {
     ASSERT_TRUE(state.ok()) << state.status();
     for (const auto& view : (*state)->tensors()) projections += absl::EndsWith(view.name, ".galore_projection");
   }
-  EXPECT_EQ(projections, 7 * 4);  // every projection of the 4 layers, on one rank or the other
+  // Every projection of every layer, on one rank or the other.
+  const auto config = nlohmann::json::parse(*ReadFileToString(JoinPath(model_, "config.json")));
+  EXPECT_EQ(projections, 7 * config["num_hidden_layers"].get<int>());
 }
 
 // Workers whose operator allows a loopback reward server (any port: the

@@ -29,10 +29,10 @@ at::Tensor Materialised(const at::Tensor& q, const at::Tensor& k, const at::Tens
   const at::Tensor bias = at::zeros(allowed.sizes(), at::kFloat)
                               .masked_fill(allowed.logical_not(), std::numeric_limits<float>::lowest())
                               .view({b, 1, 1, t, s});
-  const at::Tensor scores =
-      (at::matmul(q.reshape({b, hkv, -1, d}), k.transpose(-1, -2)) / std::sqrt(static_cast<double>(d)))
-          .view({b, hkv, hq / hkv, t, s}) +
-      bias;
+  const at::Tensor scores = (at::matmul(q.reshape({b, hkv, -1, d}), k.transpose(-1, -2)) /
+                             std::sqrt(static_cast<double>(d)))
+                                .view({b, hkv, hq / hkv, t, s}) +
+                            bias;
   return at::matmul(at::softmax(scores, -1, at::kFloat).view({b, hkv, -1, s}), v).view({b, hq, t, d});
 }
 
@@ -63,7 +63,8 @@ TEST_P(BlockedAttentionTest, EqualsTheMaterialisedAttentionForwardAndBackward) {
     at::Tensor q = q0.clone().requires_grad_(), k = k0.clone().requires_grad_(), v = v0.clone().requires_grad_();
     BlockedAttentionOptions options;
     options.window = c.window, options.query_block = c.query_block, options.key_block = c.key_block;
-    const at::Tensor out = blocked ? BlockedAttention(q, k, v, key_real, options) : Materialised(q, k, v, key_real, c.window);
+    const at::Tensor out = blocked ? BlockedAttention(q, k, v, key_real, options)
+                                   : Materialised(q, k, v, key_real, c.window);
     (out * weights).sum().backward();
     return std::vector<at::Tensor>{(out * query_real).detach(), q.grad(), k.grad(), v.grad()};
   };
@@ -79,21 +80,21 @@ TEST_P(BlockedAttentionTest, EqualsTheMaterialisedAttentionForwardAndBackward) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, BlockedAttentionTest,
-    ::testing::Values(Case{"gqa", 2, 4, 2, 37, 37, 8, 0, 8, 16, {0, 5}},
-                      Case{"mha_one_block", 1, 2, 2, 20, 20, 16, 0, 128, 256, {3}},
-                      Case{"qwen3_head_dim", 2, 6, 2, 23, 23, 12, 0, 5, 7, {2, 0}},
-                      Case{"mistral_window", 2, 4, 2, 41, 41, 8, 5, 8, 6, {0, 9}},
-                      Case{"fewer_queries_than_keys", 2, 4, 1, 9, 30, 8, 0, 4, 8, {4, 0}},
-                      Case{"window_and_prefix", 1, 4, 2, 12, 33, 8, 7, 5, 4, {6}}),
-    [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Shapes, BlockedAttentionTest,
+                         ::testing::Values(Case{"gqa", 2, 4, 2, 37, 37, 8, 0, 8, 16, {0, 5}},
+                                           Case{"mha_one_block", 1, 2, 2, 20, 20, 16, 0, 128, 256, {3}},
+                                           Case{"qwen3_head_dim", 2, 6, 2, 23, 23, 12, 0, 5, 7, {2, 0}},
+                                           Case{"mistral_window", 2, 4, 2, 41, 41, 8, 5, 8, 6, {0, 9}},
+                                           Case{"fewer_queries_than_keys", 2, 4, 1, 9, 30, 8, 0, 4, 8, {4, 0}},
+                                           Case{"window_and_prefix", 1, 4, 2, 12, 33, 8, 7, 5, 4, {6}}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 // A decoder layer of every family (Mistral's window, Qwen2's biases,
 // Qwen3's q/k norms and head_dim) with left padding: the layer's output and
 // the gradients of its input and weights, blocked against materialised.
 TEST(BlockedAttentionLayerTest, EveryFamilysLayerComputesTheSame) {
-  for (const ModelFamily family : {ModelFamily::kLlama, ModelFamily::kMistral, ModelFamily::kQwen2, ModelFamily::kQwen3}) {
+  for (const ModelFamily family :
+       {ModelFamily::kLlama, ModelFamily::kMistral, ModelFamily::kQwen2, ModelFamily::kQwen3}) {
     const LlamaConfig config = TinyConfig(family);
     auto model = LlamaModel::RandomInit(config, LlamaHead::kLanguageModel, at::kFloat, 5, 0.2);
     LlamaLayerWeights layer = model->weights().layers[0];

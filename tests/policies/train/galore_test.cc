@@ -10,8 +10,11 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "base/file.h"
 #include "gtest/gtest.h"
+#include "policies/checkpoint/safetensors.h"
+#include "policies/checkpoint/tensor_io.h"
 #include "policies/dist/process_group.h"
 #include "policies/train/layerwise_trainer.h"
 #include "policies/train/streamed_layers.h"
@@ -390,11 +393,14 @@ TEST(GaloreTrainerTest, AGangOfTwoEqualsOneRank) {
   ASSERT_TRUE(groups.ok()) << groups.status();
   std::vector<Weights> after(2);
   std::vector<int64_t> state_bytes(2);
+  testing::TempDir dir;
+  const std::vector<std::string> files = {dir.Join("rank0.safetensors"), dir.Join("rank1.safetensors")};
   auto rank_body = [&](int rank) {
     Trained member(GaloreOptions(offload::Tier::kHost), (*groups)[static_cast<size_t>(rank)].get());
     for (int i = 0; i < 4; ++i) member.Step(rank, 1);
     after[static_cast<size_t>(rank)] = member.weights();
     state_bytes[static_cast<size_t>(rank)] = member.trainer().optimizer_state_bytes();
+    EXPECT_TRUE(member.trainer().SaveState(files[static_cast<size_t>(rank)]).ok());
   };
   std::thread other(rank_body, 1);
   rank_body(0);
@@ -406,6 +412,27 @@ TEST(GaloreTrainerTest, AGangOfTwoEqualsOneRank) {
   // or a moment missed, is off by the whole update).
   EXPECT_LT(MaxDifference(after[0], alone.weights()), 1e-3 * moved);
   EXPECT_EQ(state_bytes[0] + state_bytes[1], alone.trainer().optimizer_state_bytes());
+
+  // Re-sharded: one rank loads the gang's two files, every projection and
+  // moment from whichever rank held it, and writes them back alike.
+  Trained resumed(GaloreOptions(offload::Tier::kHost));
+  ASSERT_TRUE(resumed.trainer().LoadState(files).ok());
+  const std::string whole = dir.Join("whole.safetensors");
+  ASSERT_TRUE(resumed.trainer().SaveState(whole).ok());
+  auto merged = SafetensorsFile::Open(whole);
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  int projections = 0;
+  for (const std::string& file : files) {
+    auto part = SafetensorsFile::Open(file);
+    ASSERT_TRUE(part.ok()) << part.status();
+    for (const TensorView& view : (*part)->tensors()) {
+      const TensorView* same = (*merged)->Find(view.name);
+      ASSERT_NE(same, nullptr) << view.name;
+      EXPECT_TRUE(ToTensor(view, at::kFloat)->equal(*ToTensor(*same, at::kFloat))) << view.name;
+      projections += absl::EndsWith(view.name, ".galore_projection");
+    }
+  }
+  EXPECT_EQ(projections, 7 * TinyConfig(ModelFamily::kQwen2).num_hidden_layers);
 }
 
 }  // namespace
