@@ -6,6 +6,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include <ATen/ATen.h>
@@ -79,6 +80,31 @@ memory: {host_mib: 256}
 
   // What the spec's PPO clip fractions count: 4 responses, two epochs.
   static constexpr testing::CountedTokens kPpoCounted = {.sequences = 4, .ppo_epochs = 2};
+
+  // `args(out, extra)` is a whole `strata train` command line writing to
+  // out, with `extra` at its end. Runs it into "split" killed (kill -9) as
+  // iteration 3's rollout starts, into "whole", then "split" again with
+  // --resume: the resumed run writes the whole run's metrics, every
+  // iteration, to the last digit.
+  void ExpectAKilledRunResumesExactly(
+      const std::function<std::vector<std::string>(const std::string&, std::vector<std::string>)>& args,
+      size_t iterations) {
+    std::vector<std::string> killed_args = args("split", {});
+    killed_args.insert(killed_args.begin(), {"/usr/bin/env", "STRATA_FAILPOINT=kill@rollout:3"});
+    auto killed = testing::RunCommand(killed_args);
+    ASSERT_TRUE(killed.ok()) << killed.status();
+    EXPECT_EQ(killed->exit_code, 128 + SIGKILL) << killed->error;
+    auto whole = testing::RunCommand(args("whole", {}));
+    ASSERT_TRUE(whole.ok() && whole->exit_code == 0) << (whole.ok() ? whole->error : whole.status().ToString());
+    auto resumed = testing::RunCommand(args("split", {"--resume"}));
+    ASSERT_TRUE(resumed.ok() && resumed->exit_code == 0)
+        << (resumed.ok() ? resumed->error : resumed.status().ToString());
+    const auto want = testing::RunMetrics(dir_.Join("whole/metrics.jsonl"));
+    const auto got = testing::RunMetrics(dir_.Join("split/metrics.jsonl"));
+    ASSERT_EQ(want.size(), iterations);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "iteration " << i;
+  }
 
   testing::TempDir dir_;
   std::string model_, spec_;
@@ -337,38 +363,27 @@ TEST_F(TrainTest, AKilledRanksNvmeDirectoryIsSweptByTheNextRank) {
 // low-rank moments and step counts with it) trains as the uninterrupted
 // run does, to the last digit.
 TEST_F(TrainTest, AKilledGaloreRunResumesExactly) {
-  auto args = [&](const std::string& out, bool resume) {
-    std::vector<std::string> a = {testing::StrataBinary(),
-                                  "train",
-                                  spec_,
-                                  "--out",
-                                  dir_.Join(out),
-                                  "--set",
-                                  "algorithm=ppo",
-                                  "--set",
-                                  "eval.every=0",
-                                  "--set",
-                                  "models.actor.placement.optimizer=nvme",
-                                  "--set",
-                                  "memory.nvme_dir=" + dir_.Join(out + "-nvme")};
-    for (const std::string& o : GaloreOverrides("ppo")) a.insert(a.end(), {"--set", o});
-    if (resume) a.push_back("--resume");
-    return a;
-  };
-  std::vector<std::string> killed_args = args("split", false);
-  killed_args.insert(killed_args.begin(), {"/usr/bin/env", "STRATA_FAILPOINT=kill@rollout:3"});
-  auto killed = testing::RunCommand(killed_args);
-  ASSERT_TRUE(killed.ok()) << killed.status();
-  EXPECT_EQ(killed->exit_code, 128 + SIGKILL) << killed->error;
-  auto whole = testing::RunCommand(args("whole", false));
-  ASSERT_TRUE(whole.ok() && whole->exit_code == 0) << (whole.ok() ? whole->error : whole.status().ToString());
-  auto resumed = testing::RunCommand(args("split", true));
-  ASSERT_TRUE(resumed.ok() && resumed->exit_code == 0) << (resumed.ok() ? resumed->error : resumed.status().ToString());
-  const auto want = testing::RunMetrics(dir_.Join("whole/metrics.jsonl"));
-  const auto got = testing::RunMetrics(dir_.Join("split/metrics.jsonl"));
-  ASSERT_EQ(want.size(), 4u);
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "iteration " << i;
+  ExpectAKilledRunResumesExactly(
+      [&](const std::string& out, std::vector<std::string> extra) {
+        std::vector<std::string> a = {testing::StrataBinary(),
+                                      "train",
+                                      spec_,
+                                      "--out",
+                                      dir_.Join(out),
+                                      "--set",
+                                      "algorithm=ppo",
+                                      "--set",
+                                      "eval.every=0",
+                                      "--set",
+                                      "models.actor.placement.optimizer=nvme",
+                                      "--set",
+                                      "memory.nvme_dir=" + dir_.Join(out + "-nvme")};
+        for (const std::string& o : GaloreOverrides("ppo")) a.insert(a.end(), {"--set", o});
+        a.insert(a.end(), extra.begin(), extra.end());
+        return a;
+      },
+      4);
+  if (HasFatalFailure()) return;
   // The checkpoint carries the projections.
   auto state = policies::SafetensorsFile::Open(dir_.Join("split/checkpoints/iter-000002/actor/optimizer.safetensors"));
   ASSERT_TRUE(state.ok()) << state.status();
@@ -1063,20 +1078,9 @@ TEST_P(LoraJobTest, AKilledRunResumesExactlyAndWritesAPeftAdapter) {
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   };
-  std::vector<std::string> killed_args = args("split", {});
-  killed_args.insert(killed_args.begin(), {"/usr/bin/env", "STRATA_FAILPOINT=kill@rollout:3"});
-  auto killed = testing::RunCommand(killed_args);
-  ASSERT_TRUE(killed.ok()) << killed.status();
-  EXPECT_EQ(killed->exit_code, 128 + SIGKILL) << killed->error;
-  auto whole = testing::RunCommand(args("whole", {}));
-  ASSERT_TRUE(whole.ok() && whole->exit_code == 0) << (whole.ok() ? whole->error : whole.status().ToString());
-  auto resumed = testing::RunCommand(args("split", {"--resume"}));
-  ASSERT_TRUE(resumed.ok() && resumed->exit_code == 0) << (resumed.ok() ? resumed->error : resumed.status().ToString());
+  ExpectAKilledRunResumesExactly(args, 4);
+  if (HasFatalFailure()) return;
   const auto want = testing::RunMetrics(dir_.Join("whole/metrics.jsonl"));
-  const auto got = testing::RunMetrics(dir_.Join("split/metrics.jsonl"));
-  ASSERT_EQ(want.size(), 4u);
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "iteration " << i;
   // Sampled and scored log-probs of the same model differ by float noise only.
   EXPECT_LT(std::abs(want[0]["objective/kl"].get<double>()), 1e-4);
   EXPECT_GT(std::abs(want[3]["objective/kl"].get<double>()), 1e-4);  // and then the adapters moved it
