@@ -47,7 +47,7 @@ struct NvmeAdamUpdate {
   std::span<const float> direction;
 };
 
-// Drive from one thread. `store`, `arena` and `adam` must outlive it.
+// Drive from one thread at a time. `store`, `arena` and `adam` must outlive it.
 class NvmeAdamState {
  public:
   static absl::StatusOr<std::unique_ptr<NvmeAdamState>> Create(const NvmeAdamOptions& options, NvmeStore* store,

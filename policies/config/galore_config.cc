@@ -43,6 +43,11 @@ int64_t GaloreConfig::StateElements(const LlamaConfig& model) const {
       OverProjections(model, [&](int64_t rows, int64_t cols) { return double(StateElements(rows, cols)); }));
 }
 
+int64_t GaloreConfig::SavedBytes(const LlamaConfig& model) const {
+  if (!enabled()) return 0;
+  return 8 * ProjectedParameters(model) - 4 * StateElements(model);
+}
+
 double GaloreConfig::StepFlops(const LlamaConfig& model) const {
   if (!enabled()) return 0;
   return OverProjections(model, [&](int64_t rows, int64_t cols) {

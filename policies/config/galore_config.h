@@ -41,6 +41,11 @@ struct GaloreConfig {
   // applies to): their parameters, and their state elements as above.
   int64_t ProjectedParameters(const LlamaConfig& model) const;
   int64_t StateElements(const LlamaConfig& model) const;
+  // Optimizer bytes GaLore saves over `model`'s layers against full Adam's
+  // 12 a parameter: 8 a projected parameter (the moments) less its small
+  // state's 4 an element. 0 when disabled; negative where the rank is so
+  // large that the state outgrows the moments.
+  int64_t SavedBytes(const LlamaConfig& model) const;
   // Floating-point operations of one step's projections (project and
   // project back: 4 r per parameter) over `model`'s layers, and of one
   // refresh of every projection (the randomized range finder of

@@ -85,10 +85,12 @@ double HardwareFigures::NvmeAdamParamsPerSecond() const {
   return std::min(adam_params_per_s, 1.0 / disk_s);
 }
 
+double HardwareFigures::LargeMatmulFlops() const {
+  return 2.0 * 1024 * 4096 * 4096 / MatmulSeconds(1024, 4096, 4096, "fp32");
+}
+
 double HardwareFigures::HostMatmulFlops() const {
-  if (host_matmul_flops_per_s > 0) return host_matmul_flops_per_s;
-  const double flops = 2.0 * 1024 * 4096 * 4096;
-  return flops / MatmulSeconds(1024, 4096, 4096, "fp32");
+  return host_matmul_flops_per_s > 0 ? host_matmul_flops_per_s : LargeMatmulFlops();
 }
 
 std::string HardwareFigures::ToJson() const {

@@ -62,6 +62,8 @@ struct HardwareFigures {
   // The NVMe-tiled AdamW rate: measured, or derived from the NVMe read and
   // write rates (and no faster than CPU Adam) where a file lacks it.
   double NvmeAdamParamsPerSecond() const;
+  // FLOP/s of the device's large fp32 products ([1024, 4096] x [4096, 4096]).
+  double LargeMatmulFlops() const;
   // FLOP/s of the host's fp32 products (GaLore's projections).
   double HostMatmulFlops() const;
 

@@ -63,10 +63,9 @@ ModelFootprint PlanModel(const std::string& role, const LlamaConfig& config, con
     f.gradients[T(p.gradients)] += (p.step_in_backward ? resident : f.trained_parameters) * 4;
     // GaLore: the projected matrices keep a 4-byte master and their small
     // state (in host memory beside an NVMe optimizer), the rest full Adam.
-    const int64_t projected = model.galore.enabled() ? model.galore.ProjectedParameters(config) : 0;
-    const int64_t small = model.galore.StateElements(config);
-    f.optimizer[T(p.optimizer)] += (f.trained_parameters - projected) * 12 + projected * 4;
-    f.optimizer[T(p.optimizer == offload::Tier::kNvme ? offload::Tier::kHost : p.optimizer)] += small * 4;
+    const int64_t small = 4 * model.galore.StateElements(config);
+    f.optimizer[T(p.optimizer)] += f.trained_parameters * 12 - model.galore.SavedBytes(config) - small;
+    f.optimizer[T(p.optimizer == offload::Tier::kNvme ? offload::Tier::kHost : p.optimizer)] += small;
   }
   return f;
 }
@@ -408,10 +407,9 @@ class CostModel {
       // GaLore's projections (on the device for a device optimizer, else
       // the host), the direction applied (master, gradient and direction
       // read, master written), and on NVMe the master's 4 bytes each way.
-      const double flops = s.placement->optimizer == offload::Tier::kDevice
-                               ? f_.MatmulSeconds(1024, 4096, 4096, "fp32") / (2.0 * 1024 * 4096 * 4096)
-                               : 1.0 / f_.HostMatmulFlops();
-      t += s.galore_step_flops * flops + Copy(16.0 * s.galore_params);
+      const double rate = s.placement->optimizer == offload::Tier::kDevice ? f_.LargeMatmulFlops()
+                                                                           : f_.HostMatmulFlops();
+      t += s.galore_step_flops / rate + Copy(16.0 * s.galore_params);
       if (s.placement->optimizer == offload::Tier::kNvme) {
         t += s.galore_params * (4.0 / f_.nvme_read_bytes_per_s + 4.0 / f_.nvme_write_bytes_per_s);
       }
@@ -854,9 +852,7 @@ FitResult FitJob(const JobSpec& spec, const std::vector<PlannedModel>& models, c
     for (size_t i : full_adam) {
       with[i].spec.galore.rank = rank;
       added[models[i].role] = rank;
-      const LlamaConfig& c = with[i].config;
-      const GaloreConfig& g = with[i].spec.galore;
-      smaller = smaller && 4 * g.ProjectedParameters(c) + 4 * g.StateElements(c) < 12 * g.ProjectedParameters(c);
+      smaller = smaller && with[i].spec.galore.SavedBytes(with[i].config) > 0;
     }
     if (smaller) search(with, added);
   }

@@ -217,14 +217,13 @@ at::Tensor DecoderLayerForward(const LlamaConfig& config, const LlamaLayerWeight
   at::Tensor v = heads(w.v_proj, w.v_bias, at::Tensor(), n_kv, LoraModule::kV);
   at::Tensor attended;
   if (cache != nullptr) attended = cache->AppendAndAttend(layer_index, q, k, v, config.sliding_window);
+  if (!attended.defined() && cache != nullptr) std::tie(k, v) = cache->Append(layer_index, k, v);
   if (!attended.defined() && !ctx.attention_bias.defined()) {
-    if (cache != nullptr) std::tie(k, v) = cache->Append(layer_index, k, v);
     BlockedAttentionOptions blocked;
     blocked.window = config.sliding_window;
     attended = BlockedAttention(q, k, v, ctx.key_real, blocked).transpose(1, 2).reshape({b, t, n_h * d});
   }
   if (!attended.defined()) {
-    if (cache != nullptr) std::tie(k, v) = cache->Append(layer_index, k, v);
     const int64_t s = k.size(2);
     // Grouped-query attention without copying K/V: the `groups` query heads
     // that share a key/value head are stacked along the query axis.

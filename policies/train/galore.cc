@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/splitmix64.h"
+#include "base/status_macros.h"
 
 namespace strata::policies {
 
@@ -59,13 +60,9 @@ absl::StatusOr<std::unique_ptr<GaloreMatrix>> GaloreMatrix::Create(int64_t rows,
   const std::vector<int64_t> moments = m->projects_rows() ? std::vector<int64_t>{r, cols}
                                                           : std::vector<int64_t>{rows, r};
   const std::vector<int64_t> projection = {m->projects_rows() ? rows : cols, r};
-  auto p = allocate(projection);
-  if (!p.ok()) return p.status();
-  auto ea = allocate(moments);
-  if (!ea.ok()) return ea.status();
-  auto eas = allocate(moments);
-  if (!eas.ok()) return eas.status();
-  m->projection_ = *p, m->exp_avg_ = *ea, m->exp_avg_sq_ = *eas;
+  STRATA_ASSIGN_OR_RETURN(m->projection_, allocate(projection));
+  STRATA_ASSIGN_OR_RETURN(m->exp_avg_, allocate(moments));
+  STRATA_ASSIGN_OR_RETURN(m->exp_avg_sq_, allocate(moments));
   return m;
 }
 
@@ -74,8 +71,7 @@ at::Tensor GaloreMatrix::Direction(const at::Tensor& grad, int64_t step, const o
   c10::NoGradGuard no_grad;
   const at::Tensor g = grad.view({rows_, cols_});
   if (RefreshDue(step)) {
-    projection_.copy_(projects_rows() ? TopLeftSingularVectors(g, rank_, key)
-                                      : TopLeftSingularVectors(g.t(), rank_, key));
+    projection_.copy_(TopLeftSingularVectors(projects_rows() ? g : g.t(), rank_, key));
   }
   const at::Tensor low = projects_rows() ? at::matmul(projection_.t(), g) : at::matmul(g, projection_);
   // torch's Adam on the projected gradient, operation for operation.

@@ -36,28 +36,31 @@ absl::Status LayerwiseTrainerImpl::SaveState(const std::string& path) {
   std::map<std::string, std::string> metadata = {{"format", "strata-optimizer"}};
   for (ParamState& p : params_) {
     if (!p.held) continue;
+    // A GaLore matrix's moments live in its projection's shape, not on the
+    // optimizer's tier: only its master is read there.
+    const bool galore = p.galore != nullptr;
     at::Tensor master, m, v;
-    if (p.galore != nullptr) {
+    switch (options_.optimizer) {
+      case offload::Tier::kDevice:
+        master = p.device_master, m = p.device_exp_avg, v = p.device_exp_avg_sq;
+        break;
+      case offload::Tier::kHost:
+        master = HostView(p.master, p.numel);
+        if (!galore) m = HostView(p.exp_avg, p.numel), v = HostView(p.exp_avg_sq, p.numel);
+        break;
+      case offload::Tier::kNvme: {
+        auto span = [&](at::Tensor& t) {
+          t = at::empty({p.numel}, at::kFloat);
+          return std::span<float>(t.data_ptr<float>(), static_cast<size_t>(p.numel));
+        };
+        STRATA_RETURN_IF_ERROR(galore ? nvme_adam_->ReadMaster(p.name, span(master))
+                                      : nvme_adam_->ReadState(p.name, span(master), span(m), span(v)));
+        break;
+      }
+    }
+    if (galore) {
       m = p.galore->exp_avg().reshape({-1}), v = p.galore->exp_avg_sq().reshape({-1});
       STRATA_RETURN_IF_ERROR(batch.Add(p.name + kProjectionSuffix, p.galore->projection().reshape({-1})));
-      if (options_.optimizer == offload::Tier::kDevice) {
-        master = p.device_master;
-      } else if (options_.optimizer == offload::Tier::kHost) {
-        master = HostView(p.master, p.numel);
-      } else {
-        master = at::empty({p.numel}, at::kFloat);
-        STRATA_RETURN_IF_ERROR(
-            nvme_adam_->ReadMaster(p.name, std::span<float>(master.data_ptr<float>(), static_cast<size_t>(p.numel))));
-      }
-    } else if (options_.optimizer == offload::Tier::kDevice) {
-      master = p.device_master, m = p.device_exp_avg, v = p.device_exp_avg_sq;
-    } else if (options_.optimizer == offload::Tier::kHost) {
-      master = HostView(p.master, p.numel), m = HostView(p.exp_avg, p.numel), v = HostView(p.exp_avg_sq, p.numel);
-    } else {
-      master = at::empty({p.numel}, at::kFloat), m = at::empty({p.numel}, at::kFloat),
-      v = at::empty({p.numel}, at::kFloat);
-      auto span = [&](at::Tensor& t) { return std::span<float>(t.data_ptr<float>(), static_cast<size_t>(p.numel)); };
-      STRATA_RETURN_IF_ERROR(nvme_adam_->ReadState(p.name, span(master), span(m), span(v)));
     }
     const std::array<const at::Tensor*, 3> state = {&master, &m, &v};
     for (size_t i = 0; i < state.size(); ++i) {
@@ -87,7 +90,8 @@ absl::Status LayerwiseTrainerImpl::LoadState(const std::vector<std::string>& pat
     // Each tensor's expected length: a GaLore matrix's moments and
     // projection have their own (a checkpoint of another rank, or of full
     // Adam, does not fit and is named).
-    const int64_t moments = p.galore != nullptr ? p.galore->exp_avg().numel() : p.numel;
+    const bool galore = p.galore != nullptr;
+    const int64_t moments = galore ? p.galore->exp_avg().numel() : p.numel;
     auto read = [&](const std::string& name, int64_t numel) -> absl::StatusOr<at::Tensor> {
       const TensorView* view = file->Find(name);
       if (view == nullptr)
@@ -96,7 +100,7 @@ absl::Status LayerwiseTrainerImpl::LoadState(const std::vector<std::string>& pat
       if (!tensor.ok()) {
         return absl::InvalidArgumentError(absl::StrCat(
             path, ": ", tensor.status().message(),
-            p.galore != nullptr || file->Find(p.name + kProjectionSuffix) != nullptr
+            galore || file->Find(p.name + kProjectionSuffix) != nullptr
                 ? " (GaLore's state has another shape: was the checkpoint written with other galore settings?)"
                 : ""));
       }
@@ -106,7 +110,7 @@ absl::Status LayerwiseTrainerImpl::LoadState(const std::vector<std::string>& pat
     for (size_t i = 0; i < kStateSuffixes.size(); ++i) {
       STRATA_ASSIGN_OR_RETURN(loaded[i], read(p.name + kStateSuffixes[i], i == 0 ? p.numel : moments));
     }
-    if (p.galore != nullptr) {
+    if (galore) {
       STRATA_ASSIGN_OR_RETURN(auto projection, read(p.name + kProjectionSuffix, p.galore->projection().numel()));
       c10::NoGradGuard no_grad;
       p.galore->projection().copy_(projection.view(p.galore->projection().sizes()));
@@ -121,26 +125,31 @@ absl::Status LayerwiseTrainerImpl::LoadState(const std::vector<std::string>& pat
     if (step == file->metadata().end() || !absl::SimpleAtoi(step->second, &p.step)) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": optimizer state has no step count for ", p.name));
     }
-    if (p.galore != nullptr) {
-      if (options_.optimizer == offload::Tier::kDevice) {
+    // The master (and full Adam's moments) to where the optimizer keeps them.
+    switch (options_.optimizer) {
+      case offload::Tier::kDevice:
         p.device_master.copy_(loaded[0]);
-      } else if (options_.optimizer == offload::Tier::kHost) {
+        if (!galore) {
+          p.device_exp_avg.copy_(loaded[1]);
+          p.device_exp_avg_sq.copy_(loaded[2]);
+        }
+        break;
+      case offload::Tier::kHost:
         HostView(p.master, p.numel).copy_(loaded[0]);
-      } else {
-        STRATA_RETURN_IF_ERROR(nvme_adam_->WriteMaster(p.name, std::span<const float>(loaded[0].data_ptr<float>(),
-                                                                                      static_cast<size_t>(p.numel))));
+        if (!galore) {
+          HostView(p.exp_avg, p.numel).copy_(loaded[1]);
+          HostView(p.exp_avg_sq, p.numel).copy_(loaded[2]);
+        }
+        break;
+      case offload::Tier::kNvme: {
+        auto span = [&](const at::Tensor& t) {
+          return std::span<const float>(t.data_ptr<float>(), static_cast<size_t>(p.numel));
+        };
+        STRATA_RETURN_IF_ERROR(galore
+                                   ? nvme_adam_->WriteMaster(p.name, span(loaded[0]))
+                                   : nvme_adam_->WriteState(p.name, span(loaded[0]), span(loaded[1]), span(loaded[2])));
+        break;
       }
-    } else if (options_.optimizer == offload::Tier::kDevice) {
-      p.device_master.copy_(loaded[0]), p.device_exp_avg.copy_(loaded[1]), p.device_exp_avg_sq.copy_(loaded[2]);
-    } else if (options_.optimizer == offload::Tier::kHost) {
-      HostView(p.master, p.numel).copy_(loaded[0]);
-      HostView(p.exp_avg, p.numel).copy_(loaded[1]);
-      HostView(p.exp_avg_sq, p.numel).copy_(loaded[2]);
-    } else {
-      auto span = [&](const at::Tensor& t) {
-        return std::span<const float>(t.data_ptr<float>(), static_cast<size_t>(p.numel));
-      };
-      STRATA_RETURN_IF_ERROR(nvme_adam_->WriteState(p.name, span(loaded[0]), span(loaded[1]), span(loaded[2])));
     }
     steps_taken_ = std::max(steps_taken_, p.step);
   }
