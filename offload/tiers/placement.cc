@@ -34,6 +34,7 @@ absl::Status ModelPlacement::Validate() const {
 std::string ModelPlacement::ToString() const {
   return absl::StrCat("weights=", TierName(weights), " optimizer=", TierName(optimizer),
                       " gradients=", TierName(gradients), " prefetch=", prefetch_depth,
+                      activations != Tier::kDevice ? absl::StrCat(" activations=", TierName(activations)) : "",
                       step_in_backward ? " step_in_backward" : "");
 }
 

@@ -22,6 +22,11 @@ struct ModelPlacement {
   // Where gradients accumulate: kDevice (with a device optimizer) or kHost
   // (fp32, moved off the device as each layer finishes).
   Tier gradients = Tier::kHost;
+  // Where a training step keeps each decoder layer's input between forward
+  // and backward (SSDTrain): kDevice, or kHost / kNvme with a window of
+  // about three on the device, brought back one layer ahead of backward.
+  // Only a model that trains keeps any.
+  Tier activations = Tier::kDevice;
   // Layers fetched ahead of the one computing when weights stream.
   int prefetch_depth = 1;
   // The optimizer updates each decoder layer as soon as its backward ends

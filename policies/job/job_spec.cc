@@ -321,6 +321,7 @@ absl::Status ReadModelFields(MapReader& r, ModelSpec* model) {
   STRATA_RETURN_IF_ERROR(ReadTier(p, "weights", &model->placement.weights));
   STRATA_RETURN_IF_ERROR(ReadTier(p, "optimizer", &model->placement.optimizer));
   STRATA_RETURN_IF_ERROR(ReadTier(p, "gradients", &model->placement.gradients));
+  STRATA_RETURN_IF_ERROR(ReadTier(p, "activations", &model->placement.activations));
   STRATA_RETURN_IF_ERROR(p.Read("prefetch", &model->placement.prefetch_depth));
   STRATA_RETURN_IF_ERROR(p.Read("step_in_backward", &model->placement.step_in_backward));
   STRATA_RETURN_IF_ERROR(p.CheckNoUnknownKeys());
@@ -664,6 +665,21 @@ absl::Status JobSpec::Validate() const {
       return KeyError(key, "needs parallel.workers: 1 (a layer steps before the gang's gradient sum)");
     }
   }
+  // Activations are kept by a training step only: elsewhere the key would
+  // promise an offload that never happens.
+  {
+    const bool rl = algorithm != Algorithm::kSft && algorithm != Algorithm::kRewardModel;
+    std::vector<std::pair<std::string, const ModelSpec*>> scoring = {{"models.reference", &reference}};
+    if (rl) scoring.emplace_back("models.reward", &reward);
+    for (const RewardSourceSpec& source : reward_sources) {
+      scoring.emplace_back(absl::StrCat("reward.sources (", source.name, ")"), &source.model);
+    }
+    for (const auto& [key, model] : scoring) {
+      if (model->placement.activations != offload::Tier::kDevice) {
+        return KeyError(key + ".placement.activations", "is for a model that trains; this one only scores");
+      }
+    }
+  }
   STRATA_RETURN_IF_ERROR(ValidateLora());
   STRATA_RETURN_IF_ERROR(ValidateGalore());
   const absl::StatusOr<int> device = offload::ParseDeviceName(memory.device);  // -1: the CPU
@@ -749,7 +765,11 @@ bool JobSpec::UsesNvme() const {
   std::vector<const ModelSpec*> models = {&actor, &reference, &reward, &critic};
   for (const RewardSourceSpec& source : reward_sources) models.push_back(&source.model);
   for (const ModelSpec* m : models) {
-    if (m->placement.weights == offload::Tier::kNvme || m->placement.optimizer == offload::Tier::kNvme) return true;
+    const offload::ModelPlacement& p = m->placement;
+    if (p.weights == offload::Tier::kNvme || p.optimizer == offload::Tier::kNvme ||
+        p.activations == offload::Tier::kNvme) {
+      return true;
+    }
   }
   return false;
 }

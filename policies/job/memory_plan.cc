@@ -8,6 +8,7 @@
 #include "absl/strings/str_split.h"
 #include "base/file.h"
 #include "base/status_macros.h"
+#include "policies/config/attention_blocks.h"
 #include "policies/config/tensor_dealer.h"
 
 namespace strata::policies {
@@ -167,6 +168,10 @@ struct ActivationModel {
   // Logits [R,T,V]: model dtype, float32 copy, log-softmax; training adds
   // their gradients.
   double infer_logits_fp32 = 2, train_logits_fp32 = 4;
+  // Blocked attention (long sequences): float32 tensors of q, k and v's
+  // width per token (their copies, the output, and in training the
+  // gradients), beside one block pair's scores.
+  double blocked_infer_fp32 = 2, blocked_train_fp32 = 5;
 };
 constexpr ActivationModel kActivations;
 
@@ -246,11 +251,26 @@ ModelShape ShapeOf(const PlannedModel& m, const offload::ModelPlacement& placeme
 
 double Bytes(double elements, double bytes_each) { return elements * bytes_each; }
 
+// Attention's own working bytes over R rows of T queries and C keys: the
+// materialised [T, C] scores (float32 scores and softmax, probabilities in
+// the model's dtype), or from kBlockedAttentionScores on, the blocked
+// attention's one block pair of float32 scores and probabilities plus what
+// is linear in T.
+double AttentionBytes(const ModelShape& s, int64_t R, int64_t T, int64_t C, bool training) {
+  const double rt = static_cast<double>(R * T);
+  if (!BlockedAttentionFor(T, C)) {
+    return (training ? kActivations.train_scores : kActivations.infer_scores) * rt * s.heads * C * (8.0 + s.E);
+  }
+  const double scores = 3.0 * 4.0 * static_cast<double>(R * s.heads * kAttentionQueryBlock * kAttentionKeyBlock);
+  const double width = static_cast<double>((s.heads + 2 * s.kv_heads) * s.head_dim);
+  return scores + (training ? kActivations.blocked_train_fp32 : kActivations.blocked_infer_fp32) * 4.0 * rt * width;
+}
+
 // Working bytes of one layer's forward over R rows of T tokens attending to C.
 double InferLayerBytes(const ModelShape& s, int64_t R, int64_t T, int64_t C) {
   const double rt = static_cast<double>(R * T);
   return Bytes(rt * s.H * kActivations.infer_hidden + rt * s.I * kActivations.infer_inter, s.E) +
-         kActivations.infer_scores * rt * s.heads * C * (8.0 + s.E);
+         AttentionBytes(s, R, T, C, /*training=*/false);
 }
 
 double TrainLayerBytes(const ModelShape& s, int64_t R, int64_t T) {
@@ -259,7 +279,7 @@ double TrainLayerBytes(const ModelShape& s, int64_t R, int64_t T) {
   // for the largest of them (the product's accumulator, then the copy that
   // is added to the host gradient).
   const double activations = Bytes(rt * s.H * kActivations.train_hidden + rt * s.I * kActivations.train_inter, s.E) +
-                             kActivations.train_scores * rt * s.heads * T * (8.0 + s.E);
+                             AttentionBytes(s, R, T, T, /*training=*/true);
   // LoRA: a frozen base makes no weight gradients, only its adapters'.
   if (s.adapter_params > 0) return activations + Bytes(static_cast<double>(s.adapter_params) / s.L, 4.0 + s.E);
   return activations + Bytes(s.layer_params, s.E) + 2.0 * 4.0 * static_cast<double>(s.H) * static_cast<double>(s.I);
@@ -300,9 +320,16 @@ double ScoreBytes(const ModelShape& s, int64_t R, int64_t T) {
   return InferLayerBytes(s, R, T, T) + HeadBytes(s, R, T, false);
 }
 
+// Layer inputs a training step keeps on the device: every layer's and the
+// top's, or with activations off the device a window of three (the one in
+// use, one in transit each way: offload/stream/activation_stash.h).
+double KeptActivationBytes(const ModelShape& s, int64_t R, int64_t T) {
+  const int64_t kept = s.placement->activations == offload::Tier::kDevice ? s.L + 1 : std::min<int64_t>(3, s.L + 1);
+  return static_cast<double>(kept) * R * T * s.H * s.E;
+}
+
 double UpdateBytes(const ModelShape& s, int64_t R, int64_t T) {
-  const double saved = static_cast<double>(s.L + 1) * R * T * s.H * s.E;
-  return saved + std::max(HeadBytes(s, R, T, true), TrainLayerBytes(s, R, T));
+  return KeptActivationBytes(s, R, T) + std::max(HeadBytes(s, R, T, true), TrainLayerBytes(s, R, T));
 }
 
 // The cost model: seconds of the operations a phase runs.
@@ -386,7 +413,24 @@ class CostModel {
                         Copy(static_cast<double>(R * T) * s.head_width * 4.0 * 6.0);
     // Each layer's gradients added into the host fp32 buffers.
     const double grads = Copy(static_cast<double>(s.trained_params) * (4.0 * 3.0 + s.E));
-    return WithStream(compute, 2.0 * Stream(s), /*decoding=*/false) + head + grads;
+    // Activations off the device: every layer's input leaves in forward and
+    // comes back in backward. The NVMe reads and writes run beside the
+    // compute (the last two layers' inputs are still staged: no read); the
+    // copies to and from the host do too on a GPU, and on the CPU device
+    // are memcpys on the compute thread.
+    const double kept = static_cast<double>(s.L * R * T * s.H * s.E);
+    double hidden_io = 0.0, activation_copies = 0.0;
+    if (s.placement->activations != offload::Tier::kDevice) {
+      if (cpu_device_) activation_copies = 2.0 * Copy(kept);
+      if (s.placement->activations == offload::Tier::kNvme) {
+        const double reread = kept * static_cast<double>(std::max<int64_t>(s.L - 2, 0)) / static_cast<double>(s.L);
+        hidden_io = kept / f_.nvme_write_bytes_per_s + reread / f_.nvme_read_bytes_per_s;
+      } else if (!cpu_device_) {
+        hidden_io = 2.0 * kept / f_.host_stream_bytes_per_s;
+      }
+    }
+    return std::max(WithStream(compute, 2.0 * Stream(s), /*decoding=*/false), hidden_io) + head + grads +
+           activation_copies;
   }
   // One optimizer step over a rank's shard, and the new weights written home.
   double OptimizerStep(const ModelShape& s) const {
@@ -599,9 +643,19 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
     const auto [count, size] = Micro(n_rows, micro);
     phases["score"].Pass(window(s) + ScoreBytes(s, size, T), count * cost.Pass(s, size, T, T, size * T));
   };
+  // Activations kept off the device: each trained model's stash holds its
+  // buffers (grown to the largest step) from its first step on.
+  std::array<double, 3> stashed{};
   // `steps` gradient steps of `step_rows` rows each, at `tokens` per row.
   auto update = [&](const ModelShape& s, int64_t steps, int64_t step_rows, int64_t tokens) {
     const auto [count, size] = Micro(step_rows, micro);
+    const double stride = static_cast<double>(RoundUp(size * tokens * s.H * s.E, kNvmeBlock));
+    if (s.placement->activations == offload::Tier::kHost) {
+      stashed[kHost] += static_cast<double>(RoundUp(static_cast<int64_t>(s.L * stride), kHugePage));
+    } else if (s.placement->activations == offload::Tier::kNvme) {
+      stashed[kHost] += 2.0 * static_cast<double>(RoundUp(static_cast<int64_t>(stride), kHugePage));
+      stashed[kNvme] += s.L * stride;
+    }
     const double sums = (s.sharded ? count : 1) * cost.GradientSum(s, workers);
     phases["update"].Pass(window(s) + UpdateBytes(s, size, tokens),
                           steps * (count * cost.ForwardBackward(s, size, tokens) + sums + cost.OptimizerStep(s)));
@@ -641,6 +695,8 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
     }
   }
 
+  resident[kHost] += stashed[kHost];
+  resident[kNvme] += stashed[kNvme];
   int64_t host_peak = 0, device_peak = 0;
   for (const auto& [name, phase] : phases) {
     PhasePrediction p;
@@ -835,6 +891,19 @@ FitResult FitJob(const JobSpec& spec, const std::vector<PlannedModel>& models, c
     }
   };
   search(models, {});
+  // Nothing fits with the activations on the device: the trained models
+  // keep them on the host (a GPU's), then on NVMe, as SSDTrain does; the
+  // latter stays for GaLore's search below.
+  std::vector<Tier> activation_tiers;
+  if (!hardware.cpu_device) activation_tiers.push_back(Tier::kHost);
+  if (hardware.nvme_bytes > 0) activation_tiers.push_back(Tier::kNvme);
+  for (size_t t = 0; fits.empty() && t < activation_tiers.size(); ++t) {
+    for (size_t i = 0; i < models.size(); ++i) {
+      if (!models[i].trainable || !models[i].shares_base_of.empty()) continue;
+      for (offload::ModelPlacement& p : options[i]) p.activations = activation_tiers[t];
+    }
+    search(models, {});
+  }
   // Nothing fits with full Adam: GaLore shrinks the optimizer state of the
   // models that train every parameter, at the largest rank that fits (the
   // closest to full Adam).
@@ -881,6 +950,7 @@ std::vector<std::string> PredictionOverrides(const JobPrediction& prediction) {
     out.push_back(absl::StrCat(key, "optimizer=", offload::TierName(p.optimizer)));
     out.push_back(absl::StrCat(key, "gradients=", offload::TierName(p.gradients)));
     out.push_back(absl::StrCat(key, "step_in_backward=", p.step_in_backward ? "true" : "false"));
+    out.push_back(absl::StrCat(key, "activations=", offload::TierName(p.activations)));
     if (auto rank = prediction.galore_rank.find(role); rank != prediction.galore_rank.end()) {
       out.push_back(absl::StrCat("models.", role, ".galore={rank: ", rank->second, "}"));
     }

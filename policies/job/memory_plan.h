@@ -134,8 +134,10 @@ struct FitResult {
 // nvme; optimizer device / host / nvme; prefetch 1 or 2; step_in_backward
 // where the spec allows it) and, unless `vary_micro_batch` is false,
 // micro-batch sizes from the spec's down to 1. When nothing fits, tries
-// again with GaLore on every model that trains in full without it, at the
-// largest rank of 1024, 512, ..., 32 that fits (chosen.galore_rank says so).
+// again with the trained models' activations on the host (a GPU's), then
+// on NVMe; then with GaLore on every model that trains in full without it,
+// at the largest rank of 1024, 512, ..., 32 that fits (chosen.galore_rank
+// says so).
 FitResult FitJob(const JobSpec& spec, const std::vector<PlannedModel>& models, const HardwareFigures& figures,
                  const Hardware& hardware, int64_t workers, bool vary_micro_batch = true);
 

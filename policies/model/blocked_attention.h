@@ -10,13 +10,15 @@
 
 #include <cstdint>
 
+#include "policies/config/attention_blocks.h"
+
 namespace strata::policies {
 
 struct BlockedAttentionOptions {
   // Queries and keys per block: the scores of one block pair, [B, Hq,
   // query_block, key_block] in fp32, are the largest temporary.
-  int64_t query_block = 128;
-  int64_t key_block = 256;
+  int64_t query_block = kAttentionQueryBlock;
+  int64_t key_block = kAttentionKeyBlock;
   // > 0: a query at absolute position p sees keys in (p - window, p]
   // (Mistral's sliding window); 0: every earlier key.
   int64_t window = 0;

@@ -157,7 +157,7 @@ LayerContext MakeLayerContext(const LlamaConfig& config, const at::Tensor& atten
   ctx.sin = emb.sin().to(dtype);
 
   ctx.key_real = attention_mask.to(at::kBool);
-  if (attention == AttentionKind::kBlocked || (attention == AttentionKind::kAuto && t * s >= kBlockedAttentionScores)) {
+  if (attention == AttentionKind::kBlocked || (attention == AttentionKind::kAuto && BlockedAttentionFor(t, s))) {
     return ctx;
   }
   // Query i (absolute position s - t + i) sees key j when j <= s - t + i,
@@ -461,8 +461,15 @@ size_t LayerWorkingBytes(const LlamaConfig& c, int64_t batch, int64_t seq, at::S
   const size_t es = c10::elementSize(dtype);
   const size_t bth = static_cast<size_t>(batch * seq * c.hidden_size);
   const size_t bti = static_cast<size_t>(batch * seq * c.intermediate_size);
-  // Scores, their float32 softmax and the probabilities in the model dtype.
-  const size_t attention = static_cast<size_t>(batch * c.num_attention_heads * seq * seq) * (4 + 4 + es);
+  // Scores, their float32 softmax and the probabilities in the model dtype;
+  // blocked, one block pair of them and float32 tensors linear in T (the
+  // planner's AttentionBytes in policies/job/memory_plan.cc).
+  const size_t width = static_cast<size_t>((c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim);
+  const size_t attention =
+      BlockedAttentionFor(seq, seq)
+          ? static_cast<size_t>(batch * c.num_attention_heads * kAttentionQueryBlock * kAttentionKeyBlock) * 12 +
+                (training ? 5 : 2) * 4 * static_cast<size_t>(batch * seq) * width
+          : static_cast<size_t>(batch * c.num_attention_heads * seq * seq) * (4 + 4 + es);
   if (!training) return (4 * bth + 3 * bti) * es + attention;
   const size_t layer_params = static_cast<size_t>(
       c.hidden_size * (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim +

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "policies/config/attention_blocks.h"
 #include "policies/config/llama_config.h"
 
 namespace strata::policies {
@@ -113,9 +114,9 @@ class DenseKvCache final : public KvCache {
 // How a forward pass without a paged cache attends: the whole [T, S] score
 // matrix at once, or blocks of it with an online softmax (working memory
 // linear in the sequence: policies/model/blocked_attention.h). kAuto takes
-// the blocks once T x S reaches kBlockedAttentionScores.
+// the blocks once T x S reaches kBlockedAttentionScores
+// (policies/config/attention_blocks.h).
 enum class AttentionKind { kAuto, kMaterialised, kBlocked };
-inline constexpr int64_t kBlockedAttentionScores = int64_t{1} << 20;
 
 // Per-call inputs that every layer shares.
 struct LayerContext {

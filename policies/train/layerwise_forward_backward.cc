@@ -61,15 +61,22 @@ absl::StatusOr<double> LayerwiseTrainerImpl::ForwardBackwardAt(const at::Tensor&
   absl::Cleanup abandon_grads = [this] { AbandonGrads(); };
   const int64_t layers = config_.num_hidden_layers;
   const LayerContext ctx = MakeLayerContext(config_, attention_mask, input_ids.size(1),
-                                            resident_.embed_tokens.scalar_type());
-  // Forward without autograd, keeping each layer's input.
-  std::vector<at::Tensor> inputs(static_cast<size_t>(layers) + 1);
+                                            resident_.embed_tokens.scalar_type(), options_.attention);
+  // Forward without autograd, keeping each layer's input in the stash (on
+  // the device, or off it as SSDTrain does).
+  absl::Cleanup end_stash = [this] { activations_->End(); };
+  at::Tensor top;
   {
     c10::NoGradGuard no_grad;
-    inputs[0] = at::embedding(resident_.embed_tokens, input_ids);
+    at::Tensor hidden = at::embedding(resident_.embed_tokens, input_ids);
+    STRATA_RETURN_IF_ERROR(activations_->Begin(layers, static_cast<int64_t>(hidden.nbytes())));
     STRATA_RETURN_IF_ERROR(source_->BeginPass(Range(layers, false)));
     for (int64_t l = 0; l < layers; ++l) {
       if (absl::Status s = CheckInterrupt("in a forward pass"); !s.ok()) {
+        source_->EndPass();
+        return s;
+      }
+      if (absl::Status s = activations_->Put(l, hidden); !s.ok()) {
         source_->EndPass();
         return s;
       }
@@ -77,12 +84,12 @@ absl::StatusOr<double> LayerwiseTrainerImpl::ForwardBackwardAt(const at::Tensor&
       if (!w.ok()) return w.status();
       LoraApply frozen;
       const LoraApply adapters = TrainingApply(l, lora() ? &options_.lora->layer(l) : nullptr, &frozen);
-      inputs[static_cast<size_t>(l) + 1] = DecoderLayerForward(config_, *w, inputs[static_cast<size_t>(l)], ctx,
-                                                               nullptr, l, &adapters);
+      hidden = DecoderLayerForward(config_, *w, hidden, ctx, nullptr, l, &adapters);
       *w = LlamaLayerWeights();  // before Release: the streamer may reuse the buffers
       source_->Release(l);
     }
     source_->EndPass();
+    top = std::move(hidden);
   }
 
   // Head and loss with autograd; leaves stand in for the resident weights
@@ -96,8 +103,7 @@ absl::StatusOr<double> LayerwiseTrainerImpl::ForwardBackwardAt(const at::Tensor&
   } else {
     head_weight = resident_.lm_head.defined() ? trained(resident_.lm_head) : embed;
   }
-  at::Tensor top = inputs.back().detach().requires_grad_();
-  inputs.back() = at::Tensor();
+  top = top.detach().requires_grad_();
   double loss_value = 0;
   {
     // Scoped so that logits, the loss graph and the head's gradient are
@@ -133,6 +139,11 @@ absl::StatusOr<double> LayerwiseTrainerImpl::ForwardBackwardAt(const at::Tensor&
       source_->EndPass();
       return s;
     }
+    absl::StatusOr<at::Tensor> input = activations_->Take(l);
+    if (!input.ok()) {
+      source_->EndPass();
+      return input.status();
+    }
     auto w = AcquireOrEndPass(*source_, l);
     if (!w.ok()) return w.status();
     std::vector<at::Tensor*> slots = LayerTensors(*w);
@@ -150,8 +161,8 @@ absl::StatusOr<double> LayerwiseTrainerImpl::ForwardBackwardAt(const at::Tensor&
     }
     LoraApply frozen;
     const LoraApply adapters = TrainingApply(l, lora() ? &adapter_leaves : nullptr, &frozen);
-    at::Tensor x = inputs[static_cast<size_t>(l)].detach().requires_grad_();
-    inputs[static_cast<size_t>(l)] = at::Tensor();
+    at::Tensor x = input->detach().requires_grad_();
+    *input = at::Tensor();
     {
       // Scoped: the output's graph refers to the weights, which the streamer
       // reuses for a later fetch only once nothing does.

@@ -154,6 +154,14 @@ absl::StatusOr<std::unique_ptr<LayerwiseTrainer>> LayerwiseTrainer::Create(const
     trainer->nvme_adam_ = std::move(state);
   }
   LlamaWeights& r = trainer->resident_;
+  offload::ActivationStashOptions stash;
+  stash.home = options.activations;
+  stash.device = r.embed_tokens.device();
+  if (options.activations == offload::Tier::kNvme) {
+    if (nvme == nullptr) return absl::InvalidArgumentError("activations on NVMe need an NVMe directory");
+    stash.nvme_directory = nvme->directory();
+  }
+  STRATA_ASSIGN_OR_RETURN(trainer->activations_, offload::ActivationStash::Create(stash, arena));
   if ((!r.embed_tokens.device().is_cpu() || options.stage_gradients) && options.optimizer != offload::Tier::kDevice) {
     // Gradients leave the GPU through the download stream (pinned staging).
     STRATA_ASSIGN_OR_RETURN(trainer->grad_transfer_, offload::DeviceTransfer::Create(r.embed_tokens.device()));

@@ -46,6 +46,14 @@ struct LayerwiseTrainerOptions {
   // combinations that work. Weights' placement is the LayerSource's.
   offload::Tier optimizer = offload::Tier::kHost;
   offload::Tier gradients = offload::Tier::kHost;
+  // Where each decoder layer's input waits between the forward pass and its
+  // recomputation in backward (offload/stream/activation_stash.h): kDevice,
+  // kHost (the arena) or kNvme (an unnamed scratch file beside the NVMe
+  // store's, read back one layer ahead).
+  offload::Tier activations = offload::Tier::kDevice;
+  // How the layers attend: kAuto takes blocked attention from
+  // kBlockedAttentionScores on; benchmarks force either to compare them.
+  AttentionKind attention = AttentionKind::kAuto;
   // Tiling of NVMe optimizer states.
   offload::NvmeAdamOptions nvme_adam;
   // Move host gradients through DeviceTransfer's staging pipeline even on

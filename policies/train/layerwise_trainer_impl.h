@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "offload/device/device_transfer.h"
 #include "offload/host/host_arena.h"
+#include "offload/stream/activation_stash.h"
 #include "policies/config/tensor_dealer.h"
 #include "policies/train/galore.h"
 #include "policies/train/layerwise_trainer.h"
@@ -166,6 +167,7 @@ class LayerwiseTrainerImpl final : public LayerwiseTrainer {
   std::unique_ptr<offload::CpuAdam> adam_;
   std::unique_ptr<offload::NvmeAdamState> nvme_adam_;
   std::unique_ptr<offload::DeviceTransfer> grad_transfer_;  // GPU with host gradients only
+  std::unique_ptr<offload::ActivationStash> activations_;   // the layers' inputs between the passes
   PendingBatch current_grads_;
   std::deque<PendingBatch> pending_grads_;
   std::vector<ParamState*> final_grads_;  // data parallel: not yet handed to the sum

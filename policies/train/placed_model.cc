@@ -17,7 +17,8 @@ absl::StatusOr<std::unique_ptr<PlacedModel>> PlacedModel::Create(std::unique_ptr
   }
   const offload::ModelPlacement& placement = options.placement;
   const bool needs_nvme = placement.weights == offload::Tier::kNvme ||
-                          (options.trainable && placement.optimizer == offload::Tier::kNvme);
+                          (options.trainable && (placement.optimizer == offload::Tier::kNvme ||
+                                                 placement.activations == offload::Tier::kNvme));
   if (needs_nvme && context.nvme == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(options.name, ": placement uses nvme but no NVMe directory is set"));
   }
@@ -89,6 +90,7 @@ absl::StatusOr<std::unique_ptr<PlacedModel>> PlacedModel::Create(std::unique_ptr
     trainer_options.optimizer = placement.optimizer;
     trainer_options.gradients = placement.gradients;
     trainer_options.step_in_backward = placement.step_in_backward;
+    trainer_options.activations = placement.activations;
     trainer_options.nvme_adam.id_prefix = options.name + "/";
     auto trainer = LayerwiseTrainer::Create(config, head, weights, placed->source_.get(), context.arena,
                                             trainer_options, context.nvme);

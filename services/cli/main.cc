@@ -19,6 +19,7 @@
 #include "bench/figures_bench.h"
 #include "bench/generate_bench.h"
 #include "bench/io_bench.h"
+#include "bench/long_sequence_bench.h"
 #include "bench/rollout_bench.h"
 #include "bench/stream_bench.h"
 #include "bench/tokenizer_bench.h"
@@ -419,6 +420,7 @@ struct BenchCommands {
   std::string svc_token_file;
 #endif
   strata::bench::StreamBenchRequest sb;
+  strata::bench::LongSequenceBenchRequest lb;
   strata::bench::TransferBenchRequest tb;
   strata::bench::AllReduceBenchRequest arb;
   strata::bench::TokenizerBenchRequest tkb;
@@ -524,6 +526,19 @@ struct BenchCommands {
       };
     });
 #endif
+
+    auto* bench_long = bench->add_subcommand(
+        "long", "Training step over one long sequence: materialised vs blocked attention, activations kept vs off");
+    bench_long->add_option("--config", lb.config, "config.json of the shape (random weights)")->required();
+    bench_long->add_option("--layers", lb.layers, "decoder layers (0: the config's)");
+    bench_long->add_option("--tokens", lb.tokens, "sequence lengths")->delimiter(',');
+    bench_long->add_option("--modes", lb.modes, "of materialised, blocked, host, nvme")->delimiter(',');
+    bench_long->add_option("--max-scores-bytes", lb.max_scores_bytes, "skip materialised attention beyond this");
+    bench_long->add_option("--nvme-dir", lb.nvme_dir, "directory for NVMe activations");
+    bench_long->add_option("--steps", lb.steps, "timed steps per mode (best reported)");
+    bench_long->add_option("--warmup", lb.warmup, "untimed steps first");
+    bench_long->add_flag("--json", lb.json, "print one JSON object");
+    bench_long->callback([&] { run = [&] { return Finish("bench long", strata::bench::RunLongSequenceBench(lb)); }; });
 
     auto* bench_stream = bench->add_subcommand("stream",
                                                "Training step with layers streamed from host / NVMe vs resident");

@@ -33,9 +33,10 @@ json PredictionJson(const JobPrediction& p) {
   json j;
   for (const auto& [role, placement] : p.placement) {
     j["placement"][role] = {
-        {"weights", offload::TierName(placement.weights)},     {"optimizer", offload::TierName(placement.optimizer)},
-        {"gradients", offload::TierName(placement.gradients)}, {"prefetch", placement.prefetch_depth},
-        {"step_in_backward", placement.step_in_backward},      {"trainable", Trained(p, role)}};
+        {"weights", offload::TierName(placement.weights)},        {"optimizer", offload::TierName(placement.optimizer)},
+        {"gradients", offload::TierName(placement.gradients)},    {"prefetch", placement.prefetch_depth},
+        {"step_in_backward", placement.step_in_backward},         {"trainable", Trained(p, role)},
+        {"activations", offload::TierName(placement.activations)}};
   }
   for (const auto& [role, owner] : p.shares_base_of) j["shares_base_of"][role] = owner;
   for (const auto& [role, rank] : p.galore_rank) j["galore_rank"][role] = rank;
@@ -57,21 +58,25 @@ std::string PlacementLine(const JobPrediction& p) {
         role, " ", offload::TierName(placement.weights),
         trained ? absl::StrCat("/", offload::TierName(placement.optimizer)) : "",
         placement.weights == offload::Tier::kDevice ? "" : absl::StrCat(" prefetch ", placement.prefetch_depth),
-        trained && placement.step_in_backward ? " step-in-backward" : ""));
+        trained && placement.step_in_backward ? " step-in-backward" : "",
+        trained && placement.activations != offload::Tier::kDevice
+            ? absl::StrCat(" activations ", offload::TierName(placement.activations))
+            : ""));
   }
   return absl::StrCat(absl::StrJoin(parts, ", "), "; micro-batch ",
                       p.micro_batch_size > 0 ? absl::StrCat(p.micro_batch_size) : std::string("whole"));
 }
 
 std::string PredictionText(const JobPrediction& p) {
-  std::string text = absl::StrFormat("  %-10s %-8s %-10s %-10s %-9s %s\n", "model", "weights", "optimizer", "gradients",
-                                     "prefetch", "step in backward");
+  std::string text = absl::StrFormat("  %-10s %-8s %-10s %-10s %-12s %-9s %s\n", "model", "weights", "optimizer",
+                                     "gradients", "activations", "prefetch", "step in backward");
   for (const auto& [role, placement] : p.placement) {
     const bool trained = Trained(p, role);
     const bool streamed = placement.weights != offload::Tier::kDevice;
-    text += absl::StrFormat("  %-10s %-8s %-10s %-10s %-9s %s\n", role, offload::TierName(placement.weights),
+    text += absl::StrFormat("  %-10s %-8s %-10s %-10s %-12s %-9s %s\n", role, offload::TierName(placement.weights),
                             trained ? offload::TierName(placement.optimizer) : "-",
                             trained ? offload::TierName(placement.gradients) : "-",
+                            trained ? offload::TierName(placement.activations) : "-",
                             streamed ? absl::StrCat(placement.prefetch_depth) : "-",
                             trained && placement.step_in_backward ? "yes" : "");
   }

@@ -267,6 +267,20 @@ TEST(JobSpecTest, NvmePlacementParsesWithoutADirectoryTheWorkerMayGiveOne) {
   EXPECT_FALSE(plain->UsesNvme());
 }
 
+// Activations off the device: on a model that trains; NVMe ones need the
+// NVMe tier like any other nvme placement.
+TEST(JobSpecTest, ActivationPlacementIsForTrainedModels) {
+  auto spec = ParseJobSpec(kRemax, {"models.actor.placement.activations=nvme"}, "job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->actor.placement.activations, offload::Tier::kNvme);
+  EXPECT_TRUE(spec->UsesNvme());
+  EXPECT_NE(ErrorOf(kRemax, {"models.reference.placement.activations=host"})
+                .find("models.reference.placement.activations' is for a model that trains"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(kRemax, {"models.actor.placement.activations=disk"}).find("models.actor.placement.activations"),
+            std::string::npos);
+}
+
 // A worker's confinement: paths resolve (symlinks followed) inside its data
 // roots or the job is refused naming the key, the same whether the target
 // exists or not.

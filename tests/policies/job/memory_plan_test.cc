@@ -234,6 +234,47 @@ TEST(MemoryPlanTest, FitTurnsToGaloreWhenFullAdamFitsNowhere) {
   EXPECT_EQ(PredictJob(chosen, *JobModels(chosen), Figures(), 1).peak, fit.chosen.peak);
 }
 
+// Activations off the device (SSDTrain): the update keeps three layer
+// inputs on the device instead of every layer's and the top's; NVMe ones
+// take two staging buffers in the arena and a slot per layer on NVMe. A fit
+// moves them off the device when that is what makes a job fit.
+TEST(MemoryPlanTest, ActivationOffloadKeepsAWindowOnTheDevice) {
+  const std::vector<std::string> long_responses = {"generation.max_new_tokens=2000", "train.batch_size=4"};
+  const JobSpec kept_spec = Spec("remax", long_responses);
+  std::vector<std::string> nvme = long_responses;
+  nvme.push_back("models.actor.placement.activations=nvme");
+  const JobSpec nvme_spec = Spec("remax", nvme);
+  auto models = JobModels(kept_spec);
+  ASSERT_TRUE(models.ok()) << models.status();
+  const LlamaConfig& c = models->at(0).config;
+  const JobPrediction kept = PredictJob(kept_spec, *models, Figures(), 1);
+  const JobPrediction off = PredictJob(nvme_spec, *JobModels(nvme_spec), Figures(), 1);
+  const int64_t input = 4 * 2016 * c.hidden_size * 4;  // R x T x H x fp32
+  const int64_t layers = c.num_hidden_layers;
+  EXPECT_EQ(kept.phases.at("update").peak[0] - off.phases.at("update").peak[0], (layers + 1 - 3) * input);
+  const int64_t stride = (input + 4095) / 4096 * 4096;
+  EXPECT_EQ(off.peak[2] - kept.peak[2], layers * stride);
+  const int64_t huge = int64_t{2} << 20;
+  EXPECT_EQ(off.peak[1] - kept.peak[1], 2 * ((stride + huge - 1) / huge * huge));
+  EXPECT_GT(off.phases.at("update").seconds, kept.phases.at("update").seconds);
+
+  // A GPU too small for any placement with the activations kept.
+  Hardware hw;
+  hw.device_bytes = 64 * kGiB, hw.host_bytes = 64 * kGiB, hw.nvme_bytes = 64 * kGiB;
+  const FitResult roomy = FitJob(kept_spec, *models, Figures(), hw, 1);
+  ASSERT_TRUE(roomy.fits);
+  int64_t least = roomy.chosen.peak[0];
+  for (const auto& candidate : roomy.candidates) least = std::min(least, candidate.peak[0]);
+  EXPECT_EQ(roomy.chosen.placement.at("actor").activations, offload::Tier::kDevice);
+  hw.device_bytes = least - 1;
+  const FitResult fit = FitJob(kept_spec, *models, Figures(), hw, 1);
+  ASSERT_TRUE(fit.fits) << fit.binding_tier;
+  EXPECT_EQ(fit.chosen.placement.at("actor").activations, offload::Tier::kHost);
+  EXPECT_LE(fit.chosen.peak[0], hw.device_bytes);
+  const std::vector<std::string> overrides = PredictionOverrides(fit.chosen);
+  EXPECT_NE(std::find(overrides.begin(), overrides.end(), "models.actor.placement.activations=host"), overrides.end());
+}
+
 // Models load one at a time: a model's tensors are read whole, then its
 // streamed layers go home and only what it keeps stays. With every model's
 // layers on NVMe (and the actor stepping each layer in its backward, so no

@@ -167,7 +167,8 @@ std::vector<double> TrainWithPlacement(const offload::ModelPlacement& placement,
   auto arena = Arena();
   testing::TempDir dir;
   std::unique_ptr<offload::NvmeStore> store;
-  if (placement.weights == offload::Tier::kNvme || placement.optimizer == offload::Tier::kNvme) {
+  if (placement.weights == offload::Tier::kNvme || placement.optimizer == offload::Tier::kNvme ||
+      placement.activations == offload::Tier::kNvme) {
     offload::NvmeStoreOptions store_options;
     store_options.directory = dir.path();
     store = offload::SynchronizedNvmeStore(std::move(*offload::NvmeStore::Open(store_options)));
@@ -190,6 +191,7 @@ std::vector<double> TrainWithPlacement(const offload::ModelPlacement& placement,
   options.optimizer = placement.optimizer;
   options.gradients = placement.gradients;
   options.step_in_backward = placement.step_in_backward;
+  options.activations = placement.activations;
   options.nvme_adam.tile_elements = 1024;
   auto trainer = LayerwiseTrainer::Create(model->config(), LlamaHead::kLanguageModel, weights, source.get(),
                                           arena.get(), options, store.get());
@@ -225,6 +227,11 @@ offload::ModelPlacement Place(offload::Tier weights, offload::Tier optimizer, of
   return p;
 }
 
+offload::ModelPlacement WithActivations(offload::ModelPlacement p, offload::Tier activations) {
+  p.activations = activations;
+  return p;
+}
+
 using offload::Tier;
 INSTANTIATE_TEST_SUITE_P(
     Placements, PlacementTest,
@@ -234,11 +241,82 @@ INSTANTIATE_TEST_SUITE_P(
                       // Each layer updated as its backward ends: the same steps.
                       Place(Tier::kDevice, Tier::kHost, Tier::kHost, true),
                       Place(Tier::kHost, Tier::kHost, Tier::kHost, true),
-                      Place(Tier::kNvme, Tier::kNvme, Tier::kHost, true)),
+                      Place(Tier::kNvme, Tier::kNvme, Tier::kHost, true),
+                      // Activations off the device (SSDTrain): the same steps.
+                      WithActivations(Place(Tier::kDevice, Tier::kHost, Tier::kHost), Tier::kHost),
+                      WithActivations(Place(Tier::kDevice, Tier::kHost, Tier::kHost), Tier::kNvme),
+                      WithActivations(Place(Tier::kNvme, Tier::kNvme, Tier::kHost, true), Tier::kNvme)),
     [](const auto& info) {
-      return std::string(offload::TierName(info.param.weights)) + "_" + offload::TierName(info.param.optimizer) + "_" +
-             offload::TierName(info.param.gradients) + (info.param.step_in_backward ? "_step_in_backward" : "");
+      const offload::ModelPlacement& p = info.param;
+      return std::string(offload::TierName(p.weights)) + "_" + offload::TierName(p.optimizer) + "_" +
+             offload::TierName(p.gradients) + (p.step_in_backward ? "_step_in_backward" : "") +
+             (p.activations != offload::Tier::kDevice ? std::string("_activations_") + offload::TierName(p.activations)
+                                                      : "");
     });
+
+// SSDTrain's offload: a long sequence's layer inputs kept on the host or
+// NVMe instead of the device give the very same loss and gradients, and
+// the device holds a window of them instead of the stack (the planner's
+// KeptActivationBytes: three instead of layers + 1).
+TEST(LayerwiseTrainerTest, ActivationsOffTheDeviceGiveTheSameGradientsAndKeepAWindow) {
+  LlamaConfig c = SmallConfig(false);
+  c.hidden_size = 64, c.intermediate_size = 96, c.head_dim = 16, c.num_hidden_layers = 10;
+  c.max_position_embeddings = 2048;
+  auto model = LlamaModel::RandomInit(c, LlamaHead::kLanguageModel, at::kFloat, 8, 0.2);
+  const int64_t t = 1024;  // blocked attention: t * t reaches kBlockedAttentionScores
+  at::Generator gen = at::detail::createCPUGenerator(11);
+  const at::Tensor ids = at::randint(c.vocab_size, {1, t}, gen, at::kLong);
+  at::Tensor mask = at::ones_like(ids);
+  mask.narrow(1, 0, 5).zero_();  // left padding
+  auto loss_fn = [&](const at::Tensor& logits) { return NextTokenLoss(logits, ids); };
+  offload::DeviceMemoryMonitor& monitor = offload::DeviceMemoryMonitor::Install();
+  testing::TempDir dir;
+  offload::NvmeStoreOptions store_options;
+  store_options.directory = dir.path();
+  auto store = std::move(*offload::NvmeStore::Open(store_options));
+
+  struct Result {
+    double loss = 0;
+    std::map<std::string, at::Tensor> grads;
+    size_t peak = 0;
+  };
+  auto run = [&](offload::Tier activations) {
+    Result r;
+    offload::HostArenaOptions arena_options;
+    arena_options.capacity_bytes = 64 << 20;
+    auto arena = std::move(*offload::HostArena::Create(arena_options));
+    ResidentLayerSource source(model->weights().layers);
+    LayerwiseTrainerOptions options = TrainerOptions();
+    options.activations = activations;
+    auto trainer = LayerwiseTrainer::Create(c, LlamaHead::kLanguageModel, model->weights(), &source, arena.get(),
+                                            options, store.get());
+    EXPECT_TRUE(trainer.ok()) << trainer.status();
+    if (!trainer.ok()) return r;
+    monitor.ResetPeak();
+    const size_t before = monitor.current_bytes();
+    auto loss = (*trainer)->ForwardBackward(ids, mask, loss_fn);
+    EXPECT_TRUE(loss.ok()) << loss.status();
+    r.peak = monitor.peak_bytes() - before;
+    r.loss = loss.ok() ? *loss : 0;
+    for (auto& [name, tensor] : model->NamedParameters()) r.grads[name] = *(*trainer)->Gradient(name);
+    return r;
+  };
+  const Result kept = run(offload::Tier::kDevice);
+  const double activation = static_cast<double>(t * c.hidden_size * 4);
+  for (offload::Tier tier : {offload::Tier::kHost, offload::Tier::kNvme}) {
+    const Result off = run(tier);
+    EXPECT_EQ(off.loss, kept.loss) << offload::TierName(tier);
+    for (const auto& [name, grad] : kept.grads) {
+      EXPECT_TRUE(at::equal(off.grads.at(name), grad)) << name << " with activations on " << offload::TierName(tier);
+    }
+    // Ten layers' inputs and the top's kept, against a window of three:
+    // the peak drops by at least eight of them.
+    EXPECT_GE(static_cast<double>(kept.peak) - static_cast<double>(off.peak),
+              (c.num_hidden_layers + 1 - 3) * activation)
+        << offload::TierName(tier) << ": " << kept.peak << " vs " << off.peak;
+  }
+  EXPECT_TRUE(store->Ids().empty());  // activations never enter the store
+}
 
 TEST(LayerwiseTrainerTest, StepInBackwardKeepsNoLayerGradientsAndTakesOnePassPerStep) {
   const Batch batch = MakeBatch();

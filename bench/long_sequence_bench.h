@@ -1,0 +1,41 @@
+// `strata bench long`: one training step (forward, layer-wise recomputation
+// and backward, CPU AdamW) over one long sequence, at each length asked for,
+// with the attention materialised (the peer) and blocked, and the layers'
+// kept inputs on the device (the peer), the host or NVMe: the step's time,
+// the device tier's peak and the process's peak RSS, in the same run.
+#ifndef STRATA_BENCH_LONG_SEQUENCE_BENCH_H_
+#define STRATA_BENCH_LONG_SEQUENCE_BENCH_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace strata::bench {
+
+struct LongSequenceBenchRequest {
+  // A Hugging Face config.json: the shape (random weights).
+  std::string config;
+  // > 0: this many decoder layers instead of the config's.
+  int64_t layers = 0;
+  std::vector<int64_t> tokens = {1024, 4096};
+  // Modes to run, of "materialised", "blocked", "host", "nvme" (the last
+  // two blocked, with activations off the device).
+  std::vector<std::string> modes = {"materialised", "blocked", "host", "nvme"};
+  // Materialised attention is skipped where its scores alone would pass
+  // this many bytes (it would swap or be killed).
+  int64_t max_scores_bytes = int64_t{8} << 30;
+  // Directory for NVMe activations; created if missing.
+  std::string nvme_dir = "strata-bench-nvme";
+  // Timed steps per mode after `warmup` untimed ones; the best is reported.
+  int steps = 1;
+  int warmup = 0;
+  bool json = false;
+};
+
+absl::StatusOr<std::string> RunLongSequenceBench(const LongSequenceBenchRequest& request);
+
+}  // namespace strata::bench
+
+#endif  // STRATA_BENCH_LONG_SEQUENCE_BENCH_H_
