@@ -18,6 +18,7 @@
 #include "bench/stream_bench.h"
 #include "offload/adam/nvme_adam.h"
 #include "policies/job/hardware_figures.h"
+#include "policies/model/blocked_attention.h"
 #include "policies/model/generation.h"
 #include "policies/model/llama.h"
 
@@ -169,6 +170,20 @@ absl::StatusOr<std::string> RunFiguresBench(const FiguresBenchRequest& request) 
     const double s = BestSeconds([&] { (void)at::mm(p, g); }, budget);
     f.host_matmul_flops_per_s = 2.0 * 136.0 * static_cast<double>(k) * static_cast<double>(k) / s;
     table += absl::StrFormat("host matmul fp32 (GaLore)       %10.2f GFLOP/s\n", f.host_matmul_flops_per_s / 1e9);
+  }
+  {
+    // Blocked attention, forward and backward, over one row of 8 heads of
+    // 64: its products' FLOPs (4 T^2/2 d a head forward, 2.5 times that
+    // backward: causality hides the other half) per second.
+    const int64_t t = request.quick ? 512 : 1024, heads = 8, d = 64;
+    const at::Tensor q = at::randn({1, heads, t, d}).requires_grad_();
+    const at::Tensor k = at::randn({1, heads, t, d}).requires_grad_();
+    const at::Tensor v = at::randn({1, heads, t, d}).requires_grad_();
+    const at::Tensor real = at::ones({1, t}, at::kBool);
+    const double s = BestSeconds([&] { policies::BlockedAttention(q, k, v, real).sum().backward(); }, budget);
+    const double forward = 4.0 * heads * d * 0.5 * static_cast<double>(t) * static_cast<double>(t + 1);
+    f.blocked_attention_flops_per_s = 3.5 * forward / s;
+    table += absl::StrFormat("blocked attention fwd+bwd       %10.2f GFLOP/s\n", f.blocked_attention_flops_per_s / 1e9);
   }
   {
     const at::Tensor a = at::ones({8}), b = at::ones({8});

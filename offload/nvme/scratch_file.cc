@@ -83,8 +83,7 @@ absl::StatusOr<std::unique_ptr<ScratchFile>> ScratchFile::Create(const ScratchFi
                            absl::StrCat("scratch file of ", total, " bytes (", options.slots, " slots) in ", dir));
     }
   }
-  return std::unique_ptr<ScratchFile>(
-      new ScratchFile(dir, fd, o_direct, slot_bytes, options.slots, std::move(engine)));
+  return std::unique_ptr<ScratchFile>(new ScratchFile(dir, fd, o_direct, slot_bytes, options.slots, std::move(engine)));
 }
 
 ScratchFile::ScratchFile(std::string directory, int fd, bool o_direct, int64_t slot_bytes, int64_t slots,

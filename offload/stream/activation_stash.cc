@@ -13,9 +13,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+double SecondsSince(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 }  // namespace
 
@@ -141,8 +139,7 @@ absl::StatusOr<at::Tensor> ActivationStash::Take(int64_t i) {
     if (i > 0) {
       // Started now, waited for by compute only when taken: the copy runs
       // beside layer i's recomputation.
-      STRATA_ASSIGN_OR_RETURN(at::Tensor next,
-                              transfer_->Upload(HostCopy(i - 1), shape_, dtype_));
+      STRATA_ASSIGN_OR_RETURN(at::Tensor next, transfer_->Upload(HostCopy(i - 1), shape_, dtype_));
       STRATA_ASSIGN_OR_RETURN(auto fence, transfer_->Fence());
       upload_ = Upload{i - 1, std::move(next), std::move(fence)};
     }
@@ -181,7 +178,8 @@ absl::Status ActivationStash::FinishDownload() {
   const Clock::time_point start = Clock::now();
   STRATA_RETURN_IF_ERROR(transfer_->WaitHost(*done.fence));
   stats_.wait_seconds += SecondsSince(start);
-  if (options_.home != Tier::kNvme) return absl::OkStatus();
+  // The last two stay staged until backward takes them: never written.
+  if (options_.home != Tier::kNvme || done.index >= count_ - 2) return absl::OkStatus();
   Staging& s = staging_[static_cast<size_t>(done.index % 2)];
   STRATA_ASSIGN_OR_RETURN(s.write, scratch_->StartWrite(done.index, s.buffer.bytes().first(Stride())));
   stats_.bytes_written += Stride();

@@ -9,8 +9,9 @@
 //    of about three (the one being made or used, one in transit each way).
 //  - kNvme stages each through one of two arena buffers into an unnamed
 //    scratch file (offload/nvme/scratch_file.h) and reads it back one layer
-//    ahead; host memory for activations is the two buffers, and a killed
-//    process leaves no file behind.
+//    ahead; the last two stay staged until backward takes them. Host memory
+//    for activations is the two buffers, and a killed process leaves no
+//    file behind.
 //
 // Copies between device and host go through DeviceTransfer and I/O through
 // the scratch file's engine, so both overlap the compute of the layer in
@@ -132,11 +133,11 @@ class ActivationStash {
   int64_t count_ = 0, bytes_ = 0, next_put_ = 0, next_take_ = -1;
   std::vector<int64_t> shape_;
   at::ScalarType dtype_ = at::kFloat;
-  std::vector<at::Tensor> on_device_;     // kDevice
-  HostBuffer host_copies_;                // kHost: every tensor, Stride() apart
-  std::array<Staging, 2> staging_;        // kNvme
-  std::optional<Download> download_;      // kHost, kNvme
-  std::optional<Upload> upload_;          // kHost
+  std::vector<at::Tensor> on_device_;  // kDevice
+  HostBuffer host_copies_;             // kHost: every tensor, Stride() apart
+  std::array<Staging, 2> staging_;     // kNvme
+  std::optional<Download> download_;   // kHost, kNvme
+  std::optional<Upload> upload_;       // kHost
 };
 
 }  // namespace strata::offload

@@ -16,6 +16,10 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <sys/random.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <exception>
 #include <limits>
@@ -95,16 +99,47 @@ absl::Status CheckPort(int port) {
 
 class RendezvousImpl final : public Rendezvous {
  public:
-  explicit RendezvousImpl(c10::intrusive_ptr<c10d::TCPStore> store) : store_(std::move(store)) {}
+  RendezvousImpl(c10::intrusive_ptr<c10d::TCPStore> store, std::string secret)
+      : store_(std::move(store)), secret_(std::move(secret)) {}
   int port() const override { return store_->getPort(); }
+  const std::string& secret() const override { return secret_; }
   const c10::intrusive_ptr<c10d::TCPStore>& store() const { return store_; }
 
  private:
   c10::intrusive_ptr<c10d::TCPStore> store_;
+  const std::string secret_;
 };
 
+constexpr size_t kSecretHexDigits = 32;
+
+// 128 bits from the kernel's CSPRNG, in hex.
+absl::StatusOr<std::string> NewSecret() {
+  unsigned char bytes[kSecretHexDigits / 2];
+  size_t got = 0;
+  while (got < sizeof(bytes)) {
+    const ssize_t n = ::getrandom(bytes + got, sizeof(bytes) - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return absl::InternalError("getrandom failed: no secret for the rendezvous");
+    got += static_cast<size_t>(n);
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string secret;
+  for (unsigned char b : bytes) secret += {kHex[b >> 4], kHex[b & 15]};
+  return secret;
+}
+
+absl::Status CheckSecret(const std::string& secret) {
+  const bool hex = std::all_of(secret.begin(), secret.end(),
+                               [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+  if (secret.size() != kSecretHexDigits || !hex) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rendezvous secret must be ", kSecretHexDigits, " hex digits (the one Host drew)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Rendezvous>> OpenStore(const std::string& host, int port, bool is_server, int world_size,
-                                                      std::chrono::milliseconds timeout) {
+                                                      const std::string& secret, std::chrono::milliseconds timeout) {
   STRATA_RETURN_IF_ERROR(CheckPort(port));
   STRATA_RETURN_IF_ERROR(CheckTimeout("rendezvous", timeout));
   c10d::TCPStoreOptions options;
@@ -114,7 +149,7 @@ absl::StatusOr<std::unique_ptr<Rendezvous>> OpenStore(const std::string& host, i
   options.waitWorkers = false;  // the ranks meet when they build the group
   options.timeout = timeout;
   try {
-    return std::make_unique<RendezvousImpl>(c10::make_intrusive<c10d::TCPStore>(host, options));
+    return std::make_unique<RendezvousImpl>(c10::make_intrusive<c10d::TCPStore>(host, options), secret);
   } catch (const std::exception& e) {
     return FromC10dException(absl::StrCat(is_server ? "host" : "join", " rendezvous at ", host, ":", port), e);
   }
@@ -155,6 +190,7 @@ absl::StatusOr<std::vector<std::unique_ptr<ProcessGroup>>> ProcessGroup::CreateI
   STRATA_RETURN_IF_ERROR(CheckAvailable(in_process.backend));
   STRATA_ASSIGN_OR_RETURN(auto host, Rendezvous::Host("127.0.0.1", 0, ranks, in_process.timeout));
   const int port = host->port();
+  const std::string secret = host->secret();
   std::vector<absl::Status> statuses(static_cast<size_t>(ranks));
   std::vector<std::thread> threads;
   // Each rank's group forms only when all have joined: one thread each.
@@ -162,7 +198,7 @@ absl::StatusOr<std::vector<std::unique_ptr<ProcessGroup>>> ProcessGroup::CreateI
     threads.emplace_back([&, r, rendezvous = r == 0 ? std::move(host) : nullptr]() mutable {
       absl::Status& status = statuses[static_cast<size_t>(r)];
       if (rendezvous == nullptr) {
-        auto joined = Rendezvous::Join("127.0.0.1", port, in_process.timeout);
+        auto joined = Rendezvous::Join("127.0.0.1", port, secret, in_process.timeout);
         if (!joined.ok()) {
           status = joined.status();
           return;
@@ -258,12 +294,15 @@ absl::StatusOr<std::unique_ptr<Rendezvous>> Rendezvous::Host(const std::string& 
   if (world_size < 1) {
     return absl::InvalidArgumentError(absl::StrCat("rendezvous world_size must be >= 1, got ", world_size));
   }
-  return OpenStore(host, port, /*is_server=*/true, world_size, timeout);
+  STRATA_ASSIGN_OR_RETURN(const std::string secret, NewSecret());
+  return OpenStore(host, port, /*is_server=*/true, world_size, secret, timeout);
 }
 
 absl::StatusOr<std::unique_ptr<Rendezvous>> Rendezvous::Join(const std::string& host, int port,
+                                                             const std::string& secret,
                                                              std::chrono::milliseconds timeout) {
-  return OpenStore(host, port, /*is_server=*/false, 0, timeout);
+  STRATA_RETURN_IF_ERROR(CheckSecret(secret));
+  return OpenStore(host, port, /*is_server=*/false, 0, secret, timeout);
 }
 
 absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Create(const ProcessGroupOptions& options,
@@ -272,8 +311,9 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Create(const Process
   if (rendezvous == nullptr) return absl::InvalidArgumentError("process group needs a rendezvous");
   STRATA_RETURN_IF_ERROR(CheckAvailable(options.backend));
   auto* rendezvous_impl = static_cast<RendezvousImpl*>(rendezvous.get());
-  // One group per store: keys of a later group must not meet this one's.
-  auto store = c10::make_intrusive<c10d::PrefixStore>("strata", rendezvous_impl->store());
+  // One group per store, its keys under the gang's secret (see Rendezvous).
+  auto store = c10::make_intrusive<c10d::PrefixStore>(absl::StrCat("strata/", rendezvous_impl->secret()),
+                                                      rendezvous_impl->store());
   try {
 #ifdef STRATA_HAVE_NCCL
     if (options.backend == Backend::kNccl) return CreateNccl(options, std::move(rendezvous), std::move(store));
@@ -295,7 +335,8 @@ bool ProcessGroup::Available(Backend) { return false; }
 absl::StatusOr<std::unique_ptr<Rendezvous>> Rendezvous::Host(const std::string&, int, int, std::chrono::milliseconds) {
   return NoBackend(Backend::kGloo);
 }
-absl::StatusOr<std::unique_ptr<Rendezvous>> Rendezvous::Join(const std::string&, int, std::chrono::milliseconds) {
+absl::StatusOr<std::unique_ptr<Rendezvous>> Rendezvous::Join(const std::string&, int, const std::string&,
+                                                             std::chrono::milliseconds) {
   return NoBackend(Backend::kGloo);
 }
 absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Create(const ProcessGroupOptions& options,

@@ -28,17 +28,26 @@
 namespace strata::policies {
 
 // The key-value store the ranks meet at. Rank 0 hosts it: Host returns as
-// soon as it listens, so its port can be handed to the other ranks (by the
-// coordinator), which Join it.
+// soon as it listens, so its port and secret can be handed to the other
+// ranks (by the coordinator, over the workers' authenticated channel),
+// which Join it.
+//
+// c10d's TCPStore takes any connection and has no authentication hook, so
+// the gang's keys are named under its secret, 128 random bits drawn when
+// the store is hosted: a process that reaches the port without the secret
+// cannot read, write or wait on any key the gang uses (the store lists no
+// keys), so it can neither join nor mislead the gang. What it can still do
+// is open connections; the NetworkPolicy keeps the port to the workers.
 class Rendezvous {
  public:
   // Listens on host:port (0: a free port) for `world_size` ranks, itself
-  // included. UNAVAILABLE when it cannot listen there.
+  // included, under a fresh secret. UNAVAILABLE when it cannot listen there.
   static absl::StatusOr<std::unique_ptr<Rendezvous>> Host(const std::string& host, int port, int world_size,
                                                           std::chrono::milliseconds timeout);
-  // Connects to the store rank 0 hosts. DEADLINE_EXCEEDED (or UNAVAILABLE)
-  // when it is not there within `timeout`.
-  static absl::StatusOr<std::unique_ptr<Rendezvous>> Join(const std::string& host, int port,
+  // Connects to the store rank 0 hosts, under the secret it drew
+  // (INVALID_ARGUMENT for one that is not 32 hex digits). DEADLINE_EXCEEDED
+  // (or UNAVAILABLE) when it is not there within `timeout`.
+  static absl::StatusOr<std::unique_ptr<Rendezvous>> Join(const std::string& host, int port, const std::string& secret,
                                                           std::chrono::milliseconds timeout);
   virtual ~Rendezvous() = default;
   Rendezvous(const Rendezvous&) = delete;
@@ -46,6 +55,8 @@ class Rendezvous {
 
   // The port the store listens on.
   virtual int port() const = 0;
+  // The gang's secret: 32 hex digits. A credential: never logged.
+  virtual const std::string& secret() const = 0;
 
  protected:
   Rendezvous() = default;

@@ -51,6 +51,13 @@ struct HardwareFigures {
   // [136, 4096] times a [4096, 4096] gradient); 0 in figures files written
   // before it was measured: then the device's fp32 rate (HostMatmulFlops).
   double host_matmul_flops_per_s = 0.0;
+  // Blocked attention's forward and backward (policies/model/
+  // blocked_attention.h), in the products' FLOP/s (4 T S d a head forward,
+  // 2.5 times that backward, the blocks causality hides not counted): far
+  // below a large product's rate, its products being a block pair's. 0 in
+  // figures files written before it was measured: then BlockedAttentionFlops
+  // takes the built-in figure's share of the large-product rate.
+  double blocked_attention_flops_per_s = 0.0;
   // Resident bytes of a strata process before it loads a model (libtorch,
   // code, thread stacks), which peak RSS adds to the tiers' figures.
   int64_t process_baseline_bytes = 0;
@@ -66,6 +73,8 @@ struct HardwareFigures {
   double LargeMatmulFlops() const;
   // FLOP/s of the host's fp32 products (GaLore's projections).
   double HostMatmulFlops() const;
+  // FLOP/s of blocked attention (see blocked_attention_flops_per_s).
+  double BlockedAttentionFlops() const;
 
   std::string ToJson() const;
 

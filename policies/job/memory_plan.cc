@@ -350,7 +350,14 @@ class CostModel {
                2 * Linear(m, s.H, s.I, s.dtype) + Linear(m, s.I, s.H, s.dtype);
     // Scores and their product with values: R x heads products of [Tq, d] x [d, C].
     const double batched = static_cast<double>(R * s.heads);
-    t += 2 * (batched * (Linear(Tq, s.head_dim, C, s.dtype) - f_.op_overhead_s) + f_.op_overhead_s);
+    if (BlockedAttentionFor(Tq, C)) {
+      // In blocks, at their own measured rate: the pairs causality hides
+      // are skipped (the queries are the last Tq of C positions).
+      const double pairs = static_cast<double>(Tq) * static_cast<double>(C - Tq) + 0.5 * Tq * (Tq + 1.0);
+      t += 4.0 * batched * s.head_dim * pairs / f_.BlockedAttentionFlops();
+    } else {
+      t += 2 * (batched * (Linear(Tq, s.head_dim, C, s.dtype) - f_.op_overhead_s) + f_.op_overhead_s);
+    }
     // Norms, rotary embedding, softmax, activations and residuals: memory
     // traffic plus a fixed cost per operation.
     const double elementwise = (14.0 * m * s.H + 4.0 * m * s.I) * s.E + 12.0 * R * s.heads * Tq * C;
@@ -415,7 +422,7 @@ class CostModel {
     const double grads = Copy(static_cast<double>(s.trained_params) * (4.0 * 3.0 + s.E));
     // Activations off the device: every layer's input leaves in forward and
     // comes back in backward. The NVMe reads and writes run beside the
-    // compute (the last two layers' inputs are still staged: no read); the
+    // compute (the last two layers' inputs stay staged: no I/O); the
     // copies to and from the host do too on a GPU, and on the CPU device
     // are memcpys on the compute thread.
     const double kept = static_cast<double>(s.L * R * T * s.H * s.E);
@@ -423,8 +430,8 @@ class CostModel {
     if (s.placement->activations != offload::Tier::kDevice) {
       if (cpu_device_) activation_copies = 2.0 * Copy(kept);
       if (s.placement->activations == offload::Tier::kNvme) {
-        const double reread = kept * static_cast<double>(std::max<int64_t>(s.L - 2, 0)) / static_cast<double>(s.L);
-        hidden_io = kept / f_.nvme_write_bytes_per_s + reread / f_.nvme_read_bytes_per_s;
+        const double moved = kept * static_cast<double>(std::max<int64_t>(s.L - 2, 0)) / static_cast<double>(s.L);
+        hidden_io = moved / f_.nvme_write_bytes_per_s + moved / f_.nvme_read_bytes_per_s;
       } else if (!cpu_device_) {
         hidden_io = 2.0 * kept / f_.host_stream_bytes_per_s;
       }
@@ -800,7 +807,7 @@ bool Fits(const JobPrediction& p, const Hardware& hw, std::string* binding_tier,
 }
 
 FitResult FitJob(const JobSpec& spec, const std::vector<PlannedModel>& models, const HardwareFigures& figures,
-                 const Hardware& hardware, int64_t workers, bool vary_micro_batch) {
+                 const Hardware& hardware, int64_t workers, bool vary_micro_batch, bool vary_activations) {
   using offload::Tier;
   // Each model's options: the engine's supported combinations.
   std::vector<std::vector<offload::ModelPlacement>> options;
@@ -828,6 +835,7 @@ FitResult FitJob(const JobSpec& spec, const std::vector<PlannedModel>& models, c
           p.optimizer = optimizer;
           p.gradients = optimizer == Tier::kDevice ? Tier::kDevice : Tier::kHost;
           p.prefetch_depth = prefetch;
+          if (m.trainable && !vary_activations) p.activations = m.spec.placement.activations;
           mine.push_back(p);
           if (m.trainable && optimizer != Tier::kDevice && step_in_backward_allowed && !m.spec.trains_adapters()) {
             p.step_in_backward = true;
@@ -895,8 +903,8 @@ FitResult FitJob(const JobSpec& spec, const std::vector<PlannedModel>& models, c
   // keep them on the host (a GPU's), then on NVMe, as SSDTrain does; the
   // latter stays for GaLore's search below.
   std::vector<Tier> activation_tiers;
-  if (!hardware.cpu_device) activation_tiers.push_back(Tier::kHost);
-  if (hardware.nvme_bytes > 0) activation_tiers.push_back(Tier::kNvme);
+  if (vary_activations && !hardware.cpu_device) activation_tiers.push_back(Tier::kHost);
+  if (vary_activations && hardware.nvme_bytes > 0) activation_tiers.push_back(Tier::kNvme);
   for (size_t t = 0; fits.empty() && t < activation_tiers.size(); ++t) {
     for (size_t i = 0; i < models.size(); ++i) {
       if (!models[i].trainable || !models[i].shares_base_of.empty()) continue;

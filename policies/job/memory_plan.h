@@ -137,9 +137,10 @@ struct FitResult {
 // again with the trained models' activations on the host (a GPU's), then
 // on NVMe; then with GaLore on every model that trains in full without it,
 // at the largest rank of 1024, 512, ..., 32 that fits (chosen.galore_rank
-// says so).
+// says so). With `vary_activations` false the trained models keep the
+// spec's placement.activations throughout.
 FitResult FitJob(const JobSpec& spec, const std::vector<PlannedModel>& models, const HardwareFigures& figures,
-                 const Hardware& hardware, int64_t workers, bool vary_micro_batch = true);
+                 const Hardware& hardware, int64_t workers, bool vary_micro_batch = true, bool vary_activations = true);
 
 // The spec overrides ("models.actor.placement.weights=host", ...) that turn
 // a spec into the prediction's: placements, GaLore where the fit added it,

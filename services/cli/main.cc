@@ -396,6 +396,8 @@ struct ReportCommands {
     plan->add_option("--write", plan_options.write, "with --fit: write the spec with the chosen placement here");
     plan->add_flag("--fixed-micro-batch", plan_options.fixed_micro_batch,
                    "with --fit: keep train.micro_batch_size as the spec says (search placements only)");
+    plan->add_flag("--fixed-activations", plan_options.fixed_activations,
+                   "with --fit: keep each trained model's placement.activations as the spec says");
     plan->callback([&] { run = [&] { return Finish("plan", strata::services::RunPlan(plan_options)); }; });
     auto* compare = app.add_subcommand("compare", "Side-by-side table of finished runs (their output directories)");
     compare->add_option("runs", compare_dirs, "run output directories")->required();

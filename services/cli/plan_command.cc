@@ -173,7 +173,7 @@ absl::StatusOr<std::string> RunPlan(const PlanOptions& options) {
       continue;
     }
     const policies::FitResult fit = policies::FitJob(spec, models, figures, hardware, workers,
-                                                     !options.fixed_micro_batch);
+                                                     !options.fixed_micro_batch, !options.fixed_activations);
     j["fits"] = fit.fits;
     j["tried"] = fit.tried;
     if (!fit.fits) j["binding_tier"] = fit.binding_tier;

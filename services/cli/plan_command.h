@@ -25,6 +25,8 @@ struct PlanOptions {
   std::string write;
   // With --fit: keep train.micro_batch_size as the spec says (placements only).
   bool fixed_micro_batch = false;
+  // With --fit: keep each trained model's placement.activations.
+  bool fixed_activations = false;
 };
 
 absl::StatusOr<std::string> RunPlan(const PlanOptions& options);

@@ -146,16 +146,15 @@ absl::StatusOr<std::unique_ptr<RemoteGang>> RemoteGang::Start(std::vector<std::u
   // timeout; the margin covers the reply's way back.
   std::unique_ptr<RemoteGang> gang(new RemoteGang(std::move(workers), collective_timeout + std::chrono::seconds(5)));
   const int world = static_cast<int>(gang->workers_.size());
-  int port = 0;
-  std::string host;
+  RemoteRank::RendezvousPoint rendezvous;
   if (world > 1) {
-    STRATA_ASSIGN_OR_RETURN(port, gang->workers_[0]->OpenRendezvous(world, collective_timeout));
-    host = AddressHost(gang->workers_[0]->options().address);
+    STRATA_ASSIGN_OR_RETURN(rendezvous, gang->workers_[0]->OpenRendezvous(world, collective_timeout));
+    rendezvous.host = AddressHost(gang->workers_[0]->options().address);
   }
   // Loading, after the group forms, ends in no collective.
   auto started = gang->OnEveryRank<RemoteRank::Loaded>(
       [&](size_t r) {
-        return gang->workers_[r]->StartRank(spec_yaml, static_cast<int>(r), world, host, port, collective_timeout);
+        return gang->workers_[r]->StartRank(spec_yaml, static_cast<int>(r), world, rendezvous, collective_timeout);
       },
       Ending::kWithoutCollective);
   if (!started.ok()) {

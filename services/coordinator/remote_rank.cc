@@ -93,7 +93,8 @@ void RemoteRank::CancelCalls() {
   for (grpc::ClientContext* context : active_) context->TryCancel();
 }
 
-absl::StatusOr<int> RemoteRank::OpenRendezvous(int world_size, std::chrono::milliseconds timeout) {
+absl::StatusOr<RemoteRank::RendezvousPoint> RemoteRank::OpenRendezvous(int world_size,
+                                                                       std::chrono::milliseconds timeout) {
   v1::OpenRendezvousRequest request;
   request.set_job_id(options_.job_id);
   request.set_world_size(world_size);
@@ -105,19 +106,20 @@ absl::StatusOr<int> RemoteRank::OpenRendezvous(int world_size, std::chrono::mill
     return BadReply(options_.address, "OpenRendezvous",
                     absl::InvalidArgumentError(absl::StrCat("port ", response.port())));
   }
-  return response.port();
+  return RendezvousPoint{"", response.port(), response.secret()};
 }
 
 absl::StatusOr<RemoteRank::Loaded> RemoteRank::StartRank(const std::string& spec_yaml, int rank, int world_size,
-                                                         const std::string& rendezvous_host, int rendezvous_port,
+                                                         const RendezvousPoint& rendezvous,
                                                          std::chrono::milliseconds timeout) {
   v1::StartRankRequest request;
   request.set_job_id(options_.job_id);
   request.set_spec_yaml(spec_yaml);
   request.set_rank(rank);
   request.set_world_size(world_size);
-  request.set_rendezvous_host(rendezvous_host);
-  request.set_rendezvous_port(rendezvous_port);
+  request.set_rendezvous_host(rendezvous.host);
+  request.set_rendezvous_port(rendezvous.port);
+  request.set_rendezvous_secret(rendezvous.secret);
   request.set_timeout_ms(timeout.count());
   for (const std::string& id : options_.resumable_run_ids) request.add_resumable_run_ids(id);
   v1::StartRankResponse response;

@@ -67,12 +67,18 @@ class RemoteRank final {
     std::string tokenizer_path;     // as the worker resolved it
     std::string working_directory;  // where it resolves relative spec paths
   };
-  // The gang calls (see worker.proto): rank 0's rendezvous port; joining
-  // the gang as `rank` of `world_size` and loading the job; one phase.
-  absl::StatusOr<int> OpenRendezvous(int world_size, std::chrono::milliseconds timeout);
+  // Where rank 0's rendezvous listens and the secret its keys are under.
+  struct RendezvousPoint {
+    std::string host;
+    int port = 0;
+    std::string secret;
+  };
+  // The gang calls (see worker.proto): rank 0's rendezvous (its host is
+  // left for the caller); joining the gang as `rank` of `world_size` and
+  // loading the job; one phase.
+  absl::StatusOr<RendezvousPoint> OpenRendezvous(int world_size, std::chrono::milliseconds timeout);
   absl::StatusOr<Loaded> StartRank(const std::string& spec_yaml, int rank, int world_size,
-                                   const std::string& rendezvous_host, int rendezvous_port,
-                                   std::chrono::milliseconds timeout);
+                                   const RendezvousPoint& rendezvous, std::chrono::milliseconds timeout);
   absl::StatusOr<PhaseReply> RunPhase(const PhaseRequest& request);
   // Drops the job's models on the worker.
   absl::Status Unload();

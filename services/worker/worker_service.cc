@@ -227,6 +227,7 @@ grpc::ServerUnaryReactor* WorkerService::OpenRendezvous(grpc::CallbackServerCont
                                                                     std::chrono::milliseconds(request->timeout_ms())));
     job_id_ = request->job_id();
     response->set_port(rendezvous_->port());
+    response->set_secret(rendezvous_->secret());
     return absl::OkStatus();
   });
 }
@@ -267,8 +268,9 @@ grpc::ServerUnaryReactor* WorkerService::StartRank(grpc::CallbackServerContext* 
         return absl::FailedPreconditionError("rank 0 starts after OpenRendezvous");
       }
       if (options.rank != 0) {
-        STRATA_ASSIGN_OR_RETURN(rendezvous, policies::Rendezvous::Join(request->rendezvous_host(),
-                                                                       request->rendezvous_port(), options.timeout));
+        STRATA_ASSIGN_OR_RETURN(rendezvous,
+                                policies::Rendezvous::Join(request->rendezvous_host(), request->rendezvous_port(),
+                                                           request->rendezvous_secret(), options.timeout));
       }
       STRATA_ASSIGN_OR_RETURN(gang_, policies::ProcessGroup::Create(options, std::move(rendezvous)));
     }

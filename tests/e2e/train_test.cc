@@ -288,6 +288,7 @@ TEST_F(TrainTest, PlacementChangesMemoryNotMetrics) {
                                    "--set", "train.iterations=2",
                                    "--set", "models.actor.placement.weights=host",
                                    "--set", "models.actor.placement.optimizer=nvme",
+                                   "--set", "models.actor.placement.activations=nvme",
                                    "--set", "models.reference.placement.weights=nvme",
                                    "--set", "memory.nvme_dir=" + dir_.Join("nvme")};
   // Pinned (locked + io_uring fixed buffers) where the 256 MiB arena may be

@@ -139,7 +139,7 @@ output: {dir: )" + dir_->Join("out") +
 
   // Joins a gang of one and loads `yaml` (the fixture's job by default).
   static absl::StatusOr<RemoteRank::Loaded> StartAlone(RemoteRank& rank, const std::string& yaml) {
-    return rank.StartRank(yaml, 0, 1, "", 0, std::chrono::seconds(30));
+    return rank.StartRank(yaml, 0, 1, {}, std::chrono::seconds(30));
   }
 
   static policies::JobSpec Spec() {
@@ -261,9 +261,9 @@ TEST_F(WorkerServiceTest, WrongJobIdIsFailedPreconditionNamingBoth) {
 // are then refused.
 TEST_F(WorkerServiceTest, NewGangReplacesAStaleJob) {
   auto stale = Remote("job-1");
-  ASSERT_TRUE(stale->StartRank(*yaml_, 0, 1, "", 0, std::chrono::seconds(5)).ok());
+  ASSERT_TRUE(stale->StartRank(*yaml_, 0, 1, {}, std::chrono::seconds(5)).ok());
   auto fresh = Remote("job-2");
-  auto started = fresh->StartRank(*yaml_, 0, 1, "", 0, std::chrono::seconds(5));
+  auto started = fresh->StartRank(*yaml_, 0, 1, {}, std::chrono::seconds(5));
   ASSERT_TRUE(started.ok()) << started.status();
   auto found = fresh->RunPhase({"find_checkpoint", 0, {}, ""});
   EXPECT_TRUE(found.ok()) << found.status();
@@ -291,11 +291,11 @@ TEST_F(WorkerServiceTest, SpecsBeyondTheWorkersLimitsAreRefusedNamingTheKey) {
            {"generation.max_new_tokens=90", "generation.max_new_tokens"}}) {  // 4 x (16 + 90) = 424
     auto yaml = policies::ApplyOverrides(*yaml_, {override_, "group.samples_per_prompt=5"}, "spec");
     ASSERT_TRUE(yaml.ok()) << yaml.status();
-    auto started = remote->StartRank(*yaml, 0, 1, "", 0, std::chrono::seconds(5));
+    auto started = remote->StartRank(*yaml, 0, 1, {}, std::chrono::seconds(5));
     EXPECT_EQ(started.status().code(), absl::StatusCode::kResourceExhausted) << override_ << ": " << started.status();
     EXPECT_THAT(std::string(started.status().message()), HasSubstr(key + "'"));
   }
-  EXPECT_TRUE(remote->StartRank(*yaml_, 0, 1, "", 0, std::chrono::seconds(5)).ok());
+  EXPECT_TRUE(remote->StartRank(*yaml_, 0, 1, {}, std::chrono::seconds(5)).ok());
 }
 
 // A job that places state on NVMe without naming memory.nvme_dir uses the
@@ -310,7 +310,7 @@ TEST_F(WorkerServiceTest, NvmePlacementUsesTheWorkersNvmeDirAndCleansUp) {
   auto remote = Remote("job-1");
   auto yaml = policies::ApplyOverrides(*yaml_, {"models.actor.placement.optimizer=nvme"}, "spec");
   ASSERT_TRUE(yaml.ok()) << yaml.status();
-  auto started = remote->StartRank(*yaml, 0, 1, "", 0, std::chrono::seconds(5));
+  auto started = remote->StartRank(*yaml, 0, 1, {}, std::chrono::seconds(5));
   ASSERT_TRUE(started.ok()) << started.status();
   EXPECT_FALSE(std::filesystem::is_empty(nvme));
   ASSERT_TRUE(remote->Unload().ok());

@@ -75,8 +75,7 @@ TEST(ScratchFileTest, RefusesWhatODirectCannotTakeAndUnknownSlots) {
   AlignedBuffer buffer = *AlignedBuffer::Allocate(3 * 4096);
   EXPECT_EQ((*file)->StartWrite(2, buffer.span().first(4096)).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*file)->StartWrite(0, buffer.span().first(100)).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ((*file)->StartWrite(0, buffer.span().subspan(8, 4096)).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*file)->StartWrite(0, buffer.span().subspan(8, 4096)).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*file)->StartRead(0, buffer.span()).status().code(), absl::StatusCode::kInvalidArgument);  // > slot
   EXPECT_EQ(ScratchFile::Create(Options(dir.path() + "/missing", 4096, 1)).status().code(),
             absl::StatusCode::kNotFound);

@@ -2,6 +2,8 @@
 // processes would: rendezvous, collectives, and the failure bounds.
 #include "policies/dist/process_group.h"
 
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
 #include <future>
 #include <thread>
 
@@ -19,11 +21,12 @@ void OnEveryRank(int world, Body body, milliseconds timeout = milliseconds(20000
   auto host = Rendezvous::Host("127.0.0.1", 0, world, timeout);
   ASSERT_TRUE(host.ok()) << host.status();
   const int port = (*host)->port();
+  const std::string secret = (*host)->secret();
   ASSERT_GT(port, 0);
   std::vector<std::thread> others;
   auto run = [&](int rank, std::unique_ptr<Rendezvous> rendezvous) {
     if (rendezvous == nullptr) {
-      auto joined = Rendezvous::Join("127.0.0.1", port, timeout);
+      auto joined = Rendezvous::Join("127.0.0.1", port, secret, timeout);
       ASSERT_TRUE(joined.ok()) << joined.status();
       rendezvous = std::move(*joined);
     }
@@ -143,7 +146,7 @@ TEST(ProcessGroupTest, NobodyToJoinIsAnErrorWithinTheTimeout) {
     ASSERT_TRUE(host.ok()) << host.status();
     port = (*host)->port();
   }
-  auto joined = Rendezvous::Join("127.0.0.1", port, milliseconds(1000));
+  auto joined = Rendezvous::Join("127.0.0.1", port, std::string(32, 'a'), milliseconds(1000));
   ASSERT_FALSE(joined.ok());
   EXPECT_TRUE(joined.status().code() == absl::StatusCode::kDeadlineExceeded ||
               joined.status().code() == absl::StatusCode::kUnavailable)
@@ -164,7 +167,12 @@ TEST(ProcessGroupTest, OptionsAreValidatedByName) {
   options.world_size = 1;
   options.timeout = milliseconds(999);  // c10d would not wait at all
   EXPECT_NE(options.Validate().message().find("timeout"), absl::string_view::npos);
-  EXPECT_EQ(Rendezvous::Join("127.0.0.1", 1, milliseconds(10)).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Rendezvous::Join("127.0.0.1", 1, std::string(32, 'a'), milliseconds(10)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  for (const std::string& secret : {std::string(), std::string(31, 'a'), std::string(32, 'A'), std::string(33, '0')}) {
+    const absl::Status bad = Rendezvous::Join("127.0.0.1", 1, secret, milliseconds(5000)).status();
+    EXPECT_NE(bad.message().find("secret"), absl::string_view::npos) << bad;
+  }
   EXPECT_EQ(Rendezvous::Host("127.0.0.1", 70000, 1, milliseconds(100)).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
@@ -263,6 +271,65 @@ TEST(ProcessGroupTest, NcclGroupOfOneOnTheGpu_CUDA) {
   EXPECT_TRUE(bucket[0].equal(expected[0]));
   EXPECT_TRUE(bucket[1].equal(expected[1]));
   EXPECT_TRUE(group.Barrier().ok());
+}
+
+// The leftover of the last round: a process that reaches rank 0's store
+// joins or misleads the gang. The stray here knows the code, writes where
+// Gloo looks for rank 1's address, and rank 0 would read it. Knowing the
+// gang's secret (what the old fixed key prefix amounted to), it breaks the
+// gang; without it, the gang forms and sums as if it were not there.
+TEST(ProcessGroupTest, AProcessWithoutTheGangsSecretCannotMisleadIt) {
+  if (!ProcessGroup::Available(Backend::kGloo)) GTEST_SKIP() << "this build has no Gloo";
+  const milliseconds timeout(2000);
+  auto form = [&](bool stray_knows_secret) {
+    auto host = Rendezvous::Host("127.0.0.1", 0, 2, timeout);
+    EXPECT_TRUE(host.ok()) << host.status();
+    const int port = (*host)->port();
+    const std::string secret = (*host)->secret();
+    c10d::TCPStoreOptions stray_options;
+    stray_options.port = static_cast<uint16_t>(port);
+    stray_options.isServer = false;
+    stray_options.timeout = timeout;
+    c10d::TCPStore stray("127.0.0.1", stray_options);
+    const std::string prefix = stray_knows_secret ? "strata/" + secret : "strata";
+    const std::vector<uint8_t> garbage(64, 0xAB);
+    for (const char* key : {"/0/1", "/0/0"}) stray.set(prefix + key, garbage);
+    std::vector<absl::Status> statuses(2);
+    std::vector<float> sums(2, 0.0f);
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 2; ++r) {
+      ranks.emplace_back([&, r, rendezvous = r == 0 ? std::move(*host) : nullptr]() mutable {
+        if (rendezvous == nullptr) {
+          auto joined = Rendezvous::Join("127.0.0.1", port, secret, timeout);
+          if (!joined.ok()) {
+            statuses[static_cast<size_t>(r)] = joined.status();
+            return;
+          }
+          rendezvous = std::move(*joined);
+        }
+        ProcessGroupOptions options;
+        options.rank = r, options.world_size = 2, options.timeout = timeout;
+        auto group = ProcessGroup::Create(options, std::move(rendezvous));
+        if (!group.ok()) {
+          statuses[static_cast<size_t>(r)] = group.status();
+          return;
+        }
+        std::vector<at::Tensor> x = {at::full({1}, static_cast<float>(r + 1))};
+        statuses[static_cast<size_t>(r)] = (*group)->AllReduceSum(x);
+        sums[static_cast<size_t>(r)] = x[0].item<float>();
+      });
+    }
+    for (auto& t : ranks) t.join();
+    return std::make_pair(statuses, sums);
+  };
+  const auto [misled, unused] = form(/*stray_knows_secret=*/true);
+  EXPECT_FALSE(misled[0].ok() && misled[1].ok())
+      << "the stray's address was not where Gloo looks: the test proves nothing";
+  const auto [statuses, sums] = form(/*stray_knows_secret=*/false);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(statuses[static_cast<size_t>(r)].ok()) << statuses[static_cast<size_t>(r)];
+    EXPECT_EQ(sums[static_cast<size_t>(r)], 3.0f);
+  }
 }
 
 }  // namespace

@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""The planner's answer to the long-response question for the full
+Llama-2-7B ReMax and PPO jobs on one 80 GB GPU (128 GiB host, 2 TiB NVMe,
+the A100-80GB figures): for each place of the trained models' kept layer
+inputs (`placement.activations`: device, host, nvme), the longest response
+that fits, with the placement `strata plan --fit` picks for it. Prompts of
+256 tokens, a batch of 8 prompts (micro-batches as the fit chooses, down to
+one row), clipping off so that stepping in backward is allowed, PPO with one
+epoch and one minibatch. Each point is one `strata plan --fit --json` call;
+the length is searched in steps of 256 tokens.
+
+  bench/plan/llama2_7b_long_responses.py [--strata build/strata]
+"""
+import argparse
+import json
+import os
+import subprocess
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FIT = "device=80GiB,host=128GiB,nvme=2TiB"
+FIGURES = "examples/figures/a100-80gb.json"
+FIXED = ["data.max_prompt_tokens=256", "train.batch_size=8", "train.max_grad_norm=0", "ppo.epochs=1",
+         "ppo.minibatches=1"]
+STEP = 256
+
+
+def plan(strata, algorithm, activations, response):
+    cmd = [strata, "plan", f"examples/llama2-7b/{algorithm}.yaml", "--fit", FIT, "--figures", FIGURES, "--json",
+           "--fixed-activations"]
+    sets = FIXED + [f"generation.max_new_tokens={response}", f"models.actor.placement.activations={activations}"]
+    if algorithm == "ppo":
+        sets.append(f"models.critic.placement.activations={activations}")
+    for s in sets:
+        cmd += ["--set", s]
+    return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=REPO).stdout)[0]
+
+
+def longest(strata, algorithm, activations):
+    lo, hi = 0, 1 << 20  # lo fits (0: nothing does), hi does not
+    while hi - lo > STEP:
+        mid = (lo + hi) // 2 // STEP * STEP
+        if mid <= lo:
+            break
+        if plan(strata, algorithm, activations, mid)["fits"]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def describe(j):
+    parts = []
+    for role, p in sorted(j["placement"].items()):
+        s = f"{role} {p['weights']}"
+        if p["trainable"]:
+            s += f"/{p['optimizer']}" + (" step-in-backward" if p["step_in_backward"] else "")
+        parts.append(s)
+    micro = j["micro_batch_size"] or "whole"
+    peak = j["peak_bytes"]
+    galore = "".join(f", GaLore r{r} on the {role}" for role, r in sorted(j.get("galore_rank", {}).items()))
+    return (f"{', '.join(parts)}{galore}; micro-batch {micro}; device {peak['device'] / 2**30:.1f} GiB, "
+            f"host {peak['host'] / 2**30:.1f} GiB, NVMe {peak['nvme'] / 2**30:.1f} GiB; "
+            f"{j['iteration_s']:.0f} s/iteration")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--strata", default=os.path.join(REPO, "build/strata"))
+    args = ap.parse_args()
+    print("| algorithm | activations | longest response that fits (tokens) | the fit's placement there |")
+    print("| --- | --- | --- | --- |")
+    for algorithm in ("remax", "ppo"):
+        for activations in ("device", "host", "nvme"):
+            best = longest(args.strata, algorithm, activations)
+            where = describe(plan(args.strata, algorithm, activations, best)) if best else "nothing fits"
+            print(f"| {algorithm} | {activations} | {best} | {where} |")
+
+
+if __name__ == "__main__":
+    main()
