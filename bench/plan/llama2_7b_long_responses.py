@@ -16,6 +16,8 @@ import json
 import os
 import subprocess
 
+import llama2_7b_answers as answers  # beside this file: its placement summary
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIT = "device=80GiB,host=128GiB,nvme=2TiB"
 FIGURES = "examples/figures/a100-80gb.json"
@@ -49,18 +51,8 @@ def longest(strata, algorithm, activations):
 
 
 def describe(j):
-    parts = []
-    for role, p in sorted(j["placement"].items()):
-        s = f"{role} {p['weights']}"
-        if p["trainable"]:
-            s += f"/{p['optimizer']}" + (" step-in-backward" if p["step_in_backward"] else "")
-        parts.append(s)
-    micro = j["micro_batch_size"] or "whole"
-    peak = j["peak_bytes"]
-    galore = "".join(f", GaLore r{r} on the {role}" for role, r in sorted(j.get("galore_rank", {}).items()))
-    return (f"{', '.join(parts)}{galore}; micro-batch {micro}; device {peak['device'] / 2**30:.1f} GiB, "
-            f"host {peak['host'] / 2**30:.1f} GiB, NVMe {peak['nvme'] / 2**30:.1f} GiB; "
-            f"{j['iteration_s']:.0f} s/iteration")
+    galore = "".join(f"; GaLore r{r} on the {role}" for role, r in sorted(j.get("galore_rank", {}).items()))
+    return answers.describe(j) + galore
 
 
 def main():
