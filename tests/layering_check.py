@@ -8,7 +8,7 @@ longest prefix of its path; it may include headers of its own room and of
 every room its room reaches through DEPS, nothing else. Tests under
 tests/<room>/ follow their room's rule; a test directly in tests/<folder>/
 (tests/offload/x_test.cc) is an integration test of that folder's rooms and
-may include any of them; tests/e2e and tests/testutil may include any room.
+may include any of them; tests/e2e, tests/testutil and tests/soak may include any room.
 No library may include a test header. A few calls that build and pass here
 but break on another toolchain are refused too (FORBIDDEN).
 
@@ -27,7 +27,7 @@ import tempfile
 
 SOURCE_TOP = ("base", "offload", "policies", "rewards", "services", "bench", "tests")
 GENERATED = {"strata/v1/": "proto", "grpc/health/": "proto"}
-UNRESTRICTED_TESTS = ("tests/e2e", "tests/testutil")
+UNRESTRICTED_TESTS = ("tests/e2e", "tests/testutil", "tests/soak")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 

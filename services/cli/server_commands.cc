@@ -6,10 +6,12 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -131,7 +133,20 @@ absl::StatusOr<std::string> RunCoordinatorServer(const CoordinatorCommand& comma
   } else if (const char* env = std::getenv("STRATA_REDIS_PASSWORD"); env != nullptr && *env) {
     store_options.password = env;
   }
+  // Redis down at start (restarting, or not yet up after a node failure)
+  // is waited for, as it is once running: exiting would only put the
+  // coordinator in its supervisor's crash loop, whose back-off outlasts
+  // Redis's restart. Anything but UNAVAILABLE fails at once.
   auto store = ConnectRedisJobStore(store_options);
+  for (int wait_ms = 100; !store.ok() && store.status().code() == absl::StatusCode::kUnavailable;
+       wait_ms = std::min(2 * wait_ms, 5000)) {
+    STRATA_LOG(Warning) << "--redis: " << store.status().message() << "; trying again in " << wait_ms << " ms";
+    const timespec wait{wait_ms / 1000, (wait_ms % 1000) * 1000000L};
+    if (const int signal = sigtimedwait(&signals, nullptr, &wait); signal > 0) {
+      return absl::StrCat("coordinator stopped (signal ", signal, ") while waiting for redis\n");
+    }
+    store = ConnectRedisJobStore(store_options);
+  }
   if (!store.ok()) return absl::Status(store.status().code(), absl::StrCat("--redis: ", store.status().message()));
   CoordinatorOptions options;
   options.token = security.token;

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/file.h"
 #include "base/log.h"
@@ -512,17 +513,28 @@ void CoordinatorService::RunOnGang(uint64_t run, JobRecord job, std::vector<Work
     for (const WorkerRecord& w : workers) worker_backoff_.erase(w.id);
   } else if (status.code() == absl::StatusCode::kCancelled) {
     // CancelJob already recorded the state and the event.
-  } else if (status.code() == absl::StatusCode::kUnavailable || status.code() == absl::StatusCode::kDeadlineExceeded) {
-    // A worker is gone (or a rank's collective timed out with it): back to
-    // the queue; the next run resumes from the last checkpoint on a new gang.
-    const std::string lost = KeepOutSilentWorkers(job.id, workers);
+  } else if (status.code() == absl::StatusCode::kUnavailable || status.code() == absl::StatusCode::kDeadlineExceeded ||
+             WorkerDiskFull(status)) {
+    // A worker is gone (or a rank's collective timed out with it), or a
+    // worker's disk is full: the machine's fault, not the job's. Back to
+    // the queue; the next run resumes from the last checkpoint on a new
+    // gang, without the workers that failed it until their backoff ends.
+    const bool disk_full = WorkerDiskFull(status);
+    const std::string lost = disk_full ? "" : KeepOutSilentWorkers(job.id, workers);
+    const std::string full = disk_full ? KeepOutWorkersNamed(status, workers) : "";
     LossDecision decision;
     {
       std::lock_guard<std::mutex> lock(mu_);
       decision = OnGangLost(options_.backoff, job_backoff_[job.id], !lost.empty(), progressed,
                             std::chrono::steady_clock::now());
     }
-    if (decision.fail) {
+    if (decision.fail && disk_full) {
+      // Every try ran out of disk: the job needs more than the workers have.
+      fail(status.code(), absl::StrCat("gang (", names, ") ran out of disk ", decision.losses_with_all_answering,
+                                       " times in a row before an iteration: ", status.message(),
+                                       "; free space where it names (a worker's --nvme-dir, checkpoint.dir) or "
+                                       "keep less of the job on NVMe (models.<role>.placement)"));
+    } else if (decision.fail) {
       // No worker was lost: fail with the cause rather than requeue for ever.
       // Every worker answers, so the cause is what the error names: a
       // service the ranks call (a reward server that stays down) or ranks
@@ -536,6 +548,7 @@ void CoordinatorService::RunOnGang(uint64_t run, JobRecord job, std::vector<Work
       requeued = true;
       const std::string message = absl::StrCat("gang (", names, ") lost: ", status.message(),
                                                lost.empty() ? "" : "; not answering: ", lost,
+                                               full.empty() ? "" : "; disk full on: ", full,
                                                "; job requeued, retried in ", decision.retry_in.count() / 1000.0, " s");
       RecordOutcome(job.id, job.worker, JobState::kQueued, {{"worker", ""}},
                     {{"log", json{{"message", message}}.dump()}, {"state", json{{"state", "QUEUED"}}.dump()}});
@@ -578,6 +591,20 @@ WorkerState CoordinatorService::StateOfWorkerLocked(const std::string& id,
   if (busy_workers_.count(id)) return WorkerState::kBusy;
   auto b = worker_backoff_.find(id);
   return b != worker_backoff_.end() && b->second.until > now ? WorkerState::kKeptOut : WorkerState::kFree;
+}
+
+std::string CoordinatorService::KeepOutWorkersNamed(const absl::Status& status,
+                                                    const std::vector<WorkerRecord>& workers) {
+  const auto now = std::chrono::steady_clock::now();
+  std::string named;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const WorkerRecord& w : workers) {
+    // Rank errors start "worker <address>: ..." (RemoteRank).
+    if (!absl::StrContains(status.message(), absl::StrCat("worker ", w.address, ":"))) continue;
+    absl::StrAppend(&named, named.empty() ? "" : ", ", w.id);
+    KeepOut(options_.backoff, worker_backoff_[w.id], now);
+  }
+  return named;
 }
 
 std::string CoordinatorService::KeepOutSilentWorkers(const std::string& job_id,

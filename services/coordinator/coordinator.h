@@ -112,6 +112,9 @@ class CoordinatorService final : public strata::v1::Coordinator::CallbackService
   // A gang was lost: its workers that no longer answer are deregistered
   // and kept out of gangs for a while. Returns their ids ("" when all answer).
   std::string KeepOutSilentWorkers(const std::string& job_id, const std::vector<WorkerRecord>& workers);
+  // A gang failed on a full disk: the workers its error names are kept out
+  // of gangs for a while (they stay registered). Returns their ids.
+  std::string KeepOutWorkersNamed(const absl::Status& status, const std::vector<WorkerRecord>& workers);
   // Moves a job RUNNING on the gang `workers` (the claim's worker field) to
   // `to` and publishes `events`. While the store is unreachable it retries until
   // the write lands (or the coordinator stops): an end that was not recorded

@@ -1,6 +1,10 @@
 #include "services/coordinator/job_backoff.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/match.h"
 
 namespace strata::services {
 
@@ -18,6 +22,14 @@ LossDecision OnGangLost(const BackoffPolicy& policy, Backoff& job, bool worker_l
   decision.losses_with_all_answering = job.losses_with_all_answering;
   decision.fail = job.losses_with_all_answering >= policy.max_losses_with_all_answering;
   return decision;
+}
+
+bool WorkerDiskFull(const absl::Status& status) {
+  // ErrnoToStatus (base/file.h) makes ENOSPC RESOURCE_EXHAUSTED with its
+  // strerror text; host memory limits are RESOURCE_EXHAUSTED too, and
+  // fail the job wherever it runs.
+  return status.code() == absl::StatusCode::kResourceExhausted &&
+         absl::StrContains(status.message(), std::strerror(ENOSPC));
 }
 
 void KeepOut(const BackoffPolicy& policy, Backoff& worker, std::chrono::steady_clock::time_point now) {

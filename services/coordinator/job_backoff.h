@@ -8,6 +8,8 @@
 
 #include <chrono>
 
+#include "absl/status/status.h"
+
 namespace strata::services {
 
 struct BackoffPolicy {
@@ -49,6 +51,9 @@ struct LossDecision {
 // iteration.
 LossDecision OnGangLost(const BackoffPolicy& policy, Backoff& job, bool worker_lost, bool progressed,
                         std::chrono::steady_clock::time_point now);
+// A rank failed because its worker's disk is full (ENOSPC in its NVMe
+// directory): the machine's fault, retried elsewhere like a lost worker.
+bool WorkerDiskFull(const absl::Status& status);
 // Keeps a worker that stopped answering out of gangs for its next wait.
 void KeepOut(const BackoffPolicy& policy, Backoff& worker, std::chrono::steady_clock::time_point now);
 

@@ -3,9 +3,11 @@
 // (kill -9 of a worker and of the coordinator, a Redis restart) and bad
 // input.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -857,6 +859,86 @@ TEST_F(ServiceTest, CoordinatorHealthIsNotServingWhileRedisIsDown) {
   EXPECT_TRUE(wait_for(Health::SERVING)) << coordinator_->Log();
   context.TryCancel();
   reader->Finish();
+}
+
+// A coordinator that starts while Redis is down (both restarted after a
+// node failure, found by the soak) waits for it instead of exiting into its
+// supervisor's crash loop, then serves; the jobs Redis kept are there.
+TEST_F(ServiceTest, ACoordinatorStartedWhileRedisIsDownWaitsForIt) {
+  v1::Job job;
+  ASSERT_TRUE(Submit(Spec(2, "before_the_outage"), &job).ok());
+  coordinator_->Kill(SIGKILL);
+  ASSERT_TRUE(redis_->Stop().ok());
+  StartCoordinator();
+  // It says it is waiting (the log is its only sign of life until then).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (coordinator_->Log().find("trying again") == std::string::npos && coordinator_->Alive() &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polls another process's log
+  }
+  ASSERT_TRUE(coordinator_->Alive()) << "the coordinator exited while Redis was down:\n" << coordinator_->Log();
+  ASSERT_NE(coordinator_->Log().find("trying again"), std::string::npos) << coordinator_->Log();
+  ASSERT_TRUE(redis_->Restart().ok());
+  ASSERT_TRUE(channel_->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(30)))
+      << coordinator_->Log();
+  const auto events = Watch(job.id(), Ended);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back().state(), v1::SUCCEEDED) << Get(job.id()).error_message() << "\n" << coordinator_->Log();
+}
+
+// Workers whose NVMe directory is a small filesystem of its own (a tmpfs,
+// which needs root), so that a test can fill it.
+class FullDiskServiceTest : public ServiceTest {
+ protected:
+  void SetUp() override {
+    if (::geteuid() != 0 || !testing::HaveProgram("mount")) GTEST_SKIP() << "needs root to mount a tmpfs";
+    std::filesystem::create_directories(nvme_);
+    auto mounted = testing::RunCommand({"mount", "-t", "tmpfs", "-o", "size=32m", "strata-test", nvme_});
+    if (!mounted.ok() || mounted->exit_code != 0) GTEST_SKIP() << "cannot mount a tmpfs here";
+    mounted_ = true;
+    ServiceTest::SetUp();
+  }
+  void TearDown() override {
+    if (mounted_) (void)testing::RunCommand({"umount", "-l", nvme_});
+  }
+  std::vector<std::string> WorkerFlags() const override { return {"--nvme-dir", nvme_}; }
+
+  // Takes all but a few KiB of the filesystem.
+  void FillDisk() {
+    struct statvfs fs {};
+    ASSERT_EQ(::statvfs(nvme_.c_str(), &fs), 0);
+    const int fd = ::open(Ballast().c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ASSERT_GE(fd, 0);
+    const off_t size = static_cast<off_t>(fs.f_bavail * fs.f_frsize) - 16 * 1024;
+    EXPECT_EQ(::posix_fallocate(fd, 0, size), 0);
+    ::close(fd);
+  }
+  std::string Ballast() const { return JoinPath(nvme_, "ballast"); }
+
+  std::string nvme_ = dir_.Join("nvme");
+  bool mounted_ = false;
+};
+
+// A full disk on the workers fails a job's rank with ENOSPC: the machine's
+// fault, so the job goes back to the queue (found by the soak: one worker
+// with a full disk failed every job the scheduler gave it, dozens in ten
+// seconds). Once there is space it runs to the end.
+TEST_F(FullDiskServiceTest, AJobThatMeetsAFullDiskIsRequeuedNotFailed) {
+  FillDisk();
+  v1::Job job;
+  ASSERT_TRUE(Submit(Spec(3, "full_disk"), &job, "", {"models.actor.placement.optimizer=nvme"}).ok());
+  std::string requeued;
+  Watch(job.id(), [&](const v1::JobEvent& e) {
+    if (e.type() == "log" && e.json().find("disk full on") != std::string::npos) requeued = e.json();
+    return !requeued.empty() || Ended(e);
+  });
+  ASSERT_FALSE(requeued.empty()) << "not requeued: " << v1::JobState_Name(Get(job.id()).state()) << " "
+                                 << Get(job.id()).error_message();
+  EXPECT_NE(requeued.find("No space left on device"), std::string::npos) << requeued;
+  ASSERT_EQ(::unlink(Ballast().c_str()), 0);
+  const auto events = Watch(job.id(), Ended);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back().state(), v1::SUCCEEDED) << Get(job.id()).error_message() << "\n" << coordinator_->Log();
 }
 
 // A coordinator serving TLS: a client that trusts its CA gets through, a

@@ -64,6 +64,8 @@ class ChildProcess {
     pid_ = -1;
     return false;
   }
+  // The child's pid while it runs, -1 once reaped.
+  pid_t pid() const { return pid_; }
   std::string Log() const {
     auto text = ReadFileToString(log_path_);
     return text.ok() ? *text : std::string();

@@ -1,5 +1,10 @@
 #include "services/coordinator/job_backoff.h"
 
+#include <cerrno>
+
+#include "absl/strings/str_cat.h"
+#include "base/file.h"
+
 #include "gtest/gtest.h"
 
 namespace strata::services {
@@ -54,6 +59,19 @@ TEST(JobBackoffTest, AWorkerKeptOutWaitsLongerEachTime) {
   KeepOut(policy, worker, now);
   EXPECT_EQ(worker.until, now + milliseconds(1000));
   EXPECT_FALSE(worker.Waiting(now + milliseconds(1000)));
+}
+
+// A rank's error that carries ENOSPC is the worker's disk; a host memory
+// limit (also RESOURCE_EXHAUSTED) is the job's.
+TEST(JobBackoffTest, AFullDiskIsTheWorkersFaultAndAMemoryLimitIsNot) {
+  const absl::Status enospc = ErrnoToStatus(ENOSPC, "write /nvme/strata-rank0-x/JOURNAL");
+  EXPECT_TRUE(WorkerDiskFull(enospc));
+  EXPECT_TRUE(
+      WorkerDiskFull(absl::Status(enospc.code(), absl::StrCat("worker 10.0.0.2:50100: RunPhase: ", enospc.message()))));
+  EXPECT_FALSE(WorkerDiskFull(ErrnoToStatus(ENOMEM, "allocate 8 GiB")));
+  EXPECT_FALSE(WorkerDiskFull(absl::ResourceExhaustedError("memory.host_mib 9000 is above this worker's 4096")));
+  // The same words under another code were not ENOSPC from a write.
+  EXPECT_FALSE(WorkerDiskFull(absl::InvalidArgumentError(enospc.message())));
 }
 
 }  // namespace
