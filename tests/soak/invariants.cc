@@ -9,12 +9,12 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
-#include "absl/strings/ascii.h"
 #include "base/file.h"
 #include "services/driver/job_runner.h"
 #include "tests/e2e/run_metrics.h"
@@ -44,9 +44,7 @@ std::vector<json> ReadLines(const std::string& path, std::vector<Violation>* vio
 
 }  // namespace
 
-bool IsTerminal(const std::string& state) {
-  return state == "SUCCEEDED" || state == "FAILED" || state == "CANCELLED";
-}
+bool IsTerminal(const std::string& state) { return state == "SUCCEEDED" || state == "FAILED" || state == "CANCELLED"; }
 
 std::vector<Violation> CheckNoJobLostOrStuck(const std::vector<std::string>& acknowledged,
                                              const std::map<std::string, JobOutcome>& listed) {
@@ -98,8 +96,8 @@ std::vector<Violation> CheckSameMetrics(const std::string& reference_path, const
     return out;
   }
   if (want.size() != got.size()) {
-    out.push_back({"metrics diverge", absl::StrCat(job_id, ": ", got.size(), " iterations against the fault-free run's ",
-                                                   want.size())});
+    out.push_back({"metrics diverge",
+                   absl::StrCat(job_id, ": ", got.size(), " iterations against the fault-free run's ", want.size())});
     return out;
   }
   const testing::CountedTokens counted{.sequences = sequences, .ppo_epochs = ppo_epochs};
@@ -111,15 +109,15 @@ std::vector<Violation> CheckSameMetrics(const std::string& reference_path, const
         continue;
       }
       const double a = value.get<double>(), b = got[i][key].get<double>();
-      double tolerance =
-          testing::AfterAStep(i, key) ? testing::SteppedWeightsTolerance(a) : testing::StartingWeightsTolerance(a);
+      double tolerance = testing::AfterAStep(i, key) ? testing::SteppedWeightsTolerance(a)
+                                                     : testing::StartingWeightsTolerance(a);
       if (testing::IsClipFraction(key)) {
         tolerance = testing::ClipFractionTolerance(counted, want[i].value("objective/response_tokens", 1.0));
       }
       if (!(std::abs(a - b) <= tolerance)) {
-        out.push_back({"metrics diverge", absl::StrCat(job_id, ": iteration ", i, " ", key, " ", b,
-                                                       " against the fault-free run's ", a, " (tolerance ", tolerance,
-                                                       ")")});
+        out.push_back(
+            {"metrics diverge", absl::StrCat(job_id, ": iteration ", i, " ", key, " ", b,
+                                             " against the fault-free run's ", a, " (tolerance ", tolerance, ")")});
       }
     }
   }
@@ -163,9 +161,9 @@ std::vector<Violation> CheckCheckpoints(const std::string& checkpoint_dir, const
     }
     const std::string run_id = state.value("run_id", std::string());
     if (!run_ids.contains(run_id)) {
-      out.push_back({"checkpoint of another run",
-                     absl::StrCat(entry.path().string(), ": written by run \"", run_id, "\", not by this job (",
-                                  absl::StrJoin(run_ids, ", "), ")")});
+      out.push_back(
+          {"checkpoint of another run", absl::StrCat(entry.path().string(), ": written by run \"", run_id,
+                                                     "\", not by this job (", absl::StrJoin(run_ids, ", "), ")")});
     }
   }
   return out;
@@ -216,8 +214,8 @@ std::vector<Violation> CheckRedisKeys(const std::string& prefix, const std::vect
       if (it == jobs.end()) {
         out.push_back({"orphan Redis key", absl::StrCat(prefix, "jobs:state:", state, " holds unknown job ", id)});
       } else if (it->second.state != state) {
-        out.push_back({"state sets disagree", absl::StrCat(id, " is ", it->second.state, " but sits in ", prefix,
-                                                           "jobs:state:", state)});
+        out.push_back({"state sets disagree",
+                       absl::StrCat(id, " is ", it->second.state, " but sits in ", prefix, "jobs:state:", state)});
       }
     }
   }
@@ -238,7 +236,9 @@ std::vector<Violation> CheckNoStrayProcesses(const std::string& marker, const st
   for (int pid = ::getpid(); pid > 1 && ancestors.insert(pid).second;) {
     auto status = ReadFileToString(absl::StrCat("/proc/", pid, "/status"));
     const size_t at = status.ok() ? status->find("PPid:") : std::string::npos;
-    if (at == std::string::npos || !absl::SimpleAtoi(absl::StripAsciiWhitespace(status->substr(at + 5, status->find('\n', at) - at - 5)), &pid)) break;
+    if (at == std::string::npos ||
+        !absl::SimpleAtoi(absl::StripAsciiWhitespace(status->substr(at + 5, status->find('\n', at) - at - 5)), &pid))
+      break;
   }
   for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
     int pid = 0;

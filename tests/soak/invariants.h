@@ -23,10 +23,10 @@ struct JobOutcome {
   std::string state;  // SUCCEEDED, FAILED, CANCELLED, or QUEUED/RUNNING
   std::string error_message;
   std::string output_dir;
-  std::string continues;   // the ended job this one continues, "" for none
+  std::string continues;  // the ended job this one continues, "" for none
   std::string continued_by;
-  int64_t iteration = 0;   // completed, as the coordinator reports
-  int64_t iterations = 0;  // planned
+  int64_t iteration = 0;     // completed, as the coordinator reports
+  int64_t iterations = 0;    // planned
   bool progressing = false;  // not ended, but its iteration moved lately
 };
 

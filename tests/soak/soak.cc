@@ -82,12 +82,12 @@ struct Tracked {
   std::string kind;
   int ranks = 1;
   std::string output_dir;
-  std::string continues;         // the cancelled job this one continues
-  int64_t cancel_at = -1;        // cancel once it reached this iteration
+  std::string continues;   // the cancelled job this one continues
+  int64_t cancel_at = -1;  // cancel once it reached this iteration
   bool cancel_sent = false;
   bool continue_after_cancel = false;
   bool continuation_made = false;
-  bool reference = false;        // a fault-free run, for comparison
+  bool reference = false;  // a fault-free run, for comparison
   v1::Job last;
   Clock::time_point last_answer{};  // of the last GetJob that succeeded
   Clock::time_point last_progress = Clock::now();
@@ -153,8 +153,7 @@ class Soak {
   SoakReport report_;
 };
 
-grpc::Status Soak::Call(const std::string& method,
-                        const std::function<grpc::Status(grpc::ClientContext*)>& call) {
+grpc::Status Soak::Call(const std::string& method, const std::function<grpc::Status(grpc::ClientContext*)>& call) {
   grpc::ClientContext context;
   services::AddBearer(&context, stack_->token());
   context.set_deadline(std::chrono::system_clock::now() + kCallDeadline);
@@ -176,8 +175,8 @@ grpc::Status Soak::Call(const std::string& method,
       ++f->other;
     }
   }
-  if (!status.ok() && !Retryable(status.error_code()) &&
-      status.error_code() != grpc::StatusCode::FAILED_PRECONDITION && status.error_code() != grpc::StatusCode::NOT_FOUND) {
+  if (!status.ok() && !Retryable(status.error_code()) && status.error_code() != grpc::StatusCode::FAILED_PRECONDITION &&
+      status.error_code() != grpc::StatusCode::NOT_FOUND) {
     api_errors_.push_back(absl::StrCat(method, ": code ", status.error_code(), ": ", status.error_message()));
   }
   return status;
@@ -221,7 +220,8 @@ absl::Status Soak::WaitUntilReady() {
     }
     context.TryCancel();
     reader->Finish();
-    if (!serving) return absl::UnavailableError(absl::StrCat("worker ", i, " never registered:\n", stack_->LogTail(2000)));
+    if (!serving)
+      return absl::UnavailableError(absl::StrCat("worker ", i, " never registered:\n", stack_->LogTail(2000)));
   }
   return absl::OkStatus();
 }
@@ -267,8 +267,7 @@ void Soak::Submit(Tracked& t) {
   request.set_request_id(t.request_id);  // a retry after a lost reply returns the same job
   request.set_continue_job_id(t.continues);
   v1::Job job;
-  const grpc::Status s =
-      Call("SubmitJob", [&](grpc::ClientContext* c) { return stub_->SubmitJob(c, request, &job); });
+  const grpc::Status s = Call("SubmitJob", [&](grpc::ClientContext* c) { return stub_->SubmitJob(c, request, &job); });
   if (s.ok()) {
     t.id = job.id();
     t.last = job;
@@ -295,8 +294,8 @@ void Soak::Poll(Tracked& t) {
     v1::CancelJobRequest cancel;
     cancel.set_job_id(t.id);
     v1::Job cancelled;
-    const grpc::Status s =
-        Call("CancelJob", [&](grpc::ClientContext* c) { return stub_->CancelJob(c, cancel, &cancelled); });
+    const grpc::Status s = Call("CancelJob",
+                                [&](grpc::ClientContext* c) { return stub_->CancelJob(c, cancel, &cancelled); });
     if (s.ok() || s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) t.cancel_sent = true;
   }
 }
@@ -349,8 +348,9 @@ void Soak::DealFaults() {
     }
   }
   if (now < next_fault_at_ || held >= 2) return;
-  next_fault_at_ = now + std::chrono::milliseconds(static_cast<int64_t>(
-                             1e3 * std::exponential_distribution<double>(1.0 / options_.mean_seconds_between_faults)(rng_)));
+  next_fault_at_ = now +
+                   std::chrono::milliseconds(static_cast<int64_t>(
+                       1e3 * std::exponential_distribution<double>(1.0 / options_.mean_seconds_between_faults)(rng_)));
   auto available = [&](const std::string& kind) {
     if (kind == "partition worker") return stack_->network_isolated();
     if (kind == "full disk") return stack_->small_disks();
@@ -471,7 +471,8 @@ void Soak::Tick(bool stream, bool faults) {
 void Soak::WaitForIdleWorkers() {
   const auto deadline = Clock::now() + std::chrono::seconds(60);
   for (int i = 0; i < stack_->workers(); ++i) {
-    auto worker = v1::Worker::NewStub(grpc::CreateChannel(stack_->worker_address(i), grpc::InsecureChannelCredentials()));
+    auto worker = v1::Worker::NewStub(
+        grpc::CreateChannel(stack_->worker_address(i), grpc::InsecureChannelCredentials()));
     std::string held = "?";
     while (Clock::now() < deadline) {
       v1::WorkerStats stats;
@@ -484,8 +485,8 @@ void Soak::WaitForIdleWorkers() {
       std::this_thread::sleep_for(kTick);  // polls another process
     }
     if (!held.empty()) {
-      report_.violations.push_back({"fencing", absl::StrCat("worker ", stack_->worker_id(i), " still holds job \"", held,
-                                                            "\" a minute after every job ended")});
+      report_.violations.push_back({"fencing", absl::StrCat("worker ", stack_->worker_id(i), " still holds job \"",
+                                                            held, "\" a minute after every job ended")});
     }
   }
 }
@@ -503,14 +504,15 @@ void Soak::RunReferences() {
   }
   const auto deadline = Clock::now() + options_.drain_limit;
   auto pending = [&] {
-    return std::any_of(refs.begin(), refs.end(), [](const Tracked* r) { return !r->request_id.empty() && !r->Ended(); });
+    return std::any_of(refs.begin(), refs.end(),
+                       [](const Tracked* r) { return !r->request_id.empty() && !r->Ended(); });
   };
   while (pending() && Clock::now() < deadline) Tick(/*stream=*/false, /*faults=*/false);
   for (const Tracked* r : refs) {
     if (r->last.state() != v1::SUCCEEDED) {
-      report_.violations.push_back({"reference failed", absl::StrCat(r->kind, " on ", r->ranks, " ranks without faults: ",
-                                                                     v1::JobState_Name(r->last.state()), " ",
-                                                                     r->last.error_message())});
+      report_.violations.push_back(
+          {"reference failed", absl::StrCat(r->kind, " on ", r->ranks, " ranks without faults: ",
+                                            v1::JobState_Name(r->last.state()), " ", r->last.error_message())});
     }
   }
 }
@@ -531,9 +533,14 @@ std::vector<Violation> Soak::Check() {
   std::vector<Violation> out;
   auto add = [&](std::vector<Violation> v) { out.insert(out.end(), v.begin(), v.end()); };
   auto outcome = [](const v1::Job& j) {
-    return JobOutcome{.id = j.id(), .state = v1::JobState_Name(j.state()), .error_message = j.error_message(),
-                      .output_dir = j.output_dir(), .continues = j.continues(), .continued_by = j.continued_by(),
-                      .iteration = j.iteration(), .iterations = j.iterations()};
+    return JobOutcome{.id = j.id(),
+                      .state = v1::JobState_Name(j.state()),
+                      .error_message = j.error_message(),
+                      .output_dir = j.output_dir(),
+                      .continues = j.continues(),
+                      .continued_by = j.continued_by(),
+                      .iteration = j.iteration(),
+                      .iterations = j.iterations()};
   };
   // Every job the coordinator lists, and each acknowledged one by id.
   std::map<std::string, JobOutcome> listed;
@@ -650,8 +657,8 @@ absl::StatusOr<SoakReport> Soak::Run() {
   report_.stream_seconds = Seconds(drain_start - stream_start);
   auto running = [&] {
     return std::any_of(jobs_.begin(), jobs_.end(), [&](const auto& t) {
-      return !t->request_id.empty() && (!t->Ended() || (t->last.state() == v1::CANCELLED &&
-                                                         t->continue_after_cancel && !t->continuation_made));
+      return !t->request_id.empty() &&
+             (!t->Ended() || (t->last.state() == v1::CANCELLED && t->continue_after_cancel && !t->continuation_made));
     });
   };
   while (running() && Clock::now() - drain_start < options_.drain_limit) Tick(/*stream=*/false, /*faults=*/false);
@@ -666,8 +673,9 @@ absl::StatusOr<SoakReport> Soak::Run() {
     report_.failed += t->last.state() == v1::FAILED;
     report_.cancelled += t->last.state() == v1::CANCELLED;
     if (t->last.continued_by().empty()) report_.iterations_completed += t->last.iteration();
-    if (t->last.state() == v1::FAILED) report_.notes.push_back(absl::StrCat(t->id, " (", t->kind, ", ", t->ranks,
-                                                                            " ranks) FAILED: ", t->last.error_message()));
+    if (t->last.state() == v1::FAILED)
+      report_.notes.push_back(
+          absl::StrCat(t->id, " (", t->kind, ", ", t->ranks, " ranks) FAILED: ", t->last.error_message()));
   }
   std::vector<Violation> found = Check();
   for (const auto& t : jobs_) {
@@ -685,6 +693,7 @@ absl::StatusOr<SoakReport> Soak::Run() {
     }
   }
   report_.unexpected_exits = stack_->unexpected_exits();
+  for (const std::string& e : stack_->exits()) report_.notes.push_back("exited on its own: " + e);
   if (!report_.violations.empty()) report_.notes.push_back("logs:\n" + stack_->LogTail(3000));
   stack_.reset();
   report_.total_seconds = Seconds(Clock::now() - begin);
@@ -750,10 +759,11 @@ std::string SoakReport::Summary() const {
                           kind, f.injected, f.affected_jobs, Percentile(f.recovery_seconds, 0.5),
                           Percentile(f.recovery_seconds, 1.0), f.unrecovered);
   }
-  absl::StrAppendFormat(&out, "  API: %d calls, availability %.4f (during faults %.4f), p99 %.1f ms (during faults %.1f ms)\n",
-                        api_all.calls, api_all.calls ? double(api_all.ok) / double(api_all.calls) : 1.0,
-                        api_during_faults.calls ? double(api_during_faults.ok) / double(api_during_faults.calls) : 1.0,
-                        Percentile(api_all.latency_ms, 0.99), Percentile(api_during_faults.latency_ms, 0.99));
+  absl::StrAppendFormat(
+      &out, "  API: %d calls, availability %.4f (during faults %.4f), p99 %.1f ms (during faults %.1f ms)\n",
+      api_all.calls, api_all.calls ? double(api_all.ok) / double(api_all.calls) : 1.0,
+      api_during_faults.calls ? double(api_during_faults.ok) / double(api_during_faults.calls) : 1.0,
+      Percentile(api_all.latency_ms, 0.99), Percentile(api_during_faults.latency_ms, 0.99));
   absl::StrAppendFormat(&out, "  %d invariant violations\n", violations.size());
   for (const Violation& v : violations) absl::StrAppend(&out, "    ", v.invariant, ": ", v.detail, "\n");
   return out;

@@ -19,7 +19,7 @@
 namespace strata::soak {
 
 struct SoakOptions {
-  std::string dir;  // everything the soak writes; must exist
+  std::string dir;                     // everything the soak writes; must exist
   std::chrono::seconds duration{120};  // of the job stream and the faults
   uint64_t seed = 1;
   int workers = 4;
@@ -45,9 +45,9 @@ struct FaultFigures {
 
 struct ApiFigures {
   int64_t calls = 0;
-  int64_t ok = 0;         // answered (an expected refusal counts: FAILED_PRECONDITION on an ended job)
-  int64_t retryable = 0;  // UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED, RESOURCE_EXHAUSTED
-  int64_t other = 0;      // anything else: each is a violation too
+  int64_t ok = 0;                  // answered (an expected refusal counts: FAILED_PRECONDITION on an ended job)
+  int64_t retryable = 0;           // UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED, RESOURCE_EXHAUSTED
+  int64_t other = 0;               // anything else: each is a violation too
   std::vector<double> latency_ms;  // every call's
 };
 
@@ -59,11 +59,11 @@ struct SoakReport {
   int restarts = 0, unexpected_exits = 0;
   std::map<std::string, FaultFigures> faults;  // by kind
   ApiFigures api_all, api_during_faults;
-  std::vector<std::string> notes;             // faults skipped, failures' reasons
+  std::vector<std::string> notes;  // faults skipped, failures' reasons
   std::vector<Violation> violations;
-  std::vector<Violation> planted;             // with plant_faults
+  std::vector<Violation> planted;  // with plant_faults
   std::string ToJson() const;
-  std::string Summary() const;                // a few lines for people
+  std::string Summary() const;  // a few lines for people
 };
 
 absl::StatusOr<SoakReport> RunSoak(const SoakOptions& options);

@@ -62,7 +62,8 @@ TEST(SoakInvariantsTest, MetricsThatLeaveTheFaultFreeRunsToleranceAreCaught) {
   testing::WriteTextFile(want, MetricsLine(0, 1.0) + MetricsLine(1, 0.9));
   // Wall clock differs freely; the loss within a float sum's reordering.
   testing::WriteTextFile(got, MetricsLine(0, 1.0 + 1e-7) + MetricsLine(1, 0.9 * (1 + 1e-3)));
-  EXPECT_TRUE(CheckSameMetrics(want, got, "job-1", 4, 2).empty()) << Describe(CheckSameMetrics(want, got, "job-1", 4, 2));
+  EXPECT_TRUE(CheckSameMetrics(want, got, "job-1", 4, 2).empty())
+      << Describe(CheckSameMetrics(want, got, "job-1", 4, 2));
   testing::WriteTextFile(got, MetricsLine(0, 1.0) + MetricsLine(1, 0.5));
   EXPECT_TRUE(Has(CheckSameMetrics(want, got, "job-1", 4, 2), "metrics diverge"));
   testing::WriteTextFile(got, MetricsLine(0, 1.0));
@@ -78,9 +79,9 @@ TEST(SoakInvariantsTest, AJobWhoseRecordIsGoneIsLostAndItsKeysAreOrphans) {
   listed.erase("b");
   EXPECT_TRUE(Has(CheckNoJobLostOrStuck({"a", "b"}, listed), "lost job"));
 
-  const std::vector<std::string> keys = {"strata:job:a", "strata:job:a:events", "strata:jobs", "strata:jobs:seq",
-                                         "strata:jobs:state:SUCCEEDED", "strata:worker:w0", "strata:workers",
-                                         "strata:request:r1"};
+  const std::vector<std::string> keys = {
+      "strata:job:a",     "strata:job:a:events", "strata:jobs",      "strata:jobs:seq", "strata:jobs:state:SUCCEEDED",
+      "strata:worker:w0", "strata:workers",      "strata:request:r1"};
   std::map<std::string, std::vector<std::string>> members = {{"SUCCEEDED", {"a"}}};
   EXPECT_TRUE(CheckRedisKeys("strata:", keys, listed, members, {"a"}).empty())
       << Describe(CheckRedisKeys("strata:", keys, listed, members, {"a"}));
@@ -89,7 +90,8 @@ TEST(SoakInvariantsTest, AJobWhoseRecordIsGoneIsLostAndItsKeysAreOrphans) {
   with_b.push_back("strata:job:b:events");
   members["RUNNING"] = {"b"};
   const auto found = CheckRedisKeys("strata:", with_b, listed, members, {"a", "b"});
-  EXPECT_EQ(std::count_if(found.begin(), found.end(), [](const Violation& v) { return v.invariant == "orphan Redis key"; }),
+  EXPECT_EQ(std::count_if(found.begin(), found.end(),
+                          [](const Violation& v) { return v.invariant == "orphan Redis key"; }),
             3)
       << Describe(found);
   // A job in two state sets, or in the wrong one.
@@ -134,10 +136,8 @@ TEST(SoakInvariantsTest, AProcessOutsideTheStackIsCaught) {
 }
 
 TEST(SoakInvariantsTest, AFailureMustSayWhy) {
-  EXPECT_TRUE(Has(CheckFailedSaysWhy(Job("j", "FAILED", "INTERNAL")),
-                  "failure without a reason"));
-  EXPECT_TRUE(CheckFailedSaysWhy(Job("j", "FAILED", "memory.nvme_dir /x: no space left on device (ENOSPC)"))
-                  .empty());
+  EXPECT_TRUE(Has(CheckFailedSaysWhy(Job("j", "FAILED", "INTERNAL")), "failure without a reason"));
+  EXPECT_TRUE(CheckFailedSaysWhy(Job("j", "FAILED", "memory.nvme_dir /x: no space left on device (ENOSPC)")).empty());
 }
 
 // The soak itself: every fault kind this machine allows, a stream of jobs

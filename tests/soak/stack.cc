@@ -28,8 +28,8 @@ absl::Status Run(const std::vector<std::string>& argv) {
   auto result = testing::RunCommand(argv);
   if (!result.ok()) return result.status();
   if (result->exit_code != 0) {
-    return absl::InternalError(absl::StrCat(absl::StrJoin(argv, " "), ": exit ", result->exit_code, ": ",
-                                            result->error));
+    return absl::InternalError(
+        absl::StrCat(absl::StrJoin(argv, " "), ": exit ", result->exit_code, ": ", result->error));
   }
   return absl::OkStatus();
 }
@@ -72,23 +72,36 @@ absl::StatusOr<std::unique_ptr<Stack>> Stack::Start(const StackOptions& options)
   }
   if (options.small_disks) {
     const absl::Status disks = stack->SetUpDisks();
-    if (!disks.ok()) stack->disk_note_ = absl::StrCat("full disks skipped: cannot mount a tmpfs (", disks.message(), ")");
+    if (!disks.ok())
+      stack->disk_note_ = absl::StrCat("full disks skipped: cannot mount a tmpfs (", disks.message(), ")");
   } else {
     stack->disk_note_ = "full disks skipped: small_disks is off";
   }
 
-  // Redis: fsync on every write, so a kill -9 loses nothing it acknowledged
-  // (everysec may lose the last second: a submitted job could vanish).
+  // Redis as deployed (deploy/k8s/base/redis.yaml): append-only, fsync
+  // each second. A killed redis-server loses nothing it acknowledged (its
+  // writes reached the kernel before the reply); only a machine that loses
+  // power may lose the last second, which no soak here can deal.
   STRATA_ASSIGN_OR_RETURN(stack->redis_port_, testing::RedisServer::FreePort());
   stack->redis_dir_ = JoinPath(options.dir, "redis");
   std::filesystem::create_directories(stack->redis_dir_);
   stack->redis_.name = "redis";
   stack->redis_.log = JoinPath(options.dir, "logs/redis.log");
-  stack->redis_.argv = {"redis-server", "--port",      std::to_string(stack->redis_port_),
-                        "--bind",       "127.0.0.1",   "--dir",
-                        stack->redis_dir_, "--appendonly", "yes",
-                        "--appendfsync", "always",     "--save",
-                        "",             "--daemonize", "no"};
+  stack->redis_.argv = {"redis-server",
+                        "--port",
+                        std::to_string(stack->redis_port_),
+                        "--bind",
+                        "127.0.0.1",
+                        "--dir",
+                        stack->redis_dir_,
+                        "--appendonly",
+                        "yes",
+                        "--appendfsync",
+                        "everysec",
+                        "--save",
+                        "",
+                        "--daemonize",
+                        "no"};
   STRATA_RETURN_IF_ERROR(stack->LaunchRedis());
 
   STRATA_ASSIGN_OR_RETURN(const int coordinator_port, testing::RedisServer::FreePort());
@@ -121,14 +134,15 @@ absl::StatusOr<std::unique_ptr<Stack>> Stack::Start(const StackOptions& options)
       // the address the hostname resolves to. Each step execs the next, so
       // the pid is the worker's.
       const std::string ip = w.address.substr(0, w.address.find(':'));
-      argv = {"ip", "netns", "exec", w.netns, "unshare", "--uts", "sh", "-c", "hostname " + ip + " && exec \"$0\" \"$@\""};
+      argv = {"ip",    "netns",   "exec",
+              w.netns, "unshare", "--uts",
+              "sh",    "-c",      "hostname " + ip + " && exec \"$0\" \"$@\""};
     }
     for (const std::string& a :
          {testing::StrataBinary(), std::string("worker"), std::string("--listen"), w.address,
           std::string("--coordinator"), stack->coordinator_address_, std::string("--token-file"), stack->token_file_,
-          std::string("--id"), stack->worker_id(i), std::string("--nvme-dir"), w.nvme_dir,
-          std::string("--allow-path"), options.model_dir, std::string("--allow-path"),
-          testing::SourcePath("examples")}) {
+          std::string("--id"), stack->worker_id(i), std::string("--nvme-dir"), w.nvme_dir, std::string("--allow-path"),
+          options.model_dir, std::string("--allow-path"), testing::SourcePath("examples")}) {
       argv.push_back(a);
     }
     w.process.argv = std::move(argv);
@@ -286,7 +300,9 @@ std::vector<std::string> Stack::Supervise() {
       return;
     } else {
       ++unexpected_exits_;
-      STRATA_LOG(Warning) << "soak: " << p.name << " exited on its own; restarting it";
+      exits_.push_back(absl::StrCat(p.name, ": ", p.child->HowItEnded()));
+      STRATA_LOG(Warning) << "soak: " << p.name << " exited on its own (" << p.child->HowItEnded()
+                          << "); restarting it";
     }
     const absl::Status s = is_redis ? LaunchRedis() : Launch(p);
     if (s.ok()) {

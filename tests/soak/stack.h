@@ -25,8 +25,8 @@
 namespace strata::soak {
 
 struct StackOptions {
-  std::string dir;            // state: logs, Redis data, token, the workers' NVMe directories
-  std::string model_dir;      // job paths the workers may read besides `dir` (--allow-path)
+  std::string dir;        // state: logs, Redis data, token, the workers' NVMe directories
+  std::string model_dir;  // job paths the workers may read besides `dir` (--allow-path)
   int workers = 4;
   int collective_timeout_ms = 5000;
   bool isolate_network = true;  // namespaces + bridge where allowed
@@ -59,8 +59,8 @@ class Stack {
   void KillRedis(std::chrono::milliseconds down_for);
   void KillCoordinator(std::chrono::milliseconds down_for);
   void KillWorker(int i, std::chrono::milliseconds down_for);
-  void PauseWorker(int i);  // SIGSTOP
-  void ResumeWorker(int i);  // SIGCONT
+  void PauseWorker(int i);         // SIGSTOP
+  void ResumeWorker(int i);        // SIGCONT
   absl::Status CutWorker(int i);   // its link down: no packet in or out
   absl::Status HealWorker(int i);  // link up again
   // Fills the worker's NVMe filesystem to its last few KiB with a ballast
@@ -74,6 +74,8 @@ class Stack {
   // Brings everything back at once: resumes, heals, frees, restarts.
   void HealAll();
   int unexpected_exits() const { return unexpected_exits_; }
+  // "worker3: signal 11" for each process that exited on its own.
+  const std::vector<std::string>& exits() const { return exits_; }
 
   // Pids of the processes the stack runs now (for the leak check).
   std::vector<int> LivePids() const;
@@ -91,10 +93,10 @@ class Stack {
   };
   struct Worker {
     Process process;
-    std::string address;     // HOST:PORT it serves on
+    std::string address;  // HOST:PORT it serves on
     std::string nvme_dir;
-    std::string netns;       // "" on loopback
-    std::string host_link;   // the bridge side of its veth
+    std::string netns;      // "" on loopback
+    std::string host_link;  // the bridge side of its veth
     bool paused = false;
     bool cut = false;
     bool disk_full = false;
@@ -119,6 +121,7 @@ class Stack {
   std::string network_note_, disk_note_;
   std::vector<std::string> mounts_;
   int unexpected_exits_ = 0;
+  std::vector<std::string> exits_;
 };
 
 }  // namespace strata::soak

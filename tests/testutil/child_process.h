@@ -66,6 +66,12 @@ class ChildProcess {
   }
   // The child's pid while it runs, -1 once reaped.
   pid_t pid() const { return pid_; }
+  // How it ended, once reaped: "exit 3", "signal 11" ("" while it runs).
+  std::string HowItEnded() const {
+    if (pid_ > 0) return "";
+    if (WIFSIGNALED(status_)) return absl::StrCat("signal ", WTERMSIG(status_));
+    return absl::StrCat("exit ", WEXITSTATUS(status_));
+  }
   std::string Log() const {
     auto text = ReadFileToString(log_path_);
     return text.ok() ? *text : std::string();
