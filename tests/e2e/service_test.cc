@@ -38,6 +38,7 @@
 #include "strata/v1/worker.grpc.pb.h"
 #include "tests/e2e/run_metrics.h"
 #include "tests/testutil/child_process.h"
+#include "tests/testutil/health.h"
 #include "tests/testutil/redis_server.h"
 #include "tests/testutil/reward_server.h"
 #include "tests/testutil/testutil.h"
@@ -159,22 +160,8 @@ class ServiceTest : public ::testing::Test {
   // A worker's health turns SERVING once it has registered with the
   // coordinator; the health stream reports the change (no polling).
   void WaitUntilRegistered(int i) {
-    auto health = grpc::health::v1::Health::NewStub(
-        grpc::CreateChannel(worker_addr_[i], grpc::InsecureChannelCredentials()));
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-    context.set_wait_for_ready(true);
-    grpc::health::v1::HealthCheckRequest request;
-    auto reader = health->Watch(&context, request);
-    grpc::health::v1::HealthCheckResponse response;
-    while (reader->Read(&response)) {
-      if (response.status() == grpc::health::v1::HealthCheckResponse::SERVING) {
-        context.TryCancel();
-        reader->Finish();
-        return;
-      }
-    }
-    ADD_FAILURE() << "worker " << i << " never registered: " << reader->Finish().error_message();
+    const absl::Status serving = testing::WaitUntilServing(worker_addr_[i], std::chrono::seconds(60));
+    EXPECT_TRUE(serving.ok()) << "worker " << i << " never registered: " << serving.message();
   }
 
   std::string Spec(int iterations, const std::string& out, int checkpoint_every = 2) const {

@@ -15,12 +15,13 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "base/file.h"
+#include "base/log.h"
 #include "base/status_macros.h"
-#include "grpc/health/v1/health.grpc.pb.h"
 #include "services/rpc/auth.h"
 #include "strata/v1/coordinator.grpc.pb.h"
 #include "strata/v1/worker.grpc.pb.h"
 #include "tests/soak/stack.h"
+#include "tests/testutil/health.h"
 #include "tests/testutil/testutil.h"
 
 namespace strata::soak {
@@ -206,22 +207,9 @@ absl::Status Soak::WaitUntilReady() {
   stub_ = v1::Coordinator::NewStub(channel_);
   // A worker's health turns SERVING once it registered.
   for (int i = 0; i < stack_->workers(); ++i) {
-    auto health = grpc::health::v1::Health::NewStub(
-        grpc::CreateChannel(stack_->worker_address(i), grpc::InsecureChannelCredentials()));
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-    context.set_wait_for_ready(true);
-    grpc::health::v1::HealthCheckRequest request;
-    auto reader = health->Watch(&context, request);
-    grpc::health::v1::HealthCheckResponse response;
-    bool serving = false;
-    while (!serving && reader->Read(&response)) {
-      serving = response.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+    if (absl::Status s = testing::WaitUntilServing(stack_->worker_address(i), std::chrono::seconds(60)); !s.ok()) {
+      return absl::UnavailableError(absl::StrCat("worker ", i, ": ", s.message(), "\n", stack_->LogTail(2000)));
     }
-    context.TryCancel();
-    reader->Finish();
-    if (!serving)
-      return absl::UnavailableError(absl::StrCat("worker ", i, " never registered:\n", stack_->LogTail(2000)));
   }
   return absl::OkStatus();
 }
@@ -430,6 +418,10 @@ void Soak::DealFaults() {
   FaultFigures& figures = report_.faults[kind];
   ++figures.injected;
   figures.affected_jobs += static_cast<int>(f.baseline.size());
+  // The timeline, for reading the processes' logs against.
+  STRATA_LOG(Info) << "soak: " << kind << (f.worker >= 0 ? absl::StrCat(" on ", stack_->worker_id(f.worker)) : "")
+                   << (f.held ? absl::StrCat(" for ", Seconds(f.hold_until - now), " s") : "") << ", hitting "
+                   << f.baseline.size() << " running jobs";
   faults_.push_back(std::move(f));
 }
 

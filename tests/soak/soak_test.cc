@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "base/file.h"
 #include "gtest/gtest.h"
 #include "tests/soak/invariants.h"
 #include "tests/soak/soak.h"
@@ -129,6 +131,14 @@ TEST(SoakInvariantsTest, AProcessOutsideTheStackIsCaught) {
   // `tail -f` waits on the file for ever: a stray that names the soak's directory.
   auto stray = testing::ChildProcess::Spawn({"tail", "-f", marker}, dir.Join("tail.log"), dir.path());
   ASSERT_TRUE(stray.ok()) << stray.status();
+  // posix_spawn returns before the child execs: until then its command line
+  // is this test's.
+  const std::string cmdline = absl::StrCat("/proc/", (*stray)->pid(), "/cmdline");
+  for (int i = 0; i < 5000; ++i) {
+    auto text = ReadFileToString(cmdline);
+    if (text.ok() && text->find(marker) != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));  // waits for another process's exec
+  }
   EXPECT_TRUE(Has(CheckNoStrayProcesses(dir.path(), {}), "stray process"));
   EXPECT_TRUE(CheckNoStrayProcesses(dir.path(), {(*stray)->pid()}).empty());
   (*stray)->Kill(SIGKILL);
