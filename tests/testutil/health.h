@@ -15,8 +15,7 @@
 namespace strata::testing {
 
 inline absl::Status WaitUntilServing(const std::string& address, std::chrono::seconds limit) {
-  auto health =
-      grpc::health::v1::Health::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto health = grpc::health::v1::Health::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + limit);
   context.set_wait_for_ready(true);
