@@ -504,6 +504,7 @@ void CoordinatorService::RunOnGang(uint64_t run, JobRecord job, std::vector<Work
     std::lock_guard<std::mutex> lock(mu_);
     job_backoff_.erase(job.id);
   };
+  const bool disk_full = WorkerDiskFull(status);
   if (status.ok()) {
     // Progress reports may have been lost (Redis down); the end is not.
     RecordOutcome(job.id, job.worker, JobState::kSucceeded, {{"iteration", std::to_string(job.iterations)}},
@@ -514,12 +515,11 @@ void CoordinatorService::RunOnGang(uint64_t run, JobRecord job, std::vector<Work
   } else if (status.code() == absl::StatusCode::kCancelled) {
     // CancelJob already recorded the state and the event.
   } else if (status.code() == absl::StatusCode::kUnavailable || status.code() == absl::StatusCode::kDeadlineExceeded ||
-             WorkerDiskFull(status)) {
+             disk_full) {
     // A worker is gone (or a rank's collective timed out with it), or a
     // worker's disk is full: the machine's fault, not the job's. Back to
     // the queue; the next run resumes from the last checkpoint on a new
     // gang, without the workers that failed it until their backoff ends.
-    const bool disk_full = WorkerDiskFull(status);
     const std::string lost = disk_full ? "" : KeepOutSilentWorkers(job.id, workers);
     const std::string full = disk_full ? KeepOutWorkersNamed(status, workers) : "";
     LossDecision decision;

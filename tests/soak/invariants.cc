@@ -1,6 +1,5 @@
 #include "tests/soak/invariants.h"
 
-#include <dirent.h>
 #include <unistd.h>
 
 #include <algorithm>

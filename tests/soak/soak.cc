@@ -49,12 +49,8 @@ const std::vector<std::string>& Kinds() {
   return kinds;
 }
 
-const std::vector<std::string>& FaultKinds() {
-  static const std::vector<std::string> kinds = {"kill -9 worker", "kill -9 coordinator", "kill -9 redis",
-                                                 "pause worker",   "partition worker",    "full disk"};
-  return kinds;
-}
-// How often each kind comes up once every kind has had its turn.
+// The nemesis's faults, and how often each comes up once every kind has
+// had its turn.
 const std::map<std::string, double>& FaultWeights() {
   static const std::map<std::string, double> weights = {{"kill -9 worker", 3},   {"kill -9 coordinator", 1},
                                                         {"kill -9 redis", 1},    {"pause worker", 2},
@@ -638,7 +634,7 @@ absl::StatusOr<SoakReport> Soak::Run() {
   }
   STRATA_RETURN_IF_ERROR(WaitUntilReady());
 
-  first_round_ = FaultKinds();
+  for (const auto& [kind, weight] : FaultWeights()) first_round_.push_back(kind);
   std::shuffle(first_round_.begin(), first_round_.end(), rng_);
   const auto stream_start = Clock::now();
   next_fault_at_ = stream_start + std::chrono::seconds(3);
