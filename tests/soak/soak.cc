@@ -295,9 +295,17 @@ void Soak::TrackRecovery() {
       }
       const Tracked& t = **job;
       if (it->second == kUnknown) {
-        if (t.last_answer > f.start) it->second = t.last.iteration();
-        ++it;
-        continue;
+        if (t.last_answer <= f.start) {
+          ++it;
+          continue;
+        }
+        it->second = t.last.iteration();
+        // A job whose first answer after the fault is its end recovered
+        // then: the drain may stop before another tick would see it.
+        if (!t.Ended()) {
+          ++it;
+          continue;
+        }
       }
       // Moved: an iteration completed after the fault (a resumed run
       // reports its checkpoint's iteration first, which differs too).
