@@ -9,6 +9,20 @@
 // job with NVMe placements, with no time saved (docs/BENCHMARKS.md). The
 // memory planner predicts what a job holds, so the process keeps the two
 // close by fixing the threshold.
+//
+// Below the threshold, glibc gives the heap's free top back to the kernel
+// once it exceeds 128 KiB, so a loop of temporaries of a few MiB (blocked
+// attention's block pairs) faults the same pages in again on every
+// iteration: a 2k-token step took 4x as long. The heap keeps up to
+// kKeptHeapBytes of free top instead, a bounded addition to RSS.
+//
+// A block that gets its own mapping is faulted in page by page each time it
+// is allocated. With 4 KiB pages that is 256 faults a MiB, and in a virtual
+// machine a fault can cost ~20 us: a long sequence's step, whose tensors
+// are tens of MiB each, spent more time faulting than computing
+// (docs/BENCHMARKS.md, "Long sequences"). Tensors of that size therefore
+// take their mapping from MapLargeBlock, in transparent huge pages where
+// the kernel offers them (512 times fewer faults).
 #ifndef STRATA_BASE_HEAP_H_
 #define STRATA_BASE_HEAP_H_
 
@@ -19,9 +33,23 @@ namespace strata {
 // Allocations of at least this many bytes get their own mapping.
 inline constexpr size_t kOwnMappingBytes = size_t{4} << 20;
 
-// Fixes the mmap threshold at kOwnMappingBytes (which also stops it moving).
-// Call once, first thing in main(). Returns false if glibc refused.
-bool ReturnLargeBlocksToKernel();
+// Free heap top kept for reuse rather than returned to the kernel.
+inline constexpr size_t kKeptHeapBytes = size_t{64} << 20;
+
+// Fixes the mmap threshold at kOwnMappingBytes (which also stops it moving)
+// and the heap's kept top at kKeptHeapBytes, each unless the environment
+// sets it (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, MALLOC_TOP_PAD_
+// or GLIBC_TUNABLES). Call once, first thing in main(). Returns false if
+// glibc refused.
+bool ConfigureHeap();
+
+// A zeroed mapping of `bytes` rounded up to whole 4 KiB pages, aligned to a
+// huge page and advised to use transparent huge pages (where the kernel has
+// them in "madvise" or "always" mode; its tail past the last whole 2 MiB
+// stays in small pages). nullptr when the kernel refuses.
+// Release it with UnmapLargeBlock(block, bytes), the same `bytes`.
+void* MapLargeBlock(size_t bytes);
+void UnmapLargeBlock(void* block, size_t bytes);
 
 }  // namespace strata
 

@@ -17,6 +17,7 @@
 #include "bench/io_bench.h"
 #include "bench/stream_bench.h"
 #include "offload/adam/nvme_adam.h"
+#include "policies/config/attention_blocks.h"
 #include "policies/job/hardware_figures.h"
 #include "policies/model/blocked_attention.h"
 #include "policies/model/generation.h"
@@ -173,15 +174,16 @@ absl::StatusOr<std::string> RunFiguresBench(const FiguresBenchRequest& request) 
   }
   {
     // Blocked attention, forward and backward, over one row of 8 heads of
-    // 64: its products' FLOPs (4 T^2/2 d a head forward, 2.5 times that
-    // backward: causality hides the other half) per second.
+    // 64: its products' FLOPs per second, counted over the scores it
+    // computes (whole block pairs; 4 d a score forward, 2.5 times that
+    // backward), as the planner counts them.
     const int64_t t = request.quick ? 512 : 1024, heads = 8, d = 64;
     const at::Tensor q = at::randn({1, heads, t, d}).requires_grad_();
     const at::Tensor k = at::randn({1, heads, t, d}).requires_grad_();
     const at::Tensor v = at::randn({1, heads, t, d}).requires_grad_();
     const at::Tensor real = at::ones({1, t}, at::kBool);
     const double s = BestSeconds([&] { policies::BlockedAttention(q, k, v, real).sum().backward(); }, budget);
-    const double forward = 4.0 * heads * d * 0.5 * static_cast<double>(t) * static_cast<double>(t + 1);
+    const double forward = 4.0 * heads * d * static_cast<double>(policies::BlockedAttentionScores(t, t));
     f.blocked_attention_flops_per_s = 3.5 * forward / s;
     table += absl::StrFormat("blocked attention fwd+bwd       %10.2f GFLOP/s\n", f.blocked_attention_flops_per_s / 1e9);
   }

@@ -7,7 +7,8 @@ that fits, with the placement `strata plan --fit` picks for it. Prompts of
 256 tokens, a batch of 8 prompts (micro-batches as the fit chooses, down to
 one row), clipping off so that stepping in backward is allowed, PPO with one
 epoch and one minibatch. Each point is one `strata plan --fit --json` call;
-the length is searched in steps of 256 tokens.
+the length is searched in steps of 256 tokens, up to 128k (Llama-2's
+4,096 positions stretched 32 times: beyond any RoPE scaling in use).
 
   bench/plan/llama2_7b_long_responses.py [--strata build/strata]
 """
@@ -24,6 +25,7 @@ FIGURES = "examples/figures/a100-80gb.json"
 FIXED = ["data.max_prompt_tokens=256", "train.batch_size=8", "train.max_grad_norm=0", "ppo.epochs=1",
          "ppo.minibatches=1"]
 STEP = 256
+CAP = 1 << 17
 
 
 def plan(strata, algorithm, activations, response):
@@ -38,7 +40,10 @@ def plan(strata, algorithm, activations, response):
 
 
 def longest(strata, algorithm, activations):
-    lo, hi = 0, 1 << 20  # lo fits (0: nothing does), hi does not
+    """The longest response that fits, or CAP when even that does."""
+    if plan(strata, algorithm, activations, CAP)["fits"]:
+        return CAP
+    lo, hi = 0, CAP  # lo fits (0: nothing does), hi does not
     while hi - lo > STEP:
         mid = (lo + hi) // 2 // STEP * STEP
         if mid <= lo:
@@ -65,7 +70,8 @@ def main():
         for activations in ("device", "host", "nvme"):
             best = longest(args.strata, algorithm, activations)
             where = describe(plan(args.strata, algorithm, activations, best)) if best else "nothing fits"
-            print(f"| {algorithm} | {activations} | {best} | {where} |")
+            shown = f"{best} or more" if best == CAP else str(best)
+            print(f"| {algorithm} | {activations} | {shown} | {where} |")
 
 
 if __name__ == "__main__":

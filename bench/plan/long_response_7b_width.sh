@@ -6,18 +6,22 @@
 # trained once with each layer's input kept on the device (the peer) and
 # once with `placement.activations: nvme`. `strata plan` predicts each run
 # first; the table puts the prediction beside the run's own metrics.
-#   [ACTIVATIONS="device nvme"] bench/plan/long_response_7b_width.sh LAYERS TOKENS [WORK_DIR] [STRATA_BINARY]
+# CONFIG names another shape's config.json (LAYERS 0: all of its layers);
+# PLAN_ONLY=1 writes the specs and their plans and trains nothing.
+#   [ACTIVATIONS="device nvme"] [CONFIG=...] [PLAN_ONLY=1] bench/plan/long_response_7b_width.sh LAYERS TOKENS [WORK_DIR] [STRATA_BINARY]
 set -euo pipefail
 layers=${1:?layers}
 tokens=${2:?tokens}
 work=${3:-out/long-$layers-$tokens}
 strata=${4:-build/strata}
 mkdir -p "$work/nvme"
-python3 - "$work" "$layers" "$tokens" <<'PY'
+python3 - "$work" "$layers" "$tokens" "${CONFIG:-examples/llama2-7b/config.json}" <<'PY'
 import json, random, sys
-work, layers, tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-c = json.load(open("examples/llama2-7b/config.json"))
-c.update(num_hidden_layers=layers, max_position_embeddings=tokens + 64, torch_dtype="float32")
+work, layers, tokens, config = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+c = json.load(open(config))
+c.update(max_position_embeddings=tokens + 64, torch_dtype="float32")
+if layers:
+    c.update(num_hidden_layers=layers)
 json.dump(c, open(f"{work}/config.json", "w"), indent=1)
 # Letters and spaces: about a token a character with a byte-level
 # vocabulary, so twice the characters always reach the cut.
@@ -43,6 +47,7 @@ checkpoint: {every: 0}
 output: {dir: $work/$activations}
 YAML
   "$strata" plan "$work/$activations.yaml" --json > "$work/$activations.plan.json"
+  [[ ${PLAN_ONLY:-0} == 1 ]] && continue
   # The host arena the plan asks for, with 10% to spare.
   host_mib=$(python3 -c "import json, sys; print(int(json.load(open(sys.argv[1]))[0]['peak_bytes']['host'] * 1.1 / 2**20) + 64)" \
     "$work/$activations.plan.json")
@@ -50,6 +55,7 @@ YAML
   "$strata" train "$work/$activations.yaml" --set memory.host_mib="$host_mib"
   runs+=("$work/$activations")
 done
+[[ ${PLAN_ONLY:-0} == 1 ]] && exit 0
 python3 - "${runs[@]}" <<'PY'
 import json, sys
 M = 2 ** 20

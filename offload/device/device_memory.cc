@@ -9,6 +9,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "base/heap.h"
 #include "base/status_macros.h"
 #include "offload/device/device_transfer.h"
 
@@ -22,20 +23,30 @@ namespace {
 std::atomic<size_t> g_current{0};
 std::atomic<size_t> g_peak{0};
 
-// Each allocation carries its size in a header just before the data, so the
-// raw (context == data) interface keeps working and frees need no lookup.
-// 64 bytes keep the data at the alignment libtorch's CPU allocator gives.
+// Each allocation carries its size and where it came from in a header just
+// before the data, so the raw (context == data) interface keeps working and
+// frees need no lookup. 64 bytes keep the data at the alignment libtorch's
+// CPU allocator gives.
 constexpr size_t kHeader = 64;
+struct Header {
+  size_t bytes;
+  bool own_mapping;  // from MapLargeBlock, else from the inner allocator
+};
+static_assert(sizeof(Header) <= kHeader);
 
 c10::Allocator* g_inner = nullptr;
 
 void CountedDelete(void* data) {
   if (data == nullptr) return;
   auto* base = static_cast<char*>(data) - kHeader;
-  size_t bytes;
-  std::memcpy(&bytes, base, sizeof(bytes));
-  g_current.fetch_sub(bytes, std::memory_order_relaxed);
-  g_inner->raw_deallocate(base);
+  Header header;
+  std::memcpy(&header, base, sizeof(header));
+  g_current.fetch_sub(header.bytes, std::memory_order_relaxed);
+  if (header.own_mapping) {
+    UnmapLargeBlock(base, header.bytes + kHeader);
+  } else {
+    g_inner->raw_deallocate(base);
+  }
 }
 
 class CountingCpuAllocator final : public c10::Allocator {
@@ -50,8 +61,15 @@ class CountingCpuAllocator final : public c10::Allocator {
 
  private:
   static c10::DataPtr Allocate(size_t n) {
-    auto* base = static_cast<char*>(g_inner->raw_allocate(n + kHeader));
-    std::memcpy(base, &n, sizeof(n));
+    // Large tensors in huge pages (base/heap.h: their faults cost more than
+    // the compute of a long sequence's step).
+    Header header{n, n + kHeader >= kOwnMappingBytes};
+    auto* base = header.own_mapping ? static_cast<char*>(MapLargeBlock(n + kHeader)) : nullptr;
+    if (base == nullptr) {
+      header.own_mapping = false;
+      base = static_cast<char*>(g_inner->raw_allocate(n + kHeader));
+    }
+    std::memcpy(base, &header, sizeof(header));
     const size_t now = g_current.fetch_add(n, std::memory_order_relaxed) + n;
     size_t peak = g_peak.load(std::memory_order_relaxed);
     while (now > peak && !g_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {

@@ -1,5 +1,7 @@
 #include "offload/nvme/scratch_file.h"
 
+#include <atomic>
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -86,6 +88,12 @@ absl::StatusOr<std::unique_ptr<ScratchFile>> ScratchFile::Create(const ScratchFi
   return std::unique_ptr<ScratchFile>(new ScratchFile(dir, fd, o_direct, slot_bytes, options.slots, std::move(engine)));
 }
 
+namespace {
+std::atomic<int64_t> g_open_bytes{0};
+}  // namespace
+
+int64_t ScratchFile::OpenBytes() { return g_open_bytes.load(std::memory_order_relaxed); }
+
 ScratchFile::ScratchFile(std::string directory, int fd, bool o_direct, int64_t slot_bytes, int64_t slots,
                          std::unique_ptr<IoEngine> engine)
     : directory_(std::move(directory)),
@@ -93,11 +101,14 @@ ScratchFile::ScratchFile(std::string directory, int fd, bool o_direct, int64_t s
       o_direct_(o_direct),
       slot_bytes_(slot_bytes),
       slots_(slots),
-      engine_(std::move(engine)) {}
+      engine_(std::move(engine)) {
+  g_open_bytes.fetch_add(slot_bytes_ * slots_, std::memory_order_relaxed);
+}
 
 ScratchFile::~ScratchFile() {
   engine_.reset();  // waits for what is in flight
   ::close(fd_);
+  g_open_bytes.fetch_sub(slot_bytes_ * slots_, std::memory_order_relaxed);
 }
 
 absl::StatusOr<ScratchFile::Ticket> ScratchFile::StartWrite(int64_t slot, std::span<const std::byte> bytes) {

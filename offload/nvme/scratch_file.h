@@ -64,6 +64,10 @@ class ScratchFile {
   // and the slot. Every ticket must be waited for exactly once.
   absl::Status Wait(Ticket ticket);
 
+  // Bytes preallocated by this process's open scratch files: they share the
+  // NVMe tier's disk with the NvmeStore, and its figure counts both.
+  static int64_t OpenBytes();
+
   int64_t slot_bytes() const { return slot_bytes_; }
   int64_t slots() const { return slots_; }
   // False when the filesystem refused O_DIRECT (tmpfs): buffered I/O then.

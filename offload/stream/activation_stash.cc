@@ -49,12 +49,14 @@ absl::Status ActivationStash::Begin(int64_t count, int64_t bytes) {
       break;
     case Tier::kNvme: {
       const int64_t slot = Stride();
-      if (scratch_ == nullptr || scratch_->slot_bytes() < slot || scratch_->slots() < count) {
+      // The last two stay staged (FinishDownload): slots for the rest only.
+      const int64_t written = std::max<int64_t>(count - 2, 0);
+      if (written > 0 && (scratch_ == nullptr || scratch_->slot_bytes() < slot || scratch_->slots() < written)) {
         // Grown by half again, as the host buffers are, so that varying
         // sequence lengths do not reallocate it step after step.
         ScratchFileOptions scratch;
         scratch.slot_bytes = scratch_ == nullptr ? slot : std::max(slot, scratch_->slot_bytes() * 3 / 2);
-        scratch.slots = std::max<int64_t>(count, 1);
+        scratch.slots = written;
         scratch_.reset();  // its blocks go back before the larger file takes its own
         scratch.directory = options_.nvme_directory;
         scratch.engine = options_.engine;

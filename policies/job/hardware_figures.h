@@ -52,9 +52,11 @@ struct HardwareFigures {
   // before it was measured: then the device's fp32 rate (HostMatmulFlops).
   double host_matmul_flops_per_s = 0.0;
   // Blocked attention's forward and backward (policies/model/
-  // blocked_attention.h), in the products' FLOP/s (4 T S d a head forward,
-  // 2.5 times that backward, the blocks causality hides not counted): far
-  // below a large product's rate, its products being a block pair's. 0 in
+  // blocked_attention.h), in the products' FLOP/s (4 d a head for each
+  // score its blocks compute, BlockedAttentionScores, forward; 2.5 times
+  // that backward): far below a large product's rate, its products being a
+  // block pair's. (Files of the first days of 2026-11-28 counted only the
+  // visible scores, 20% fewer at the 1k tokens it is measured at.) 0 in
   // figures files written before it was measured: then BlockedAttentionFlops
   // takes the built-in figure's share of the large-product rate.
   double blocked_attention_flops_per_s = 0.0;

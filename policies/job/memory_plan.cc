@@ -147,6 +147,8 @@ constexpr int64_t kNvmeAdamTileElements = int64_t{1} << 20;
 constexpr int64_t kNvmeAdamStagingBytes = 3 * 12 * kNvmeAdamTileElements;
 // The arena backs its pages with 2 MiB huge pages, faulted in as touched.
 constexpr int64_t kHugePage = int64_t{2} << 20;
+// Decode steps a rollout's time is priced at, at most (CostModel::Rollout).
+constexpr int64_t kPricedDecodeSteps = 512;
 // The NVMe store aligns every slot to a 4 KiB block.
 constexpr int64_t kNvmeBlock = 4096;
 // Tensors per decoder layer (q, k, v, o, gate, up, down, two norms), for
@@ -159,19 +161,14 @@ constexpr int64_t kTensorsPerLayer = 9;
 // validates them on others). Generation and scoring run without autograd.
 struct ActivationModel {
   // One layer's forward working set: [R,T,H] and [R,T,I] tensors alive at
-  // its peak, and the attention scores [R,heads,T,T] (fp32 softmax plus the
-  // model dtype's probabilities).
-  double infer_hidden = 4, infer_inter = 3, infer_scores = 1;
+  // its peak, beside attention's own (AttentionBytes).
+  double infer_hidden = 4, infer_inter = 3;
   // One layer's recomputed forward plus its backward (autograd keeps the
   // intermediates; their gradients arrive one by one).
-  double train_hidden = 8, train_inter = 4, train_scores = 1;
+  double train_hidden = 8, train_inter = 4;
   // Logits [R,T,V]: model dtype, float32 copy, log-softmax; training adds
   // their gradients.
   double infer_logits_fp32 = 2, train_logits_fp32 = 4;
-  // Blocked attention (long sequences): float32 tensors of q, k and v's
-  // width per token (their copies, the output, and in training the
-  // gradients), beside one block pair's scores.
-  double blocked_infer_fp32 = 2, blocked_train_fp32 = 5;
 };
 constexpr ActivationModel kActivations;
 
@@ -251,19 +248,13 @@ ModelShape ShapeOf(const PlannedModel& m, const offload::ModelPlacement& placeme
 
 double Bytes(double elements, double bytes_each) { return elements * bytes_each; }
 
-// Attention's own working bytes over R rows of T queries and C keys: the
-// materialised [T, C] scores (float32 scores and softmax, probabilities in
-// the model's dtype), or from kBlockedAttentionScores on, the blocked
-// attention's one block pair of float32 scores and probabilities plus what
-// is linear in T.
+// Attention's own working bytes over R rows of T queries and C keys
+// (policies/config/attention_blocks.h).
 double AttentionBytes(const ModelShape& s, int64_t R, int64_t T, int64_t C, bool training) {
-  const double rt = static_cast<double>(R * T);
-  if (!BlockedAttentionFor(T, C)) {
-    return (training ? kActivations.train_scores : kActivations.infer_scores) * rt * s.heads * C * (8.0 + s.E);
-  }
-  const double scores = 3.0 * 4.0 * static_cast<double>(R * s.heads * kAttentionQueryBlock * kAttentionKeyBlock);
-  const double width = static_cast<double>((s.heads + 2 * s.kv_heads) * s.head_dim);
-  return scores + (training ? kActivations.blocked_train_fp32 : kActivations.blocked_infer_fp32) * 4.0 * rt * width;
+  AttentionShape a;
+  a.rows = R, a.queries = T, a.keys = C;
+  a.heads = s.heads, a.kv_heads = s.kv_heads, a.head_dim = s.head_dim, a.dtype_bytes = s.E;
+  return AttentionWorkingBytes(a, training);
 }
 
 // Working bytes of one layer's forward over R rows of T tokens attending to C.
@@ -351,10 +342,10 @@ class CostModel {
     // Scores and their product with values: R x heads products of [Tq, d] x [d, C].
     const double batched = static_cast<double>(R * s.heads);
     if (BlockedAttentionFor(Tq, C)) {
-      // In blocks, at their own measured rate: the pairs causality hides
-      // are skipped (the queries are the last Tq of C positions).
-      const double pairs = static_cast<double>(Tq) * static_cast<double>(C - Tq) + 0.5 * Tq * (Tq + 1.0);
-      t += 4.0 * batched * s.head_dim * pairs / f_.BlockedAttentionFlops();
+      // In blocks, at their own measured rate, counted as the kernel
+      // computes them: whole block pairs, those causality hides skipped.
+      const auto scores = static_cast<double>(BlockedAttentionScores(Tq, C));
+      t += 4.0 * batched * s.head_dim * scores / f_.BlockedAttentionFlops();
     } else {
       t += 2 * (batched * (Linear(Tq, s.head_dim, C, s.dtype) - f_.op_overhead_s) + f_.op_overhead_s);
     }
@@ -402,7 +393,15 @@ class CostModel {
   double Rollout(const ModelShape& s, const RolloutWave& w, int64_t P, int64_t N, bool share) const {
     const int64_t prefill_rows = share ? w.prompts : w.running;
     double t = Pass(s, prefill_rows, P, P, prefill_rows);
-    for (int64_t step = 1; step < N; ++step) t += Pass(s, w.running, 1, P + step, w.running);
+    // Each decode step's cost at its context: exact up to kPricedDecodeSteps
+    // steps; beyond, that many spans each priced at its middle step (the
+    // cost grows smoothly with the context), so a fit over responses of
+    // 100k tokens stays quick.
+    const int64_t stride = std::max<int64_t>(1, CeilDiv(N - 1, kPricedDecodeSteps));
+    for (int64_t step = 1; step < N; step += stride) {
+      const int64_t span = std::min(stride, N - step);
+      t += static_cast<double>(span) * Pass(s, w.running, 1, P + step + (span - 1) / 2, w.running);
+    }
     // Sampling: softmax, sort for top-p, draws; on the CPU.
     t += static_cast<double>(N) *
          (Copy(static_cast<double>(w.running) * s.head_width * 4.0 * 6.0) + f_.decode_step_overhead_s);
@@ -661,7 +660,7 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
       stashed[kHost] += static_cast<double>(RoundUp(static_cast<int64_t>(s.L * stride), kHugePage));
     } else if (s.placement->activations == offload::Tier::kNvme) {
       stashed[kHost] += 2.0 * static_cast<double>(RoundUp(static_cast<int64_t>(stride), kHugePage));
-      stashed[kNvme] += s.L * stride;
+      stashed[kNvme] += static_cast<double>(std::max<int64_t>(s.L - 2, 0)) * stride;  // the last two stay staged
     }
     const double sums = (s.sharded ? count : 1) * cost.GradientSum(s, workers);
     phases["update"].Pass(window(s) + UpdateBytes(s, size, tokens),

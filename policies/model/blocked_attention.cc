@@ -27,8 +27,7 @@ struct Geometry {
   // Whether keys [j0, j1) are all hidden from queries [t0, t1) by causality
   // or the window (padding is per row: left to the mask).
   bool Hidden(int64_t t0, int64_t t1, int64_t j0, int64_t j1) const {
-    if (j0 > Position(t1 - 1)) return true;
-    return window > 0 && j1 - 1 <= Position(t0) - window;
+    return BlockPairHidden(Position(t0), Position(t1 - 1), j0, j1, window);
   }
   // The additive mask of a block pair, [B, 1, 1, tq, tk] fp32: 0 where
   // visible, kMasked elsewhere.

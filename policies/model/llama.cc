@@ -461,15 +461,11 @@ size_t LayerWorkingBytes(const LlamaConfig& c, int64_t batch, int64_t seq, at::S
   const size_t es = c10::elementSize(dtype);
   const size_t bth = static_cast<size_t>(batch * seq * c.hidden_size);
   const size_t bti = static_cast<size_t>(batch * seq * c.intermediate_size);
-  // Scores, their float32 softmax and the probabilities in the model dtype;
-  // blocked, one block pair of them and float32 tensors linear in T (the
-  // planner's AttentionBytes in policies/job/memory_plan.cc).
-  const size_t width = static_cast<size_t>((c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim);
-  const size_t attention =
-      BlockedAttentionFor(seq, seq)
-          ? static_cast<size_t>(batch * c.num_attention_heads * kAttentionQueryBlock * kAttentionKeyBlock) * 12 +
-                (training ? 5 : 2) * 4 * static_cast<size_t>(batch * seq) * width
-          : static_cast<size_t>(batch * c.num_attention_heads * seq * seq) * (4 + 4 + es);
+  AttentionShape shape;
+  shape.rows = batch, shape.queries = seq, shape.keys = seq;
+  shape.heads = c.num_attention_heads, shape.kv_heads = c.num_key_value_heads, shape.head_dim = c.head_dim;
+  shape.dtype_bytes = static_cast<int64_t>(es);
+  const auto attention = static_cast<size_t>(AttentionWorkingBytes(shape, training));
   if (!training) return (4 * bth + 3 * bti) * es + attention;
   const size_t layer_params = static_cast<size_t>(
       c.hidden_size * (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim +

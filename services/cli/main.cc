@@ -599,8 +599,8 @@ struct BenchCommands {
 
 int main(int argc, char** argv) {
   // Before the first tensor: freed tensors go back to the kernel, so peak
-  // RSS is what the job holds (base/heap.h).
-  strata::ReturnLargeBlocksToKernel();
+  // RSS is what the job holds, less a bounded kept heap top (base/heap.h).
+  strata::ConfigureHeap();
   CLI::App app{"strata: RLHF training service (ReMax, PPO) with tiered GPU/CPU/NVMe memory"};
   // Subcommands are checked after parsing, so that an unknown one is named
   // in the error rather than reported as "a subcommand is required".

@@ -10,6 +10,7 @@
 #include "base/file.h"
 #include "base/log.h"
 #include "base/status_macros.h"
+#include "offload/nvme/scratch_file.h"
 #include "policies/job/seeds.h"
 #include "rewards/reward_model.h"
 
@@ -165,13 +166,19 @@ absl::StatusOr<std::unique_ptr<policies::PlacedModel>> RankMemory::Place(const s
 std::map<std::string, int64_t> RankMemory::InUse() const {
   return {{"device", static_cast<int64_t>(monitor_->current_bytes())},
           {"host", static_cast<int64_t>(arena_->stats().requested_bytes)},
-          {"nvme", nvme_ ? nvme_->allocated_bytes() : 0}};
+          {"nvme", NvmeBytes()}};
 }
 
 std::map<std::string, int64_t> RankMemory::PeakBytes() const {
   return {{"device", static_cast<int64_t>(monitor_->peak_bytes())},
           {"host", static_cast<int64_t>(arena_->stats().peak_requested_bytes)},
-          {"nvme", nvme_ ? nvme_->allocated_bytes() : 0}};
+          {"nvme", NvmeBytes()}};
+}
+
+int64_t RankMemory::NvmeBytes() const {
+  // The store's files and the scratch files of activations kept on NVMe,
+  // which share its directory.
+  return (nvme_ ? nvme_->allocated_bytes() : 0) + offload::ScratchFile::OpenBytes();
 }
 
 }  // namespace strata::services

@@ -58,10 +58,13 @@ class RankMemory {
   // Bytes held now per tier ("device", "host", "nvme").
   std::map<std::string, int64_t> InUse() const;
   // The most bytes held per tier since the device's peak was last reset
-  // (the NVMe store's: what it holds now).
+  // (the NVMe tier's: what it holds now).
   std::map<std::string, int64_t> PeakBytes() const;
 
  private:
+  // The NVMe store's files and this process's activation scratch files.
+  int64_t NvmeBytes() const;
+
   RankMemory(const policies::JobSpec& spec, policies::ProcessGroup& gang) : spec_(spec), gang_(gang) {}
 
   const policies::JobSpec& spec_;

@@ -88,7 +88,13 @@ TEST(ActivationStashNvmeTest, WritesAndReadsAllButTheLastTwo) {
   options.nvme_directory = dir.path();
   auto stash = std::move(*ActivationStash::Create(options, arena.get()));
   const int64_t count = 6, bytes = 3 * 4096;
+  const int64_t open_before = ScratchFile::OpenBytes();
+  // Two tensors both stay staged: no scratch file at all.
+  ASSERT_TRUE(stash->Begin(2, bytes).ok());
+  EXPECT_EQ(ScratchFile::OpenBytes(), open_before);
   ASSERT_TRUE(stash->Begin(count, bytes).ok());
+  // Slots for the tensors that get written only, counted as open bytes.
+  EXPECT_EQ(ScratchFile::OpenBytes() - open_before, (count - 2) * bytes);
   for (int64_t i = 0; i < count; ++i) ASSERT_TRUE(stash->Put(i, at::full({3 * 1024}, static_cast<float>(i))).ok());
   for (int64_t i = count - 1; i >= 0; --i) {
     auto back = stash->Take(i);
@@ -98,6 +104,8 @@ TEST(ActivationStashNvmeTest, WritesAndReadsAllButTheLastTwo) {
   EXPECT_EQ(stash->stats().bytes_written, (count - 2) * bytes);
   EXPECT_EQ(stash->stats().bytes_read, (count - 2) * bytes);
   EXPECT_EQ(stash->stats().reads_saved, 1);  // the second to last; the last is taken from its staging
+  stash.reset();
+  EXPECT_EQ(ScratchFile::OpenBytes(), open_before);
 }
 
 // Off the device, the stash holds at most the window on the device: a step

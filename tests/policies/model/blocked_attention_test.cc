@@ -125,5 +125,21 @@ TEST(BlockedAttentionLayerTest, EveryFamilysLayerComputesTheSame) {
   }
 }
 
+// The scores the blocks compute, which the planner and `bench figures`
+// price blocked attention by: whole block pairs that causality or the
+// window does not wholly hide (kAttentionQueryBlock 128, kAttentionKeyBlock 256).
+TEST(BlockedAttentionScoresTest, CountsTheBlockPairsTheKernelComputes) {
+  // 1k causal: query block i sees key blocks 0 .. (128 i + 127) / 256, 20
+  // pairs of 128 x 256 in all, against 524,800 visible scores.
+  EXPECT_EQ(BlockedAttentionScores(1024, 1024), 20 * 128 * 256);
+  // 16k: 4,160 pairs, 1.6% above the visible 134,225,920.
+  EXPECT_EQ(BlockedAttentionScores(16384, 16384), int64_t{4160} * 128 * 256);
+  // 100 new queries after 900 positions see every key ...
+  EXPECT_EQ(BlockedAttentionScores(100, 1000), 100 * 1000);
+  // ... and with a window of 300 (keys above position 600 for the first
+  // query) the first two key blocks, [0, 256) and [256, 512), are skipped.
+  EXPECT_EQ(BlockedAttentionScores(100, 1000, 300), 100 * (256 + 232));
+}
+
 }  // namespace
 }  // namespace strata::policies

@@ -1,0 +1,80 @@
+#include "base/heap.h"
+
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace strata {
+namespace {
+
+constexpr size_t kHugePage = size_t{2} << 20;
+
+// The smaps entry of the mapping that holds `address` ("" if none), and
+// its range.
+struct Mapping {
+  std::string entry;
+  uintptr_t from = 0, to = 0;
+};
+Mapping MappingOf(const void* address) {
+  const auto at = reinterpret_cast<uintptr_t>(address);
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  Mapping m;
+  bool in_entry = false;
+  while (std::getline(smaps, line)) {
+    // A mapping's first line: "from-to perms ...", where other lines are "Key: value".
+    const size_t dash = line.find('-'), space = line.find(' ');
+    if (dash != std::string::npos && space != std::string::npos && dash < space && line.find(':') > space) {
+      if (in_entry) break;
+      const uintptr_t from = std::stoull(line.substr(0, dash), nullptr, 16);
+      const uintptr_t to = std::stoull(line.substr(dash + 1, space - dash - 1), nullptr, 16);
+      in_entry = from <= at && at < to;
+      if (in_entry) m.from = from, m.to = to;
+    }
+    if (in_entry) m.entry += line + "\n";
+  }
+  return m;
+}
+
+TEST(HeapTest, ALargeBlockIsHugePageAlignedZeroedAndWritable) {
+  const size_t bytes = (size_t{5} << 20) + 1;
+  auto* block = static_cast<unsigned char*>(MapLargeBlock(bytes));
+  ASSERT_NE(block, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(block) % kHugePage, 0u);
+  EXPECT_EQ(block[0], 0);
+  EXPECT_EQ(block[bytes - 1], 0);
+  std::memset(block, 0xab, bytes);
+  EXPECT_EQ(block[bytes - 1], 0xab);
+  // Rounded up to whole small pages (no tail wasted on a huge page), with
+  // nothing of the over-mapping left. (Its advice keeps the kernel from
+  // merging it with a neighbour without it.)
+  const Mapping m = MappingOf(block);
+  ASSERT_FALSE(m.entry.empty());
+  EXPECT_EQ(m.from, reinterpret_cast<uintptr_t>(block));
+  EXPECT_EQ(m.to - m.from, (size_t{5} << 20) + 4096);
+  UnmapLargeBlock(block, bytes);
+  EXPECT_TRUE(MappingOf(block).entry.empty());
+}
+
+TEST(HeapTest, ALargeBlockIsAdvisedToUseHugePages) {
+  if (!std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled")) {
+    GTEST_SKIP() << "this kernel has no transparent huge pages";
+  }
+  void* block = MapLargeBlock(kOwnMappingBytes);
+  ASSERT_NE(block, nullptr);
+  const std::string entry = MappingOf(block).entry;
+  // "hg": the mapping carries MADV_HUGEPAGE, without which the kernel's
+  // usual "madvise" mode keeps it in 4 KiB pages.
+  const size_t flags = entry.find("VmFlags:");
+  ASSERT_NE(flags, std::string::npos) << entry;
+  EXPECT_NE(entry.find(" hg", flags), std::string::npos) << entry;
+  UnmapLargeBlock(block, kOwnMappingBytes);
+}
+
+TEST(HeapTest, ConfigureHeapIsAccepted) { EXPECT_TRUE(ConfigureHeap()); }
+
+}  // namespace
+}  // namespace strata
