@@ -4,6 +4,7 @@
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <atomic>
 #include <future>
 #include <thread>
 
@@ -293,7 +294,20 @@ TEST(ProcessGroupTest, AProcessWithoutTheGangsSecretCannotMisleadIt) {
     c10d::TCPStore stray("127.0.0.1", stray_options);
     const std::string prefix = stray_knows_secret ? "strata/" + secret : "strata";
     const std::vector<uint8_t> garbage(64, 0xAB);
+    // Written again and again while the gang forms: a rank writes its own
+    // address under the same key, and a single write before it would be
+    // overwritten (the test would then prove nothing, at random).
+    std::atomic<bool> gang_done{false};
     for (const char* key : {"/0/1", "/0/0"}) stray.set(prefix + key, garbage);
+    std::thread stray_writer([&] {
+      try {
+        while (!gang_done.load()) {
+          for (const char* key : {"/0/1", "/0/0"}) stray.set(prefix + key, garbage);
+        }
+      } catch (const std::exception&) {
+        // The store went away with rank 0's gang: nothing left to mislead.
+      }
+    });
     std::vector<absl::Status> statuses(2);
     std::vector<float> sums(2, 0.0f);
     std::vector<std::thread> ranks;
@@ -320,6 +334,8 @@ TEST(ProcessGroupTest, AProcessWithoutTheGangsSecretCannotMisleadIt) {
       });
     }
     for (auto& t : ranks) t.join();
+    gang_done = true;
+    stray_writer.join();
     return std::make_pair(statuses, sums);
   };
   const auto [misled, unused] = form(/*stray_knows_secret=*/true);
