@@ -3,6 +3,7 @@
 // that owns its flags' values and registers its subcommands; main() parses,
 // sets the log level and runs the chosen command.
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
@@ -601,6 +602,10 @@ int main(int argc, char** argv) {
   // Before the first tensor: freed tensors go back to the kernel, so peak
   // RSS is what the job holds, less a bounded kept heap top (base/heap.h).
   strata::ConfigureHeap();
+  // A peer that dies mid-write (a Gloo rank, whose transport writes with
+  // writev, or a reward server) must be an error on that call, reported and
+  // recovered from, not a SIGPIPE that ends this process without a word.
+  std::signal(SIGPIPE, SIG_IGN);
   CLI::App app{"strata: RLHF training service (ReMax, PPO) with tiered GPU/CPU/NVMe memory"};
   // Subcommands are checked after parsing, so that an unknown one is named
   // in the error rather than reported as "a subcommand is required".

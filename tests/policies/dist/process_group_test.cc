@@ -4,7 +4,7 @@
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include <atomic>
+#include <csignal>
 #include <future>
 #include <thread>
 
@@ -276,11 +276,15 @@ TEST(ProcessGroupTest, NcclGroupOfOneOnTheGpu_CUDA) {
 
 // The leftover of the last round: a process that reaches rank 0's store
 // joins or misleads the gang. The stray here knows the code, writes where
-// Gloo looks for rank 1's address, and rank 0 would read it. Knowing the
+// Gloo looks for rank 0's address, and rank 1 would read it. Knowing the
 // gang's secret (what the old fixed key prefix amounted to), it breaks the
 // gang; without it, the gang forms and sums as if it were not there.
 TEST(ProcessGroupTest, AProcessWithoutTheGangsSecretCannotMisleadIt) {
   if (!ProcessGroup::Available(Backend::kGloo)) GTEST_SKIP() << "this build has no Gloo";
+  // A misled rank fails and closes its sockets while its peer may still be
+  // writing to them: as in the strata binary (services/cli/main.cc), that
+  // must be an error on the peer's call, not a SIGPIPE that ends the test.
+  std::signal(SIGPIPE, SIG_IGN);
   const milliseconds timeout(2000);
   auto form = [&](bool stray_knows_secret) {
     auto host = Rendezvous::Host("127.0.0.1", 0, 2, timeout);
@@ -294,20 +298,14 @@ TEST(ProcessGroupTest, AProcessWithoutTheGangsSecretCannotMisleadIt) {
     c10d::TCPStore stray("127.0.0.1", stray_options);
     const std::string prefix = stray_knows_secret ? "strata/" + secret : "strata";
     const std::vector<uint8_t> garbage(64, 0xAB);
-    // Written again and again while the gang forms: a rank writes its own
-    // address under the same key, and a single write before it would be
-    // overwritten (the test would then prove nothing, at random).
-    std::atomic<bool> gang_done{false};
-    for (const char* key : {"/0/1", "/0/0"}) stray.set(prefix + key, garbage);
-    std::thread stray_writer([&] {
-      try {
-        while (!gang_done.load()) {
-          for (const char* key : {"/0/1", "/0/0"}) stray.set(prefix + key, garbage);
-        }
-      } catch (const std::exception&) {
-        // The store went away with rank 0's gang: nothing left to mislead.
-      }
-    });
+    // Rank 0 writes its address and then waits for rank 1's; rank 1 starts
+    // only after the stray has written over rank 0's key, and Gloo's rank 1
+    // reads it. The stray's write thus always lands after rank 0's and
+    // before rank 1 reads, whatever the scheduler does (a stray racing the
+    // ranks lost at random under load). Not the other way round: Gloo's
+    // rank 1 writes nothing before rank 0 has started.
+    std::promise<void> stray_wrote;
+    std::shared_future<void> rank1_may_start = stray_wrote.get_future().share();
     std::vector<absl::Status> statuses(2);
     std::vector<float> sums(2, 0.0f);
     std::vector<std::thread> ranks;
@@ -320,6 +318,7 @@ TEST(ProcessGroupTest, AProcessWithoutTheGangsSecretCannotMisleadIt) {
             return;
           }
           rendezvous = std::move(*joined);
+          rank1_may_start.wait();
         }
         ProcessGroupOptions options;
         options.rank = r, options.world_size = 2, options.timeout = timeout;
@@ -333,9 +332,16 @@ TEST(ProcessGroupTest, AProcessWithoutTheGangsSecretCannotMisleadIt) {
         sums[static_cast<size_t>(r)] = x[0].item<float>();
       });
     }
+    // The harness knows the secret and waits for rank 0's real key; the
+    // stray writes under its own prefix, the gang's only if it knows it.
+    try {
+      stray.wait({"strata/" + secret + "/0/0"});
+      stray.set(prefix + "/0/0", garbage);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank 0 never wrote its address: " << e.what();
+    }
+    stray_wrote.set_value();
     for (auto& t : ranks) t.join();
-    gang_done = true;
-    stray_writer.join();
     return std::make_pair(statuses, sums);
   };
   const auto [misled, unused] = form(/*stray_knows_secret=*/true);
