@@ -10,10 +10,8 @@
 namespace strata {
 namespace {
 
-// x86-64's (and 4 KiB-page arm64's) page and PMD sizes: a transparent huge
-// page is the latter.
+// x86-64's (and 4 KiB-page arm64's) small page.
 constexpr size_t kSmallPage = 4096;
-constexpr size_t kHugePage = size_t{2} << 20;
 
 size_t RoundUp(size_t bytes, size_t to) { return (bytes + to - 1) / to * to; }
 
@@ -43,12 +41,12 @@ void* MapLargeBlock(size_t bytes) {
   const size_t size = RoundUp(bytes, kSmallPage);
   // Map a huge page more than asked and cut the ends off, so the block
   // starts on a huge-page boundary.
-  void* raw = mmap(nullptr, size + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* raw = mmap(nullptr, size + kHugePageBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (raw == MAP_FAILED) return nullptr;
   const auto start = reinterpret_cast<uintptr_t>(raw);
-  const uintptr_t aligned = RoundUp(start, kHugePage);
+  const uintptr_t aligned = RoundUp(start, kHugePageBytes);
   if (aligned > start) munmap(raw, aligned - start);
-  if (const uintptr_t end = start + size + kHugePage; end > aligned + size) {
+  if (const uintptr_t end = start + size + kHugePageBytes; end > aligned + size) {
     munmap(reinterpret_cast<void*>(aligned + size), end - (aligned + size));
   }
   auto* block = reinterpret_cast<void*>(aligned);

@@ -30,6 +30,9 @@
 
 namespace strata {
 
+// A transparent huge page: x86-64's (and 4 KiB-page arm64's) PMD size.
+inline constexpr size_t kHugePageBytes = size_t{2} << 20;
+
 // Allocations of at least this many bytes get their own mapping.
 inline constexpr size_t kOwnMappingBytes = size_t{4} << 20;
 

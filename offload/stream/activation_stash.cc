@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/heap.h"
 #include "base/status_macros.h"
 #include "offload/nvme/aligned_buffer.h"
 
@@ -82,8 +83,7 @@ absl::Status ActivationStash::Grow(HostBuffer& buffer, size_t bytes) {
   // The arena pools what is given back by size, never merging it: growing
   // by half again (to whole huge pages) bounds how many sizes a run of
   // varying sequence lengths leaves there.
-  constexpr size_t kHugePage = size_t{2} << 20;
-  const size_t grown = RoundUpTo(std::max(bytes, buffer.size() + buffer.size() / 2), kHugePage);
+  const size_t grown = RoundUpTo(std::max(bytes, buffer.size() + buffer.size() / 2), kHugePageBytes);
   buffer = HostBuffer();
   STRATA_ASSIGN_OR_RETURN(buffer, arena_->Allocate(grown));
   return absl::OkStatus();

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "base/file.h"
+#include "base/heap.h"
 #include "base/status_macros.h"
 #include "policies/config/attention_blocks.h"
 #include "policies/config/tensor_dealer.h"
@@ -145,8 +146,8 @@ constexpr int kDev = 0, kHost = 1, kNvme = 2;
 // moments), three in flight (offload/adam/nvme_adam.h).
 constexpr int64_t kNvmeAdamTileElements = int64_t{1} << 20;
 constexpr int64_t kNvmeAdamStagingBytes = 3 * 12 * kNvmeAdamTileElements;
-// The arena backs its pages with 2 MiB huge pages, faulted in as touched.
-constexpr int64_t kHugePage = int64_t{2} << 20;
+// The arena backs its pages with huge pages, faulted in as touched.
+constexpr auto kHugePage = static_cast<int64_t>(kHugePageBytes);
 // Decode steps a rollout's time is priced at, at most (CostModel::Rollout).
 constexpr int64_t kPricedDecodeSteps = 512;
 // The NVMe store aligns every slot to a 4 KiB block.

@@ -7,6 +7,7 @@
 
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -139,6 +140,34 @@ TEST(BlockedAttentionScoresTest, CountsTheBlockPairsTheKernelComputes) {
   // ... and with a window of 300 (keys above position 600 for the first
   // query) the first two key blocks, [0, 256) and [256, 512), are skipped.
   EXPECT_EQ(BlockedAttentionScores(100, 1000, 300), 100 * (256 + 232));
+}
+
+// The count is a closed form per query block (the planner calls it for
+// 100k-token passes many times in a fit); it must agree with walking every
+// block pair through the kernel's own skip rule, at ragged ends, with
+// decode-style query tails and with windows narrower and wider than a block.
+TEST(BlockedAttentionScoresTest, ClosedFormAgreesWithTheKernelsSkipRule) {
+  auto walked = [](int64_t queries, int64_t keys, int64_t window) {
+    int64_t scores = 0;
+    for (int64_t t0 = 0; t0 < queries; t0 += kAttentionQueryBlock) {
+      const int64_t t1 = std::min(t0 + kAttentionQueryBlock, queries);
+      const int64_t first = keys - queries + t0, last = keys - queries + t1 - 1;
+      for (int64_t j0 = 0; j0 < keys; j0 += kAttentionKeyBlock) {
+        const int64_t j1 = std::min(j0 + kAttentionKeyBlock, keys);
+        if (!BlockPairHidden(first, last, j0, j1, window)) scores += (t1 - t0) * (j1 - j0);
+      }
+    }
+    return scores;
+  };
+  for (const int64_t keys : {1, 255, 256, 257, 1000, 1024, 3001}) {
+    for (const int64_t queries : {int64_t{1}, int64_t{129}, keys / 3 + 1, keys}) {
+      if (queries > keys) continue;
+      for (const int64_t window : {0, 1, 100, 256, 300, 4096}) {
+        EXPECT_EQ(BlockedAttentionScores(queries, keys, window), walked(queries, keys, window))
+            << queries << " queries, " << keys << " keys, window " << window;
+      }
+    }
+  }
 }
 
 }  // namespace
