@@ -7,28 +7,32 @@
 # once with `placement.activations: nvme`. `strata plan` predicts each run
 # first; the table puts the prediction beside the run's own metrics.
 # CONFIG names another shape's config.json (LAYERS 0: all of its layers);
-# PLAN_ONLY=1 writes the specs and their plans and trains nothing.
-#   [ACTIVATIONS="device nvme"] [CONFIG=...] [PLAN_ONLY=1] bench/plan/long_response_7b_width.sh LAYERS TOKENS [WORK_DIR] [STRATA_BINARY]
+# PLAN_ONLY=1 writes the specs and their plans and trains nothing;
+# PROMPT_TOKENS sets the prompt's length (16).
+#   [ACTIVATIONS="device nvme"] [CONFIG=...] [PLAN_ONLY=1] [PROMPT_TOKENS=16] bench/plan/long_response_7b_width.sh LAYERS TOKENS [WORK_DIR] [STRATA_BINARY]
 set -euo pipefail
 layers=${1:?layers}
 tokens=${2:?tokens}
 work=${3:-out/long-$layers-$tokens}
 strata=${4:-build/strata}
 mkdir -p "$work/nvme"
-python3 - "$work" "$layers" "$tokens" "${CONFIG:-examples/llama2-7b/config.json}" <<'PY'
+prompt_tokens=${PROMPT_TOKENS:-16}
+python3 - "$work" "$layers" "$tokens" "${CONFIG:-examples/llama2-7b/config.json}" "$prompt_tokens" <<'PY'
 import json, random, sys
-work, layers, tokens, config = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+work, layers, tokens, config, prompt_tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
 c = json.load(open(config))
-c.update(max_position_embeddings=tokens + 64, torch_dtype="float32")
+c.update(max_position_embeddings=prompt_tokens + tokens + 64, torch_dtype="float32")
 if layers:
     c.update(num_hidden_layers=layers)
 json.dump(c, open(f"{work}/config.json", "w"), indent=1)
 # Letters and spaces: about a token a character with a byte-level
 # vocabulary, so twice the characters always reach the cut.
 rng = random.Random(5)
-response = "".join(rng.choice("abcdefghij klmnop qrstu vwxyz ") for _ in range(2 * tokens))
+letters = lambda n: "".join(rng.choice("abcdefghij klmnop qrstu vwxyz ") for _ in range(n))
+response = letters(2 * tokens)
+prompt = "write at length =>" + (letters(2 * prompt_tokens) if prompt_tokens > 16 else "")
 with open(f"{work}/sft.jsonl", "w") as f:
-    f.write(json.dumps({"prompt": "write at length =>", "response": response}) + "\n")
+    f.write(json.dumps({"prompt": prompt, "response": response}) + "\n")
 PY
 if [[ ! -f $work/base/config.json ]]; then
   "$strata" init-model --config "$work/config.json" --out "$work/base" --seed 1 >/dev/null
@@ -40,7 +44,7 @@ for activations in ${ACTIVATIONS:-device nvme}; do
 algorithm: sft
 models:
   actor: {path: $work/base, placement: {activations: $activations}}
-data: {train: $work/sft.jsonl, max_prompt_tokens: 16, max_response_tokens: $tokens}
+data: {train: $work/sft.jsonl, max_prompt_tokens: $prompt_tokens, max_response_tokens: $tokens}
 train: {iterations: 1, batch_size: 1, lr: 1.0e-5, seed: 3}
 memory: {nvme_dir: $work/nvme}
 checkpoint: {every: 0}

@@ -10,6 +10,7 @@
 #include "base/heap.h"
 #include "base/status_macros.h"
 #include "policies/config/attention_blocks.h"
+#include "policies/config/layer_memory.h"
 #include "policies/config/tensor_dealer.h"
 
 namespace strata::policies {
@@ -156,23 +157,6 @@ constexpr int64_t kNvmeBlock = 4096;
 // per-slot alignment.
 constexpr int64_t kTensorsPerLayer = 9;
 
-// Activation coefficients: bytes per element of the shapes named, as the
-// counting allocator sees libtorch's CPU kernels allocate them (fitted on
-// the tiny and medium shapes at two sequence lengths; docs/REMAX_VS_PPO.md
-// validates them on others). Generation and scoring run without autograd.
-struct ActivationModel {
-  // One layer's forward working set: [R,T,H] and [R,T,I] tensors alive at
-  // its peak, beside attention's own (AttentionBytes).
-  double infer_hidden = 4, infer_inter = 3;
-  // One layer's recomputed forward plus its backward (autograd keeps the
-  // intermediates; their gradients arrive one by one).
-  double train_hidden = 8, train_inter = 4;
-  // Logits [R,T,V]: model dtype, float32 copy, log-softmax; training adds
-  // their gradients.
-  double infer_logits_fp32 = 2, train_logits_fp32 = 4;
-};
-constexpr ActivationModel kActivations;
-
 struct ModelShape {
   const PlannedModel* model = nullptr;
   int64_t E = 4;  // bytes per weight element
@@ -249,41 +233,53 @@ ModelShape ShapeOf(const PlannedModel& m, const offload::ModelPlacement& placeme
 
 double Bytes(double elements, double bytes_each) { return elements * bytes_each; }
 
-// Attention's own working bytes over R rows of T queries and C keys
-// (policies/config/attention_blocks.h).
-double AttentionBytes(const ModelShape& s, int64_t R, int64_t T, int64_t C, bool training) {
-  AttentionShape a;
-  a.rows = R, a.queries = T, a.keys = C;
-  a.heads = s.heads, a.kv_heads = s.kv_heads, a.head_dim = s.head_dim, a.dtype_bytes = s.E;
-  return AttentionWorkingBytes(a, training);
+LayerShape LayerOf(const ModelShape& s, int64_t R, int64_t T) {
+  LayerShape l;
+  l.rows = R, l.tokens = T;
+  l.hidden = s.H, l.intermediate = s.I, l.heads = s.heads, l.kv_heads = s.kv_heads, l.head_dim = s.head_dim;
+  l.dtype_bytes = s.E;
+  return l;
 }
 
 // Working bytes of one layer's forward over R rows of T tokens attending to C.
 double InferLayerBytes(const ModelShape& s, int64_t R, int64_t T, int64_t C) {
-  const double rt = static_cast<double>(R * T);
-  return Bytes(rt * s.H * kActivations.infer_hidden + rt * s.I * kActivations.infer_inter, s.E) +
-         AttentionBytes(s, R, T, C, /*training=*/false);
+  return LayerForwardBytes(LayerOf(s, R, T), C);
 }
 
-double TrainLayerBytes(const ModelShape& s, int64_t R, int64_t T) {
-  const double rt = static_cast<double>(R * T);
-  // Saved activations, the layer's weight gradients, and float32 scratch
-  // for the largest of them (the product's accumulator, then the copy that
-  // is added to the host gradient).
-  const double activations = Bytes(rt * s.H * kActivations.train_hidden + rt * s.I * kActivations.train_inter, s.E) +
-                             AttentionBytes(s, R, T, T, /*training=*/true);
-  // LoRA: a frozen base makes no weight gradients, only its adapters'.
-  if (s.adapter_params > 0) return activations + Bytes(static_cast<double>(s.adapter_params) / s.L, 4.0 + s.E);
-  return activations + Bytes(s.layer_params, s.E) + 2.0 * 4.0 * static_cast<double>(s.H) * static_cast<double>(s.I);
+// One layer's recomputation and backward (policies/config/layer_memory.h).
+// Its gradients go home in float32: on a GPU two copies of the largest in
+// flight; on the CPU device a bf16 model's one at a time.
+double TrainLayerBytes(const ModelShape& s, int64_t R, int64_t T, bool cpu_device) {
+  const LayerShape layer = LayerOf(s, R, T);
+  LayerGradientBytes grads;
+  if (s.adapter_params > 0) {
+    // LoRA: a frozen base makes no weight gradients, only its adapters'.
+    const double adapters = Bytes(static_cast<double>(s.adapter_params) / s.L, 4.0 + s.E);
+    grads = {adapters, adapters, adapters};
+  } else {
+    grads = FullLayerGradients(layer, s.layer_params);
+    const double largest = 4.0 * static_cast<double>(s.H) * static_cast<double>(s.I);
+    grads.all += cpu_device ? (s.E < 4 ? largest : 0.0) : 2.0 * largest;
+  }
+  return LayerBackwardBytes(layer, grads);
 }
 
-// The output head over R x T positions, forward only or with its backward.
-double HeadBytes(const ModelShape& s, int64_t R, int64_t T, bool training) {
-  const double positions = static_cast<double>(R * T) * s.head_width;
-  if (!training) return positions * (s.E + 4.0 * kActivations.infer_logits_fp32);
-  // The head weight's gradient and the hidden state's, beside the logits.
-  return positions * (s.E + 4.0 * kActivations.train_logits_fp32) + Bytes(s.head_width * s.H, s.E) +
-         Bytes(static_cast<double>(R * T * s.H), 4.0);
+// The output head over R rows of T tokens, its logits at `head_tokens` of
+// them (the responses, for a language-model head), forward only or with
+// its backward.
+double HeadBytes(const ModelShape& s, int64_t R, int64_t T, int64_t head_tokens, bool training) {
+  const double logits = static_cast<double>(R * head_tokens) * static_cast<double>(s.head_width);
+  // Forward: the model dtype's logits, their float32 copy and log-softmax.
+  if (!training) return logits * (s.E + 8.0);
+  // With its backward (hooks on the CPU device, the 51M shape and a
+  // 128k-vocabulary one): float32 logits, log-probs and the two gradients
+  // through log-softmax at once; then the logits and their gradient (and its
+  // copy in a bf16 model's dtype) beside the head weight's gradient. Around
+  // them the final norm's and the hidden state's tensors over all tokens.
+  const double fp32 = 4.0 * logits;
+  const double weight_grad = Bytes(static_cast<double>(s.head_width) * s.H, s.E);
+  const double to_dtype = s.E < 4 ? logits * s.E : 0.0;
+  return std::max(4.0 * fp32, 2.0 * fp32 + to_dtype + weight_grad) + 5.0 * 4.0 * static_cast<double>(R * T * s.H);
 }
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / std::max<int64_t>(b, 1); }
@@ -304,24 +300,26 @@ double RolloutBytes(const ModelShape& s, const RolloutWave& w, int64_t P, int64_
   const double positions = static_cast<double>(w.prompts * shared + w.running * own);
   const double kv = 2.0 * s.L * positions * s.kv_heads * s.head_dim * s.E;
   const int64_t prefill_rows = e.share_prefixes ? w.prompts : w.running;
-  return kv + std::max(InferLayerBytes(s, prefill_rows, P, P) + HeadBytes(s, prefill_rows, 1, false),
-                       HeadBytes(s, w.running, 1, false) + 8.0 * w.running * s.head_width);
+  return kv + std::max(InferLayerBytes(s, prefill_rows, P, P) + HeadBytes(s, prefill_rows, 1, 1, false),
+                       HeadBytes(s, w.running, 1, 1, false) + 8.0 * w.running * s.head_width);
 }
 
-double ScoreBytes(const ModelShape& s, int64_t R, int64_t T) {
-  return InferLayerBytes(s, R, T, T) + HeadBytes(s, R, T, false);
+double ScoreBytes(const ModelShape& s, int64_t R, int64_t T, int64_t head_tokens) {
+  return InferLayerBytes(s, R, T, T) + HeadBytes(s, R, T, head_tokens, false);
 }
 
 // Layer inputs a training step keeps on the device: every layer's and the
-// top's, or with activations off the device a window of three (the one in
+// top's (in backward, the gradient arriving at a layer takes its place),
+// or with activations off the device a window of three (the one in
 // use, one in transit each way: offload/stream/activation_stash.h).
 double KeptActivationBytes(const ModelShape& s, int64_t R, int64_t T) {
   const int64_t kept = s.placement->activations == offload::Tier::kDevice ? s.L + 1 : std::min<int64_t>(3, s.L + 1);
   return static_cast<double>(kept) * R * T * s.H * s.E;
 }
 
-double UpdateBytes(const ModelShape& s, int64_t R, int64_t T) {
-  return KeptActivationBytes(s, R, T) + std::max(HeadBytes(s, R, T, true), TrainLayerBytes(s, R, T));
+double UpdateBytes(const ModelShape& s, int64_t R, int64_t T, int64_t head_tokens, bool cpu_device) {
+  return KeptActivationBytes(s, R, T) +
+         std::max(HeadBytes(s, R, T, head_tokens, true), TrainLayerBytes(s, R, T, cpu_device));
 }
 
 // The cost model: seconds of the operations a phase runs.
@@ -410,14 +408,14 @@ class CostModel {
   }
   // Forward without autograd, a head pass with its backward, then each layer
   // recomputed with its backward (about twice a forward's work).
-  double ForwardBackward(const ModelShape& s, int64_t R, int64_t T) const {
+  double ForwardBackward(const ModelShape& s, int64_t R, int64_t T, int64_t head_tokens) const {
     const double layer = LayerForward(s, R, T, T);
     // Forward, recomputation, and a backward of two forwards' work (input
     // and weight gradients); with LoRA the frozen base's weight gradients
     // are skipped, about one forward less.
     const double compute = static_cast<double>(s.L) * (s.adapter_params > 0 ? 3.0 : 4.0) * layer;
-    const double head = 3.0 * Linear(R * T, s.H, s.head_width, s.dtype) +
-                        Copy(static_cast<double>(R * T) * s.head_width * 4.0 * 6.0);
+    const double head = 3.0 * Linear(R * head_tokens, s.H, s.head_width, s.dtype) +
+                        Copy(static_cast<double>(R * head_tokens) * s.head_width * 4.0 * 6.0);
     // Each layer's gradients added into the host fp32 buffers.
     const double grads = Copy(static_cast<double>(s.trained_params) * (4.0 * 3.0 + s.E));
     // Activations off the device: every layer's input leaves in forward and
@@ -646,9 +644,16 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
     phases["rollout"].Pass(window(s) + RolloutBytes(s, wave, P, N, engine),
                            static_cast<double>(waves) * cost.Rollout(s, wave, P, N, engine.share_prefixes));
   };
+  // A language-model head runs at the response positions only (the
+  // trainer's and the scorer's LogitsAt); a scalar head at every token.
+  const int64_t responses = spec.algorithm == Algorithm::kSft ? spec.data.max_response_tokens : N;
+  auto head_tokens = [&](const ModelShape& s, int64_t tokens) {
+    return s.model->scalar_head ? tokens : std::min(responses, tokens);
+  };
   auto score = [&](const ModelShape& s, int64_t n_rows) {
     const auto [count, size] = Micro(n_rows, micro);
-    phases["score"].Pass(window(s) + ScoreBytes(s, size, T), count * cost.Pass(s, size, T, T, size * T));
+    const int64_t head = head_tokens(s, T);
+    phases["score"].Pass(window(s) + ScoreBytes(s, size, T, head), count * cost.Pass(s, size, T, T, size * head));
   };
   // Activations kept off the device: each trained model's stash holds its
   // buffers (grown to the largest step) from its first step on.
@@ -664,8 +669,9 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
       stashed[kNvme] += static_cast<double>(std::max<int64_t>(s.L - 2, 0)) * stride;  // the last two stay staged
     }
     const double sums = (s.sharded ? count : 1) * cost.GradientSum(s, workers);
-    phases["update"].Pass(window(s) + UpdateBytes(s, size, tokens),
-                          steps * (count * cost.ForwardBackward(s, size, tokens) + sums + cost.OptimizerStep(s)));
+    const int64_t head = head_tokens(s, tokens);
+    phases["update"].Pass(window(s) + UpdateBytes(s, size, tokens, head, cpu_device),
+                          steps * (count * cost.ForwardBackward(s, size, tokens, head) + sums + cost.OptimizerStep(s)));
   };
   switch (spec.algorithm) {
     case Algorithm::kSft:

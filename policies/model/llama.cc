@@ -10,6 +10,7 @@
 #include "base/status_macros.h"
 #include "policies/checkpoint/safetensors.h"
 #include "policies/checkpoint/tensor_io.h"
+#include "policies/config/layer_memory.h"
 #include "policies/model/blocked_attention.h"
 #include "policies/model/layer_source.h"
 #include "policies/model/lora.h"
@@ -458,20 +459,18 @@ at::Tensor SequenceLogProbs(const LlamaModel& model, const at::Tensor& ids, cons
 }
 
 size_t LayerWorkingBytes(const LlamaConfig& c, int64_t batch, int64_t seq, at::ScalarType dtype, bool training) {
-  const size_t es = c10::elementSize(dtype);
-  const size_t bth = static_cast<size_t>(batch * seq * c.hidden_size);
-  const size_t bti = static_cast<size_t>(batch * seq * c.intermediate_size);
-  AttentionShape shape;
-  shape.rows = batch, shape.queries = seq, shape.keys = seq;
-  shape.heads = c.num_attention_heads, shape.kv_heads = c.num_key_value_heads, shape.head_dim = c.head_dim;
-  shape.dtype_bytes = static_cast<int64_t>(es);
-  const auto attention = static_cast<size_t>(AttentionWorkingBytes(shape, training));
-  if (!training) return (4 * bth + 3 * bti) * es + attention;
-  const size_t layer_params = static_cast<size_t>(
-      c.hidden_size * (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim +
-      c.hidden_size * c.num_attention_heads * c.head_dim + 3 * c.hidden_size * c.intermediate_size + 2 * c.hidden_size);
-  // Saved activations and their gradients (x2), plus the weight gradients.
-  return 2 * ((10 * bth + 4 * bti) * es + attention) + layer_params * es;
+  LayerShape s;
+  s.rows = batch, s.tokens = seq;
+  s.hidden = c.hidden_size, s.intermediate = c.intermediate_size;
+  s.heads = c.num_attention_heads, s.kv_heads = c.num_key_value_heads, s.head_dim = c.head_dim;
+  s.dtype_bytes = static_cast<int64_t>(c10::elementSize(dtype));
+  if (!training) return static_cast<size_t>(LayerForwardBytes(s, seq));
+  // Beside the backward: the layer's input and its output's gradient, and
+  // on their way home float32 copies of two of the largest gradients.
+  LayerGradientBytes grads = FullLayerGradients(s, c.LayerParameters());
+  grads.all += 2.0 * 4.0 * static_cast<double>(c.hidden_size) * static_cast<double>(c.intermediate_size);
+  return static_cast<size_t>(2.0 * s.RowsBy(s.hidden) * static_cast<double>(s.dtype_bytes) +
+                             LayerBackwardBytes(s, grads));
 }
 
 absl::StatusOr<at::ScalarType> ParseModelDType(const std::string& name) {

@@ -241,10 +241,10 @@ at::Tensor TokenEntropy(const at::Tensor& logits);
 at::Tensor SequenceLogProbs(const LlamaModel& model, const at::Tensor& ids, const at::Tensor& attention_mask);
 
 // Estimated device bytes that running one decoder layer over [batch, seq]
-// tokens needs besides its weights: the temporaries of a no-grad forward, or
-// for training the recomputed forward's saved activations, their gradients
-// and the layer's weight gradients. Used to keep room for compute when
-// layers are streamed under a device budget.
+// tokens needs besides its weights (policies/config/layer_memory.h): a
+// no-grad forward's, or the layer-wise trainer's recomputation and
+// backward with the layer's input and gradients. Used to keep room for
+// compute when layers are streamed under a device budget.
 size_t LayerWorkingBytes(const LlamaConfig& config, int64_t batch, int64_t seq, at::ScalarType dtype, bool training);
 
 // Parses "fp32" / "bf16" (also "float32", "bfloat16").
