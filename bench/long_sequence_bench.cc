@@ -62,8 +62,9 @@ struct Result {
 absl::StatusOr<Result> RunMode(const LongSequenceBenchRequest& r, const policies::LlamaConfig& config, int64_t t,
                                const Mode& mode) {
   offload::DeviceMemoryMonitor& monitor = offload::DeviceMemoryMonitor::Install();
+  STRATA_ASSIGN_OR_RETURN(const at::ScalarType dtype, policies::ParseModelDType(r.dtype));
   policies::LlamaWeights weights =
-      policies::LlamaModel::RandomInit(config, policies::LlamaHead::kLanguageModel, at::kFloat, 1, 0.02)->weights();
+      policies::LlamaModel::RandomInit(config, policies::LlamaHead::kLanguageModel, dtype, 1, 0.02)->weights();
   offload::HostArenaOptions arena_options;
   // Master weights, gradients, moments (16 B a parameter), the host
   // activations or NVMe staging, and slack for alignment.
@@ -121,6 +122,9 @@ absl::StatusOr<std::string> RunLongSequenceBench(const LongSequenceBenchRequest&
   STRATA_ASSIGN_OR_RETURN(auto text, ReadFileToString(r.config));
   STRATA_ASSIGN_OR_RETURN(policies::LlamaConfig config, policies::LlamaConfig::FromJson(text, r.config));
   if (r.layers > 0) config.num_hidden_layers = r.layers;
+  if (absl::Status s = policies::ParseModelDType(r.dtype).status(); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--dtype: ", s.message()));
+  }
   std::vector<Mode> modes;
   for (const std::string& name : r.modes) {
     STRATA_ASSIGN_OR_RETURN(auto mode, ParseMode(name));
@@ -130,8 +134,8 @@ absl::StatusOr<std::string> RunLongSequenceBench(const LongSequenceBenchRequest&
   std::filesystem::create_directories(r.nvme_dir, ec);
   if (ec) return absl::PermissionDeniedError(absl::StrCat("--nvme-dir ", r.nvme_dir, ": ", ec.message()));
   nlohmann::json runs = nlohmann::json::array();
-  std::string table = absl::StrFormat("training step, %d layers x hidden %d (%d parameters), one sequence\n",
-                                      config.num_hidden_layers, config.hidden_size, config.NumParameters());
+  std::string table = absl::StrFormat("training step, %d layers x hidden %d (%d parameters, %s), one sequence\n",
+                                      config.num_hidden_layers, config.hidden_size, config.NumParameters(), r.dtype);
   table += absl::StrFormat("  %8s  %-13s %10s %16s %14s %10s\n", "tokens", "mode", "step s", "device peak MiB",
                            "peak RSS MiB", "vs blocked");
   for (int64_t t : r.tokens) {
@@ -165,6 +169,7 @@ absl::StatusOr<std::string> RunLongSequenceBench(const LongSequenceBenchRequest&
     return nlohmann::json{{"layers", config.num_hidden_layers},
                           {"hidden", config.hidden_size},
                           {"parameters", config.NumParameters()},
+                          {"dtype", r.dtype},
                           {"runs", runs}}
                .dump() +
            "\n";

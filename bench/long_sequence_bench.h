@@ -19,6 +19,8 @@ struct LongSequenceBenchRequest {
   std::string config;
   // > 0: this many decoder layers instead of the config's.
   int64_t layers = 0;
+  // The weights' and activations' dtype: fp32 or bf16.
+  std::string dtype = "fp32";
   std::vector<int64_t> tokens = {1024, 4096};
   // Modes to run, of "materialised", "blocked", "host", "nvme" (the last
   // two blocked, with activations off the device).

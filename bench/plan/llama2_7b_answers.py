@@ -26,6 +26,7 @@ SETTINGS = [
      "examples/figures/dev-2vcpu.json"),
 ]
 REPO_BATCH = {"ppo": 32, "remax": 42}
+SEARCH_LIMIT = 1024  # the largest batch tried
 LENGTHS = ["data.max_prompt_tokens=256", "generation.max_new_tokens=256", "train.max_grad_norm=0",
            "train.micro_batch_size=0", "ppo.epochs=1", "ppo.minibatches=1"]
 
@@ -40,7 +41,7 @@ def plan(strata, spec, fit, workers, figures, batch):
 
 def largest_batch(strata, spec, fit, workers, figures, step):
     """Binary search over multiples of `step` (ranks; PPO's 2 minibatches)."""
-    lo, hi = 0, 1024  # lo fits (0: nothing does), hi does not
+    lo, hi = 0, SEARCH_LIMIT  # lo fits (0: nothing does), hi does not
     if plan(strata, spec, fit, workers, figures, hi)["fits"]:
         return hi
     while hi - lo > step:
@@ -69,7 +70,8 @@ def describe(j):
     peak = j["peak_bytes"]
     return (f"{', '.join(parts)}; micro-batch {micro}; device {peak['device'] / 2**30:.1f} GiB, "
             f"RSS {j['process_rss_bytes'] / 2**30:.1f} GiB, NVMe {peak['nvme'] / 2**30:.1f} GiB; "
-            f"{j['iteration_s']:.1f} s/iteration")
+            f"{j['iteration_s']:.1f} s/iteration" +
+            "".join(f"; GaLore r{r} on the {role}" for role, r in sorted(j.get("galore_rank", {}).items())))
 
 
 def main():
@@ -89,7 +91,8 @@ def main():
             if best:
                 j = plan(args.strata, spec, fit, workers, figures, best)
                 hours = f"{45000 / best * j['iteration_s'] / 3600:.1f} h at batch {best} ({describe(j)})"
-            print(f"| {label} | {algorithm} | batch {batch}: {describe(at_repo)} | {best or 'none'} | {hours} |")
+            largest = "none" if not best else f"{best} or more" if best == SEARCH_LIMIT else str(best)
+            print(f"| {label} | {algorithm} | batch {batch}: {describe(at_repo)} | {largest} | {hours} |")
 
 
 if __name__ == "__main__":

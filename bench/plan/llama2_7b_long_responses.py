@@ -55,11 +55,6 @@ def longest(strata, algorithm, activations):
     return lo
 
 
-def describe(j):
-    galore = "".join(f"; GaLore r{r} on the {role}" for role, r in sorted(j.get("galore_rank", {}).items()))
-    return answers.describe(j) + galore
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--strata", default=os.path.join(REPO, "build/strata"))
@@ -69,7 +64,7 @@ def main():
     for algorithm in ("remax", "ppo"):
         for activations in ("device", "host", "nvme"):
             best = longest(args.strata, algorithm, activations)
-            where = describe(plan(args.strata, algorithm, activations, best)) if best else "nothing fits"
+            where = answers.describe(plan(args.strata, algorithm, activations, best)) if best else "nothing fits"
             shown = f"{best} or more" if best == CAP else str(best)
             print(f"| {algorithm} | {activations} | {shown} | {where} |")
 

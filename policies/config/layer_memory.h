@@ -40,10 +40,14 @@ inline double LayerForwardBytes(const LayerShape& s, int64_t keys) {
 }
 
 // Bytes of the layer's weight gradients alive at each phase of its
-// backward: the first MLP matrix's, all but q, k and v's, and all of them
-// (with any float32 copies made to send them home).
+// backward: the first MLP matrix's, all but q, k and v's, and all of them.
+// Then the float32 copies that send them home: on the CPU device made and
+// freed one at a time once the backward ends; on a GPU still in flight
+// while the next layer's backward runs.
 struct LayerGradientBytes {
   double first_mlp = 0, before_attention = 0, all = 0;
+  double sending = 0;
+  bool sending_overlaps = false;
 };
 
 // A full-parameter layer's gradients in the model dtype: down_proj's first,
@@ -65,20 +69,23 @@ inline LayerGradientBytes FullLayerGradients(const LayerShape& s, int64_t layer_
 //    gradients and down_proj's weight gradient;
 //  - attention's backward: its own working bytes beside the MLP's and
 //    o_proj's weight gradients;
-//  - the end: every weight gradient beside eight hidden-size tensors.
+//  - the end: every weight gradient beside eight hidden-size tensors, or
+//    beside the float32 copy that sends one home.
 // Measured on the CPU device with hooks at each phase (fp32; the 51M shape,
 // and at Llama-2-7B width with and without grouped-query attention and with
 // a narrower MLP, at 1k-16k tokens): within 2% of each. A bf16 model also
-// keeps RMSNorm's float32 copies of its two inputs.
+// keeps RMSNorm's float32 copies of its two inputs (checked at 7B width).
 inline double LayerBackwardBytes(const LayerShape& s, const LayerGradientBytes& g) {
   const auto e = static_cast<double>(s.dtype_bytes);
   const double norm_copies = s.dtype_bytes < 4 ? 2.0 * 4.0 * s.RowsBy(s.hidden) : 0.0;
+  const double in_flight = g.sending_overlaps ? g.sending : 0.0;
   const double mlp = g.first_mlp +
                      (10.0 * s.RowsBy(s.hidden) + s.RowsBy(s.QkvWidth()) + 6.0 * s.RowsBy(s.intermediate)) * e +
-                     norm_copies;
+                     norm_copies + in_flight;
   const double attention = g.before_attention + AttentionWorkingBytes(s.Attention(s.tokens), /*training=*/true) +
-                           s.RowsBy(s.hidden) * e;
-  const double end = g.all + 8.0 * s.RowsBy(s.hidden) * e;
+                           s.RowsBy(s.hidden) * e + in_flight;
+  const double hidden = 8.0 * s.RowsBy(s.hidden) * e;
+  const double end = g.all + (g.sending_overlaps ? hidden + g.sending : std::max(hidden, g.sending));
   return std::max({mlp, attention, end});
 }
 
