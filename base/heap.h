@@ -46,6 +46,14 @@ inline constexpr size_t kKeptHeapBytes = size_t{64} << 20;
 // glibc refused.
 bool ConfigureHeap();
 
+// Whether blocks of kOwnMappingBytes and more take their own mapping from
+// MapLargeBlock: yes, unless the operator set glibc's mapping knobs
+// (MALLOC_MMAP_MAX_, MALLOC_MMAP_THRESHOLD_ or their GLIBC_TUNABLES names),
+// which then decide for tensors too. MALLOC_MMAP_MAX_=0, a heap that reuses
+// freed tensors' pages instead of mapping and zeroing new ones, is the
+// main job's setting (deploy/demo.sh).
+bool LargeBlocksGetOwnMapping();
+
 // A zeroed mapping of `bytes` rounded up to whole 4 KiB pages, aligned to a
 // huge page and advised to use transparent huge pages (where the kernel has
 // them in "madvise" or "always" mode; its tail past the last whole 2 MiB
@@ -53,6 +61,26 @@ bool ConfigureHeap();
 // Release it with UnmapLargeBlock(block, bytes), the same `bytes`.
 void* MapLargeBlock(size_t bytes);
 void UnmapLargeBlock(void* block, size_t bytes);
+
+// Freed large blocks stay mapped for reuse: a new mapping costs the kernel
+// zeroing every page, and a training loop frees and asks again for tensors
+// of the same sizes every step (the math task's ReMax took 2.5x as long,
+// most of it in the kernel clearing pages). They are kept only while the
+// blocks mapped, in use and kept, stay within the most ever in use at once:
+// a new mapping first unmaps the oldest kept blocks, so the process's
+// resident memory never exceeds what its tensors once held.
+
+// A block of at least `bytes`: a kept one not more than a quarter larger
+// (its contents whatever they were), else a new MapLargeBlock. Sets
+// *mapped to its size, which ReleaseLargeBlock takes back. nullptr when
+// the kernel refuses.
+void* TakeLargeBlock(size_t bytes, size_t* mapped);
+// Keeps the block for reuse.
+void ReleaseLargeBlock(void* block, size_t mapped);
+// Unmaps every kept block (a worker between jobs holds nothing it does not use).
+void UnmapKeptLargeBlocks();
+// Bytes of the blocks kept now.
+size_t KeptLargeBlockBytes();
 
 }  // namespace strata
 
