@@ -30,8 +30,7 @@ std::atomic<size_t> g_peak{0};
 constexpr size_t kHeader = 64;
 struct Header {
   size_t bytes;
-  bool own_mapping;  // from TakeLargeBlock, else from the inner allocator
-  size_t mapped;     // an own mapping's size
+  bool own_mapping;  // from MapLargeBlock, else from the inner allocator
 };
 static_assert(sizeof(Header) <= kHeader);
 
@@ -44,7 +43,7 @@ void CountedDelete(void* data) {
   std::memcpy(&header, base, sizeof(header));
   g_current.fetch_sub(header.bytes, std::memory_order_relaxed);
   if (header.own_mapping) {
-    ReleaseLargeBlock(base, header.mapped);
+    UnmapLargeBlock(base, header.bytes + kHeader);
   } else {
     g_inner->raw_deallocate(base);
   }
@@ -65,8 +64,8 @@ class CountingCpuAllocator final : public c10::Allocator {
     // Large tensors in huge pages (base/heap.h: their faults cost more than
     // the compute of a long sequence's step), unless the operator chose
     // glibc's own policy.
-    Header header{n, n + kHeader >= kOwnMappingBytes && LargeBlocksGetOwnMapping(), 0};
-    auto* base = header.own_mapping ? static_cast<char*>(TakeLargeBlock(n + kHeader, &header.mapped)) : nullptr;
+    Header header{n, n + kHeader >= kOwnMappingBytes && LargeBlocksGetOwnMapping()};
+    auto* base = header.own_mapping ? static_cast<char*>(MapLargeBlock(n + kHeader)) : nullptr;
     if (base == nullptr) {
       header.own_mapping = false;
       base = static_cast<char*>(g_inner->raw_allocate(n + kHeader));

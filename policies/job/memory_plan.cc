@@ -275,10 +275,12 @@ double HeadBytes(const ModelShape& s, int64_t R, int64_t T, int64_t head_tokens,
   // With its backward (hooks on the CPU device, the 51M shape and a
   // 128k-vocabulary one): float32 logits, log-probs and the two gradients
   // through log-softmax at once; then the logits and their gradient (and its
-  // copy in a bf16 model's dtype) beside the head weight's gradient. Around
-  // them the final norm's and the hidden state's tensors over all tokens.
+  // copy in a bf16 model's dtype) beside the head weight's gradient (none
+  // for a LoRA model's frozen language-model head). Around them the final
+  // norm's and the hidden state's tensors over all tokens.
   const double fp32 = 4.0 * logits;
-  const double weight_grad = Bytes(static_cast<double>(s.head_width) * s.H, s.E);
+  const bool frozen_head = s.adapter_params > 0 && !s.model->scalar_head;
+  const double weight_grad = frozen_head ? 0.0 : Bytes(static_cast<double>(s.head_width) * s.H, s.E);
   const double to_dtype = s.E < 4 ? logits * s.E : 0.0;
   return std::max(4.0 * fp32, 2.0 * fp32 + to_dtype + weight_grad) + 5.0 * 4.0 * static_cast<double>(R * T * s.H);
 }
