@@ -59,10 +59,9 @@ struct Result {
   double loss = 0;
 };
 
-absl::StatusOr<Result> RunMode(const LongSequenceBenchRequest& r, const policies::LlamaConfig& config, int64_t t,
-                               const Mode& mode) {
+absl::StatusOr<Result> RunMode(const LongSequenceBenchRequest& r, const policies::LlamaConfig& config,
+                               at::ScalarType dtype, int64_t t, const Mode& mode) {
   offload::DeviceMemoryMonitor& monitor = offload::DeviceMemoryMonitor::Install();
-  STRATA_ASSIGN_OR_RETURN(const at::ScalarType dtype, policies::ParseModelDType(r.dtype));
   policies::LlamaWeights weights =
       policies::LlamaModel::RandomInit(config, policies::LlamaHead::kLanguageModel, dtype, 1, 0.02)->weights();
   offload::HostArenaOptions arena_options;
@@ -122,9 +121,8 @@ absl::StatusOr<std::string> RunLongSequenceBench(const LongSequenceBenchRequest&
   STRATA_ASSIGN_OR_RETURN(auto text, ReadFileToString(r.config));
   STRATA_ASSIGN_OR_RETURN(policies::LlamaConfig config, policies::LlamaConfig::FromJson(text, r.config));
   if (r.layers > 0) config.num_hidden_layers = r.layers;
-  if (absl::Status s = policies::ParseModelDType(r.dtype).status(); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--dtype: ", s.message()));
-  }
+  const absl::StatusOr<at::ScalarType> dtype = policies::ParseModelDType(r.dtype);
+  if (!dtype.ok()) return absl::InvalidArgumentError(absl::StrCat("--dtype: ", dtype.status().message()));
   std::vector<Mode> modes;
   for (const std::string& name : r.modes) {
     STRATA_ASSIGN_OR_RETURN(auto mode, ParseMode(name));
@@ -152,7 +150,7 @@ absl::StatusOr<std::string> RunLongSequenceBench(const LongSequenceBenchRequest&
         runs.push_back(run);
         continue;
       }
-      STRATA_ASSIGN_OR_RETURN(Result result, RunMode(r, config, t, mode));
+      STRATA_ASSIGN_OR_RETURN(Result result, RunMode(r, config, *dtype, t, mode));
       if (mode.name == "blocked") blocked_s = result.step_s;
       run.update({{"step_s", result.step_s},
                   {"peak_device_bytes", result.peak_device_bytes},

@@ -59,6 +59,15 @@ inline LayerGradientBytes FullLayerGradients(const LayerShape& s, int64_t layer_
   return {mlp * e, (3.0 * mlp + o) * e, static_cast<double>(layer_params) * e};
 }
 
+// The float32 copies that send a full-parameter layer's gradients home: on
+// a GPU two of the largest (an MLP matrix's) in flight; on the CPU device a
+// bf16 model's, one at a time (fp32 gradients go home as they are).
+inline void SendHomeInFloat32(const LayerShape& s, bool cpu_device, LayerGradientBytes& g) {
+  const double largest = 4.0 * static_cast<double>(s.hidden) * static_cast<double>(s.intermediate);
+  g.sending = cpu_device ? (s.dtype_bytes < 4 ? largest : 0.0) : 2.0 * largest;
+  g.sending_overlaps = !cpu_device;
+}
+
 // The layer-wise trainer's recomputed forward of one layer and its
 // backward, beyond the layer's input and the gradient arriving at its
 // output (the caller counts those with the kept inputs). Autograd frees a

@@ -247,8 +247,6 @@ double InferLayerBytes(const ModelShape& s, int64_t R, int64_t T, int64_t C) {
 }
 
 // One layer's recomputation and backward (policies/config/layer_memory.h).
-// Its gradients go home in float32: on a GPU two copies of the largest in
-// flight; on the CPU device a bf16 model's, one at a time.
 double TrainLayerBytes(const ModelShape& s, int64_t R, int64_t T, bool cpu_device) {
   const LayerShape layer = LayerOf(s, R, T);
   LayerGradientBytes grads;
@@ -258,9 +256,7 @@ double TrainLayerBytes(const ModelShape& s, int64_t R, int64_t T, bool cpu_devic
     grads = {adapters, adapters, adapters};
   } else {
     grads = FullLayerGradients(layer, s.layer_params);
-    const double largest = 4.0 * static_cast<double>(s.H) * static_cast<double>(s.I);
-    grads.sending = cpu_device ? (s.E < 4 ? largest : 0.0) : 2.0 * largest;
-    grads.sending_overlaps = !cpu_device;
+    SendHomeInFloat32(layer, cpu_device, grads);
   }
   return LayerBackwardBytes(layer, grads);
 }

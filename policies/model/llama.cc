@@ -465,12 +465,11 @@ size_t LayerWorkingBytes(const LlamaConfig& c, int64_t batch, int64_t seq, at::S
   s.heads = c.num_attention_heads, s.kv_heads = c.num_key_value_heads, s.head_dim = c.head_dim;
   s.dtype_bytes = static_cast<int64_t>(c10::elementSize(dtype));
   if (!training) return static_cast<size_t>(LayerForwardBytes(s, seq));
-  // Beside the backward: the layer's input and its output's gradient. On
-  // their way home, float32 copies of two of the largest gradients, as a
-  // GPU keeps them in flight (the device is not known here).
+  // Beside the backward: the layer's input and its output's gradient, and
+  // the gradients' way home as a GPU sends them (the device is not known
+  // here, and a GPU's is the larger).
   LayerGradientBytes grads = FullLayerGradients(s, c.LayerParameters());
-  grads.sending = 2.0 * 4.0 * static_cast<double>(c.hidden_size) * static_cast<double>(c.intermediate_size);
-  grads.sending_overlaps = true;
+  SendHomeInFloat32(s, /*cpu_device=*/false, grads);
   return static_cast<size_t>(2.0 * s.RowsBy(s.hidden) * static_cast<double>(s.dtype_bytes) +
                              LayerBackwardBytes(s, grads));
 }
