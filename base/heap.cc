@@ -3,9 +3,12 @@
 #include <malloc.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <vector>
 
 namespace strata {
 namespace {
@@ -66,6 +69,106 @@ void* MapLargeBlock(size_t bytes) {
 
 void UnmapLargeBlock(void* block, size_t bytes) {
   if (block != nullptr) munmap(block, RoundUp(bytes, kSmallPage));
+}
+
+namespace {
+
+// The kept blocks: few (each of kOwnMappingBytes or more), so a list
+// searched in full.
+struct KeptBlock {
+  void* block;
+  size_t mapped;
+  uint64_t released;  // order of release: the oldest goes first
+};
+struct LargeBlocks {
+  std::mutex mu;
+  std::vector<KeptBlock> kept;
+  size_t kept_bytes = 0;
+  size_t in_use = 0;       // bytes of blocks taken and not released
+  size_t most_in_use = 0;  // the most ever at once: the bound on in_use + kept_bytes
+  uint64_t releases = 0;
+};
+
+LargeBlocks& Blocks() {
+  static auto* blocks = new LargeBlocks;  // never destroyed: tensors outlive statics
+  return *blocks;
+}
+
+// Takes kept block `i` out of the list (under the lock).
+KeptBlock Remove(LargeBlocks& b, size_t i) {
+  const KeptBlock k = b.kept[i];
+  b.kept_bytes -= k.mapped;
+  b.kept[i] = b.kept.back();
+  b.kept.pop_back();
+  return k;
+}
+
+}  // namespace
+
+void* TakeLargeBlock(size_t bytes, size_t* mapped) {
+  const size_t size = RoundUp(bytes, kSmallPage);
+  std::vector<KeptBlock> unmap;
+  LargeBlocks& b = Blocks();
+  {
+    std::lock_guard<std::mutex> lock(b.mu);
+    size_t best = b.kept.size();
+    for (size_t i = 0; i < b.kept.size(); ++i) {
+      const size_t m = b.kept[i].mapped;
+      if (m >= size && m <= size + size / 4 && (best == b.kept.size() || m < b.kept[best].mapped)) best = i;
+    }
+    if (best < b.kept.size()) {
+      const KeptBlock k = Remove(b, best);
+      b.in_use += k.mapped;
+      *mapped = k.mapped;
+      return k.block;
+    }
+    // A new mapping: unmap the oldest kept blocks until what is mapped stays
+    // within the most ever in use (this request's counted in).
+    b.in_use += size;
+    b.most_in_use = std::max(b.most_in_use, b.in_use);
+    while (!b.kept.empty() && b.in_use + b.kept_bytes > b.most_in_use) {
+      size_t oldest = 0;
+      for (size_t i = 1; i < b.kept.size(); ++i) {
+        if (b.kept[i].released < b.kept[oldest].released) oldest = i;
+      }
+      unmap.push_back(Remove(b, oldest));
+    }
+  }
+  for (const KeptBlock& k : unmap) UnmapLargeBlock(k.block, k.mapped);  // outside the lock
+  void* block = MapLargeBlock(size);
+  if (block == nullptr) {
+    std::lock_guard<std::mutex> lock(b.mu);
+    b.in_use -= size;
+  }
+  *mapped = size;
+  return block;
+}
+
+void ReleaseLargeBlock(void* block, size_t mapped) {
+  if (block == nullptr) return;
+  LargeBlocks& b = Blocks();
+  std::lock_guard<std::mutex> lock(b.mu);
+  b.in_use -= mapped;
+  b.kept.push_back({block, mapped, b.releases++});
+  b.kept_bytes += mapped;
+}
+
+void UnmapKeptLargeBlocks() {
+  LargeBlocks& b = Blocks();
+  std::vector<KeptBlock> unmap;
+  {
+    std::lock_guard<std::mutex> lock(b.mu);
+    unmap.swap(b.kept);
+    b.kept_bytes = 0;
+    b.most_in_use = b.in_use;  // a fresh start: the next job's own high water
+  }
+  for (const KeptBlock& k : unmap) UnmapLargeBlock(k.block, k.mapped);
+}
+
+size_t KeptLargeBlockBytes() {
+  LargeBlocks& b = Blocks();
+  std::lock_guard<std::mutex> lock(b.mu);
+  return b.kept_bytes;
 }
 
 }  // namespace strata

@@ -62,6 +62,26 @@ bool LargeBlocksGetOwnMapping();
 void* MapLargeBlock(size_t bytes);
 void UnmapLargeBlock(void* block, size_t bytes);
 
+// Freed large blocks stay mapped for reuse: a new mapping costs the kernel
+// zeroing every page, and a training loop frees and asks again for tensors
+// of the same sizes every step (the math task's ReMax took 3x as long,
+// most of it in the kernel clearing pages). They are kept only while the
+// blocks mapped, in use and kept, stay within the most ever in use at once:
+// a new mapping first unmaps the oldest kept blocks, so the process's
+// resident memory never exceeds what its tensors once held.
+
+// A block of at least `bytes`: a kept one not more than a quarter larger
+// (its contents whatever they were), else a new MapLargeBlock. Sets
+// *mapped to its size, which ReleaseLargeBlock takes back. nullptr when
+// the kernel refuses.
+void* TakeLargeBlock(size_t bytes, size_t* mapped);
+// Keeps the block for reuse.
+void ReleaseLargeBlock(void* block, size_t mapped);
+// Unmaps every kept block (a worker between jobs holds nothing it does not use).
+void UnmapKeptLargeBlocks();
+// Bytes of the blocks kept now.
+size_t KeptLargeBlockBytes();
+
 }  // namespace strata
 
 #endif  // STRATA_BASE_HEAP_H_

@@ -12,6 +12,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "base/engine_counters.h"
+#include "base/heap.h"
 #include "base/interrupt.h"
 #include "base/log.h"
 #include "base/status_macros.h"
@@ -78,6 +79,9 @@ void WorkerService::DropJob() {
   rendezvous_.reset();
   job_id_.clear();
   phase_.clear();
+  // The job's tensors are gone; the large blocks kept for their reuse go
+  // back to the kernel too (base/heap.h).
+  UnmapKeptLargeBlocks();
 }
 
 std::pair<std::string, uint64_t> WorkerService::LoadedJob() {

@@ -76,5 +76,56 @@ TEST(HeapTest, ALargeBlockIsAdvisedToUseHugePages) {
 
 TEST(HeapTest, ConfigureHeapIsAccepted) { EXPECT_TRUE(ConfigureHeap()); }
 
+TEST(HeapTest, AReleasedLargeBlockIsTakenAgainForTheSameSizeOrAQuarterLess) {
+  UnmapKeptLargeBlocks();
+  const size_t bytes = size_t{8} << 20;
+  size_t mapped = 0;
+  void* block = TakeLargeBlock(bytes, &mapped);
+  ASSERT_NE(block, nullptr);
+  EXPECT_EQ(mapped, bytes);
+  std::memset(block, 0x5a, bytes);
+  ReleaseLargeBlock(block, mapped);
+  EXPECT_FALSE(MappingOf(block).entry.empty());  // kept, not unmapped
+
+  // A request up to a quarter smaller reuses it, pages and all.
+  size_t again = 0;
+  auto* reused = static_cast<unsigned char*>(TakeLargeBlock(bytes - bytes / 5, &again));
+  EXPECT_EQ(reused, block);
+  EXPECT_EQ(again, bytes);
+  EXPECT_EQ(reused[bytes - 1], 0x5a);
+  ReleaseLargeBlock(reused, again);
+
+  // Half the size does not (that would hold twice what it uses): a new
+  // mapping of its own size.
+  EXPECT_EQ(KeptLargeBlockBytes(), bytes);
+  size_t half = 0;
+  void* other = TakeLargeBlock(bytes / 2, &half);
+  ASSERT_NE(other, nullptr);
+  EXPECT_EQ(half, bytes / 2);
+  ReleaseLargeBlock(other, half);
+  UnmapKeptLargeBlocks();
+  EXPECT_EQ(KeptLargeBlockBytes(), 0u);
+  EXPECT_TRUE(MappingOf(other).entry.empty());
+}
+
+TEST(HeapTest, KeptBlocksNeverHoldMoreThanTheMostEverInUse) {
+  UnmapKeptLargeBlocks();
+  size_t a_mapped = 0, b_mapped = 0;
+  void* a = TakeLargeBlock(size_t{8} << 20, &a_mapped);
+  ASSERT_NE(a, nullptr);
+  ReleaseLargeBlock(a, a_mapped);  // kept: 8 MiB mapped, 8 the most in use
+  // 16 MiB fits no kept block. Mapping it beside the kept one would map 24
+  // MiB where no more than 16 were ever in use: the kept one goes first.
+  EXPECT_EQ(KeptLargeBlockBytes(), a_mapped);
+  void* b = TakeLargeBlock(size_t{16} << 20, &b_mapped);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(KeptLargeBlockBytes(), 0u);
+  ReleaseLargeBlock(b, b_mapped);
+  EXPECT_EQ(KeptLargeBlockBytes(), b_mapped);
+  UnmapKeptLargeBlocks();
+  EXPECT_EQ(KeptLargeBlockBytes(), 0u);
+  EXPECT_TRUE(MappingOf(b).entry.empty());
+}
+
 }  // namespace
 }  // namespace strata

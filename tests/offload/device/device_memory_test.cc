@@ -29,17 +29,34 @@ TEST(DeviceMemoryTest, CountsTorchAllocationsAndFrees) {
   EXPECT_GE(monitor.peak_bytes(), before + (8u << 20));
 }
 
-TEST(DeviceMemoryTest, ALargeTensorHasItsOwnHugePageAlignedMappingAndIsCounted) {
+TEST(DeviceMemoryTest, ALargeTensorIsPageAlignedInAHugePageMappingAndIsCounted) {
   DeviceMemoryMonitor& monitor = DeviceMemoryMonitor::Install();
   const size_t before = monitor.current_bytes();
   {
-    at::Tensor t = at::ones({3 << 20}, at::kFloat);  // 12 MiB: base/heap.h's MapLargeBlock
-    // The data follows the allocator's 64-byte header at the mapping's start.
-    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data_ptr()) % (size_t{2} << 20), 64u);
+    at::Tensor t = at::ones({3 << 20}, at::kFloat);  // 12 MiB: base/heap.h's TakeLargeBlock
+    // The data starts one 4 KiB page into the huge-page-aligned mapping, so
+    // the NVMe store's O_DIRECT transfers use it in place.
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data_ptr()) % (size_t{2} << 20), 4096u);
     EXPECT_EQ(monitor.current_bytes(), before + (size_t{12} << 20));
     EXPECT_FLOAT_EQ(t.sum().item<float>(), static_cast<float>(3 << 20));
   }
   EXPECT_EQ(monitor.current_bytes(), before);
+}
+
+TEST(DeviceMemoryTest, AFreedLargeTensorsMappingServesTheNextOfItsSize) {
+  DeviceMemoryMonitor& monitor = DeviceMemoryMonitor::Install();
+  const size_t before = monitor.current_bytes();
+  void* first = nullptr;
+  {
+    at::Tensor t = at::full({2 << 20}, 3.f);  // 8 MiB
+    first = t.data_ptr();
+  }
+  at::Tensor again = at::empty({2 << 20}, at::kFloat);
+  EXPECT_EQ(again.data_ptr(), first);
+  // Its old pages, not a new mapping the kernel zeroed (which the kernel may
+  // well place at the same address).
+  EXPECT_EQ(again[(2 << 20) - 1].item<float>(), 3.f);
+  EXPECT_EQ(monitor.current_bytes(), before + (size_t{8} << 20));
 }
 
 // The name /proc/self/maps gives the mapping that holds `address` ("" for
