@@ -12,6 +12,8 @@
 #include "offload/device/device_memory.h"
 #include "offload/host/host_arena.h"
 #include "offload/nvme/nvme_store.h"
+#include "policies/config/lora_config.h"
+#include "policies/model/lora.h"
 #include "policies/train/layerwise_trainer.h"
 
 namespace strata::bench {
@@ -81,6 +83,13 @@ absl::StatusOr<Result> RunMode(const LongSequenceBenchRequest& r, const policies
   policies::LayerwiseTrainerOptions options;
   options.activations = mode.activations;
   options.attention = mode.attention;
+  std::unique_ptr<policies::LoraAdapters> lora;
+  if (r.lora_rank > 0) {
+    policies::LoraConfig lora_config;
+    lora_config.rank = r.lora_rank;
+    STRATA_ASSIGN_OR_RETURN(lora, policies::LoraAdapters::Init(lora_config, config, dtype, at::kCPU, /*seed=*/7));
+    options.lora = lora.get();
+  }
   STRATA_ASSIGN_OR_RETURN(auto trainer,
                           policies::LayerwiseTrainer::Create(config, policies::LlamaHead::kLanguageModel, weights,
                                                              &source, arena.get(), options, store.get()));
@@ -118,6 +127,7 @@ absl::StatusOr<Result> RunMode(const LongSequenceBenchRequest& r, const policies
 absl::StatusOr<std::string> RunLongSequenceBench(const LongSequenceBenchRequest& r) {
   if (r.config.empty()) return absl::InvalidArgumentError("--config is required");
   if (r.steps < 1 || r.warmup < 0) return absl::InvalidArgumentError("--steps >= 1 and --warmup >= 0 are required");
+  if (r.lora_rank < 0) return absl::InvalidArgumentError("--lora-rank: must be 0 (off) or positive");
   STRATA_ASSIGN_OR_RETURN(auto text, ReadFileToString(r.config));
   STRATA_ASSIGN_OR_RETURN(policies::LlamaConfig config, policies::LlamaConfig::FromJson(text, r.config));
   if (r.layers > 0) config.num_hidden_layers = r.layers;
@@ -132,8 +142,10 @@ absl::StatusOr<std::string> RunLongSequenceBench(const LongSequenceBenchRequest&
   std::filesystem::create_directories(r.nvme_dir, ec);
   if (ec) return absl::PermissionDeniedError(absl::StrCat("--nvme-dir ", r.nvme_dir, ": ", ec.message()));
   nlohmann::json runs = nlohmann::json::array();
-  std::string table = absl::StrFormat("training step, %d layers x hidden %d (%d parameters, %s), one sequence\n",
-                                      config.num_hidden_layers, config.hidden_size, config.NumParameters(), r.dtype);
+  std::string table =
+      absl::StrFormat("training step, %d layers x hidden %d (%d parameters, %s%s), one sequence\n",
+                      config.num_hidden_layers, config.hidden_size, config.NumParameters(), r.dtype,
+                      r.lora_rank > 0 ? absl::StrCat(", LoRA rank ", r.lora_rank, " on every projection") : "");
   table += absl::StrFormat("  %8s  %-13s %10s %16s %14s %10s\n", "tokens", "mode", "step s", "device peak MiB",
                            "peak RSS MiB", "vs blocked");
   for (int64_t t : r.tokens) {
@@ -168,6 +180,7 @@ absl::StatusOr<std::string> RunLongSequenceBench(const LongSequenceBenchRequest&
                           {"hidden", config.hidden_size},
                           {"parameters", config.NumParameters()},
                           {"dtype", r.dtype},
+                          {"lora_rank", r.lora_rank},
                           {"runs", runs}}
                .dump() +
            "\n";

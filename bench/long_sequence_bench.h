@@ -22,6 +22,9 @@ struct LongSequenceBenchRequest {
   // The weights' and activations' dtype: fp32 or bf16.
   std::string dtype = "fp32";
   std::vector<int64_t> tokens = {1024, 4096};
+  // > 0: train LoRA adapters of this rank on every projection (alpha 2 x
+  // rank, as a job's default) instead of every parameter.
+  int64_t lora_rank = 0;
   // Modes to run, of "materialised", "blocked", "host", "nvme" (the last
   // two blocked, with activations off the device).
   std::vector<std::string> modes = {"materialised", "blocked", "host", "nvme"};

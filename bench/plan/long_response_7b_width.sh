@@ -8,8 +8,9 @@
 # first; the table puts the prediction beside the run's own metrics.
 # CONFIG names another shape's config.json (LAYERS 0: all of its layers);
 # PLAN_ONLY=1 writes the specs and their plans and trains nothing;
-# PROMPT_TOKENS sets the prompt's length (16), DTYPE the model's (fp32).
-#   [ACTIVATIONS="device nvme"] [CONFIG=...] [PLAN_ONLY=1] [PROMPT_TOKENS=16] [DTYPE=fp32] bench/plan/long_response_7b_width.sh LAYERS TOKENS [WORK_DIR] [STRATA_BINARY]
+# PROMPT_TOKENS sets the prompt's length (16), DTYPE the model's (fp32),
+# LORA_RANK > 0 trains adapters of that rank on every projection instead.
+#   [ACTIVATIONS="device nvme"] [CONFIG=...] [PLAN_ONLY=1] [PROMPT_TOKENS=16] [DTYPE=fp32] [LORA_RANK=0] bench/plan/long_response_7b_width.sh LAYERS TOKENS [WORK_DIR] [STRATA_BINARY]
 set -euo pipefail
 layers=${1:?layers}
 tokens=${2:?tokens}
@@ -38,12 +39,14 @@ if [[ ! -f $work/base/config.json ]]; then
   "$strata" init-model --config "$work/config.json" --out "$work/base" --seed 1 >/dev/null
 fi
 cp examples/tiny/data/tokenizer.json examples/tiny/data/tokenizer_config.json "$work/base/"
+lora=""
+[[ ${LORA_RANK:-0} -gt 0 ]] && lora=", lora: {rank: $LORA_RANK}"
 runs=()
 for activations in ${ACTIVATIONS:-device nvme}; do
   cat > "$work/$activations.yaml" <<YAML
 algorithm: sft
 models:
-  actor: {path: $work/base, dtype: ${DTYPE:-fp32}, placement: {activations: $activations}}
+  actor: {path: $work/base, dtype: ${DTYPE:-fp32}, placement: {activations: $activations}$lora}
 data: {train: $work/sft.jsonl, max_prompt_tokens: $prompt_tokens, max_response_tokens: $tokens}
 train: {iterations: 1, batch_size: 1, lr: 1.0e-5, seed: 3}
 memory: {nvme_dir: $work/nvme}

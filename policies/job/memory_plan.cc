@@ -254,6 +254,7 @@ double TrainLayerBytes(const ModelShape& s, int64_t R, int64_t T, bool cpu_devic
     // LoRA: a frozen base makes no weight gradients, only its adapters'.
     const double adapters = Bytes(static_cast<double>(s.adapter_params) / s.L, 4.0 + s.E);
     grads = {adapters, adapters, adapters};
+    grads.frozen_norms = true;
   } else {
     grads = FullLayerGradients(layer, s.layer_params);
     SendHomeInFloat32(layer, cpu_device, grads);

@@ -535,6 +535,8 @@ struct BenchCommands {
     bench_long->add_option("--config", lb.config, "config.json of the shape (random weights)")->required();
     bench_long->add_option("--layers", lb.layers, "decoder layers (0: the config's)");
     bench_long->add_option("--dtype", lb.dtype, "fp32 or bf16");
+    bench_long->add_option("--lora-rank", lb.lora_rank,
+                           "train LoRA adapters of this rank on every projection (0: off)");
     bench_long->add_option("--tokens", lb.tokens, "sequence lengths")->delimiter(',');
     bench_long->add_option("--modes", lb.modes, "of materialised, blocked, host, nvme")->delimiter(',');
     bench_long->add_option("--max-scores-bytes", lb.max_scores_bytes, "skip materialised attention beyond this");
