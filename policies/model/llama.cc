@@ -12,6 +12,7 @@
 #include "policies/checkpoint/tensor_io.h"
 #include "policies/config/layer_memory.h"
 #include "policies/model/blocked_attention.h"
+#include "policies/model/fused_attention.h"
 #include "policies/model/layer_source.h"
 #include "policies/model/lora.h"
 
@@ -158,26 +159,23 @@ LayerContext MakeLayerContext(const LlamaConfig& config, const at::Tensor& atten
   ctx.sin = emb.sin().to(dtype);
 
   ctx.key_real = attention_mask.to(at::kBool);
+  if (attention == AttentionKind::kFused ||
+      (attention == AttentionKind::kAuto && attention_mask.is_cuda() && FusedAttentionAvailable())) {
+    // Causality alone suffices (and lets FlashAttention's kernel run) when
+    // every key is real, there is no window to cut, and queries are keys.
+    const bool window_cuts = config.sliding_window > 0 && config.sliding_window < s;
+    const bool causal_alone = t == s && !window_cuts && ctx.key_real.all().item<bool>();
+    const int64_t mask_bytes = attention_mask.size(0) * t * s * static_cast<int64_t>(c10::elementSize(dtype));
+    if (attention == AttentionKind::kFused || causal_alone || mask_bytes <= kFusedAttentionMaskBytes) {
+      ctx.fused = true;
+      if (!causal_alone) ctx.fused_mask = AdditiveAttentionMask(ctx.key_real, t, config.sliding_window, dtype);
+      return ctx;
+    }
+  }
   if (attention == AttentionKind::kBlocked || (attention == AttentionKind::kAuto && BlockedAttentionFor(t, s))) {
     return ctx;
   }
-  // Query i (absolute position s - t + i) sees key j when j <= s - t + i,
-  // within the sliding window if there is one (j > s - t + i - window), and
-  // key j is a real token. A large finite negative (not -inf) keeps rows that
-  // see nothing, such as pad queries, from turning into NaN.
-  const at::TensorOptions on_device = at::TensorOptions().dtype(at::kLong).device(attention_mask.device());
-  const at::Tensor query_pos = at::arange(s - t, s, on_device).unsqueeze(1);  // [T, 1]
-  const at::Tensor key_pos = at::arange(0, s, on_device).unsqueeze(0);        // [1, S]
-  at::Tensor causal = key_pos.le(query_pos);                                  // [T, S]
-  if (config.sliding_window > 0) causal = causal.logical_and(key_pos.gt(query_pos - config.sliding_window));
-  const at::Tensor real = attention_mask.to(at::kBool).unsqueeze(1);  // [B, 1, S]
-  const at::Tensor allowed = causal.unsqueeze(0).logical_and(real);   // [B, T, S]
-  const double lowest = dtype == at::kBFloat16 ? -3.3895313892515355e38
-                        : dtype == at::kHalf   ? -65504.0
-                                               : static_cast<double>(std::numeric_limits<float>::lowest());
-  ctx.attention_bias = at::zeros(allowed.sizes(), at::TensorOptions().dtype(dtype).device(allowed.device()))
-                           .masked_fill(allowed.logical_not(), lowest)
-                           .view({allowed.size(0), 1, 1, t, s});
+  ctx.attention_bias = AdditiveAttentionMask(ctx.key_real, t, config.sliding_window, dtype).unsqueeze(1);
   return ctx;
 }
 
@@ -219,6 +217,9 @@ at::Tensor DecoderLayerForward(const LlamaConfig& config, const LlamaLayerWeight
   at::Tensor attended;
   if (cache != nullptr) attended = cache->AppendAndAttend(layer_index, q, k, v, config.sliding_window);
   if (!attended.defined() && cache != nullptr) std::tie(k, v) = cache->Append(layer_index, k, v);
+  if (!attended.defined() && ctx.fused) {
+    attended = FusedAttention(q, k, v, ctx.fused_mask).transpose(1, 2).reshape({b, t, n_h * d});
+  }
   if (!attended.defined() && !ctx.attention_bias.defined()) {
     BlockedAttentionOptions blocked;
     blocked.window = config.sliding_window;

@@ -112,23 +112,29 @@ class DenseKvCache final : public KvCache {
 };
 
 // How a forward pass without a paged cache attends: the whole [T, S] score
-// matrix at once, or blocks of it with an online softmax (working memory
-// linear in the sequence: policies/model/blocked_attention.h). kAuto takes
-// the blocks once T x S reaches kBlockedAttentionScores
+// matrix at once, blocks of it with an online softmax (working memory
+// linear in the sequence: policies/model/blocked_attention.h), or
+// libtorch's fused kernel (policies/model/fused_attention.h; PyTorch 2.5+).
+// kAuto on a CUDA device takes the fused kernel where this libtorch has it
+// and its mask (if one is needed) stays within kFusedAttentionMaskBytes;
+// otherwise the blocks once T x S reaches kBlockedAttentionScores
 // (policies/config/attention_blocks.h).
-enum class AttentionKind { kAuto, kMaterialised, kBlocked };
+enum class AttentionKind { kAuto, kMaterialised, kBlocked, kFused };
 
 // Per-call inputs that every layer shares.
 struct LayerContext {
   at::Tensor cos, sin;        // [B, T, d], model dtype
-  at::Tensor attention_bias;  // [B, 1, 1, T, S] additive, 0 or a large negative; undefined when blocked
+  at::Tensor attention_bias;  // [B, 1, 1, T, S] additive, 0 or a large negative; only when materialised
   at::Tensor key_real;        // [B, S] bool: the real tokens (blocked attention's mask)
+  bool fused = false;         // through the fused kernel
+  at::Tensor fused_mask;      // its [B, 1, T, S] additive mask; undefined: causal alone
 };
 
 // Builds rotary tables and the causal + padding mask for a step.
 // `attention_mask` is [B, S] (1 for real tokens, 0 for padding) and covers
 // the cached tokens plus the T new ones. Blocked attention builds its mask
-// per block, so it gets no attention_bias.
+// per block, so it gets no attention_bias; the fused kernel gets a mask
+// only where causality alone is not enough.
 LayerContext MakeLayerContext(const LlamaConfig& config, const at::Tensor& attention_mask, int64_t new_tokens,
                               at::ScalarType dtype, AttentionKind attention = AttentionKind::kAuto);
 

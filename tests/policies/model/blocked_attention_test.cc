@@ -1,17 +1,21 @@
-// Blocked attention against the materialised one (the decoder's own
-// formula: scores, a finite additive mask, an fp32 softmax), forward and
-// backward, with grouped queries, padding, a window, fewer queries than keys
-// and blocks that do not divide the sequence, and in every family's decoder
-// layer. Its working memory: tests/policies/train/attention_memory_test.cc.
+// Blocked attention, and libtorch's fused kernel where it exists (PyTorch
+// 2.5+; on a GPU when there is one), against the materialised attention
+// (the decoder's own formula: scores, a finite additive mask, an fp32
+// softmax), forward and backward, with grouped queries, padding, a window,
+// fewer queries than keys and blocks that do not divide the sequence, and
+// in every family's decoder layer. Blocked attention's working memory:
+// tests/policies/train/attention_memory_test.cc.
 #include "policies/model/blocked_attention.h"
 
 #include <c10/core/GradMode.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "gtest/gtest.h"
+#include "policies/model/fused_attention.h"
 #include "policies/model/llama.h"
 #include "tests/policies/model/tiny_config.h"
 
@@ -81,8 +85,49 @@ TEST_P(BlockedAttentionTest, EqualsTheMaterialisedAttentionForwardAndBackward) {
   }
 }
 
+// The same through the fused operator, on a GPU when there is one (_CUDA:
+// deploy/gpu/run.sh runs such tests one binary at a time), else on the
+// CPU: its causal mask alone where that suffices, else the additive mask.
+TEST_P(BlockedAttentionTest, FusedEqualsTheMaterialisedAttentionForwardAndBackward_CUDA) {
+  if (!FusedAttentionAvailable()) GTEST_SKIP() << "this libtorch has no aten::scaled_dot_product_attention with GQA";
+  const Case c = GetParam();
+  const at::Device device = at::hasCUDA() ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+  at::manual_seed(7);
+  const at::Tensor q0 = at::randn({c.b, c.hq, c.t, c.d}), k0 = at::randn({c.b, c.hkv, c.s, c.d}),
+                   v0 = at::randn({c.b, c.hkv, c.s, c.d});
+  at::Tensor key_real = at::ones({c.b, c.s}, at::kBool);
+  for (int64_t r = 0; r < c.b; ++r) key_real[r].narrow(0, 0, c.pads[static_cast<size_t>(r)]).fill_(false);
+  const at::Tensor query_real = key_real.narrow(1, c.s - c.t, c.t).view({c.b, 1, c.t, 1}).to(at::kFloat);
+  const at::Tensor weights = at::randn({c.b, c.hq, c.t, c.d}) * query_real;
+  const bool causal_alone = c.t == c.s && c.window == 0 && key_real.all().item<bool>();
+
+  auto run = [&](bool fused) {
+    const at::Device on = fused ? device : at::Device(at::kCPU);
+    at::Tensor q = q0.to(on).requires_grad_(), k = k0.to(on).requires_grad_(), v = v0.to(on).requires_grad_();
+    const at::Tensor mask = causal_alone ? at::Tensor()
+                                         : AdditiveAttentionMask(key_real.to(on), c.t, c.window, at::kFloat);
+    const at::Tensor out = fused ? FusedAttention(q, k, v, mask) : Materialised(q, k, v, key_real, c.window);
+    (out * weights.to(on)).sum().backward();
+    return std::vector<at::Tensor>{(out.cpu() * query_real).detach(), q.grad().cpu(), k.grad().cpu(), v.grad().cpu()};
+  };
+  const auto want = run(false), got = run(true);
+  // fp32 both ways. On the CPU, 1e-5 of each quantity's scale, as for the
+  // blocks. On a GPU the kernels may sum in another order and multiply in
+  // TF32 where libtorch allows it (10-bit mantissa: 5e-4 relative a
+  // product, averaging out over D = 8-16 terms): 2e-3. A wrong mask or a
+  // misread head is off by its whole size.
+  const double tolerance = device.is_cuda() ? 2e-3 : 1e-5;
+  const char* names[] = {"output", "dq", "dk", "dv"};
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double scale = want[i].abs().max().item<double>();
+    ASSERT_GT(scale, 0.0) << names[i];
+    EXPECT_LT((got[i] - want[i]).abs().max().item<double>(), tolerance * scale) << c.name << " " << names[i];
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, BlockedAttentionTest,
                          ::testing::Values(Case{"gqa", 2, 4, 2, 37, 37, 8, 0, 8, 16, {0, 5}},
+                                           Case{"causal_alone", 2, 4, 2, 37, 37, 8, 0, 8, 16, {0, 0}},
                                            Case{"mha_one_block", 1, 2, 2, 20, 20, 16, 0, 128, 256, {3}},
                                            Case{"qwen3_head_dim", 2, 6, 2, 23, 23, 12, 0, 5, 7, {2, 0}},
                                            Case{"mistral_window", 2, 4, 2, 41, 41, 8, 5, 8, 6, {0, 9}},
@@ -115,15 +160,56 @@ TEST(BlockedAttentionLayerTest, EveryFamilysLayerComputesTheSame) {
       for (auto& [name, t] : layer.Named()) result.push_back(t->grad());
       return result;
     };
-    const auto want = run(AttentionKind::kMaterialised), got = run(AttentionKind::kBlocked);
-    ASSERT_EQ(want.size(), got.size());
-    for (size_t i = 0; i < want.size(); ++i) {
-      if (!want[i].defined()) continue;  // a weight this family lacks
-      const double scale = want[i].abs().max().item<double>();
-      EXPECT_LE((got[i] - want[i]).abs().max().item<double>(), 1e-5 * scale)
-          << ModelTypeName(family) << " tensor " << i;
+    const auto want = run(AttentionKind::kMaterialised);
+    std::vector<AttentionKind> kinds = {AttentionKind::kBlocked};
+    if (FusedAttentionAvailable()) kinds.push_back(AttentionKind::kFused);  // its CPU kernel
+    for (const AttentionKind kind : kinds) {
+      const auto got = run(kind);
+      ASSERT_EQ(want.size(), got.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        if (!want[i].defined()) continue;  // a weight this family lacks
+        const double scale = want[i].abs().max().item<double>();
+        EXPECT_LE((got[i] - want[i]).abs().max().item<double>(), 1e-5 * scale)
+            << ModelTypeName(family) << " tensor " << i << (kind == AttentionKind::kFused ? " (fused)" : "");
+      }
     }
   }
+}
+
+// The fused operator is found exactly where libtorch has the signature
+// strata calls (enable_gqa came in 2.5), so an older libtorch (Debian's
+// 1.13) attends in blocks instead of failing.
+TEST(FusedAttentionTest, IsAvailableFromPyTorch25On) {
+  const bool has_gqa = TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5);
+  EXPECT_EQ(FusedAttentionAvailable(), has_gqa);
+}
+
+// A CUDA model's layers take the fused kernel where it exists: causality
+// alone without padding, its mask with padding (small), and blocks where
+// that mask would pass kFusedAttentionMaskBytes. On the CPU, kAuto keeps to
+// materialised or blocked attention.
+TEST(FusedAttentionTest, AutoTakesTheFusedKernelOnAGpu_CUDA) {
+  const LlamaConfig config = TinyConfig(ModelFamily::kLlama);
+  at::Tensor mask = at::ones({2, 19}, at::kLong);
+  EXPECT_FALSE(MakeLayerContext(config, mask, 19, at::kFloat).fused);
+  if (!FusedAttentionAvailable() || !at::hasCUDA()) GTEST_SKIP() << "needs the fused operator and a GPU";
+  mask = mask.to(at::kCUDA);
+  const LayerContext plain = MakeLayerContext(config, mask, 19, at::kFloat);
+  EXPECT_TRUE(plain.fused);
+  EXPECT_FALSE(plain.fused_mask.defined());
+  mask[1].narrow(0, 0, 6).fill_(0);
+  const LayerContext padded = MakeLayerContext(config, mask, 19, at::kFloat);
+  EXPECT_TRUE(padded.fused);
+  ASSERT_TRUE(padded.fused_mask.defined());
+  EXPECT_EQ(padded.fused_mask.sizes(), (std::vector<int64_t>{2, 1, 19, 19}));
+  // 2 rows x 4k x 4k in fp32: 128 MiB of mask, past the bound.
+  const at::Tensor long_mask = at::ones({2, 4096}, at::TensorOptions().dtype(at::kLong).device(at::kCUDA));
+  long_mask[1].narrow(0, 0, 6).fill_(0);
+  LlamaConfig long_config = config;
+  long_config.max_position_embeddings = 4096;
+  const LayerContext blocked = MakeLayerContext(long_config, long_mask, 4096, at::kFloat);
+  EXPECT_FALSE(blocked.fused);
+  EXPECT_FALSE(blocked.attention_bias.defined());
 }
 
 // The scores the blocks compute, which the planner and `bench figures`
