@@ -51,38 +51,65 @@ void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 class BlockedAttentionTest : public ::testing::TestWithParam<Case> {};
 
+// A case's random q, k and v, its padding, and a loss's weights over the
+// real queries only (a pad query's output is never read).
+struct Inputs {
+  at::Tensor q, k, v, key_real, query_real, weights;
+};
+
+Inputs RandomInputs(const Case& c) {
+  at::manual_seed(7);
+  Inputs in;
+  in.q = at::randn({c.b, c.hq, c.t, c.d}), in.k = at::randn({c.b, c.hkv, c.s, c.d});
+  in.v = at::randn({c.b, c.hkv, c.s, c.d});
+  in.key_real = at::ones({c.b, c.s}, at::kBool);
+  for (int64_t r = 0; r < c.b; ++r) in.key_real[r].narrow(0, 0, c.pads[static_cast<size_t>(r)]).fill_(false);
+  in.query_real = in.key_real.narrow(1, c.s - c.t, c.t).view({c.b, 1, c.t, 1}).to(at::kFloat);
+  in.weights = at::randn({c.b, c.hq, c.t, c.d}) * in.query_real;
+  return in;
+}
+
+// The output at real queries and the gradients of q, k and v (on the CPU)
+// of `attend` on `device`, under the loss `in.weights` sets.
+template <typename Attend>
+std::vector<at::Tensor> OutputAndGradients(const Inputs& in, const at::Device& device, Attend attend) {
+  // Copies: each call's leaves gather their own gradients.
+  at::Tensor q = in.q.to(device).clone().requires_grad_(), k = in.k.to(device).clone().requires_grad_(),
+             v = in.v.to(device).clone().requires_grad_();
+  const at::Tensor out = attend(q, k, v);
+  (out * in.weights.to(device)).sum().backward();
+  return {(out.cpu() * in.query_real).detach(), q.grad().cpu(), k.grad().cpu(), v.grad().cpu()};
+}
+
+// Each of output, dq, dk and dv within `tolerance` of its scale.
+void ExpectClose(const std::vector<at::Tensor>& want, const std::vector<at::Tensor>& got, double tolerance,
+                 const Case& c) {
+  const char* names[] = {"output", "dq", "dk", "dv"};
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double scale = want[i].abs().max().item<double>();
+    ASSERT_GT(scale, 0.0) << names[i];
+    EXPECT_LT((got[i] - want[i]).abs().max().item<double>(), tolerance * scale) << c.name << " " << names[i];
+  }
+}
+
 // Outputs and the gradients of q, k and v under a loss over the real
 // queries: the materialised attention's, to fp32 rounding.
 TEST_P(BlockedAttentionTest, EqualsTheMaterialisedAttentionForwardAndBackward) {
   const Case c = GetParam();
-  at::manual_seed(7);
-  const at::Tensor q0 = at::randn({c.b, c.hq, c.t, c.d}), k0 = at::randn({c.b, c.hkv, c.s, c.d}),
-                   v0 = at::randn({c.b, c.hkv, c.s, c.d});
-  at::Tensor key_real = at::ones({c.b, c.s}, at::kBool);
-  for (int64_t r = 0; r < c.b; ++r) key_real[r].narrow(0, 0, c.pads[static_cast<size_t>(r)]).fill_(false);
-  // Real queries only: a pad query's output is never read.
-  const at::Tensor query_real = key_real.narrow(1, c.s - c.t, c.t).view({c.b, 1, c.t, 1}).to(at::kFloat);
-  const at::Tensor weights = at::randn({c.b, c.hq, c.t, c.d}) * query_real;
-
-  auto run = [&](bool blocked) {
-    at::Tensor q = q0.clone().requires_grad_(), k = k0.clone().requires_grad_(), v = v0.clone().requires_grad_();
+  const Inputs in = RandomInputs(c);
+  const at::Device cpu(at::kCPU);
+  const auto want = OutputAndGradients(in, cpu, [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    return Materialised(q, k, v, in.key_real, c.window);
+  });
+  const auto got = OutputAndGradients(in, cpu, [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
     BlockedAttentionOptions options;
     options.window = c.window, options.query_block = c.query_block, options.key_block = c.key_block;
-    const at::Tensor out = blocked ? BlockedAttention(q, k, v, key_real, options)
-                                   : Materialised(q, k, v, key_real, c.window);
-    (out * weights).sum().backward();
-    return std::vector<at::Tensor>{(out * query_real).detach(), q.grad(), k.grad(), v.grad()};
-  };
-  const auto want = run(false), got = run(true);
-  const char* names[] = {"output", "dq", "dk", "dv"};
-  for (size_t i = 0; i < want.size(); ++i) {
-    // fp32 both ways, sums split into blocks and rescaled (the online
-    // softmax): 1e-5 of each quantity's scale (a few hundred roundings of
-    // 6e-8); a wrong mask or a missed block is off by its whole size.
-    const double scale = want[i].abs().max().item<double>();
-    ASSERT_GT(scale, 0.0) << names[i];
-    EXPECT_LT((got[i] - want[i]).abs().max().item<double>(), 1e-5 * scale) << c.name << " " << names[i];
-  }
+    return BlockedAttention(q, k, v, in.key_real, options);
+  });
+  // fp32 both ways, sums split into blocks and rescaled (the online
+  // softmax): 1e-5 of each quantity's scale (a few hundred roundings of
+  // 6e-8); a wrong mask or a missed block is off by its whole size.
+  ExpectClose(want, got, 1e-5, c);
 }
 
 // The same through the fused operator, on a GPU when there is one (_CUDA:
@@ -91,38 +118,24 @@ TEST_P(BlockedAttentionTest, EqualsTheMaterialisedAttentionForwardAndBackward) {
 TEST_P(BlockedAttentionTest, FusedEqualsTheMaterialisedAttentionForwardAndBackward_CUDA) {
   if (!FusedAttentionAvailable()) GTEST_SKIP() << "this libtorch has no aten::scaled_dot_product_attention with GQA";
   const Case c = GetParam();
+  const Inputs in = RandomInputs(c);
   const at::Device device = at::hasCUDA() ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
-  at::manual_seed(7);
-  const at::Tensor q0 = at::randn({c.b, c.hq, c.t, c.d}), k0 = at::randn({c.b, c.hkv, c.s, c.d}),
-                   v0 = at::randn({c.b, c.hkv, c.s, c.d});
-  at::Tensor key_real = at::ones({c.b, c.s}, at::kBool);
-  for (int64_t r = 0; r < c.b; ++r) key_real[r].narrow(0, 0, c.pads[static_cast<size_t>(r)]).fill_(false);
-  const at::Tensor query_real = key_real.narrow(1, c.s - c.t, c.t).view({c.b, 1, c.t, 1}).to(at::kFloat);
-  const at::Tensor weights = at::randn({c.b, c.hq, c.t, c.d}) * query_real;
-  const bool causal_alone = c.t == c.s && c.window == 0 && key_real.all().item<bool>();
-
-  auto run = [&](bool fused) {
-    const at::Device on = fused ? device : at::Device(at::kCPU);
-    at::Tensor q = q0.to(on).requires_grad_(), k = k0.to(on).requires_grad_(), v = v0.to(on).requires_grad_();
+  const bool causal_alone = c.t == c.s && c.window == 0 && in.key_real.all().item<bool>();
+  const auto want = OutputAndGradients(in, at::Device(at::kCPU),
+                                       [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+                                         return Materialised(q, k, v, in.key_real, c.window);
+                                       });
+  const auto got = OutputAndGradients(in, device, [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
     const at::Tensor mask = causal_alone ? at::Tensor()
-                                         : AdditiveAttentionMask(key_real.to(on), c.t, c.window, at::kFloat);
-    const at::Tensor out = fused ? FusedAttention(q, k, v, mask) : Materialised(q, k, v, key_real, c.window);
-    (out * weights.to(on)).sum().backward();
-    return std::vector<at::Tensor>{(out.cpu() * query_real).detach(), q.grad().cpu(), k.grad().cpu(), v.grad().cpu()};
-  };
-  const auto want = run(false), got = run(true);
+                                         : AdditiveAttentionMask(in.key_real.to(device), c.t, c.window, at::kFloat);
+    return FusedAttention(q, k, v, mask);
+  });
   // fp32 both ways. On the CPU, 1e-5 of each quantity's scale, as for the
   // blocks. On a GPU the kernels may sum in another order and multiply in
   // TF32 where libtorch allows it (10-bit mantissa: 5e-4 relative a
   // product, averaging out over D = 8-16 terms): 2e-3. A wrong mask or a
   // misread head is off by its whole size.
-  const double tolerance = device.is_cuda() ? 2e-3 : 1e-5;
-  const char* names[] = {"output", "dq", "dk", "dv"};
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double scale = want[i].abs().max().item<double>();
-    ASSERT_GT(scale, 0.0) << names[i];
-    EXPECT_LT((got[i] - want[i]).abs().max().item<double>(), tolerance * scale) << c.name << " " << names[i];
-  }
+  ExpectClose(want, got, device.is_cuda() ? 2e-3 : 1e-5, c);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, BlockedAttentionTest,
