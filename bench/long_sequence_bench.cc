@@ -10,9 +10,11 @@
 #include "base/file.h"
 #include "base/status_macros.h"
 #include "offload/device/device_memory.h"
+#include "offload/device/device_transfer.h"
 #include "offload/host/host_arena.h"
 #include "offload/nvme/nvme_store.h"
 #include "policies/config/lora_config.h"
+#include "policies/model/fused_attention.h"
 #include "policies/model/lora.h"
 #include "policies/train/layerwise_trainer.h"
 
@@ -30,10 +32,11 @@ struct Mode {
 absl::StatusOr<Mode> ParseMode(const std::string& name) {
   if (name == "materialised") return Mode{name, policies::AttentionKind::kMaterialised, Tier::kDevice};
   if (name == "blocked") return Mode{name, policies::AttentionKind::kBlocked, Tier::kDevice};
+  if (name == "fused") return Mode{name, policies::AttentionKind::kFused, Tier::kDevice};
   if (name == "host") return Mode{name, policies::AttentionKind::kBlocked, Tier::kHost};
   if (name == "nvme") return Mode{name, policies::AttentionKind::kBlocked, Tier::kNvme};
   return absl::InvalidArgumentError(
-      absl::StrCat("--modes: unknown mode '", name, "' (materialised, blocked, host, nvme)"));
+      absl::StrCat("--modes: unknown mode '", name, "' (materialised, blocked, fused, host, nvme)"));
 }
 
 // The process's peak resident set since the last reset, in bytes (VmHWM);
@@ -62,16 +65,23 @@ struct Result {
 };
 
 absl::StatusOr<Result> RunMode(const LongSequenceBenchRequest& r, const policies::LlamaConfig& config,
-                               at::ScalarType dtype, int64_t t, const Mode& mode) {
-  offload::DeviceMemoryMonitor& monitor = offload::DeviceMemoryMonitor::Install();
+                               at::ScalarType dtype, const at::Device& device, int64_t t, const Mode& mode) {
+  STRATA_ASSIGN_OR_RETURN(offload::DeviceMemoryMonitor * found, offload::DeviceMemoryMonitor::ForDevice(device));
+  offload::DeviceMemoryMonitor& monitor = *found;
   policies::LlamaWeights weights =
       policies::LlamaModel::RandomInit(config, policies::LlamaHead::kLanguageModel, dtype, 1, 0.02)->weights();
+  policies::MoveToDevice(weights, device, /*include_layers=*/true);
   offload::HostArenaOptions arena_options;
   // Master weights, gradients, moments (16 B a parameter), the host
-  // activations or NVMe staging, and slack for alignment.
+  // activations or NVMe staging, on a GPU the gradients' staging (two
+  // layers' in fp32, or the head's), and slack for alignment.
   const int64_t activation = t * config.hidden_size * 4;
-  arena_options.capacity_bytes = static_cast<size_t>(config.NumParameters() * 16 +
-                                                     (config.num_hidden_layers + 4) * activation + (64 << 20));
+  const int64_t layer = config.LayerParameters() * 4;
+  const int64_t head = config.vocab_size * config.hidden_size * 4;
+  arena_options.capacity_bytes = static_cast<size_t>(
+      config.NumParameters() * 16 + (config.num_hidden_layers + 4) * activation +
+      (device.is_cpu() ? 0 : 2 * std::max(layer, head) + head) + (64 << 20));
+  arena_options.pin_for_cuda = !device.is_cpu();
   STRATA_ASSIGN_OR_RETURN(auto arena, offload::HostArena::Create(arena_options));
   std::unique_ptr<offload::NvmeStore> store;
   if (mode.activations == Tier::kNvme) {
@@ -94,12 +104,12 @@ absl::StatusOr<Result> RunMode(const LongSequenceBenchRequest& r, const policies
                           policies::LayerwiseTrainer::Create(config, policies::LlamaHead::kLanguageModel, weights,
                                                              &source, arena.get(), options, store.get()));
   at::Generator gen = at::detail::createCPUGenerator(7);
-  const at::Tensor ids = at::randint(config.vocab_size, {1, t}, gen, at::kLong);
+  const at::Tensor ids = at::randint(config.vocab_size, {1, t}, gen, at::kLong).to(device);
   const at::Tensor mask = at::ones_like(ids);
   // A response's loss: the next-token loss of the last three quarters (the
   // prompt's quarter is context only).
   const int64_t prompt = t / 4;
-  const at::Tensor positions = at::arange(prompt, t - 1, at::kLong).unsqueeze(0);
+  const at::Tensor positions = at::arange(prompt, t - 1, at::kLong).unsqueeze(0).to(device);
   auto loss_fn = [&](const at::Tensor& logits) {
     const at::Tensor logp = at::log_softmax(logits, -1);
     return -logp.gather(-1, ids.narrow(1, prompt + 1, t - 1 - prompt).unsqueeze(-1)).mean();
@@ -112,6 +122,7 @@ absl::StatusOr<Result> RunMode(const LongSequenceBenchRequest& r, const policies
     const auto start = std::chrono::steady_clock::now();
     STRATA_ASSIGN_OR_RETURN(const double loss, trainer->ForwardBackwardAt(ids, mask, positions, loss_fn, true));
     STRATA_RETURN_IF_ERROR(trainer->OptimizerStep());
+    STRATA_RETURN_IF_ERROR(offload::SynchronizeDevice(device));
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (step < r.warmup) continue;
     result.step_s = std::min(result.step_s, seconds);
@@ -133,6 +144,8 @@ absl::StatusOr<std::string> RunLongSequenceBench(const LongSequenceBenchRequest&
   if (r.layers > 0) config.num_hidden_layers = r.layers;
   const absl::StatusOr<at::ScalarType> dtype = policies::ParseModelDType(r.dtype);
   if (!dtype.ok()) return absl::InvalidArgumentError(absl::StrCat("--dtype: ", dtype.status().message()));
+  const absl::StatusOr<at::Device> device = offload::ParseComputeDevice(r.device);
+  if (!device.ok()) return absl::InvalidArgumentError(absl::StrCat("--device: ", device.status().message()));
   std::vector<Mode> modes;
   for (const std::string& name : r.modes) {
     STRATA_ASSIGN_OR_RETURN(auto mode, ParseMode(name));
@@ -162,7 +175,13 @@ absl::StatusOr<std::string> RunLongSequenceBench(const LongSequenceBenchRequest&
         runs.push_back(run);
         continue;
       }
-      STRATA_ASSIGN_OR_RETURN(Result result, RunMode(r, config, *dtype, t, mode));
+      if (mode.attention == policies::AttentionKind::kFused && !policies::FusedAttentionAvailable()) {
+        run["skipped"] = "this libtorch has no fused attention (PyTorch 2.5+)";
+        table += absl::StrFormat("  %8d  %-13s skipped: no fused attention in this libtorch\n", t, mode.name);
+        runs.push_back(run);
+        continue;
+      }
+      STRATA_ASSIGN_OR_RETURN(Result result, RunMode(r, config, *dtype, *device, t, mode));
       if (mode.name == "blocked") blocked_s = result.step_s;
       run.update({{"step_s", result.step_s},
                   {"peak_device_bytes", result.peak_device_bytes},
@@ -180,6 +199,7 @@ absl::StatusOr<std::string> RunLongSequenceBench(const LongSequenceBenchRequest&
                           {"hidden", config.hidden_size},
                           {"parameters", config.NumParameters()},
                           {"dtype", r.dtype},
+                          {"device", r.device},
                           {"lora_rank", r.lora_rank},
                           {"runs", runs}}
                .dump() +

@@ -1,8 +1,10 @@
 // `strata bench long`: one training step (forward, layer-wise recomputation
 // and backward, CPU AdamW) over one long sequence, at each length asked for,
-// with the attention materialised (the peer) and blocked, and the layers'
-// kept inputs on the device (the peer), the host or NVMe: the step's time,
-// the device tier's peak and the process's peak RSS, in the same run.
+// with the attention materialised (the peer), blocked, or fused (libtorch's
+// kernel, where it exists: policies/model/fused_attention.h), and the
+// layers' kept inputs on the device (the peer), the host or NVMe: the
+// step's time, the device tier's peak and the process's peak RSS, in the
+// same run, on the CPU or a GPU.
 #ifndef STRATA_BENCH_LONG_SEQUENCE_BENCH_H_
 #define STRATA_BENCH_LONG_SEQUENCE_BENCH_H_
 
@@ -25,9 +27,12 @@ struct LongSequenceBenchRequest {
   // > 0: train LoRA adapters of this rank on every projection (alpha 2 x
   // rank, as a job's default) instead of every parameter.
   int64_t lora_rank = 0;
-  // Modes to run, of "materialised", "blocked", "host", "nvme" (the last
-  // two blocked, with activations off the device).
+  // Modes to run, of "materialised", "blocked", "fused", "host", "nvme"
+  // (the last two blocked, with activations off the device). "fused" is
+  // skipped where this libtorch lacks the kernel.
   std::vector<std::string> modes = {"materialised", "blocked", "host", "nvme"};
+  // The compute device: "cpu", "cuda" or "cuda:N".
+  std::string device = "cpu";
   // Materialised attention is skipped where its scores alone would pass
   // this many bytes (it would swap or be killed).
   int64_t max_scores_bytes = int64_t{8} << 30;

@@ -5,6 +5,7 @@
 # Usage (on the GPU machine, .gpu-debs carried):
 #   bash deploy/gpu/run.sh build dist unit      # about 7 minutes with the machine's start
 #   bash deploy/gpu/run.sh build bench chain    # then, warm
+#   bash deploy/gpu/run.sh build long           # fused vs blocked attention, activation offload (5 minutes at most)
 # Tried on the CPU first: STRATA_GPU_DEVICE=cpu STRATA_GPU_BUILD=build bash deploy/gpu/run.sh chain
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -106,6 +107,18 @@ bench() {
       --nvme-dir /tmp/strata-stream-bench --json >"$out/stream.json"
 }
 
+# One training step over one long sequence (issue 35): libtorch's fused
+# attention against the blocked kernel, then the kept layer inputs on the
+# host and on NVMe (SSDTrain's offload), at Llama-2-7B width in bf16; on
+# the CPU a small shape, to try the stage.
+long() {
+  local config=examples/llama2-7b/config.json layers=2 tokens=4096,16384
+  [ "$device" = cpu ] && config=examples/medium/model.json layers=1 tokens=512
+  "$strata" bench long --config "$root/$config" --layers "$layers" --dtype bf16 --tokens "$tokens" \
+    --modes fused,blocked,host,nvme --device "$device" --warmup 1 --steps 2 --nvme-dir /tmp/strata-long --json \
+    >"$out/long.json"
+}
+
 # The tiny chain on the device: SFT and reward model, then ReMax and PPO
 # with a real NCCL group of one (parallel.backend=nccl) and, for the peer,
 # a gang of one with no group at all (auto), then the comparison table.
@@ -136,10 +149,11 @@ for name in "$@"; do
     dist) stage dist 120 ;;
     unit) stage unit 240 ;;
     bench) stage bench 100 ;;
+    long) stage long 300 ;;
     diag) stage diag 150 ;;
     crash) stage crash 150 ;;
     chain) stage chain 330 ;;
-    *) echo "run.sh: unknown stage '$name' (probe, build, dist, unit, diag, crash, bench, chain)" >&2; exit 2 ;;
+    *) echo "run.sh: unknown stage '$name' (probe, build, dist, unit, diag, crash, bench, long, chain)" >&2; exit 2 ;;
   esac
 done
 cat "$summary"

@@ -538,7 +538,8 @@ struct BenchCommands {
     bench_long->add_option("--lora-rank", lb.lora_rank,
                            "train LoRA adapters of this rank on every projection (0: off)");
     bench_long->add_option("--tokens", lb.tokens, "sequence lengths")->delimiter(',');
-    bench_long->add_option("--modes", lb.modes, "of materialised, blocked, host, nvme")->delimiter(',');
+    bench_long->add_option("--modes", lb.modes, "of materialised, blocked, fused, host, nvme")->delimiter(',');
+    bench_long->add_option("--device", lb.device, "cpu, cuda or cuda:N");
     bench_long->add_option("--max-scores-bytes", lb.max_scores_bytes, "skip materialised attention beyond this");
     bench_long->add_option("--nvme-dir", lb.nvme_dir, "directory for NVMe activations");
     bench_long->add_option("--steps", lb.steps, "timed steps per mode (best reported)");
