@@ -5,6 +5,7 @@
 
 #include "gtest/gtest.h"
 #include "offload/host/cuda_host.h"
+#include "policies/model/fused_attention.h"
 #include "tests/testutil/testutil.h"
 
 namespace strata {
@@ -41,6 +42,30 @@ TEST(BenchTest, GpuDevicesAreRefusedByACpuBuild) {
   const auto bad = Strata({"bench", "transfer", "--device", "tpu"});
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.error.find("expected cpu, cuda or cuda:N"), std::string::npos) << bad.error;
+}
+
+// `bench long` as the GPU stage runs it: the fused mode is skipped where
+// libtorch lacks the kernel (Debian's 1.13), a LoRA step runs beside it,
+// and a GPU or an unknown device is refused naming --device.
+TEST(BenchTest, LongStepSkipsFusedAttentionWithoutTheKernelAndRefusesAMissingGpu) {
+  testing::TempDir dir;
+  const std::string config = testing::SourcePath("examples/tiny/model.json");
+  const auto run = Strata({"bench", "long", "--config", config, "--layers", "1", "--tokens", "64", "--modes",
+                           "blocked,fused", "--lora-rank", "4", "--nvme-dir", dir.Join("nvme"), "--json"});
+  ASSERT_EQ(run.exit_code, 0) << run.error;
+  const json j = json::parse(run.output);
+  EXPECT_EQ(j["device"], "cpu");
+  EXPECT_EQ(j["lora_rank"], 4);
+  ASSERT_EQ(j["runs"].size(), 2u);
+  EXPECT_GT(j["runs"][0]["step_s"].get<double>(), 0.0);
+  EXPECT_EQ(j["runs"][1].contains("skipped"), !policies::FusedAttentionAvailable()) << run.output;
+  if (!offload::CudaBuilt()) {
+    const auto gpu = Strata({"bench", "long", "--config", config, "--tokens", "64", "--device", "cuda"});
+    EXPECT_NE(gpu.error.find("without CUDA"), std::string::npos) << gpu.error;
+  }
+  const auto bad = Strata({"bench", "long", "--config", config, "--tokens", "64", "--device", "tpu"});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.error.find("--device"), std::string::npos) << bad.error;
 }
 
 TEST(BenchTest, SmallStreamStepStaysWithinItsBudget) {
