@@ -2,7 +2,6 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
-#include <c10/util/Optional.h>
 
 #include <limits>
 #include <optional>
