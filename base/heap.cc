@@ -108,6 +108,7 @@ KeptBlock Remove(LargeBlocks& b, size_t i) {
 void* TakeLargeBlock(size_t bytes, size_t* mapped) {
   const size_t size = RoundUp(bytes, kSmallPage);
   std::vector<KeptBlock> unmap;
+  size_t previous_most = 0;
   LargeBlocks& b = Blocks();
   {
     std::lock_guard<std::mutex> lock(b.mu);
@@ -125,6 +126,7 @@ void* TakeLargeBlock(size_t bytes, size_t* mapped) {
     // A new mapping: unmap the oldest kept blocks until what is mapped stays
     // within the most ever in use (this request's counted in).
     b.in_use += size;
+    previous_most = b.most_in_use;
     b.most_in_use = std::max(b.most_in_use, b.in_use);
     while (!b.kept.empty() && b.in_use + b.kept_bytes > b.most_in_use) {
       size_t oldest = 0;
@@ -137,8 +139,14 @@ void* TakeLargeBlock(size_t bytes, size_t* mapped) {
   for (const KeptBlock& k : unmap) UnmapLargeBlock(k.block, k.mapped);  // outside the lock
   void* block = MapLargeBlock(size);
   if (block == nullptr) {
+    // Under memory pressure the kept blocks hold what this one needs.
+    UnmapKeptLargeBlocks();
+    block = MapLargeBlock(size);
+  }
+  if (block == nullptr) {
     std::lock_guard<std::mutex> lock(b.mu);
     b.in_use -= size;
+    b.most_in_use = std::max(previous_most, b.in_use);  // never mapped: no new high water
   }
   *mapped = size;
   return block;

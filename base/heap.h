@@ -66,14 +66,18 @@ void UnmapLargeBlock(void* block, size_t bytes);
 // zeroing every page, and a training loop frees and asks again for tensors
 // of the same sizes every step (the math task's ReMax took 3x as long,
 // most of it in the kernel clearing pages). They are kept only while the
-// blocks mapped, in use and kept, stay within the most ever in use at once:
-// a new mapping first unmaps the oldest kept blocks, so the process's
-// resident memory never exceeds what its tensors once held.
+// blocks mapped, in use and kept, stay within the most ever mapped in use
+// at once: a new mapping first unmaps the oldest kept blocks. So the large
+// blocks never map more than they once did at their peak, which is up to a
+// quarter more than the tensors in them asked for (the reuse slack below)
+// plus a page each; kept blocks are not tensors, so the device counter
+// and the planner do not see them. A worker unmaps them between jobs; a
+// mapping the kernel refuses unmaps them and tries once more.
 
-// A block of at least `bytes`: a kept one not more than a quarter larger
-// (its contents whatever they were), else a new MapLargeBlock. Sets
-// *mapped to its size, which ReleaseLargeBlock takes back. nullptr when
-// the kernel refuses.
+// A block of at least `bytes`: a kept one up to a quarter larger than
+// `bytes` (its contents whatever they were), else a new MapLargeBlock.
+// Sets *mapped to its size, which ReleaseLargeBlock takes back. nullptr
+// when the kernel refuses.
 void* TakeLargeBlock(size_t bytes, size_t* mapped);
 // Keeps the block for reuse.
 void ReleaseLargeBlock(void* block, size_t mapped);

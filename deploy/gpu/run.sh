@@ -115,7 +115,7 @@ long() {
   local config=examples/llama2-7b/config.json layers=2 tokens=4096,16384
   [ "$device" = cpu ] && config=examples/medium/model.json layers=1 tokens=512
   "$strata" bench long --config "$root/$config" --layers "$layers" --dtype bf16 --tokens "$tokens" \
-    --modes fused,blocked,host,nvme --device "$device" --warmup 1 --steps 2 --nvme-dir /tmp/strata-long --json \
+    --modes blocked,fused,host,nvme --device "$device" --warmup 1 --steps 2 --nvme-dir /tmp/strata-long --json \
     >"$out/long.json"
 }
 

@@ -38,7 +38,7 @@ static_assert(sizeof(Header) <= kHeader);
 // An own mapping's data starts a whole small page in, so it is page-aligned:
 // the NVMe store then reads and writes the tensor in place with O_DIRECT.
 // With the data 64 bytes in, every streamed layer went through a bounce
-// buffer as large as itself and a copy (an NVMe-streamed rollout 3x slower).
+// buffer as large as itself and a copy (an NVMe-streamed rollout took 4.8x as long).
 constexpr size_t kOwnMappingHeader = 4096;
 
 c10::Allocator* g_inner = nullptr;

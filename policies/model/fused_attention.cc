@@ -46,14 +46,19 @@ at::Tensor FusedAttention(const at::Tensor& q, const at::Tensor& k, const at::Te
                   /*enable_gqa=*/k.size(1) != q.size(1));
 }
 
-at::Tensor AdditiveAttentionMask(const at::Tensor& key_real, int64_t queries, int64_t window, at::ScalarType dtype) {
+at::Tensor AdditiveAttentionMask(const at::Tensor& key_real, int64_t queries, int64_t window, at::ScalarType dtype,
+                                 bool pad_queries_see_themselves) {
   const int64_t s = key_real.size(1), t = queries;
   const at::TensorOptions on_device = at::TensorOptions().dtype(at::kLong).device(key_real.device());
   const at::Tensor query_pos = at::arange(s - t, s, on_device).unsqueeze(1);  // [T, 1]
   const at::Tensor key_pos = at::arange(0, s, on_device).unsqueeze(0);        // [1, S]
   at::Tensor allowed = key_pos.le(query_pos);
   if (window > 0) allowed = allowed.logical_and(key_pos.gt(query_pos - window));
+  const at::Tensor self = key_pos.eq(query_pos);
   allowed = allowed.unsqueeze(0).logical_and(key_real.to(at::kBool).unsqueeze(1));  // [B, T, S]
+  if (pad_queries_see_themselves) {
+    allowed = allowed.logical_or(allowed.any(-1, /*keepdim=*/true).logical_not().logical_and(self.unsqueeze(0)));
+  }
   const double lowest = dtype == at::kBFloat16 ? -3.3895313892515355e38
                         : dtype == at::kHalf   ? -65504.0
                                                : static_cast<double>(std::numeric_limits<float>::lowest());

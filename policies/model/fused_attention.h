@@ -1,9 +1,13 @@
-// libtorch's fused scaled-dot-product attention (FlashAttention's and the
-// memory-efficient kernels on CUDA), where this process's libtorch has it.
-// strata calls it with grouped-query attention (`enable_gqa`), which came
-// in PyTorch 2.5. The operator is looked up by name at run time, so strata
-// still builds against an older libtorch (Debian's 1.13 has none), where
-// FusedAttentionAvailable() is false and layers use BlockedAttention.
+// libtorch's fused scaled-dot-product attention, where this process's
+// libtorch has it. strata calls it with grouped-query attention
+// (`enable_gqa`), which came in PyTorch 2.5. The operator is looked up by
+// name at run time, so strata still builds against an older libtorch
+// (Debian's 1.13 has none), where FusedAttentionAvailable() is false and
+// layers use BlockedAttention. Which kernel libtorch picks depends on the
+// call: FlashAttention's needs half precision and no mask; the
+// memory-efficient one takes a mask and fp32 but not grouped heads;
+// anything else falls back to libtorch's math kernel, which materialises
+// every score (MakeLayerContext's kAuto avoids those calls).
 #ifndef STRATA_POLICIES_MODEL_FUSED_ATTENTION_H_
 #define STRATA_POLICIES_MODEL_FUSED_ATTENTION_H_
 
@@ -37,9 +41,14 @@ at::Tensor FusedAttention(const at::Tensor& q, const at::Tensor& k, const at::Te
 // materialised attention's and the fused kernel's): 0 where query t
 // (absolute position S - T + t) sees key j (j <= its position, within
 // `window` when > 0, and key_real[b][j]), else the dtype's lowest finite
-// value, so that a pad query, which sees nothing, averages every value
-// instead of turning into NaN. [B, 1, T, S] in `dtype`.
-at::Tensor AdditiveAttentionMask(const at::Tensor& key_real, int64_t queries, int64_t window, at::ScalarType dtype);
+// value. A pad query sees no key: the materialised softmax then averages
+// every value, but the fused kernels scale the mask and overflow it to
+// -inf, which would make the row NaN (and a NaN reaches real rows through
+// the next layer's keys), so with `pad_queries_see_themselves` such a
+// query sees its own position instead. No real position reads a pad
+// query's output. [B, 1, T, S] in `dtype`.
+at::Tensor AdditiveAttentionMask(const at::Tensor& key_real, int64_t queries, int64_t window, at::ScalarType dtype,
+                                 bool pad_queries_see_themselves = false);
 
 }  // namespace strata::policies
 

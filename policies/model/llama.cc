@@ -161,14 +161,24 @@ LayerContext MakeLayerContext(const LlamaConfig& config, const at::Tensor& atten
   ctx.key_real = attention_mask.to(at::kBool);
   if (attention == AttentionKind::kFused ||
       (attention == AttentionKind::kAuto && attention_mask.is_cuda() && FusedAttentionAvailable())) {
-    // Causality alone suffices (and lets FlashAttention's kernel run) when
-    // every key is real, there is no window to cut, and queries are keys.
+    // Causality alone suffices when every key is real, there is no window
+    // to cut, and queries are keys (one sync a forward pass to know it).
     const bool window_cuts = config.sliding_window > 0 && config.sliding_window < s;
     const bool causal_alone = t == s && !window_cuts && ctx.key_real.all().item<bool>();
     const int64_t mask_bytes = attention_mask.size(0) * t * s * static_cast<int64_t>(c10::elementSize(dtype));
-    if (attention == AttentionKind::kFused || causal_alone || mask_bytes <= kFusedAttentionMaskBytes) {
+    // Only where a fused kernel serves the call: FlashAttention's (half
+    // precision, no mask) or the memory-efficient one (no grouped heads,
+    // a mask within its bound). Elsewhere libtorch would fall back to its
+    // math kernel, which holds every score: blocks instead.
+    const bool flash = (dtype == at::kBFloat16 || dtype == at::kHalf) && causal_alone;
+    const bool efficient = config.num_key_value_heads == config.num_attention_heads &&
+                           (causal_alone || mask_bytes <= kFusedAttentionMaskBytes);
+    if (attention == AttentionKind::kFused || flash || efficient) {
       ctx.fused = true;
-      if (!causal_alone) ctx.fused_mask = AdditiveAttentionMask(ctx.key_real, t, config.sliding_window, dtype);
+      if (!causal_alone) {
+        ctx.fused_mask = AdditiveAttentionMask(ctx.key_real, t, config.sliding_window, dtype,
+                                               /*pad_queries_see_themselves=*/true);
+      }
       return ctx;
     }
   }

@@ -116,8 +116,10 @@ class DenseKvCache final : public KvCache {
 // linear in the sequence: policies/model/blocked_attention.h), or
 // libtorch's fused kernel (policies/model/fused_attention.h; PyTorch 2.5+).
 // kAuto on a CUDA device takes the fused kernel where this libtorch has it
-// and its mask (if one is needed) stays within kFusedAttentionMaskBytes;
-// otherwise the blocks once T x S reaches kBlockedAttentionScores
+// and one of its fused kernels serves the call (FlashAttention's: half
+// precision, causality alone; the memory-efficient one: no grouped heads,
+// a mask within kFusedAttentionMaskBytes); otherwise the blocks once T x S
+// reaches kBlockedAttentionScores
 // (policies/config/attention_blocks.h).
 enum class AttentionKind { kAuto, kMaterialised, kBlocked, kFused };
 

@@ -76,7 +76,7 @@ TEST(HeapTest, ALargeBlockIsAdvisedToUseHugePages) {
 
 TEST(HeapTest, ConfigureHeapIsAccepted) { EXPECT_TRUE(ConfigureHeap()); }
 
-TEST(HeapTest, AReleasedLargeBlockIsTakenAgainForTheSameSizeOrAQuarterLess) {
+TEST(HeapTest, AReleasedLargeBlockIsTakenAgainForTheSameSizeOrAFifthLess) {
   UnmapKeptLargeBlocks();
   const size_t bytes = size_t{8} << 20;
   size_t mapped = 0;
@@ -87,7 +87,8 @@ TEST(HeapTest, AReleasedLargeBlockIsTakenAgainForTheSameSizeOrAQuarterLess) {
   ReleaseLargeBlock(block, mapped);
   EXPECT_FALSE(MappingOf(block).entry.empty());  // kept, not unmapped
 
-  // A request up to a quarter smaller reuses it, pages and all.
+  // A request up to a fifth smaller (the block at most 1.25 times it) reuses
+  // it, pages and all.
   size_t again = 0;
   auto* reused = static_cast<unsigned char*>(TakeLargeBlock(bytes - bytes / 5, &again));
   EXPECT_EQ(reused, block);

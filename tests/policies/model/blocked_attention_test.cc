@@ -72,13 +72,15 @@ Inputs RandomInputs(const Case& c) {
 // The output at real queries and the gradients of q, k and v (on the CPU)
 // of `attend` on `device`, under the loss `in.weights` sets.
 template <typename Attend>
-std::vector<at::Tensor> OutputAndGradients(const Inputs& in, const at::Device& device, Attend attend) {
+std::vector<at::Tensor> OutputAndGradients(const Inputs& in, const at::Device& device, Attend attend,
+                                           at::ScalarType dtype = at::kFloat) {
   // Copies: each call's leaves gather their own gradients.
-  at::Tensor q = in.q.to(device).clone().requires_grad_(), k = in.k.to(device).clone().requires_grad_(),
-             v = in.v.to(device).clone().requires_grad_();
+  auto leaf = [&](const at::Tensor& t) { return t.to(device, dtype).clone().requires_grad_(); };
+  at::Tensor q = leaf(in.q), k = leaf(in.k), v = leaf(in.v);
   const at::Tensor out = attend(q, k, v);
-  (out * in.weights.to(device)).sum().backward();
-  return {(out.cpu() * in.query_real).detach(), q.grad().cpu(), k.grad().cpu(), v.grad().cpu()};
+  (out.to(at::kFloat) * in.weights.to(device)).sum().backward();
+  auto cpu = [](const at::Tensor& t) { return t.cpu().to(at::kFloat); };
+  return {(cpu(out) * in.query_real).detach(), cpu(q.grad()), cpu(k.grad()), cpu(v.grad())};
 }
 
 // Each of output, dq, dk and dv within `tolerance` of its scale.
@@ -125,17 +127,25 @@ TEST_P(BlockedAttentionTest, FusedEqualsTheMaterialisedAttentionForwardAndBackwa
                                        [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
                                          return Materialised(q, k, v, in.key_real, c.window);
                                        });
-  const auto got = OutputAndGradients(in, device, [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  auto fused = [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
     const at::Tensor mask = causal_alone ? at::Tensor()
-                                         : AdditiveAttentionMask(in.key_real.to(device), c.t, c.window, at::kFloat);
+                                         : AdditiveAttentionMask(in.key_real.to(device), c.t, c.window, q.scalar_type(),
+                                                                 /*pad_queries_see_themselves=*/true);
     return FusedAttention(q, k, v, mask);
-  });
+  };
   // fp32 both ways. On the CPU, 1e-5 of each quantity's scale, as for the
   // blocks. On a GPU the kernels may sum in another order and multiply in
   // TF32 where libtorch allows it (10-bit mantissa: 5e-4 relative a
   // product, averaging out over D = 8-16 terms): 2e-3. A wrong mask or a
   // misread head is off by its whole size.
-  ExpectClose(want, got, device.is_cuda() ? 2e-3 : 1e-5, c);
+  ExpectClose(want, OutputAndGradients(in, device, fused), device.is_cuda() ? 2e-3 : 1e-5, c);
+  if (!device.is_cuda()) return;
+  // bf16 on the GPU (where FlashAttention's kernel serves the unmasked
+  // cases) against the fp32 reference: inputs rounded to 8 bits of
+  // mantissa (4e-3 relative), scores of a few units off by ~1e-2, the
+  // softmax's weights by as much relatively, the output and the gradients
+  // rounded again: 5e-2 of each quantity's scale.
+  ExpectClose(want, OutputAndGradients(in, device, fused, at::kBFloat16), 5e-2, c);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, BlockedAttentionTest,
@@ -197,30 +207,52 @@ TEST(FusedAttentionTest, IsAvailableFromPyTorch25On) {
   EXPECT_EQ(FusedAttentionAvailable(), has_gqa);
 }
 
-// A CUDA model's layers take the fused kernel where it exists: causality
-// alone without padding, its mask with padding (small), and blocks where
-// that mask would pass kFusedAttentionMaskBytes. On the CPU, kAuto keeps to
-// materialised or blocked attention.
-TEST(FusedAttentionTest, AutoTakesTheFusedKernelOnAGpu_CUDA) {
-  const LlamaConfig config = TinyConfig(ModelFamily::kLlama);
+// The fused kernels' mask: a pad query, which sees no key, sees its own
+// position (a fully masked row would be NaN there); every other row is the
+// materialised attention's mask.
+TEST(FusedAttentionTest, APadQuerySeesOnlyItselfInTheFusedMask) {
+  at::Tensor key_real = at::ones({2, 7}, at::kBool);
+  key_real[1].narrow(0, 0, 3).fill_(false);
+  const at::Tensor plain = AdditiveAttentionMask(key_real, 5, 0, at::kFloat);
+  const at::Tensor fused = AdditiveAttentionMask(key_real, 5, 0, at::kFloat, /*pad_queries_see_themselves=*/true);
+  ASSERT_EQ(fused.sizes(), (std::vector<int64_t>{2, 1, 5, 7}));
+  const at::Tensor differs = fused.ne(plain);
+  // Row 1's queries at positions 2..6: position 2 is a pad and sees nothing
+  // but now itself; the real queries from 3 on are unchanged.
+  EXPECT_EQ(differs.sum().item<int64_t>(), 1);
+  EXPECT_TRUE(differs[1][0][0][2].item<bool>());
+  EXPECT_EQ(fused[1][0][0][2].item<float>(), 0.f);
+  EXPECT_EQ(plain[1][0][0][2].item<float>(), std::numeric_limits<float>::lowest());
+}
+
+// A CUDA model's layers take a fused kernel only where one serves the call:
+// causality alone (FlashAttention's in half precision, grouped or not; the
+// memory-efficient one in fp32 with equal heads), or a small mask with
+// equal heads. Elsewhere libtorch would materialise the scores, so blocks.
+// On the CPU, kAuto keeps to materialised or blocked attention.
+TEST(FusedAttentionTest, AutoTakesAFusedKernelOnAGpuWhereOneServes_CUDA) {
+  const LlamaConfig grouped = TinyConfig(ModelFamily::kLlama);  // 4 query heads, 2 key/value heads
+  LlamaConfig equal = grouped;
+  equal.num_key_value_heads = equal.num_attention_heads;
   at::Tensor mask = at::ones({2, 19}, at::kLong);
-  EXPECT_FALSE(MakeLayerContext(config, mask, 19, at::kFloat).fused);
+  EXPECT_FALSE(MakeLayerContext(equal, mask, 19, at::kFloat).fused);
   if (!FusedAttentionAvailable() || !at::hasCUDA()) GTEST_SKIP() << "needs the fused operator and a GPU";
   mask = mask.to(at::kCUDA);
-  const LayerContext plain = MakeLayerContext(config, mask, 19, at::kFloat);
+  const LayerContext plain = MakeLayerContext(equal, mask, 19, at::kFloat);
   EXPECT_TRUE(plain.fused);
   EXPECT_FALSE(plain.fused_mask.defined());
+  EXPECT_TRUE(MakeLayerContext(grouped, mask, 19, at::kBFloat16).fused);
+  EXPECT_FALSE(MakeLayerContext(grouped, mask, 19, at::kFloat).fused);
   mask[1].narrow(0, 0, 6).fill_(0);
-  const LayerContext padded = MakeLayerContext(config, mask, 19, at::kFloat);
+  const LayerContext padded = MakeLayerContext(equal, mask, 19, at::kFloat);
   EXPECT_TRUE(padded.fused);
   ASSERT_TRUE(padded.fused_mask.defined());
   EXPECT_EQ(padded.fused_mask.sizes(), (std::vector<int64_t>{2, 1, 19, 19}));
+  EXPECT_FALSE(MakeLayerContext(grouped, mask, 19, at::kBFloat16).fused);
   // 2 rows x 4k x 4k in fp32: 128 MiB of mask, past the bound.
   const at::Tensor long_mask = at::ones({2, 4096}, at::TensorOptions().dtype(at::kLong).device(at::kCUDA));
   long_mask[1].narrow(0, 0, 6).fill_(0);
-  LlamaConfig long_config = config;
-  long_config.max_position_embeddings = 4096;
-  const LayerContext blocked = MakeLayerContext(long_config, long_mask, 4096, at::kFloat);
+  const LayerContext blocked = MakeLayerContext(equal, long_mask, 4096, at::kFloat);
   EXPECT_FALSE(blocked.fused);
   EXPECT_FALSE(blocked.attention_bias.defined());
 }
