@@ -97,7 +97,7 @@ absl::StatusOr<Result> RunMode(const LongSequenceBenchRequest& r, const policies
   if (r.lora_rank > 0) {
     policies::LoraConfig lora_config;
     lora_config.rank = r.lora_rank;
-    STRATA_ASSIGN_OR_RETURN(lora, policies::LoraAdapters::Init(lora_config, config, dtype, at::kCPU, /*seed=*/7));
+    STRATA_ASSIGN_OR_RETURN(lora, policies::LoraAdapters::Init(lora_config, config, dtype, device, /*seed=*/7));
     options.lora = lora.get();
   }
   STRATA_ASSIGN_OR_RETURN(auto trainer,
