@@ -27,11 +27,12 @@ struct SamplingOptions {
   // Decode incrementally with a KV cache; false recomputes the whole
   // sequence every step (slow, for checks and benchmarks).
   bool use_kv_cache = true;
-  // Seed of the sampling generator; the same seed and inputs give the same tokens.
+  // Seed of the sampled draws (each row draws from its own stream of it);
+  // the same seed and inputs give the same tokens.
   uint64_t seed = 0;
-  // One seed per prompt, when given: each row then draws from its own
-  // generator, so a prompt's continuation does not depend on which other
-  // prompts share its batch (a data-parallel rank's shard). `seed` is unused.
+  // One seed per prompt, when given: row i draws with row_seeds[i] (the
+  // job's seeds, so a prompt's continuation does not depend on which other
+  // prompts share its batch or rank). `seed` is unused.
   std::vector<uint64_t> row_seeds;
   // One cap per prompt, when given: row i ends after min(max_new_tokens,
   // row_max_new_tokens[i]) tokens (a request's own limit; benchmarks force

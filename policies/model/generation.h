@@ -31,13 +31,6 @@ absl::StatusOr<GenerationOutput> Generate(const LlamaModel& model, const std::ve
                                           const SamplingOptions& options, const std::vector<int64_t>& eos_ids,
                                           int64_t pad_id = -1);
 
-// Picks the next token of each row from float32 logits [B, V], all rows from
-// one generator, or row b from generators[b]. With `raw_logprobs`, also
-// sets it to each picked token's log-prob under softmax(logits) (temperature
-// 1, no truncation), [B] float. Exposed for tests.
-at::Tensor SampleNextTokens(const at::Tensor& logits, const SamplingOptions& options,
-                            std::vector<at::Generator>& generators, at::Tensor* raw_logprobs = nullptr);
-
 }  // namespace strata::policies
 
 #endif  // STRATA_POLICIES_MODEL_GENERATION_H_

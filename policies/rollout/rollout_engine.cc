@@ -1,6 +1,5 @@
 #include "policies/rollout/rollout_engine.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
@@ -14,7 +13,7 @@
 #include "base/engine_counters.h"
 #include "base/interrupt.h"
 #include "base/status_macros.h"
-#include "policies/model/generation.h"
+#include "policies/model/sampler.h"
 #include "policies/rollout/kv_block_pool.h"
 
 namespace strata::policies {
@@ -41,7 +40,7 @@ struct Instance {
 struct Prefilled {
   Instance instance;
   std::vector<int64_t> blocks;  // ceil(length / block_tokens), one reference each
-  at::Tensor logits;            // [V] float32 at the prompt's last position
+  at::Tensor logits;            // [V] at the prompt's last position, on the model's device
   size_t next = 0;              // the next continuation to fork
 };
 
@@ -54,7 +53,7 @@ struct Sequence {
   int64_t cap = 0;       // new tokens at most
   int64_t budget = 0;    // blocks it may still allocate, reserved at admission
   bool greedy = false;
-  at::Generator generator;  // sampled continuations only
+  uint64_t seed = 0;  // sampled continuations: the t-th token draws with (seed, t)
 };
 
 }  // namespace
@@ -216,51 +215,46 @@ absl::StatusOr<std::vector<std::vector<Continuation>>> RolloutEngine::Run(const 
     s.budget = OwnBlocks(length, s.cap, bt) - (length % bt != 0 ? 1 : 0);
     const auto seeds = static_cast<int64_t>(prompt.sample_seeds.size());
     s.greedy = sampling.greedy || s.continuation >= seeds;
-    if (!s.greedy)
-      s.generator = at::detail::createCPUGenerator(prompt.sample_seeds[static_cast<size_t>(s.continuation)]);
+    if (!s.greedy) s.seed = prompt.sample_seeds[static_cast<size_t>(s.continuation)];
     fresh.push_back(running.size());
     fresh_rows.push_back(from.logits);
     running.push_back(std::move(s));
   };
 
-  // Draws each row's next token from `logits` ([rows, V] float32 on the
-  // CPU, row r for running[which[r]]) and ends the rows that stop.
+  // Draws each row's next token from `logits` ([rows, V] on the model's
+  // device, row r for running[which[r]]) and ends the rows that stop.
   std::vector<bool> finished;
   auto take_tokens = [&](const at::Tensor& logits, const std::vector<size_t>& which) {
     std::vector<int64_t> sampled_rows, greedy_rows;
-    std::vector<at::Generator> generators;
+    std::vector<RowDraw> draws;
     for (size_t r = 0; r < which.size(); ++r) {
-      Sequence& s = running[which[r]];
+      const Sequence& s = running[which[r]];
       if (s.greedy) {
         greedy_rows.push_back(static_cast<int64_t>(r));
       } else {
         sampled_rows.push_back(static_cast<int64_t>(r));
-        generators.push_back(s.generator);
+        draws.push_back({s.seed, s.produced});
       }
     }
     std::vector<int64_t> token(which.size());
     std::vector<float> logp(which.size());
-    auto draw = [&](const std::vector<int64_t>& rows, const SamplingOptions& options,
-                    std::vector<at::Generator>& gens) {
+    auto draw = [&](const std::vector<int64_t>& rows, const SamplingOptions& options) {
       if (rows.empty()) return;
       // Callers put the sampled rows first: each kind is a range of the
       // logits, no copy of a [rows, V] block.
       const bool range = rows.back() - rows.front() + 1 == static_cast<int64_t>(rows.size());
       const at::Tensor part = range ? logits.narrow(0, rows.front(), static_cast<int64_t>(rows.size()))
-                                    : logits.index_select(0, at::tensor(rows, at::kLong));
-      at::Tensor lp;
-      const at::Tensor next = SampleNextTokens(part, options, gens, &lp).contiguous();
-      const at::Tensor lp_c = lp.contiguous();
+                                    : logits.index_select(0, at::tensor(rows, at::kLong).to(logits.device()));
+      const SampledTokens picked = SampleNextTokens(part, options, draws);
       for (size_t j = 0; j < rows.size(); ++j) {
-        token[static_cast<size_t>(rows[j])] = next.data_ptr<int64_t>()[j];
-        logp[static_cast<size_t>(rows[j])] = lp_c.data_ptr<float>()[j];
+        token[static_cast<size_t>(rows[j])] = picked.ids.data_ptr<int64_t>()[j];
+        logp[static_cast<size_t>(rows[j])] = picked.logprobs.data_ptr<float>()[j];
       }
     };
-    draw(sampled_rows, sampling, generators);
+    draw(sampled_rows, sampling);
     SamplingOptions greedy = sampling;
     greedy.greedy = true;
-    std::vector<at::Generator> none;
-    draw(greedy_rows, greedy, none);
+    draw(greedy_rows, greedy);
     for (size_t r = 0; r < which.size(); ++r) {
       Sequence& s = running[which[r]];
       Continuation& c = out[static_cast<size_t>(s.prompt)][static_cast<size_t>(s.continuation)];
@@ -348,7 +342,7 @@ absl::StatusOr<std::vector<std::vector<Continuation>>> RolloutEngine::Run(const 
       }
       PagedKvView view(pool, slots, longest);
       const at::Tensor hidden = model_.Hidden(ids.to(device), mask.to(device), &view);
-      const at::Tensor logits = model_.LogitsFromHidden(hidden.select(1, longest - 1)).to(at::kCPU).to(at::kFloat);
+      const at::Tensor logits = model_.LogitsFromHidden(hidden.select(1, longest - 1));
       for (int64_t r = 0; r < rows; ++r) {
         Prefilled& p = admitted[static_cast<size_t>(r)];
         p.logits = logits[r];
@@ -409,7 +403,7 @@ absl::StatusOr<std::vector<std::vector<Continuation>>> RolloutEngine::Run(const 
     }
     PagedKvView view(pool, slots, 1);
     const at::Tensor hidden = model_.Hidden(ids.to(device), mask.to(device), &view);
-    const at::Tensor logits = model_.LogitsFromHidden(hidden.select(1, 0)).to(at::kCPU).to(at::kFloat);
+    const at::Tensor logits = model_.LogitsFromHidden(hidden.select(1, 0));
     for (Sequence& s : running) ++s.cached;
     ++stats_.decode_steps;
     stats_.decoded_tokens += rows;

@@ -15,9 +15,9 @@
 // forks them as room frees up.
 //
 // Why the schedule cannot change a draw: a sampled continuation draws its
-// t-th token with the t-th key of its own generator, seeded by its own
-// seed, whatever batch it is in. Only the logits' last bits depend on the
-// batch's shape (BLAS paths, attention's summation order).
+// t-th token with Philox keyed by its own seed and t (sampler.h), whatever
+// batch it is in. Only the logits' last bits depend on the batch's shape
+// (BLAS paths, attention's summation order).
 #ifndef STRATA_POLICIES_ROLLOUT_ROLLOUT_ENGINE_H_
 #define STRATA_POLICIES_ROLLOUT_ROLLOUT_ENGINE_H_
 
