@@ -113,6 +113,29 @@ TEST(SamplerTest, TensorOperationsDrawWhatTheNativeRaceDraws) {
   }
 }
 
+// On a GPU the sampler runs there and draws what the CPU draws: Philox's
+// integers are exact on both, so tokens differ only where the float race
+// nearly ties (none in 40 rows of random logits, where the two leading
+// scores differ by far more than float rounding).
+TEST(SamplerTest, AGpuDrawsWhatTheCpuDraws_CUDA) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "needs a GPU";
+  SamplingOptions raw, truncated, greedy;
+  truncated.top_k = 50;
+  truncated.top_p = 0.9;
+  truncated.temperature = 0.8;
+  greedy.greedy = true;
+  at::Generator gen = at::detail::createCPUGenerator(6);
+  const at::Tensor logits = at::randn({40, 32000}, gen, at::TensorOptions().dtype(at::kFloat)) * 3.0;
+  const std::vector<RowDraw> draws = RandomDraws(40, 6);
+  for (const SamplingOptions& options : {raw, truncated, greedy}) {
+    const SampledTokens cpu = SampleNextTokens(logits, options, draws);
+    const SampledTokens gpu = SampleNextTokens(logits.to(at::Device(at::kCUDA, 0)), options, draws);
+    EXPECT_TRUE(gpu.ids.device().is_cpu());
+    EXPECT_TRUE(at::equal(cpu.ids, gpu.ids)) << "T " << options.temperature << " top-k " << options.top_k;
+    EXPECT_TRUE(at::allclose(cpu.logprobs, gpu.logprobs, 0, 1e-4));
+  }
+}
+
 // The chi-square statistic's upper tail Q(x; k) for integer k, in closed
 // form (Abramowitz and Stegun 26.4.4 and 26.4.5).
 double ChiSquareSurvival(double x, int k) {
