@@ -28,7 +28,8 @@ constexpr int kRounds = 10;
 // Philox blocks, the low 45 from a block of its own (sampler.h has the
 // layout). The race's bound needs only the top 8, so the whole vocabulary
 // costs one block per 16 entries; the other 45 bits are computed for the
-// few entries the bound lets through. A group is 8 blocks side by side, one
+// entries the bound lets through (about 1 in 256; a 16-bit bound, tried,
+// lets fewer through but doubles the blocks and ran slower). A group is 8 blocks side by side, one
 // 32-bit lane each: entry 128 c + 32 w + 8 k + l takes byte k of word w of
 // block 8 c + l, so shifting one word's lane vector gives 8 consecutive
 // entries.
