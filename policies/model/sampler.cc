@@ -261,13 +261,15 @@ bool Untouched(const SamplingOptions& options) {
 // The picked tokens' raw log-probs. When the sampled distribution is the
 // raw one, its probabilities give them without another pass over the
 // vocabulary; a drawn token's probability is positive, but below float's
-// normal range its log loses digits, so those rows take the slow way.
+// normal range its log loses digits, so those rows take the slow way. On
+// the host a test skips the slow way when no row needs it; on a device that
+// test would wait for the device, so both are computed.
 at::Tensor PickedLogProbs(const at::Tensor& scores, const at::Tensor& probs, const at::Tensor& next,
                           const SamplingOptions& options) {
   if (!Untouched(options)) return RawLogProbs(scores, next);
   const at::Tensor drawn = probs.gather(1, next.unsqueeze(1)).squeeze(1);
   const at::Tensor tiny = drawn < std::numeric_limits<float>::min();
-  if (!tiny.any().item<bool>()) return drawn.log().contiguous();
+  if (scores.device().is_cpu() && !tiny.any().item<bool>()) return drawn.log().contiguous();
   return at::where(tiny, RawLogProbs(scores, next), drawn.log()).contiguous();
 }
 
@@ -382,12 +384,7 @@ SampledTokens SampleWithTensorOps(const at::Tensor& logits, const SamplingOption
   const at::Tensor probs = SamplingProbs(scores, options);
   const at::Tensor race = probs.to(at::kDouble) / DrawUniforms(draws, probs.size(1), probs.device()).log().neg();
   const at::Tensor next = race.argmax(-1);
-  const at::Tensor picked = probs.gather(1, next.unsqueeze(1)).squeeze(1);
-  // PickedLogProbs without its test on the host, which would wait for the device.
-  const at::Tensor logprobs = Untouched(options) ? at::where(picked < std::numeric_limits<float>::min(),
-                                                             RawLogProbs(scores, next), picked.log())
-                                                 : RawLogProbs(scores, next);
-  return ToHost(next, logprobs, picked);
+  return ToHost(next, PickedLogProbs(scores, probs, next, options), probs.gather(1, next.unsqueeze(1)).squeeze(1));
 }
 
 SampledTokens SampleNextTokens(const at::Tensor& logits, const SamplingOptions& options,
