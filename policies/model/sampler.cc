@@ -131,11 +131,16 @@ struct GroupKernels {
   void (*candidates)(const float*, const uint32_t*, float, uint32_t*) = GroupCandidatesScalar;
 };
 
-GroupKernels PickGroupKernels() {
+GroupKernels PickGroupKernels(RaceIsa isa) {
   GroupKernels k;
+  if (isa == RaceIsa::kScalar) return k;
 #if defined(__x86_64__)
-  if (HasAvx2()) k.words = GroupWordsAvx2, k.candidates = GroupCandidatesAvx2;
+  if (HasAvx2()) {
+    k.words = GroupWordsAvx2, k.candidates = GroupCandidatesAvx2;
+    return k;
+  }
 #endif
+  TORCH_CHECK(isa == RaceIsa::kAuto, "sampling: this CPU has no AVX2");
   return k;
 }
 
@@ -273,10 +278,13 @@ at::Tensor PickedLogProbs(const at::Tensor& scores, const at::Tensor& probs, con
   return at::where(tiny, RawLogProbs(scores, next), drawn.log()).contiguous();
 }
 
-void CheckDraws(const SamplingOptions& options, const at::Tensor& logits, const std::vector<RowDraw>& draws) {
+// How many of the logits' rows SampleThenGreedy samples.
+int64_t SampledRows(const SamplingOptions& options, const at::Tensor& logits, const std::vector<RowDraw>& draws) {
   TORCH_CHECK(logits.dim() == 2, "sampling: logits must be [rows, vocabulary], got ", logits.sizes());
-  TORCH_CHECK(options.greedy || static_cast<int64_t>(draws.size()) == logits.size(0), "sampling: ", draws.size(),
-              " draws for ", logits.size(0), " rows");
+  if (options.greedy) return 0;
+  TORCH_CHECK(static_cast<int64_t>(draws.size()) <= logits.size(0), "sampling: ", draws.size(), " draws for ",
+              logits.size(0), " rows");
+  return static_cast<int64_t>(draws.size());
 }
 
 [[noreturn]] void NotFinite() {
@@ -308,11 +316,12 @@ std::array<at::Tensor, 4> PhiloxTensors(std::array<at::Tensor, 4> c, at::Tensor 
 at::Tensor DrawUniforms(const std::vector<RowDraw>& draws, int64_t vocab, const at::Device& device) {
   constexpr int64_t kLow32 = 0xFFFFFFFFLL;
   const auto rows = static_cast<int64_t>(draws.size());
-  std::vector<int64_t> seeds, steps;
-  for (const RowDraw& d : draws) seeds.push_back(static_cast<int64_t>(d.seed)), steps.push_back(d.step);
+  // Each row's (seed, step), in one copy to the device.
+  std::vector<int64_t> keys;
+  for (const RowDraw& d : draws) keys.push_back(static_cast<int64_t>(d.seed)), keys.push_back(d.step);
   const auto on = at::TensorOptions().dtype(at::kLong).device(device);
-  const at::Tensor seed = at::tensor(seeds, at::kLong).to(device).view({rows, 1});
-  const at::Tensor step = at::tensor(steps, at::kLong).to(device).view({rows, 1});
+  const at::Tensor both = at::tensor(keys, at::kLong).view({rows, 2}).to(device);
+  const at::Tensor seed = both.narrow(1, 0, 1), step = both.narrow(1, 1, 1);
   // The words of blocks [0, blocks) of `stream`, [rows, 4, blocks].
   auto words_of = [&](int64_t blocks, int64_t stream) {
     const at::Tensor block = at::arange(blocks, on).view({1, blocks}).expand({rows, blocks});
@@ -343,14 +352,51 @@ at::Tensor DrawUniforms(const std::vector<RowDraw>& draws, int64_t vocab, const 
   return (top.__lshift__(45) + low + 1).to(at::kDouble) * 0x1.0p-53;
 }
 
-// The picked ids and log-probs (and, for a sampled draw, the picked
-// token's probability), brought to the CPU in one copy.
-SampledTokens ToHost(const at::Tensor& ids, const at::Tensor& logprobs, const at::Tensor& picked_probs) {
-  std::vector<at::Tensor> parts = {ids.to(at::kDouble), logprobs.to(at::kDouble)};
-  if (picked_probs.defined()) parts.push_back(picked_probs.to(at::kDouble));
-  const at::Tensor host = at::stack(parts).to(at::kCPU);
-  if (picked_probs.defined() && !(host[2] > 0).all().item<bool>()) NotFinite();
-  return {host[0].to(at::kLong), host[1].to(at::kFloat)};
+// The picked ids and log-probs, and the picked tokens' sampling
+// probabilities (1 for greedy rows), on the logits' device.
+struct DevicePicks {
+  at::Tensor ids, logprobs, picked_probs;
+};
+
+DevicePicks GreedyPicks(const at::Tensor& scores) {
+  const at::Tensor next = scores.argmax(-1);
+  return {next, RawLogProbs(scores, next), at::ones({scores.size(0)}, scores.options())};
+}
+
+DevicePicks SampledPicks(const at::Tensor& scores, const SamplingOptions& options, const std::vector<RowDraw>& draws) {
+  const at::Tensor probs = SamplingProbs(scores, options);
+  const at::Tensor race = probs.to(at::kDouble) / DrawUniforms(draws, probs.size(1), probs.device()).log().neg();
+  const at::Tensor next = race.argmax(-1);
+  return {next, PickedLogProbs(scores, probs, next, options), probs.gather(1, next.unsqueeze(1)).squeeze(1)};
+}
+
+// The native race over rows of `scores` (float32, contiguous, on the CPU).
+SampledTokens NativeSampled(const at::Tensor& scores, const SamplingOptions& options,
+                            const std::vector<RowDraw>& draws) {
+  const int64_t rows = scores.size(0), vocab = scores.size(1);
+  at::Tensor next = at::empty({rows}, at::kLong);
+  int64_t* out = next.data_ptr<int64_t>();
+  const at::Tensor probs = SamplingProbs(scores, options);
+  const float* p = probs.data_ptr<float>();
+  static const GroupKernels kernels = PickGroupKernels(RaceIsa::kAuto);
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      out[b] = ExponentialRace(p + b * vocab, vocab, draws[static_cast<size_t>(b)], kernels);
+    }
+  });
+  if (!std::all_of(out, out + rows, [](int64_t t) { return t >= 0; })) NotFinite();
+  return {next, PickedLogProbs(scores, probs, next, options)};
+}
+
+SampledTokens NativeGreedy(const at::Tensor& scores) {
+  const int64_t rows = scores.size(0), vocab = scores.size(1);
+  at::Tensor next = at::empty({rows}, at::kLong);
+  int64_t* out = next.data_ptr<int64_t>();
+  const float* x = scores.data_ptr<float>();
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) out[b] = RowArgmax(x + b * vocab, vocab);
+  });
+  return {next, RawLogProbs(scores, next)};
 }
 
 }  // namespace
@@ -367,6 +413,10 @@ std::array<uint32_t, 4> Philox4x32(const std::array<uint32_t, 4>& counter, uint6
   return {c0, c1, c2, c3};
 }
 
+int64_t RaceDraw(const float* p, int64_t n, const RowDraw& draw, RaceIsa isa) {
+  return ExponentialRace(p, n, draw, PickGroupKernels(isa));
+}
+
 double DrawUniform(const RowDraw& draw, int64_t entry) {
   uint32_t words[32];
   GroupWordsScalar(draw, entry / kEntriesPerGroup, words);
@@ -375,43 +425,43 @@ double DrawUniform(const RowDraw& draw, int64_t entry) {
 
 SampledTokens SampleWithTensorOps(const at::Tensor& logits, const SamplingOptions& options,
                                   const std::vector<RowDraw>& draws) {
-  CheckDraws(options, logits, draws);
+  const int64_t sampled = SampledRows(options, logits, draws), rows = logits.size(0);
   const at::Tensor scores = logits.to(at::kFloat);
-  if (options.greedy) {
-    const at::Tensor next = scores.argmax(-1);
-    return ToHost(next, RawLogProbs(scores, next), at::Tensor());
+  std::vector<DevicePicks> parts;
+  if (sampled > 0) parts.push_back(SampledPicks(scores.narrow(0, 0, sampled), options, draws));
+  if (sampled < rows) parts.push_back(GreedyPicks(scores.narrow(0, sampled, rows - sampled)));
+  if (parts.empty()) return {at::empty({0}, at::kLong), at::empty({0}, at::kFloat)};
+  // One copy to the host: each row's id, log-prob and picked probability.
+  std::vector<at::Tensor> ids, logprobs, picked;
+  for (const DevicePicks& part : parts) {
+    ids.push_back(part.ids.to(at::kDouble));
+    logprobs.push_back(part.logprobs.to(at::kDouble));
+    picked.push_back(part.picked_probs.to(at::kDouble));
   }
-  const at::Tensor probs = SamplingProbs(scores, options);
-  const at::Tensor race = probs.to(at::kDouble) / DrawUniforms(draws, probs.size(1), probs.device()).log().neg();
-  const at::Tensor next = race.argmax(-1);
-  return ToHost(next, PickedLogProbs(scores, probs, next, options), probs.gather(1, next.unsqueeze(1)).squeeze(1));
+  const at::Tensor host = at::stack({at::cat(ids), at::cat(logprobs), at::cat(picked)}).to(at::kCPU);
+  if (!(host[2] > 0).all().item<bool>()) NotFinite();
+  return {host[0].to(at::kLong), host[1].to(at::kFloat)};
+}
+
+SampledTokens SampleThenGreedy(const at::Tensor& logits, const SamplingOptions& options,
+                               const std::vector<RowDraw>& draws) {
+  if (!logits.device().is_cpu()) return SampleWithTensorOps(logits, options, draws);
+  const int64_t sampled = SampledRows(options, logits, draws), rows = logits.size(0);
+  const at::Tensor scores = logits.to(at::kFloat).contiguous();
+  if (sampled == 0) return NativeGreedy(scores);
+  if (sampled == rows) return NativeSampled(scores, options, draws);
+  const SampledTokens a = NativeSampled(scores.narrow(0, 0, sampled), options, draws);
+  const SampledTokens b = NativeGreedy(scores.narrow(0, sampled, rows - sampled));
+  return {at::cat({a.ids, b.ids}), at::cat({a.logprobs, b.logprobs})};
 }
 
 SampledTokens SampleNextTokens(const at::Tensor& logits, const SamplingOptions& options,
                                const std::vector<RowDraw>& draws) {
-  if (!logits.device().is_cpu()) return SampleWithTensorOps(logits, options, draws);
-  CheckDraws(options, logits, draws);
-  const at::Tensor scores = logits.to(at::kFloat).contiguous();
-  const int64_t rows = scores.size(0), vocab = scores.size(1);
-  at::Tensor next = at::empty({rows}, at::kLong);
-  int64_t* out = next.data_ptr<int64_t>();
-  if (options.greedy) {
-    const float* x = scores.data_ptr<float>();
-    at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t b = begin; b < end; ++b) out[b] = RowArgmax(x + b * vocab, vocab);
-    });
-    return {next, RawLogProbs(scores, next)};
-  }
-  const at::Tensor probs = SamplingProbs(scores, options);
-  const float* p = probs.data_ptr<float>();
-  static const GroupKernels kernels = PickGroupKernels();
-  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
-      out[b] = ExponentialRace(p + b * vocab, vocab, draws[static_cast<size_t>(b)], kernels);
-    }
-  });
-  if (!std::all_of(out, out + rows, [](int64_t t) { return t >= 0; })) NotFinite();
-  return {next, PickedLogProbs(scores, probs, next, options)};
+  if (options.greedy) return SampleThenGreedy(logits, options, {});
+  // A draw for every row: none of them greedy by a short list.
+  TORCH_CHECK(logits.dim() != 2 || static_cast<int64_t>(draws.size()) == logits.size(0), "sampling: ", draws.size(),
+              " draws for ", logits.size(0), " rows");
+  return SampleThenGreedy(logits, options, draws);
 }
 
 }  // namespace strata::policies

@@ -34,15 +34,31 @@ struct SampledTokens {
 // any device); `draws` holds one entry per row unless options.greedy. On
 // the CPU the draw runs natively; elsewhere as tensor operations on the
 // logits' device (SampleWithTensorOps), which draw the same tokens up to
-// float rounding at near-ties. A row with no finite positive probability
-// (NaN or inf logits) is an error, as at::multinomial has it.
+// float rounding at near-ties. A sampled row with no finite positive
+// probability (NaN or inf logits) is an error, as at::multinomial has it; a
+// greedy row picks the first NaN, as at::argmax does.
 SampledTokens SampleNextTokens(const at::Tensor& logits, const SamplingOptions& options,
                                const std::vector<RowDraw>& draws);
 
-// The device path on any device; exposed so the CPU tests it against the
-// native path.
+// A batch of both kinds, as the rollout engine decodes: the first
+// draws.size() rows sampled with `options`, the rest greedy (all rows when
+// options.greedy), with one copy to the host for the whole batch.
+SampledTokens SampleThenGreedy(const at::Tensor& logits, const SamplingOptions& options,
+                               const std::vector<RowDraw>& draws);
+
+// SampleThenGreedy's path off the CPU, on any device; exposed so the CPU
+// tests it against the native path.
 SampledTokens SampleWithTensorOps(const at::Tensor& logits, const SamplingOptions& options,
                                   const std::vector<RowDraw>& draws);
+
+// The instruction set the CPU's race runs on; each picks the same entry.
+enum class RaceIsa { kAuto, kScalar, kAvx2 };
+
+// One draw from probabilities p[0, n) by the CPU's race, on `isa` (kAuto:
+// the widest this CPU has); exposed so the tests run the scalar race on
+// machines with AVX2 too. -1 when no entry is positive (NaN entries never
+// win); kAvx2 on a CPU without it is an error.
+int64_t RaceDraw(const float* p, int64_t n, const RowDraw& draw, RaceIsa isa);
 
 // Philox4x32-10 (Salmon et al., SC'11) of `counter` under `key`: the
 // function at::Philox4_32(key, counter[2] | counter[3] << 32, counter[0] |

@@ -225,36 +225,18 @@ absl::StatusOr<std::vector<std::vector<Continuation>>> RolloutEngine::Run(const 
   // device, row r for running[which[r]]) and ends the rows that stop.
   std::vector<bool> finished;
   auto take_tokens = [&](const at::Tensor& logits, const std::vector<size_t>& which) {
-    std::vector<int64_t> sampled_rows, greedy_rows;
+    // Callers put the sampled rows first, so one call draws both kinds with
+    // one copy to the host.
     std::vector<RowDraw> draws;
     for (size_t r = 0; r < which.size(); ++r) {
       const Sequence& s = running[which[r]];
-      if (s.greedy) {
-        greedy_rows.push_back(static_cast<int64_t>(r));
-      } else {
-        sampled_rows.push_back(static_cast<int64_t>(r));
-        draws.push_back({s.seed, s.produced});
-      }
+      if (s.greedy) continue;
+      TORCH_CHECK(draws.size() == r, "rollout: a sampled row after a greedy one");
+      draws.push_back({s.seed, s.produced});
     }
-    std::vector<int64_t> token(which.size());
-    std::vector<float> logp(which.size());
-    auto draw = [&](const std::vector<int64_t>& rows, const SamplingOptions& options) {
-      if (rows.empty()) return;
-      // Callers put the sampled rows first: each kind is a range of the
-      // logits, no copy of a [rows, V] block.
-      const bool range = rows.back() - rows.front() + 1 == static_cast<int64_t>(rows.size());
-      const at::Tensor part = range ? logits.narrow(0, rows.front(), static_cast<int64_t>(rows.size()))
-                                    : logits.index_select(0, at::tensor(rows, at::kLong).to(logits.device()));
-      const SampledTokens picked = SampleNextTokens(part, options, draws);
-      for (size_t j = 0; j < rows.size(); ++j) {
-        token[static_cast<size_t>(rows[j])] = picked.ids.data_ptr<int64_t>()[j];
-        logp[static_cast<size_t>(rows[j])] = picked.logprobs.data_ptr<float>()[j];
-      }
-    };
-    draw(sampled_rows, sampling);
-    SamplingOptions greedy = sampling;
-    greedy.greedy = true;
-    draw(greedy_rows, greedy);
+    const SampledTokens picked = SampleThenGreedy(logits, sampling, draws);
+    const int64_t* token = picked.ids.data_ptr<int64_t>();
+    const float* logp = picked.logprobs.data_ptr<float>();
     for (size_t r = 0; r < which.size(); ++r) {
       Sequence& s = running[which[r]];
       Continuation& c = out[static_cast<size_t>(s.prompt)][static_cast<size_t>(s.continuation)];

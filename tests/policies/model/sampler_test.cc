@@ -70,6 +70,17 @@ TEST(SamplerTest, AnEntrysUniformComesFromItsPhiloxWords) {
   }
 }
 
+// argmax p_i / -log(u_i) over every entry of p[0, n): the race, by brute force.
+int64_t BruteForceRace(const float* p, int64_t n, const RowDraw& draw) {
+  int64_t best = -1;
+  double best_score = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double score = p[i] / -std::log(DrawUniform(draw, i));
+    if (score > best_score) best_score = score, best = i;
+  }
+  return best;
+}
+
 // The native race (AVX2 where the CPU has it, skipping entries that cannot
 // win) picks exactly argmax p_i / -log(u_i) over every entry.
 TEST(SamplerTest, TheRacePicksTheLargestProbabilityOverItsExponential) {
@@ -81,14 +92,33 @@ TEST(SamplerTest, TheRacePicksTheLargestProbabilityOverItsExponential) {
   const SampledTokens got = SampleNextTokens(logits, options, draws);
   const at::Tensor probs = logits.softmax(-1);
   for (int64_t r = 0; r < rows; ++r) {
-    int64_t best = -1;
-    double best_score = 0;
-    for (int64_t i = 0; i < vocab; ++i) {
-      const double score = probs[r][i].item<float>() / -std::log(DrawUniform(draws[static_cast<size_t>(r)], i));
-      if (score > best_score) best_score = score, best = i;
-    }
-    EXPECT_EQ(got.ids[r].item<int64_t>(), best) << "row " << r;
+    const int64_t want = BruteForceRace(probs[r].data_ptr<float>(), vocab, draws[static_cast<size_t>(r)]);
+    EXPECT_EQ(got.ids[r].item<int64_t>(), want) << "row " << r;
   }
+}
+
+// The race picks the same entry on every instruction set, the scalar one
+// (a CPU without AVX2 runs it) included, whatever this machine has; each
+// against the brute force, in rows whose lengths end mid-group.
+TEST(SamplerTest, EveryIsaOfTheRacePicksWhatTheBruteForcePicks) {
+#if defined(__x86_64__)
+  const bool avx2 = __builtin_cpu_supports("avx2");
+#else
+  const bool avx2 = false;
+#endif
+  at::Generator gen = at::detail::createCPUGenerator(9);
+  for (const int64_t vocab : {1, 127, 128, 1001}) {
+    const at::Tensor probs = (at::randn({24, vocab}, gen, at::TensorOptions().dtype(at::kFloat)) * 2.0).softmax(-1);
+    const std::vector<RowDraw> draws = RandomDraws(24, static_cast<uint64_t>(vocab) + 9);
+    for (int64_t r = 0; r < 24; ++r) {
+      const float* p = probs[r].data_ptr<float>();
+      const RowDraw& draw = draws[static_cast<size_t>(r)];
+      const int64_t want = BruteForceRace(p, vocab, draw);
+      EXPECT_EQ(RaceDraw(p, vocab, draw, RaceIsa::kScalar), want) << "vocab " << vocab << " row " << r;
+      if (avx2) EXPECT_EQ(RaceDraw(p, vocab, draw, RaceIsa::kAvx2), want) << "vocab " << vocab << " row " << r;
+    }
+  }
+  if (!avx2) EXPECT_THROW(RaceDraw(nullptr, 0, {}, RaceIsa::kAvx2), c10::Error);
 }
 
 // The path a GPU runs (Philox as tensor operations, the race as a division
@@ -109,6 +139,54 @@ TEST(SamplerTest, TensorOperationsDrawWhatTheNativeRaceDraws) {
       const SampledTokens ops = SampleWithTensorOps(logits, options, draws);
       EXPECT_TRUE(at::equal(native.ids, ops.ids)) << "vocab " << vocab << " T " << options.temperature;
       EXPECT_TRUE(at::allclose(native.logprobs, ops.logprobs, 0, 1e-5));
+    }
+  }
+}
+
+// The rollout engine's batches hold sampled rows, then greedy ones (ReMax's
+// baseline); drawn together, each row gets what its kind draws alone, on
+// either path.
+TEST(SamplerTest, AMixedBatchDrawsWhatEachKindDrawsAlone) {
+  SamplingOptions raw, truncated, greedy;
+  truncated.top_k = 20;
+  truncated.top_p = 0.8;
+  truncated.temperature = 0.9;
+  greedy.greedy = true;
+  at::Generator gen = at::detail::createCPUGenerator(8);
+  const int64_t rows = 20, sampled = 12;
+  const at::Tensor logits = at::randn({rows, 1001}, gen, at::TensorOptions().dtype(at::kFloat)) * 3.0;
+  const std::vector<RowDraw> draws = RandomDraws(sampled, 8);
+  for (const SamplingOptions& options : {raw, truncated}) {
+    const SampledTokens alone = SampleNextTokens(logits.narrow(0, 0, sampled), options, draws);
+    const SampledTokens baseline = SampleNextTokens(logits.narrow(0, sampled, rows - sampled), greedy, {});
+    const at::Tensor want_ids = at::cat({alone.ids, baseline.ids});
+    const at::Tensor want_logprobs = at::cat({alone.logprobs, baseline.logprobs});
+    for (const bool native : {true, false}) {
+      const SampledTokens got = native ? SampleThenGreedy(logits, options, draws)
+                                       : SampleWithTensorOps(logits, options, draws);
+      EXPECT_TRUE(at::equal(got.ids, want_ids)) << (native ? "native" : "tensor ops") << ": " << got.ids;
+      EXPECT_TRUE(at::allclose(got.logprobs, want_logprobs, 0, 1e-5));
+    }
+  }
+  // All greedy when the options say so, whatever the draws.
+  EXPECT_TRUE(at::equal(SampleThenGreedy(logits, greedy, draws).ids, logits.argmax(-1)));
+  EXPECT_TRUE(
+      at::equal(SampleThenGreedy(logits.narrow(0, 0, 4), greedy, draws).ids, logits.narrow(0, 0, 4).argmax(-1)));
+  EXPECT_THROW(SampleThenGreedy(logits.narrow(0, 0, 4), raw, draws), c10::Error);
+  // A NaN picks itself in a greedy row, as at::argmax does, and is an error
+  // in a sampled row.
+  for (const int64_t row : {rows - 1, int64_t{0}}) {
+    at::Tensor broken = logits.clone();
+    broken[row][5] = std::numeric_limits<float>::quiet_NaN();
+    for (const bool native : {true, false}) {
+      auto draw = [&] {
+        return native ? SampleThenGreedy(broken, raw, draws) : SampleWithTensorOps(broken, raw, draws);
+      };
+      if (row >= sampled) {
+        EXPECT_EQ(draw().ids[row].item<int64_t>(), 5);
+      } else {
+        EXPECT_THROW(draw(), c10::Error);
+      }
     }
   }
 }
@@ -134,6 +212,12 @@ TEST(SamplerTest, AGpuDrawsWhatTheCpuDraws_CUDA) {
     EXPECT_TRUE(at::equal(cpu.ids, gpu.ids)) << "T " << options.temperature << " top-k " << options.top_k;
     EXPECT_TRUE(at::allclose(cpu.logprobs, gpu.logprobs, 0, 1e-4));
   }
+  // A mixed batch, as the engine decodes, in one copy.
+  const std::vector<RowDraw> first(draws.begin(), draws.begin() + 25);
+  const SampledTokens cpu = SampleThenGreedy(logits, truncated, first);
+  const SampledTokens gpu = SampleThenGreedy(logits.to(at::Device(at::kCUDA, 0)), truncated, first);
+  EXPECT_TRUE(at::equal(cpu.ids, gpu.ids));
+  EXPECT_TRUE(at::allclose(cpu.logprobs, gpu.logprobs, 0, 1e-4));
 }
 
 // The chi-square statistic's upper tail Q(x; k) for integer k, in closed
