@@ -1,5 +1,7 @@
 #include "offload/stream/layer_streamer.h"
 
+#include <c10/util/strides.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -10,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/log.h"
 #include "base/status_macros.h"
+#include "offload/nvme/aligned_buffer.h"
 
 namespace strata::offload {
 namespace {
@@ -75,7 +78,8 @@ class LayerStreamerImpl final : public LayerStreamer {
   // above glibc's mmap threshold (32 MiB at most) fault in every page at
   // each fetch (7B-width layers streamed at ~1.4 GB/s instead of ~6); a
   // buffer whose last fetch nobody holds any more is reused instead.
-  at::Tensor PooledTensor(const TensorHome& home);
+  // `direct_io`: the NVMe store reads into it (see WindowTensor).
+  at::Tensor PooledTensor(const TensorHome& home, bool direct_io);
   // Bytes of pooled buffers nobody holds: allocated, but free for fetches.
   size_t IdlePoolBytes();
   // Queues the copies of `layer` to the device (I/O thread).
@@ -267,13 +271,38 @@ namespace {
 bool Idle(const at::Tensor& t) { return t.use_count() == 1 && t.storage().use_count() == 1; }
 }  // namespace
 
-at::Tensor LayerStreamerImpl::PooledTensor(const TensorHome& home) {
+namespace {
+// A new tensor for the window. O_DIRECT reads land in place only in
+// 4096-aligned memory; elsewhere the NVMe store reads through a bounce
+// buffer and copies (7B layers streamed at 1.2 GB/s against about 3). The
+// CPU device's allocator page-aligns tensors of 4 MiB and more, unless an
+// operator's MALLOC_MMAP_* settings hand them to glibc, which aligns to 16
+// bytes: then a tensor of 1 MiB or more is placed on a page boundary of a
+// storage one page larger (set_, not a view: a view would keep its base, and
+// the pool would never see it idle). Smaller ones bounce: their copy is
+// cheap, and a page each would overshoot the window's byte budget.
+at::Tensor WindowTensor(const std::vector<int64_t>& shape, at::ScalarType dtype, size_t bytes, bool direct_io) {
+  at::Tensor tensor = at::empty(shape, at::TensorOptions().dtype(dtype));
+  const auto address = reinterpret_cast<uintptr_t>(tensor.data_ptr());
+  if (!direct_io || address % kDirectIoAlignment == 0 || bytes < (size_t{1} << 20)) return tensor;
+  tensor = at::empty({0}, at::TensorOptions().dtype(dtype));  // the misaligned storage goes first
+  constexpr auto kAlign = static_cast<int64_t>(kDirectIoAlignment);
+  const at::Tensor raw = at::empty({static_cast<int64_t>(bytes) + kAlign}, at::kByte);
+  const auto start = reinterpret_cast<uintptr_t>(raw.data_ptr());
+  const int64_t offset = (kAlign - static_cast<int64_t>(start % kDirectIoAlignment)) % kAlign;
+  tensor.set_(raw.storage(), offset / static_cast<int64_t>(c10::elementSize(dtype)), shape,
+              c10::contiguous_strides(shape));
+  return tensor;
+}
+}  // namespace
+
+at::Tensor LayerStreamerImpl::PooledTensor(const TensorHome& home, bool direct_io) {
   std::lock_guard<std::mutex> lock(pool_mu_);
   for (const at::Tensor& t : pool_) {
     // Held only by the pool: the compute that used it has let go.
     if (Idle(t) && t.scalar_type() == home.dtype && t.sizes().vec() == home.shape) return t;
   }
-  pool_.push_back(at::empty(home.shape, at::TensorOptions().dtype(home.dtype)));
+  pool_.push_back(WindowTensor(home.shape, home.dtype, home.bytes, direct_io));
   return pool_.back();
 }
 
@@ -281,7 +310,7 @@ size_t LayerStreamerImpl::IdlePoolBytes() {
   std::lock_guard<std::mutex> lock(pool_mu_);
   size_t bytes = 0;
   for (const at::Tensor& t : pool_) {
-    if (Idle(t)) bytes += t.nbytes();
+    if (Idle(t)) bytes += t.storage().nbytes();
   }
   return bytes;
 }
@@ -297,7 +326,7 @@ absl::Status LayerStreamerImpl::Fetch(const Layer& layer, Fetched* out) {
   if (options_.home == Tier::kHost && options_.device.is_cpu()) {
     // The device is the host: copy into the window's pooled tensors.
     for (const TensorHome& home : layer.tensors) {
-      at::Tensor device = PooledTensor(home);
+      at::Tensor device = PooledTensor(home, /*direct_io=*/false);
       std::memcpy(device.data_ptr(), home.host.data(), home.bytes);
       out->tensors.push_back(std::move(device));
     }
@@ -317,13 +346,18 @@ absl::Status LayerStreamerImpl::Fetch(const Layer& layer, Fetched* out) {
     return absl::OkStatus();
   }
   if (options_.device.is_cpu()) {
-    // The device is the host: read straight into the layer's tensors.
+    // The device is the host: read straight into the layer's tensors, in
+    // one batch, so the disk's queue stays full across tensor boundaries
+    // (it gains where the tensors' pages are 4 KiB, 1.5-1.9 -> 2.1 GB/s for
+    // 7B layers; with the CPU device's huge pages, nothing measurable).
+    std::vector<NvmeRead> reads;
     for (const TensorHome& home : layer.tensors) {
-      at::Tensor device = PooledTensor(home);
-      STRATA_RETURN_IF_ERROR(
-          store_->Get(home.nvme_id, std::span<std::byte>(static_cast<std::byte*>(device.data_ptr()), home.bytes)));
+      at::Tensor device = PooledTensor(home, /*direct_io=*/true);
+      reads.push_back({home.nvme_id, std::span<std::byte>(static_cast<std::byte*>(device.data_ptr()), home.bytes)});
       out->tensors.push_back(std::move(device));
     }
+    STRATA_ASSIGN_OR_RETURN(const NvmeStore::Ticket ticket, store_->StartRead(reads));
+    STRATA_RETURN_IF_ERROR(store_->Wait(ticket));
     STRATA_ASSIGN_OR_RETURN(auto fence, transfer_->Fence());
     out->fence = std::move(fence);
     return absl::OkStatus();

@@ -75,6 +75,37 @@ TEST_P(LayerStreamerTest, ForwardAndReversePassesReturnTheLayers) {
   EXPECT_EQ(streamer->tensor_names(2), (std::vector<std::string>{"w1", "w2", "w3"}));
 }
 
+// A tensor of 1 MiB or more read from NVMe lands page-aligned (O_DIRECT
+// reads it in place, not through a bounce buffer), whatever the allocator
+// gave, and its buffer serves the next pass too.
+TEST_P(LayerStreamerTest, LargeTensorsFromNvmeLandPageAlignedAndTheirBuffersAreReused) {
+  LayerStreamerOptions options;
+  options.home = GetParam();
+  options.prefetch_depth = 0;
+  options.nvme_prefix = "big/";
+  auto streamer = LayerStreamer::Create(options, arena_.get(), store_.get(), nullptr);
+  ASSERT_TRUE(streamer.ok()) << streamer.status();
+  at::Generator gen = at::detail::createCPUGenerator(11);
+  const std::vector<std::pair<std::string, at::Tensor>> layer = {{"big", at::randn({520, 1000}, gen)},
+                                                                 {"small", at::randn({7}, gen)}};
+  ASSERT_TRUE((*streamer)->AddLayer(layer).ok());
+  const void* first = nullptr;
+  for (int pass = 0; pass < 3; ++pass) {
+    ASSERT_TRUE((*streamer)->BeginPass({0}).ok());
+    auto tensors = (*streamer)->Acquire(0);
+    ASSERT_TRUE(tensors.ok()) << tensors.status();
+    EXPECT_TRUE(at::equal((*tensors)[0], layer[0].second));
+    EXPECT_TRUE(at::equal((*tensors)[1], layer[1].second));
+    const void* big = (*tensors)[0].data_ptr();
+    if (GetParam() == Tier::kNvme) EXPECT_EQ(reinterpret_cast<uintptr_t>(big) % 4096, 0u) << "pass " << pass;
+    if (pass == 0) first = big;
+    EXPECT_EQ(big, first) << "pass " << pass << " took a new buffer";
+    tensors->clear();
+    (*streamer)->Release(0);
+    (*streamer)->EndPass();
+  }
+}
+
 TEST_P(LayerStreamerTest, ResidentLayersStayWithinThePrefetchWindow) {
   for (int depth : {0, 2}) {
     auto streamer = Make(depth, 6);
