@@ -33,9 +33,9 @@ struct HardwareFigures {
   double decode_step_overhead_s = 0.0;
   double memory_copy_bytes_per_s = 0.0;  // within the compute device's memory
   // Decoder layers streamed by the offload engine (LayerStreamer) from the
-  // host arena and from NVMe: the time a streamed training step takes over
-  // a resident one, per byte streamed (on a CPU device streaming does not
-  // overlap compute: one core does both).
+  // host arena and from NVMe: bytes per second of passes over 7B-sized
+  // layers with no compute between (how they overlap compute is the
+  // planner's to model).
   double host_stream_bytes_per_s = 0.0;
   double nvme_stream_bytes_per_s = 0.0;
   double nvme_read_bytes_per_s = 0.0;  // the NVMe store, O_DIRECT

@@ -368,15 +368,20 @@ class CostModel {
   // Compute and streaming overlap: on a GPU the prefetch runs on copy
   // streams; on a CPU device the streamer's own thread copies (or reads from
   // NVMe) while the compute threads run, which hides the copy behind passes
-  // over whole sequences. A decoding step is another matter on a CPU
-  // device: its products read every weight for a few rows of arithmetic, so
-  // they and the copy contend for DRAM and add up (measured on the 2-vCPU
-  // machine: the medium PPO rollout with its actor streamed from the host
-  // took 0.8-1.0 s longer than resident for 5 GB copied; the update, whose
-  // passes are compute-bound, took the same). The streaming figures are
-  // taken where compute is negligible: the copy's own rate.
-  double WithStream(double compute, double stream, bool decoding) const {
-    return cpu_device_ && decoding ? compute + stream : std::max(compute, stream);
+  // over whole sequences. A decoding step from the host arena is another
+  // matter on a CPU device: its products read every weight for a few rows
+  // of arithmetic, and the streamer's memcpy contends with them for DRAM,
+  // so the two add up (measured on the 2-vCPU machine: the medium PPO
+  // rollout with its actor streamed from the host took 0.8-1.0 s longer
+  // than resident for 5 GB copied; the update, whose passes are
+  // compute-bound, took the same). Reads from NVMe are the disk's DMA, not
+  // a copy, and overlap decoding too: the Llama-2-7B LoRA rollout took 627 s
+  // on the AVX-512 machine, where all of it but its reads prices at 441 s
+  // and its 1.66 TB of reads, at the streaming rate measured that hour, at
+  // 527 s. The streaming figures are taken where compute is negligible:
+  // the copy's own rate.
+  double WithStream(double compute, double stream, bool decoding, offload::Tier home) const {
+    return cpu_device_ && decoding && home == offload::Tier::kHost ? compute + stream : std::max(compute, stream);
   }
   // A forward pass through every layer and the head.
   double Pass(const ModelShape& s, int64_t R, int64_t Tq, int64_t C, int64_t head_positions) const {
@@ -384,7 +389,7 @@ class CostModel {
     const double head = Linear(head_positions, s.H, s.head_width, s.dtype) +
                         Copy(static_cast<double>(head_positions) * s.head_width * 4.0 * 3.0) +
                         Copy(static_cast<double>(R * Tq * s.H) * s.E * 2.0);
-    return WithStream(layers, Stream(s), /*decoding=*/Tq == 1) + head;
+    return WithStream(layers, Stream(s), /*decoding=*/Tq == 1, s.placement->weights) + head;
   }
   // A wave of the rollout engine: one prefill of its prompts (of each
   // continuation when prefixes are not shared), then N - 1 decode steps of
@@ -434,8 +439,8 @@ class CostModel {
         hidden_io = 2.0 * kept / f_.host_stream_bytes_per_s;
       }
     }
-    return std::max(WithStream(compute, 2.0 * Stream(s), /*decoding=*/false), hidden_io) + head + grads +
-           activation_copies;
+    return std::max(WithStream(compute, 2.0 * Stream(s), /*decoding=*/false, s.placement->weights), hidden_io) + head +
+           grads + activation_copies;
   }
   // One optimizer step over a rank's shard, and the new weights written home.
   double OptimizerStep(const ModelShape& s) const {

@@ -276,6 +276,32 @@ TEST(MemoryPlanTest, ActivationOffloadKeepsAWindowOnTheDevice) {
   EXPECT_NE(std::find(overrides.begin(), overrides.end(), "models.actor.placement.activations=host"), overrides.end());
 }
 
+// On a CPU device a decoding step's products and the streamer's copy from
+// the host arena contend for DRAM and add up; reads from NVMe are the
+// disk's DMA and hide behind the step as any other pass's streaming does.
+// With streaming far faster than a step's compute, the NVMe rollout costs
+// what the resident one does at any rate, and the host one grows with its
+// streaming time.
+TEST(MemoryPlanTest, OnACpuDeviceDecodingAddsHostCopiesAndHidesNvmeReads) {
+  const JobSpec resident_spec = Spec("remax");
+  auto models = JobModels(resident_spec);
+  ASSERT_TRUE(models.ok()) << models.status();
+  const double resident = PredictJob(resident_spec, *models, Figures(), 1).phases.at("rollout").seconds;
+  const JobSpec nvme_spec = Spec("remax", {"models.actor.placement.weights=nvme"});
+  const JobSpec host_spec = Spec("remax", {"models.actor.placement.weights=host"});
+  double host_before = 0;
+  for (const double rate : {1e12, 2e12}) {
+    HardwareFigures f = Figures();
+    f.nvme_stream_bytes_per_s = f.host_stream_bytes_per_s = rate;
+    const double nvme = PredictJob(nvme_spec, *JobModels(nvme_spec), f, 1).phases.at("rollout").seconds;
+    const double host = PredictJob(host_spec, *JobModels(host_spec), f, 1).phases.at("rollout").seconds;
+    EXPECT_DOUBLE_EQ(nvme, resident) << "at " << rate << " B/s";
+    EXPECT_GT(host, resident) << "at " << rate << " B/s";
+    if (host_before > 0) EXPECT_LT(host, host_before);
+    host_before = host;
+  }
+}
+
 // Models load one at a time: a model's tensors are read whole, then its
 // streamed layers go home and only what it keeps stays. With every model's
 // layers on NVMe (and the actor stepping each layer in its backward, so no
