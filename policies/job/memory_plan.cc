@@ -380,8 +380,9 @@ class CostModel {
   // and its 1.66 TB of reads, at the streaming rate measured that hour, at
   // 527 s. The streaming figures are taken where compute is negligible:
   // the copy's own rate.
-  double WithStream(double compute, double stream, bool decoding, offload::Tier home) const {
-    return cpu_device_ && decoding && home == offload::Tier::kHost ? compute + stream : std::max(compute, stream);
+  double WithStream(const ModelShape& s, double compute, double stream, bool decoding) const {
+    const bool copied = s.placement->weights == offload::Tier::kHost;
+    return cpu_device_ && decoding && copied ? compute + stream : std::max(compute, stream);
   }
   // A forward pass through every layer and the head.
   double Pass(const ModelShape& s, int64_t R, int64_t Tq, int64_t C, int64_t head_positions) const {
@@ -389,7 +390,7 @@ class CostModel {
     const double head = Linear(head_positions, s.H, s.head_width, s.dtype) +
                         Copy(static_cast<double>(head_positions) * s.head_width * 4.0 * 3.0) +
                         Copy(static_cast<double>(R * Tq * s.H) * s.E * 2.0);
-    return WithStream(layers, Stream(s), /*decoding=*/Tq == 1, s.placement->weights) + head;
+    return WithStream(s, layers, Stream(s), /*decoding=*/Tq == 1) + head;
   }
   // A wave of the rollout engine: one prefill of its prompts (of each
   // continuation when prefixes are not shared), then N - 1 decode steps of
@@ -439,8 +440,8 @@ class CostModel {
         hidden_io = 2.0 * kept / f_.host_stream_bytes_per_s;
       }
     }
-    return std::max(WithStream(compute, 2.0 * Stream(s), /*decoding=*/false, s.placement->weights), hidden_io) + head +
-           grads + activation_copies;
+    return std::max(WithStream(s, compute, 2.0 * Stream(s), /*decoding=*/false), hidden_io) + head + grads +
+           activation_copies;
   }
   // One optimizer step over a rank's shard, and the new weights written home.
   double OptimizerStep(const ModelShape& s) const {

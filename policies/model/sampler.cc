@@ -29,10 +29,10 @@ constexpr int kRounds = 10;
 // layout). The race's bound needs only the top 8, so the whole vocabulary
 // costs one block per 16 entries; the other 45 bits are computed for the
 // entries the bound lets through (about 1 in 256; a 16-bit bound, tried,
-// lets fewer through but doubles the blocks and ran slower). A group is 8 blocks side by side, one
-// 32-bit lane each: entry 128 c + 32 w + 8 k + l takes byte k of word w of
-// block 8 c + l, so shifting one word's lane vector gives 8 consecutive
-// entries.
+// lets fewer through but doubles the blocks and ran slower). A group is 8
+// blocks side by side, one 32-bit lane each: entry 128 c + 32 w + 8 k + l
+// takes byte k of word w of block 8 c + l, so shifting one word's lane
+// vector gives 8 consecutive entries.
 constexpr int64_t kEntriesPerGroup = 128, kBlocksPerGroup = 8;
 
 std::array<uint32_t, 4> Block(const RowDraw& draw, uint64_t block, uint32_t stream) {
@@ -432,13 +432,12 @@ SampledTokens SampleWithTensorOps(const at::Tensor& logits, const SamplingOption
   if (sampled < rows) parts.push_back(GreedyPicks(scores.narrow(0, sampled, rows - sampled)));
   if (parts.empty()) return {at::empty({0}, at::kLong), at::empty({0}, at::kFloat)};
   // One copy to the host: each row's id, log-prob and picked probability.
-  std::vector<at::Tensor> ids, logprobs, picked;
+  std::vector<at::Tensor> columns;  // [3, a part's rows] each
   for (const DevicePicks& part : parts) {
-    ids.push_back(part.ids.to(at::kDouble));
-    logprobs.push_back(part.logprobs.to(at::kDouble));
-    picked.push_back(part.picked_probs.to(at::kDouble));
+    columns.push_back(
+        at::stack({part.ids.to(at::kDouble), part.logprobs.to(at::kDouble), part.picked_probs.to(at::kDouble)}));
   }
-  const at::Tensor host = at::stack({at::cat(ids), at::cat(logprobs), at::cat(picked)}).to(at::kCPU);
+  const at::Tensor host = at::cat(columns, 1).to(at::kCPU);
   if (!(host[2] > 0).all().item<bool>()) NotFinite();
   return {host[0].to(at::kLong), host[1].to(at::kFloat)};
 }

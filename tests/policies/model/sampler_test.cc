@@ -70,6 +70,15 @@ TEST(SamplerTest, AnEntrysUniformComesFromItsPhiloxWords) {
   }
 }
 
+// Temperature, top-k and top-p together.
+SamplingOptions Truncated(int64_t top_k, double top_p, double temperature) {
+  SamplingOptions options;
+  options.top_k = top_k;
+  options.top_p = top_p;
+  options.temperature = temperature;
+  return options;
+}
+
 // argmax p_i / -log(u_i) over every entry of p[0, n): the race, by brute force.
 int64_t BruteForceRace(const float* p, int64_t n, const RowDraw& draw) {
   int64_t best = -1;
@@ -147,10 +156,8 @@ TEST(SamplerTest, TensorOperationsDrawWhatTheNativeRaceDraws) {
 // baseline); drawn together, each row gets what its kind draws alone, on
 // either path.
 TEST(SamplerTest, AMixedBatchDrawsWhatEachKindDrawsAlone) {
-  SamplingOptions raw, truncated, greedy;
-  truncated.top_k = 20;
-  truncated.top_p = 0.8;
-  truncated.temperature = 0.9;
+  const SamplingOptions raw, truncated = Truncated(20, 0.8, 0.9);
+  SamplingOptions greedy;
   greedy.greedy = true;
   at::Generator gen = at::detail::createCPUGenerator(8);
   const int64_t rows = 20, sampled = 12;
@@ -197,10 +204,8 @@ TEST(SamplerTest, AMixedBatchDrawsWhatEachKindDrawsAlone) {
 // scores differ by far more than float rounding).
 TEST(SamplerTest, AGpuDrawsWhatTheCpuDraws_CUDA) {
   if (!at::hasCUDA()) GTEST_SKIP() << "needs a GPU";
-  SamplingOptions raw, truncated, greedy;
-  truncated.top_k = 50;
-  truncated.top_p = 0.9;
-  truncated.temperature = 0.8;
+  const SamplingOptions raw, truncated = Truncated(50, 0.9, 0.8);
+  SamplingOptions greedy;
   greedy.greedy = true;
   at::Generator gen = at::detail::createCPUGenerator(6);
   const at::Tensor logits = at::randn({40, 32000}, gen, at::TensorOptions().dtype(at::kFloat)) * 3.0;
