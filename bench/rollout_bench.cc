@@ -123,6 +123,17 @@ absl::StatusOr<std::string> RunRolloutBench(const RolloutBenchRequest& r) {
     config.max_position_embeddings = std::max(config.max_position_embeddings, r.max_prompt_tokens + r.new_tokens);
     model = policies::LlamaModel::RandomInit(config, policies::LlamaHead::kLanguageModel, dtype, 1);
   }
+  at::Device device(at::kCPU);
+  try {
+    device = at::Device(r.device);
+  } catch (const c10::Error&) {
+    return absl::InvalidArgumentError(absl::StrCat("--device: '", r.device, "' is not a device (cpu, cuda, cuda:N)"));
+  }
+  if (!device.is_cpu()) {
+    policies::LlamaWeights weights = model->weights();
+    policies::MoveToDevice(weights, device, /*include_layers=*/true);
+    model = std::make_unique<policies::LlamaModel>(model->config(), policies::LlamaHead::kLanguageModel, weights);
+  }
   const policies::LlamaConfig& config = model->config();
   if (r.max_prompt_tokens + r.new_tokens > config.max_position_embeddings) {
     return absl::InvalidArgumentError(
@@ -135,6 +146,8 @@ absl::StatusOr<std::string> RunRolloutBench(const RolloutBenchRequest& r) {
   policies::RolloutEngineOptions options;
   options.kv_block_tokens = r.kv_block_tokens;
   options.max_concurrency = r.max_concurrency;
+  options.cuda_graphs = r.steps == "auto";
+  options.fixed_shape_steps = r.steps == "fixed";
 
   policies::RolloutEngine engine(*model, options, {});
   auto start = std::chrono::steady_clock::now();
@@ -189,6 +202,11 @@ absl::StatusOr<std::string> RunRolloutBench(const RolloutBenchRequest& r) {
                    {"engine_prefill_tokens", stats.prefill_tokens},
                    {"engine_decode_steps", stats.decode_steps},
                    {"engine_peak_concurrency", stats.peak_concurrency},
+                   {"device", device.str()},
+                   {"steps", r.steps},
+                   {"engine_padded_rows", stats.padded_rows},
+                   {"engine_captured_graphs", stats.captured_graphs},
+                   {"engine_replayed_steps", stats.replayed_steps},
                    {"sampled_equal", sampled_equal},
                    {"sampled_total", sampled_total}};
   if (r.check_greedy) {
@@ -211,14 +229,16 @@ absl::StatusOr<std::string> RunRolloutBench(const RolloutBenchRequest& r) {
   std::string out = absl::StrFormat(
       "rollout, %d params, %d prompts of %d-%d tokens x (%d samples%s), up to %d new tokens (%d in all), %s, "
       "%d threads\n"
-      "  engine:       %9.1f tokens/s  KV peak %8.1f MiB (%d prefill tokens, %d decode steps)\n"
+      "  engine:       %9.1f tokens/s  KV peak %8.1f MiB (%d prefill tokens, %d decode steps, %s steps on %s: "
+      "%d pad rows, %d graphs captured, %d steps replayed)\n"
       "  static loop:  %9.1f tokens/s  KV peak %8.1f MiB\n"
       "  speedup:      %9.2fx\n  sampled continuations equal: %d of %d\n",
       config.NumParameters(), r.prompts, r.min_prompt_tokens, r.max_prompt_tokens, r.samples,
       r.greedy_baseline ? " + greedy" : "", r.new_tokens, w.tokens, r.dtype, at::get_num_threads(),
       static_cast<double>(w.tokens) / engine_s, static_cast<double>(stats.peak_kv_bytes()) / (1 << 20),
-      stats.prefill_tokens, stats.decode_steps, static_cast<double>(w.tokens) / static_s,
-      static_cast<double>(static_kv) / (1 << 20), static_s / engine_s, sampled_equal, sampled_total);
+      stats.prefill_tokens, stats.decode_steps, r.steps, device.str(), stats.padded_rows, stats.captured_graphs,
+      stats.replayed_steps, static_cast<double>(w.tokens) / static_s, static_cast<double>(static_kv) / (1 << 20),
+      static_s / engine_s, sampled_equal, sampled_total);
   if (r.check_greedy) {
     absl::StrAppend(&out, absl::StrFormat("  greedy continuations equal: %d of %d\n",
                                           j["greedy_equal_continuations"].get<int64_t>(),

@@ -27,6 +27,10 @@ struct RolloutBenchRequest {
   int64_t kv_block_tokens = 16;
   int64_t max_concurrency = 0;
   std::string dtype = "fp32";
+  std::string device = "cpu";
+  // The engine's decode steps: "auto" (generation.cuda_graphs' default),
+  // "exact" (no graphs, exact shapes) or "fixed" (the graphs' shapes, eager).
+  std::string steps = "auto";
   bool check_greedy = true;  // also decode the workload greedily by both and compare
   bool json = false;
 };

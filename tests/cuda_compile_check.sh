@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Compiles the CUDA path of the offload engine (-fsyntax-only) in the CPU
-# build, so code that only a GPU machine links cannot rot between GPU
-# sessions. Needs the CUDA toolkit's headers (/usr/local/cuda here); torch's
+# Compiles the CUDA paths (the offload engine's, the rollout engine's CUDA
+# graphs) with -fsyntax-only in the CPU build, so code that only a GPU
+# machine links cannot rot between GPU sessions. Needs the CUDA toolkit's headers (/usr/local/cuda here); torch's
 # c10/cuda headers come with Debian's libtorch-dev, less one generated
 # header, supplied below. Exit 77 (skipped) without the toolkit.
 # Usage: tests/cuda_compile_check.sh [source root]
@@ -20,7 +20,9 @@ printf '#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n' >"$shim/c10/cuda/imp
 
 sources=("$root"/offload/device/cuda/*.cc "$root/offload/host/cuda_host.cc"
          "$root/offload/device/device_transfer.cc" "$root/offload/device/device_memory.cc"
-         "$root/offload/stream/layer_streamer.cc" "$root/tests/offload/device_transfer_test.cc")
+         "$root/offload/stream/layer_streamer.cc" "$root/tests/offload/device_transfer_test.cc"
+         "$root/policies/rollout/captured_graph.cc" "$root/policies/rollout/decode_step.cc"
+         "$root/tests/policies/rollout/decode_step_test.cc")
 failed=0
 for source in "${sources[@]}"; do
   if ! g++ -std=c++20 -fsyntax-only -Wall -Wextra -Werror -DSTRATA_WITH_CUDA=1 -I"$root" \

@@ -23,6 +23,14 @@ struct RolloutEngineOptions {
   // A prompt's continuations (its samples and a greedy baseline) share the
   // prompt's KV blocks, so the prompt is prefilled once.
   bool share_prefixes = true;
+  // On a CUDA device with resident weights, decode steps run in buckets of
+  // fixed shape (policies/rollout/decode_step.h), each captured as a CUDA
+  // graph on its first use and replayed after: one launch a step instead
+  // of one a kernel. false: every step runs eagerly, in its exact shape.
+  bool cuda_graphs = true;
+  // Fixed-shape steps without graphs, on any device: what the graphs
+  // replay, for tests and benchmarks on the CPU. Not a spec key.
+  bool fixed_shape_steps = false;
 
   // INVALID_ARGUMENT naming "<key_prefix>.<field>".
   absl::Status Validate(const std::string& key_prefix) const;

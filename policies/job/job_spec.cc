@@ -861,6 +861,7 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::ve
     STRATA_RETURN_IF_ERROR(gen.Read("kv_pool_mib", &spec.generation.engine.kv_pool_mib));
     STRATA_RETURN_IF_ERROR(gen.Read("max_concurrency", &spec.generation.engine.max_concurrency));
     STRATA_RETURN_IF_ERROR(gen.Read("share_prefixes", &spec.generation.engine.share_prefixes));
+    STRATA_RETURN_IF_ERROR(gen.Read("cuda_graphs", &spec.generation.engine.cuda_graphs));
     STRATA_RETURN_IF_ERROR(gen.CheckNoUnknownKeys());
 
     STRATA_ASSIGN_OR_RETURN(auto remax, r.Child("remax"));

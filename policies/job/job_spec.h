@@ -106,7 +106,8 @@ struct GenerationSpec {
   // tokenizer's eos token).
   std::vector<int64_t> stop_token_ids;
   // The rollout engine's KV blocks, pool and concurrency (kv_block_tokens,
-  // kv_pool_mib, max_concurrency, share_prefixes: keys of `generation`).
+  // kv_pool_mib, max_concurrency, share_prefixes, cuda_graphs: keys of
+  // `generation`).
   // max_concurrency 0 takes train.micro_batch_size when that is set.
   RolloutEngineOptions engine;
 };

@@ -292,8 +292,13 @@ struct RolloutWave {
 
 // Device bytes of a wave: the KV blocks (each continuation's own, and the
 // prompts' full blocks once when they are shared), the prefill's working
-// set, and the logits of a decode step.
-double RolloutBytes(const ModelShape& s, const RolloutWave& w, int64_t P, int64_t N, const RolloutEngineOptions& e) {
+// set, and a decode step's logits with the sampler's work over them: 8
+// bytes an entry (the probabilities and a log-sum-exp's temporary; the
+// race's Philox words come a bounded chunk at a time, sampler.cc), and 16
+// more where top-k or top-p sort them (values, indices, cumulative sum;
+// tests/policies/train/sampler_memory_test.cc measures both).
+double RolloutBytes(const ModelShape& s, const RolloutWave& w, int64_t P, int64_t N, const RolloutEngineOptions& e,
+                    bool truncated_sampling) {
   const int64_t bt = e.kv_block_tokens;
   const int64_t shared = e.share_prefixes ? P / bt * bt : 0;
   const int64_t own = CeilDiv(P + std::max<int64_t>(N, 1) - 1, bt) * bt - shared;
@@ -301,7 +306,8 @@ double RolloutBytes(const ModelShape& s, const RolloutWave& w, int64_t P, int64_
   const double kv = 2.0 * s.L * positions * s.kv_heads * s.head_dim * s.E;
   const int64_t prefill_rows = e.share_prefixes ? w.prompts : w.running;
   return kv + std::max(InferLayerBytes(s, prefill_rows, P, P) + HeadBytes(s, prefill_rows, 1, 1, false),
-                       HeadBytes(s, w.running, 1, 1, false) + 8.0 * w.running * s.head_width);
+                       HeadBytes(s, w.running, 1, 1, false) +
+                           (truncated_sampling ? 24.0 : 8.0) * static_cast<double>(w.running * s.head_width));
 }
 
 double ScoreBytes(const ModelShape& s, int64_t R, int64_t T, int64_t head_tokens) {
@@ -640,6 +646,7 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
   // The rollout engine decodes `prompts` x `per_prompt` continuations, at
   // most max_concurrency (else train.micro_batch_size) at once, in waves.
   const RolloutEngineOptions& engine = spec.generation.engine;
+  const bool truncated_sampling = spec.generation.top_k > 0 || spec.generation.top_p < 1.0;
   auto generate = [&](const ModelShape& s, int64_t prompts, int64_t per_prompt) {
     const int64_t total = std::max<int64_t>(prompts * per_prompt, 1);
     const int64_t limit = engine.max_concurrency > 0 ? engine.max_concurrency : micro;
@@ -647,7 +654,7 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
     wave.running = limit > 0 ? std::min(limit, total) : total;
     wave.prompts = std::min(prompts, CeilDiv(wave.running, per_prompt));
     const int64_t waves = CeilDiv(total, wave.running);
-    phases["rollout"].Pass(window(s) + RolloutBytes(s, wave, P, N, engine),
+    phases["rollout"].Pass(window(s) + RolloutBytes(s, wave, P, N, engine, truncated_sampling),
                            static_cast<double>(waves) * cost.Rollout(s, wave, P, N, engine.share_prefixes));
   };
   // A language-model head runs at the response positions only (the

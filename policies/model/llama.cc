@@ -82,7 +82,9 @@ std::vector<std::vector<int64_t>> LayerShapes(const LlamaConfig& c) {
 std::string LayerPrefix(size_t index) { return absl::StrCat("model.layers.", index, "."); }
 
 // HF's rotary inverse frequencies, including rope_scaling.
-at::Tensor InverseFrequencies(const LlamaConfig& c) {
+}  // namespace
+
+at::Tensor RotaryInverseFrequencies(const LlamaConfig& c) {
   const int64_t d = c.head_dim;
   at::Tensor exponent = at::arange(0, d, 2, at::kLong).to(at::kFloat) / static_cast<double>(d);
   at::Tensor inv_freq = 1.0 / at::pow(c.rope_theta, exponent);
@@ -108,6 +110,8 @@ at::Tensor InverseFrequencies(const LlamaConfig& c) {
   }
   return inv_freq;
 }
+
+namespace {
 
 at::Tensor RotateHalf(const at::Tensor& x) {
   const int64_t half = x.size(-1) / 2;
@@ -147,13 +151,15 @@ at::Tensor PositionIdsFromMask(const at::Tensor& attention_mask) {
 }
 
 LayerContext MakeLayerContext(const LlamaConfig& config, const at::Tensor& attention_mask, int64_t new_tokens,
-                              at::ScalarType dtype, AttentionKind attention) {
+                              at::ScalarType dtype, AttentionKind attention, const at::Tensor& inverse_frequencies) {
   const int64_t s = attention_mask.size(1);
   const int64_t t = new_tokens;
   TORCH_CHECK(t <= s, "attention mask covers ", s, " positions, fewer than the ", t, " new tokens");
   LayerContext ctx;
   const at::Tensor positions = PositionIdsFromMask(attention_mask).narrow(1, s - t, t);
-  const at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * InverseFrequencies(config).to(positions.device());
+  const at::Tensor inverse = inverse_frequencies.defined() ? inverse_frequencies
+                                                           : RotaryInverseFrequencies(config).to(positions.device());
+  const at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * inverse;
   const at::Tensor emb = at::cat({freqs, freqs}, -1);
   ctx.cos = emb.cos().to(dtype);
   ctx.sin = emb.sin().to(dtype);
@@ -258,7 +264,9 @@ at::Tensor DecoderLayerForward(const LlamaConfig& config, const LlamaLayerWeight
 }
 
 LlamaModel::LlamaModel(LlamaConfig config, LlamaHead head, LlamaWeights weights, LayerSource* layers)
-    : config_(std::move(config)), head_(head), weights_(std::move(weights)), layer_source_(layers) {}
+    : config_(std::move(config)), head_(head), weights_(std::move(weights)), layer_source_(layers) {
+  if (weights_.embed_tokens.defined()) inverse_frequencies_ = RotaryInverseFrequencies(config_).to(device());
+}
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& dir, LlamaHead head,
                                                              at::ScalarType dtype) {
@@ -380,7 +388,8 @@ at::Tensor LlamaModel::Hidden(const at::Tensor& input_ids, const at::Tensor& att
   TORCH_CHECK(attention_mask.size(0) == input_ids.size(0) && attention_mask.size(1) == cached + t,
               "attention_mask must be [batch, cached + new] = [", input_ids.size(0), ", ", cached + t, "], got ",
               attention_mask.sizes());
-  const LayerContext ctx = MakeLayerContext(config_, attention_mask, t, dtype());
+  const LayerContext ctx = MakeLayerContext(config_, attention_mask, t, dtype(), AttentionKind::kAuto,
+                                            inverse_frequencies_);
   at::Tensor h = at::embedding(weights_.embed_tokens, input_ids);
   if (layer_source_ != nullptr) {
     std::vector<int64_t> order(static_cast<size_t>(config_.num_hidden_layers));

@@ -137,8 +137,16 @@ struct LayerContext {
 // the cached tokens plus the T new ones. Blocked attention builds its mask
 // per block, so it gets no attention_bias; the fused kernel gets a mask
 // only where causality alone is not enough.
+// `inverse_frequencies` are the rotary tables' (RotaryInverseFrequencies)
+// on the mask's device; undefined: made here and copied there, which a
+// CUDA graph cannot capture.
 LayerContext MakeLayerContext(const LlamaConfig& config, const at::Tensor& attention_mask, int64_t new_tokens,
-                              at::ScalarType dtype, AttentionKind attention = AttentionKind::kAuto);
+                              at::ScalarType dtype, AttentionKind attention = AttentionKind::kAuto,
+                              const at::Tensor& inverse_frequencies = {});
+
+// RoPE's inverse frequencies, [head_dim / 2] float32 on the CPU, as HF
+// computes them (with the config's scaling).
+at::Tensor RotaryInverseFrequencies(const LlamaConfig& config);
 
 // Position of every token: the count of real tokens before it, so that
 // left padding does not shift positions (HF convention). [B, S] int64.
@@ -213,6 +221,9 @@ class LlamaModel {
   at::ScalarType dtype() const { return weights_.embed_tokens.scalar_type(); }
   // Where the resident weights (and so inputs and activations) live.
   at::Device device() const { return weights_.embed_tokens.device(); }
+  // Whether the decoder layers come from a LayerSource (streamed) rather
+  // than the resident weights.
+  bool streams_layers() const { return layer_source_ != nullptr; }
   // Every parameter with its HF name; tied heads appear once.
   std::vector<std::pair<std::string, at::Tensor>> NamedParameters() const;
 
@@ -223,6 +234,7 @@ class LlamaModel {
   LlamaHead head_;
   LlamaWeights weights_;
   LayerSource* layer_source_ = nullptr;
+  at::Tensor inverse_frequencies_;  // RotaryInverseFrequencies on device()
   const LoraAdapters* adapters_ = nullptr;
   const LoraAdapters* frozen_adapters_ = nullptr;
   // Layer `l`'s adapters for an inference pass; `frozen` is the storage the

@@ -312,19 +312,18 @@ std::array<at::Tensor, 4> PhiloxTensors(std::array<at::Tensor, 4> c, at::Tensor 
   return c;
 }
 
-// Every entry's uniform of each row's draw, [rows, vocab] float64 on `device`.
-at::Tensor DrawUniforms(const std::vector<RowDraw>& draws, int64_t vocab, const at::Device& device) {
+// The uniforms of entries [begin, begin + count) of each row's draw,
+// [rows, count] float64 on the keys' device; keys: [rows, 2] int64, each
+// row's (seed, step). `begin` starts a group.
+at::Tensor DrawUniforms(const at::Tensor& keys, int64_t begin, int64_t count) {
   constexpr int64_t kLow32 = 0xFFFFFFFFLL;
-  const auto rows = static_cast<int64_t>(draws.size());
-  // Each row's (seed, step), in one copy to the device.
-  std::vector<int64_t> keys;
-  for (const RowDraw& d : draws) keys.push_back(static_cast<int64_t>(d.seed)), keys.push_back(d.step);
-  const auto on = at::TensorOptions().dtype(at::kLong).device(device);
-  const at::Tensor both = at::tensor(keys, at::kLong).view({rows, 2}).to(device);
-  const at::Tensor seed = both.narrow(1, 0, 1), step = both.narrow(1, 1, 1);
-  // The words of blocks [0, blocks) of `stream`, [rows, 4, blocks].
-  auto words_of = [&](int64_t blocks, int64_t stream) {
-    const at::Tensor block = at::arange(blocks, on).view({1, blocks}).expand({rows, blocks});
+  TORCH_CHECK(begin % kEntriesPerGroup == 0, "sampling: uniforms from entry ", begin, ", not a group's first");
+  const int64_t rows = keys.size(0);
+  const auto on = at::TensorOptions().dtype(at::kLong).device(keys.device());
+  const at::Tensor seed = keys.narrow(1, 0, 1), step = keys.narrow(1, 1, 1);
+  // The words of blocks [first, first + blocks) of `stream`, [rows, 4, blocks].
+  auto words_of = [&](int64_t first, int64_t blocks, int64_t stream) {
+    const at::Tensor block = at::arange(first, first + blocks, on).view({1, blocks}).expand({rows, blocks});
     const auto words = PhiloxTensors({block, at::full({rows, blocks}, stream, on),
                                       step.bitwise_and(kLow32).expand({rows, blocks}),
                                       step.__rshift__(32).bitwise_and(kLow32).expand({rows, blocks})},
@@ -333,41 +332,53 @@ at::Tensor DrawUniforms(const std::vector<RowDraw>& draws, int64_t vocab, const 
   };
   // Top bytes: [rows, 4 (word), 4 (byte), groups, 8 (lane)], permuted to
   // entry 128 group + 32 word + 8 byte + lane.
-  const int64_t groups = (vocab + kEntriesPerGroup - 1) / kEntriesPerGroup;
+  const int64_t groups = (count + kEntriesPerGroup - 1) / kEntriesPerGroup;
   const at::Tensor shifts = at::arange(0, 32, 8, on).view({1, 1, 4, 1, 1});
-  const at::Tensor top = words_of(groups * kBlocksPerGroup, 0)
+  const at::Tensor top = words_of(begin / kEntriesPerGroup * kBlocksPerGroup, groups * kBlocksPerGroup, 0)
                              .view({rows, 4, 1, groups, kBlocksPerGroup})
                              .__rshift__(shifts)
                              .bitwise_and(0xFF)
                              .permute({0, 3, 1, 2, 4})
                              .reshape({rows, groups * kEntriesPerGroup})
-                             .narrow(1, 0, vocab);
+                             .narrow(1, 0, count);
   // Low 45 bits: entry 2 j + h from words 2 h and 2 h + 1 of block j.
-  const int64_t pairs = (vocab + 1) / 2;
-  const at::Tensor own = words_of(pairs, 1).view({rows, 2, 2, pairs});
+  const int64_t pairs = (count + 1) / 2;
+  const at::Tensor own = words_of(begin / 2, pairs, 1).view({rows, 2, 2, pairs});
   const at::Tensor low = (own.select(2, 0).__lshift__(13) + own.select(2, 1).__rshift__(19))
                              .permute({0, 2, 1})
                              .reshape({rows, 2 * pairs})
-                             .narrow(1, 0, vocab);
+                             .narrow(1, 0, count);
   return (top.__lshift__(45) + low + 1).to(at::kDouble) * 0x1.0p-53;
 }
 
-// The picked ids and log-probs, and the picked tokens' sampling
-// probabilities (1 for greedy rows), on the logits' device.
-struct DevicePicks {
-  at::Tensor ids, logprobs, picked_probs;
-};
-
-DevicePicks GreedyPicks(const at::Tensor& scores) {
-  const at::Tensor next = scores.argmax(-1);
-  return {next, RawLogProbs(scores, next), at::ones({scores.size(0)}, scores.options())};
-}
-
-DevicePicks SampledPicks(const at::Tensor& scores, const SamplingOptions& options, const std::vector<RowDraw>& draws) {
-  const at::Tensor probs = SamplingProbs(scores, options);
-  const at::Tensor race = probs.to(at::kDouble) / DrawUniforms(draws, probs.size(1), probs.device()).log().neg();
-  const at::Tensor next = race.argmax(-1);
-  return {next, PickedLogProbs(scores, probs, next, options), probs.gather(1, next.unsqueeze(1)).squeeze(1)};
+// The exponential race's winner of each row of `probs` [rows, V]: argmax
+// of p / -log u, over chunks of the vocabulary so that its working memory
+// (about 80 bytes an entry: the Philox words in int64) stays within
+// kRaceChunkBytes, not rows x V x 80. The first of equal entries wins, as
+// argmax has it; a row of NaN (no finite distribution) picks a NaN.
+constexpr int64_t kRaceChunkBytes = 64 << 20;
+constexpr int64_t kRaceBytesPerEntry = 80;
+at::Tensor RaceWinners(const at::Tensor& probs, const at::Tensor& keys) {
+  const int64_t rows = probs.size(0), vocab = probs.size(1);
+  const int64_t fit = kRaceChunkBytes / (kRaceBytesPerEntry * std::max<int64_t>(rows, 1));
+  const int64_t chunk = std::max<int64_t>(fit / kEntriesPerGroup, 1) * kEntriesPerGroup;
+  at::Tensor best_value, best_index;
+  for (int64_t begin = 0; begin < vocab; begin += chunk) {
+    const int64_t count = std::min(chunk, vocab - begin);
+    const at::Tensor race = probs.narrow(1, begin, count).to(at::kDouble) /
+                            DrawUniforms(keys, begin, count).log().neg();
+    auto [value, index] = race.max(1);
+    index = index + begin;
+    if (!best_value.defined()) {
+      best_value = value, best_index = index;
+      continue;
+    }
+    const at::Tensor better =
+        value.gt(best_value).logical_or(value.isnan().logical_and(best_value.isnan().logical_not()));
+    best_value = at::where(better, value, best_value);
+    best_index = at::where(better, index, best_index);
+  }
+  return best_index;
 }
 
 // The native race over rows of `scores` (float32, contiguous, on the CPU).
@@ -423,23 +434,45 @@ double DrawUniform(const RowDraw& draw, int64_t entry) {
   return UniformOf(draw, entry, TopByte(words, entry % kEntriesPerGroup));
 }
 
+at::Tensor PickOnDevice(const at::Tensor& logits, const SamplingOptions& options, const at::Tensor& keys,
+                        const at::Tensor& greedy) {
+  TORCH_CHECK(logits.dim() == 2, "sampling: logits must be [rows, vocabulary], got ", logits.sizes());
+  const at::Tensor scores = logits.to(at::kFloat);
+  const at::Tensor greedy_ids = scores.argmax(-1);
+  if (options.greedy) {
+    return at::stack({greedy_ids.to(at::kDouble), RawLogProbs(scores, greedy_ids).to(at::kDouble),
+                      at::ones({scores.size(0)}, scores.options().dtype(at::kDouble))});
+  }
+  TORCH_CHECK(keys.dim() == 2 && keys.size(0) == scores.size(0) && keys.size(1) == 2 &&
+                  greedy.sizes() == at::IntArrayRef{scores.size(0)},
+              "sampling: keys must be [rows, 2] and greedy [rows] for ", scores.size(0), " rows");
+  // Every row draws; greedy rows then take their argmax instead. Shapes
+  // never depend on which rows are which.
+  const at::Tensor probs = SamplingProbs(scores, options);
+  const at::Tensor next = at::where(greedy, greedy_ids, RaceWinners(probs, keys));
+  const at::Tensor drawn_prob = probs.gather(1, next.unsqueeze(1)).squeeze(1).to(at::kDouble);
+  return at::stack({next.to(at::kDouble), PickedLogProbs(scores, probs, next, options).to(at::kDouble),
+                    at::where(greedy, at::ones_like(drawn_prob), drawn_prob)});
+}
+
+SampledTokens TokensFromPicks(const at::Tensor& picks) {
+  const at::Tensor host = picks.to(at::kCPU);
+  if (!(host[2] > 0).all().item<bool>()) NotFinite();
+  return {host[0].to(at::kLong), host[1].to(at::kFloat)};
+}
+
 SampledTokens SampleWithTensorOps(const at::Tensor& logits, const SamplingOptions& options,
                                   const std::vector<RowDraw>& draws) {
   const int64_t sampled = SampledRows(options, logits, draws), rows = logits.size(0);
-  const at::Tensor scores = logits.to(at::kFloat);
-  std::vector<DevicePicks> parts;
-  if (sampled > 0) parts.push_back(SampledPicks(scores.narrow(0, 0, sampled), options, draws));
-  if (sampled < rows) parts.push_back(GreedyPicks(scores.narrow(0, sampled, rows - sampled)));
-  if (parts.empty()) return {at::empty({0}, at::kLong), at::empty({0}, at::kFloat)};
-  // One copy to the host: each row's id, log-prob and picked probability.
-  std::vector<at::Tensor> columns;  // [3, a part's rows] each
-  for (const DevicePicks& part : parts) {
-    columns.push_back(
-        at::stack({part.ids.to(at::kDouble), part.logprobs.to(at::kDouble), part.picked_probs.to(at::kDouble)}));
+  // Each row's (seed, step) in one copy to the device; greedy rows' unused.
+  std::vector<int64_t> keys(static_cast<size_t>(2 * rows), 0);
+  for (size_t r = 0; r < static_cast<size_t>(sampled); ++r) {
+    keys[2 * r] = static_cast<int64_t>(draws[r].seed), keys[2 * r + 1] = draws[r].step;
   }
-  const at::Tensor host = at::cat(columns, 1).to(at::kCPU);
-  if (!(host[2] > 0).all().item<bool>()) NotFinite();
-  return {host[0].to(at::kLong), host[1].to(at::kFloat)};
+  const at::Device device = logits.device();
+  const at::Tensor on_device = at::tensor(keys, at::kLong).view({rows, 2}).to(device);
+  const at::Tensor greedy = at::arange(rows, at::TensorOptions().dtype(at::kLong).device(device)) >= sampled;
+  return TokensFromPicks(PickOnDevice(logits, options, on_device, greedy));
 }
 
 SampledTokens SampleThenGreedy(const at::Tensor& logits, const SamplingOptions& options,

@@ -46,10 +46,27 @@ SampledTokens SampleNextTokens(const at::Tensor& logits, const SamplingOptions& 
 SampledTokens SampleThenGreedy(const at::Tensor& logits, const SamplingOptions& options,
                                const std::vector<RowDraw>& draws);
 
-// SampleThenGreedy's path off the CPU, on any device; exposed so the CPU
-// tests it against the native path.
+// SampleThenGreedy's path off the CPU, on any device: PickOnDevice, then
+// TokensFromPicks. Exposed so the CPU tests it against the native path.
 SampledTokens SampleWithTensorOps(const at::Tensor& logits, const SamplingOptions& options,
                                   const std::vector<RowDraw>& draws);
+
+// Each row's pick from `logits` [rows, V] by tensor operations on their
+// device, reading nothing on the host and copying nothing from it, with
+// shapes that do not depend on the values: what a CUDA graph can capture.
+// keys: [rows, 2] int64 on that device, each row's (seed, step); greedy:
+// [rows] bool, rows that take their argmax (their keys unused); both
+// ignored when options.greedy. Returns [3, rows] float64: the picked id,
+// its log p under softmax(logits) (temperature 1, untruncated) and its
+// sampling probability (1 for greedy rows, not positive for a sampled row
+// whose logits were not finite).
+at::Tensor PickOnDevice(const at::Tensor& logits, const SamplingOptions& options, const at::Tensor& keys,
+                        const at::Tensor& greedy);
+
+// PickOnDevice's output (or its first columns), brought to the host: ids
+// and log-probs, and the error SampleNextTokens gives a sampled row whose
+// logits were not finite.
+SampledTokens TokensFromPicks(const at::Tensor& picks);
 
 // The instruction set the CPU's race runs on; each picks the same entry.
 enum class RaceIsa { kAuto, kScalar, kAvx2 };

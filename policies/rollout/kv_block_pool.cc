@@ -57,10 +57,14 @@ void KvBlockPool::CopyPositions(int64_t from, int64_t to, int64_t positions) {
   }
 }
 
-PagedKvView::PagedKvView(KvBlockPool& pool, at::Tensor slots, int64_t new_tokens)
-    : pool_(pool), rows_(slots.size(0)), columns_(slots.size(1)), cached_(slots.size(1) - new_tokens) {
+PagedKvView::PagedKvView(KvBlockPool& pool, int64_t rows, int64_t columns, int64_t new_tokens)
+    : pool_(pool), rows_(rows), columns_(columns), cached_(columns - new_tokens) {
   TORCH_CHECK(new_tokens >= 1 && new_tokens <= columns_, "a paged pass of ", new_tokens, " new tokens over ", columns_,
               " columns");
+}
+
+PagedKvView::PagedKvView(KvBlockPool& pool, at::Tensor slots, int64_t new_tokens)
+    : PagedKvView(pool, slots.size(0), slots.size(1), new_tokens) {
   host_slots_ = slots.contiguous();
   const at::Device device = pool.keys(0).device();
   const at::Tensor on_device = host_slots_.to(device);
@@ -72,6 +76,15 @@ PagedKvView::PagedKvView(KvBlockPool& pool, at::Tensor slots, int64_t new_tokens
     while (c < columns_ && s[b * columns_ + c] == pool.scratch_slot()) ++c;
     first_.push_back(c);
   }
+}
+
+PagedKvView PagedKvView::OnDevice(KvBlockPool& pool, const at::Tensor& device_slots, int64_t new_tokens) {
+  TORCH_CHECK(device_slots.device() == pool.keys(0).device(), "paged view: slots on ", device_slots.device(),
+              ", the pool on ", pool.keys(0).device());
+  PagedKvView view(pool, device_slots.size(0), device_slots.size(1), new_tokens);
+  view.all_slots_ = device_slots.reshape({-1});
+  view.new_slots_ = device_slots.narrow(1, view.cached_, new_tokens).reshape({-1});
+  return view;
 }
 
 void PagedKvView::Store(int64_t layer, const at::Tensor& k, const at::Tensor& v) {
@@ -97,7 +110,7 @@ at::Tensor PagedKvView::AppendAndAttend(int64_t layer, const at::Tensor& q, cons
                                         int64_t sliding_window) {
   // One new token per row, after some cached ones, on the CPU: attend
   // where the blocks lie. Anything else gathers.
-  if (cached_ == 0 || q.size(2) != 1 || !q.device().is_cpu() ||
+  if (!host_slots_.defined() || cached_ == 0 || q.size(2) != 1 || !q.device().is_cpu() ||
       (q.scalar_type() != at::kFloat && q.scalar_type() != at::kBFloat16)) {
     return at::Tensor();
   }

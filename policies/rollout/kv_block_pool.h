@@ -76,6 +76,10 @@ class KvBlockPool {
 class PagedKvView final : public KvCache {
  public:
   PagedKvView(KvBlockPool& pool, at::Tensor slots, int64_t new_tokens);
+  // A view whose slots are already on the pool's device, read by no host
+  // code: it always attends over a gathered copy, and a CUDA graph can
+  // capture the pass (policies/rollout/decode_step.h).
+  static PagedKvView OnDevice(KvBlockPool& pool, const at::Tensor& device_slots, int64_t new_tokens);
 
   int64_t length() const override { return cached_; }
   std::pair<at::Tensor, at::Tensor> Append(int64_t layer, const at::Tensor& k, const at::Tensor& v) override;
@@ -84,11 +88,12 @@ class PagedKvView final : public KvCache {
                              int64_t sliding_window) override;
 
  private:
+  PagedKvView(KvBlockPool& pool, int64_t rows, int64_t columns, int64_t new_tokens);
   void Store(int64_t layer, const at::Tensor& k, const at::Tensor& v);
 
   KvBlockPool& pool_;
   int64_t rows_, columns_, cached_;
-  at::Tensor host_slots_;       // [B, S] on the CPU
+  at::Tensor host_slots_;       // [B, S] on the CPU; undefined OnDevice
   at::Tensor all_slots_;        // [B x S] on the pool's device
   at::Tensor new_slots_;        // [B x T] on the pool's device
   std::vector<int64_t> first_;  // each row's first real column

@@ -6,14 +6,19 @@
 #include <deque>
 #include <functional>
 #include <limits>
+#include <map>
+#include <memory>
 #include <numeric>
 #include <optional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "base/engine_counters.h"
 #include "base/interrupt.h"
 #include "base/status_macros.h"
 #include "policies/model/sampler.h"
+#include "policies/rollout/captured_graph.h"
+#include "policies/rollout/decode_step.h"
 #include "policies/rollout/kv_block_pool.h"
 
 namespace strata::policies {
@@ -133,7 +138,22 @@ absl::StatusOr<std::vector<std::vector<Continuation>>> RolloutEngine::Run(const 
   stats_.pool_blocks = blocks;
   const at::Device device = model_.device();
   c10::NoGradGuard no_grad;
+  // Decode steps in fixed shapes, captured as CUDA graphs where that pays:
+  // on a CUDA device whose weights stay put (a streamed layer's copies
+  // cannot be replayed).
+  const std::unique_ptr<GraphSession> graphs = options_.cuda_graphs && !model_.streams_layers()
+                                                   ? GraphSession::Begin(device)
+                                                   : nullptr;
+  const bool fixed_shapes = graphs != nullptr || options_.fixed_shape_steps;
   KvBlockPool pool(config, blocks, bt, at::TensorOptions().dtype(model_.dtype()).device(device));
+  // The longest a sequence's positions reach: the widest step's columns.
+  int64_t max_columns = 1;
+  for (const RolloutPrompt& p : prompts) {
+    for (int64_t c = 0; c < p.continuations(); ++c) {
+      max_columns = std::max(max_columns, static_cast<int64_t>(p.ids.size()) + p.Cap(c, max_new));
+    }
+  }
+  std::map<std::pair<int64_t, int64_t>, std::unique_ptr<DecodeStep>> steps;  // by (rows, columns)
   const int64_t pad = config.pad_token_id >= 0 ? config.pad_token_id : 0;
   const at::Tensor stops = at::tensor(std::vector<int64_t>(stop_ids_.begin(), stop_ids_.end()), at::kLong);
 
@@ -222,9 +242,8 @@ absl::StatusOr<std::vector<std::vector<Continuation>>> RolloutEngine::Run(const 
   };
 
   // Draws each row's next token from `logits` ([rows, V] on the model's
-  // device, row r for running[which[r]]) and ends the rows that stop.
-  std::vector<bool> finished;
-  auto take_tokens = [&](const at::Tensor& logits, const std::vector<size_t>& which) {
+  // device, row r for running[which[r]]).
+  auto pick = [&](const at::Tensor& logits, const std::vector<size_t>& which) {
     // Callers put the sampled rows first, so one call draws both kinds with
     // one copy to the host.
     std::vector<RowDraw> draws;
@@ -234,7 +253,12 @@ absl::StatusOr<std::vector<std::vector<Continuation>>> RolloutEngine::Run(const 
       TORCH_CHECK(draws.size() == r, "rollout: a sampled row after a greedy one");
       draws.push_back({s.seed, s.produced});
     }
-    const SampledTokens picked = SampleThenGreedy(logits, sampling, draws);
+    return SampleThenGreedy(logits, sampling, draws);
+  };
+  // Appends each row's picked token (row r: running[which[r]]) and ends the
+  // rows that stop.
+  std::vector<bool> finished;
+  auto take_tokens = [&](const SampledTokens& picked, const std::vector<size_t>& which) {
     const int64_t* token = picked.ids.data_ptr<int64_t>();
     const float* logp = picked.logprobs.data_ptr<float>();
     for (size_t r = 0; r < which.size(); ++r) {
@@ -345,7 +369,7 @@ absl::StatusOr<std::vector<std::vector<Continuation>>> RolloutEngine::Run(const 
       std::vector<size_t> which;
       std::vector<at::Tensor> rows;
       for (size_t j : order) which.push_back(fresh[j]), rows.push_back(fresh_rows[j]);
-      take_tokens(at::stack(rows), which);
+      take_tokens(pick(at::stack(rows), which), which);
       drop_finished();
       finished.assign(running.size(), false);
     }
@@ -371,25 +395,45 @@ absl::StatusOr<std::vector<std::vector<Continuation>>> RolloutEngine::Run(const 
     std::vector<size_t> order(running.size());
     std::iota(order.begin(), order.end(), 0);
     std::stable_partition(order.begin(), order.end(), [&](size_t j) { return !running[j].greedy; });
-    at::Tensor ids = at::empty({rows, 1}, at::kLong);
-    at::Tensor mask = at::zeros({rows, columns}, at::kLong);
-    at::Tensor slots = at::full({rows, columns}, pool.scratch_slot(), at::kLong);
-    int64_t* id = ids.data_ptr<int64_t>();
-    int64_t* real = mask.data_ptr<int64_t>();
-    int64_t* slot = slots.data_ptr<int64_t>();
-    for (int64_t r = 0; r < rows; ++r) {
-      const Sequence& s = running[order[static_cast<size_t>(r)]];
-      id[r] = s.last;
-      const int64_t offset = r * columns + longest - s.cached;
-      for (int64_t j = 0; j <= s.cached; ++j) slot[offset + j] = pool.Slot(s.table, j), real[offset + j] = 1;
+    SampledTokens picked;
+    if (fixed_shapes) {
+      std::vector<StepRow> batch;
+      for (size_t j : order) {
+        const Sequence& s = running[j];
+        batch.push_back({s.last, &s.table, s.cached,
+                         s.greedy ? std::nullopt : std::optional<RowDraw>(RowDraw{s.seed, s.produced})});
+      }
+      const auto bucket = std::make_pair(RowBucket(rows), ColumnBucket(columns, bt, max_columns));
+      std::unique_ptr<DecodeStep>& step = steps[bucket];
+      if (step == nullptr) step = std::make_unique<DecodeStep>(model_, pool, sampling, bucket.first, bucket.second);
+      step->Stage(batch);
+      const bool replay = step->captured();
+      step->Run(graphs.get());
+      picked = step->Fetch(rows);
+      stats_.padded_rows += bucket.first - rows;
+      stats_.replayed_steps += replay ? 1 : 0;
+      stats_.captured_graphs += !replay && step->captured() ? 1 : 0;
+    } else {
+      at::Tensor ids = at::empty({rows, 1}, at::kLong);
+      at::Tensor mask = at::zeros({rows, columns}, at::kLong);
+      at::Tensor slots = at::full({rows, columns}, pool.scratch_slot(), at::kLong);
+      int64_t* id = ids.data_ptr<int64_t>();
+      int64_t* real = mask.data_ptr<int64_t>();
+      int64_t* slot = slots.data_ptr<int64_t>();
+      for (int64_t r = 0; r < rows; ++r) {
+        const Sequence& s = running[order[static_cast<size_t>(r)]];
+        id[r] = s.last;
+        const int64_t offset = r * columns + longest - s.cached;
+        for (int64_t j = 0; j <= s.cached; ++j) slot[offset + j] = pool.Slot(s.table, j), real[offset + j] = 1;
+      }
+      PagedKvView view(pool, slots, 1);
+      const at::Tensor hidden = model_.Hidden(ids.to(device), mask.to(device), &view);
+      picked = pick(model_.LogitsFromHidden(hidden.select(1, 0)), order);
     }
-    PagedKvView view(pool, slots, 1);
-    const at::Tensor hidden = model_.Hidden(ids.to(device), mask.to(device), &view);
-    const at::Tensor logits = model_.LogitsFromHidden(hidden.select(1, 0));
     for (Sequence& s : running) ++s.cached;
     ++stats_.decode_steps;
     stats_.decoded_tokens += rows;
-    take_tokens(logits, order);
+    take_tokens(picked, order);
     drop_finished();
   }
   stats_.peak_used_blocks = pool.peak_used_blocks();

@@ -67,6 +67,11 @@ struct RolloutStats {
   int64_t decode_steps = 0;      // forward passes of one token per sequence
   int64_t decoded_tokens = 0;    // sequence-steps in them
   int64_t peak_concurrency = 0;  // sequences decoding together at most
+  // Fixed-shape steps (RolloutEngineOptions::cuda_graphs): pad rows decoded
+  // beside the sequences, graphs captured, and steps that replayed one.
+  int64_t padded_rows = 0;
+  int64_t captured_graphs = 0;
+  int64_t replayed_steps = 0;
 
   int64_t peak_kv_bytes() const { return peak_used_blocks * block_bytes; }
 };

@@ -463,6 +463,12 @@ struct BenchCommands {
     bench_rollout->add_option("--kv-block-tokens", rb.kv_block_tokens, "positions per KV block");
     bench_rollout->add_option("--max-concurrency", rb.max_concurrency, "engine sequences at once (0: no limit)");
     bench_rollout->add_option("--dtype", rb.dtype, "fp32 | bf16")->check(CLI::IsMember({"fp32", "bf16"}));
+    bench_rollout->add_option("--device", rb.device, "where the model runs: cpu | cuda[:N]");
+    bench_rollout
+        ->add_option("--steps", rb.steps,
+                     "the engine's decode steps: auto (CUDA graphs on a GPU), exact, fixed (their "
+                     "fixed shapes without graphs)")
+        ->check(CLI::IsMember({"auto", "exact", "fixed"}));
     bench_rollout->add_option("--check-greedy", rb.check_greedy, "decode greedily by both and compare (true)");
     bench_rollout->add_flag("--json", rb.json, "print one JSON object");
     bench_rollout->callback([&] { run = [&] { return Finish("bench rollout", strata::bench::RunRolloutBench(rb)); }; });

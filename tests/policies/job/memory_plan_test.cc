@@ -302,6 +302,26 @@ TEST(MemoryPlanTest, OnACpuDeviceDecodingAddsHostCopiesAndHidesNvmeReads) {
   }
 }
 
+// A decode step samples over its logits: top-p sorts them (values,
+// indices and a cumulative sum, 16 bytes an entry beside the sampler's 8),
+// and the rollout's device peak grows by that, nothing else.
+TEST(MemoryPlanTest, TruncatedSamplingAddsItsSortToTheDecodeStep) {
+  // One-token prompts with 16 samples each: the decode step, not the
+  // prefill, sets the rollout's peak.
+  const std::vector<std::string> shape = {"data.max_prompt_tokens=1", "generation.max_new_tokens=2",
+                                          "group.samples_per_prompt=16"};
+  std::vector<std::string> raw_overrides = shape, top_p_overrides = shape;
+  raw_overrides.push_back("generation.top_p=1.0");
+  top_p_overrides.push_back("generation.top_p=0.9");
+  const JobSpec raw_spec = Spec("grpo", raw_overrides), top_p_spec = Spec("grpo", top_p_overrides);
+  const JobPrediction raw = PredictJob(raw_spec, *JobModels(raw_spec), Figures(), 1);
+  const JobPrediction top_p = PredictJob(top_p_spec, *JobModels(top_p_spec), Figures(), 1);
+  // 16 prompts x 16 samples over 259 entries.
+  const int64_t rows = 256, vocab = 259;
+  EXPECT_EQ(top_p.phases.at("rollout").peak[0] - raw.phases.at("rollout").peak[0], 16 * rows * vocab);
+  EXPECT_EQ(top_p.phases.at("rollout").seconds, raw.phases.at("rollout").seconds);
+}
+
 // Models load one at a time: a model's tensors are read whole, then its
 // streamed layers go home and only what it keeps stays. With every model's
 // layers on NVMe (and the actor stepping each layer in its backward, so no

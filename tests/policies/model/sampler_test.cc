@@ -131,7 +131,8 @@ TEST(SamplerTest, EveryIsaOfTheRacePicksWhatTheBruteForcePicks) {
 }
 
 // The path a GPU runs (Philox as tensor operations, the race as a division
-// and an argmax) draws what the native race draws, on the same logits.
+// and an argmax, a chunk of the vocabulary at a time) draws what the native
+// race draws, on the same logits.
 TEST(SamplerTest, TensorOperationsDrawWhatTheNativeRaceDraws) {
   SamplingOptions raw, tempered, truncated, greedy;
   tempered.temperature = 0.7;
@@ -139,8 +140,11 @@ TEST(SamplerTest, TensorOperationsDrawWhatTheNativeRaceDraws) {
   truncated.top_p = 0.9;
   greedy.greedy = true;
   at::Generator gen = at::detail::createCPUGenerator(5);
+  // 64 rows of 32000 entries race over three chunks of the vocabulary
+  // (sampler.cc bounds the race's working memory to 64 MiB), the others
+  // over one.
   for (const int64_t vocab : {1001, 32000}) {
-    const int64_t rows = vocab > 5000 ? 12 : 40;
+    const int64_t rows = vocab > 5000 ? 64 : 40;
     const at::Tensor logits = at::randn({rows, vocab}, gen, at::TensorOptions().dtype(at::kFloat)) * 3.0;
     const std::vector<RowDraw> draws = RandomDraws(rows, static_cast<uint64_t>(vocab));
     for (const SamplingOptions& options : {raw, tempered, truncated, greedy}) {

@@ -70,7 +70,9 @@ class RolloutEngineFamilyTest : public ::testing::TestWithParam<std::string> {};
 // The engine's greedy continuations equal the static loop's on every
 // family (sliding window, biases and tied embeddings, q/k norms), with
 // prompts of different lengths in one pool and continuations that end at
-// different steps, whatever the block size and concurrency.
+// different steps, whatever the block size and concurrency, in exact
+// steps and in the fixed-shape steps CUDA graphs replay (pad rows, columns
+// rounded up to a power of two of blocks).
 TEST_P(RolloutEngineFamilyTest, GreedyEqualsTheStaticLoop) {
   auto model = LlamaModel::RandomInit(FamilyConfig(GetParam()), LlamaHead::kLanguageModel, at::kFloat, 5, 0.5);
   SamplingOptions greedy;
@@ -83,27 +85,32 @@ TEST_P(RolloutEngineFamilyTest, GreedyEqualsTheStaticLoop) {
   EXPECT_GE(lengths.size(), 3u) << "continuations should end at different steps";
   int near_ties = 0;
   for (int64_t block : {1, 4, 16}) {
-    for (int64_t concurrency : {0, 2}) {
-      RolloutEngineOptions options;
-      options.kv_block_tokens = block;
-      options.max_concurrency = concurrency;
-      std::vector<RolloutPrompt> prompts;
-      for (const auto& p : kPrompts) prompts.push_back({p, {}, true, {}});
-      RolloutEngine engine(*model, options, kStops);
-      auto got = engine.Run(prompts, greedy);
-      ASSERT_TRUE(got.ok()) << got.status();
-      for (size_t p = 0; p < kPrompts.size(); ++p) {
-        ASSERT_EQ((*got)[p].size(), 1u);
-        const Continuation& c = (*got)[p][0];
-        ExpectSameGreedy(*model, kPrompts[p], want->tokens[p], c.tokens,
-                         "prompt " + std::to_string(p) + ", block " + std::to_string(block) + ", concurrency " +
-                             std::to_string(concurrency),
-                         &near_ties);
-        ASSERT_EQ(c.logprobs.size(), c.tokens.size());
-        if (c.tokens == want->tokens[p]) {
-          for (size_t t = 0; t < c.logprobs.size(); ++t) EXPECT_NEAR(c.logprobs[t], want->logprobs[p][t], 1e-4);
+    for (int64_t concurrency : {0, 3}) {
+      for (bool fixed : {false, true}) {
+        RolloutEngineOptions options;
+        options.kv_block_tokens = block;
+        options.max_concurrency = concurrency;
+        options.fixed_shape_steps = fixed;
+        std::vector<RolloutPrompt> prompts;
+        for (const auto& p : kPrompts) prompts.push_back({p, {}, true, {}});
+        RolloutEngine engine(*model, options, kStops);
+        auto got = engine.Run(prompts, greedy);
+        ASSERT_TRUE(got.ok()) << got.status();
+        // 7 rows (or 3, the limit) decode in a bucket of 8 (or 4): pad rows.
+        EXPECT_EQ(engine.stats().padded_rows > 0, fixed);
+        for (size_t p = 0; p < kPrompts.size(); ++p) {
+          ASSERT_EQ((*got)[p].size(), 1u);
+          const Continuation& c = (*got)[p][0];
+          ExpectSameGreedy(*model, kPrompts[p], want->tokens[p], c.tokens,
+                           "prompt " + std::to_string(p) + ", block " + std::to_string(block) + ", concurrency " +
+                               std::to_string(concurrency) + (fixed ? ", fixed shapes" : ""),
+                           &near_ties);
+          ASSERT_EQ(c.logprobs.size(), c.tokens.size());
+          if (c.tokens == want->tokens[p]) {
+            for (size_t t = 0; t < c.logprobs.size(); ++t) EXPECT_NEAR(c.logprobs[t], want->logprobs[p][t], 1e-4);
+          }
+          EXPECT_EQ(c.stopped, std::find(kStops.begin(), kStops.end(), c.tokens.back()) != kStops.end());
         }
-        EXPECT_EQ(c.stopped, std::find(kStops.begin(), kStops.end(), c.tokens.back()) != kStops.end());
       }
     }
   }
@@ -151,21 +158,24 @@ TEST(RolloutEngineTest, SampledDrawsDoNotDependOnTheSchedule) {
 
   struct Schedule {
     int64_t block, concurrency;
-    bool share, reversed;
+    bool share, reversed, fixed = false;
   };
   for (const Schedule& s : {Schedule{4, 0, true, false}, Schedule{4, 1, true, false}, Schedule{4, 5, true, true},
-                            Schedule{16, 2, false, false}, Schedule{1, 0, false, true}}) {
+                            Schedule{16, 2, false, false}, Schedule{1, 0, false, true},
+                            Schedule{4, 5, true, false, true}, Schedule{1, 0, false, true, true}}) {
     RolloutEngineOptions options;
     options.kv_block_tokens = s.block;
     options.max_concurrency = s.concurrency;
     options.share_prefixes = s.share;
+    options.fixed_shape_steps = s.fixed;
     std::vector<RolloutPrompt> order = prompts;
     if (s.reversed) std::reverse(order.begin(), order.end());
     RolloutEngine engine(*model, options, kStops);
     auto got = engine.Run(order, sampling);
     ASSERT_TRUE(got.ok()) << got.status();
     const std::string what = "block " + std::to_string(s.block) + ", concurrency " + std::to_string(s.concurrency) +
-                             ", share " + std::to_string(s.share) + ", reversed " + std::to_string(s.reversed);
+                             ", share " + std::to_string(s.share) + ", reversed " + std::to_string(s.reversed) +
+                             ", fixed shapes " + std::to_string(s.fixed);
     if (s.concurrency > 0) {
       EXPECT_LE(engine.stats().peak_concurrency, s.concurrency) << what;
     }
