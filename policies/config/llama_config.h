@@ -61,6 +61,8 @@ struct LlamaConfig {
   int64_t bos_token_id = 1;                  // -1 when absent
   std::vector<int64_t> eos_token_ids = {2};  // config may give one id or a list
   int64_t pad_token_id = -1;                 // -1 when absent
+  // The id padding positions hold (always masked out): 0 without one.
+  int64_t PadId() const { return pad_token_id >= 0 ? pad_token_id : 0; }
   // Outputs of the scalar head (LlamaForSequenceClassification); 1 for reward/critic.
   int64_t num_labels = 1;
   // "float32", "bfloat16", "float16" as written by HF; informational.

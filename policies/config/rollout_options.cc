@@ -1,5 +1,7 @@
 #include "policies/config/rollout_options.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace strata::policies {
@@ -13,6 +15,22 @@ absl::Status RolloutEngineOptions::Validate(const std::string& key_prefix) const
   if (kv_pool_mib < 0) return error("kv_pool_mib", "must be >= 0 (0: sized for the rollout)", kv_pool_mib);
   if (max_concurrency < 0) return error("max_concurrency", "must be >= 0 (0: no limit)", max_concurrency);
   return absl::OkStatus();
+}
+
+int64_t RowBucket(int64_t rows) {
+  if (rows <= 1) return 1;
+  if (rows <= 8) {
+    int64_t bucket = 2;
+    while (bucket < rows) bucket *= 2;
+    return bucket;
+  }
+  return rows <= 64 ? (rows + 7) / 8 * 8 : (rows + 31) / 32 * 32;
+}
+
+int64_t ColumnBucket(int64_t positions, int64_t block_tokens, int64_t max_columns) {
+  int64_t blocks = 1;
+  while (blocks * block_tokens < positions) blocks *= 2;
+  return std::max(positions, std::min(blocks * block_tokens, max_columns));
 }
 
 }  // namespace strata::policies

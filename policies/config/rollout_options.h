@@ -25,7 +25,7 @@ struct RolloutEngineOptions {
   bool share_prefixes = true;
   // On a CUDA device with resident weights, decode steps run in buckets of
   // fixed shape (policies/rollout/decode_step.h), each captured as a CUDA
-  // graph on its first use and replayed after: one launch a step instead
+  // graph on its second use and replayed after: one launch a step instead
   // of one a kernel. false: every step runs eagerly, in its exact shape.
   bool cuda_graphs = true;
   // Fixed-shape steps without graphs, on any device: what the graphs
@@ -35,6 +35,17 @@ struct RolloutEngineOptions {
   // INVALID_ARGUMENT naming "<key_prefix>.<field>".
   absl::Status Validate(const std::string& key_prefix) const;
 };
+
+// The fixed shapes decode steps run in where CUDA graphs replay them
+// (policies/rollout/decode_step.h), and the planner prices.
+// Rows: 1, 2, 4, 8, multiples of 8 up to 64, then of 32 (few graphs, a
+// rollout captures each once, and little padding).
+int64_t RowBucket(int64_t rows);
+// Columns for a step whose longest sequence covers `positions` (cached +
+// the new one): a power of two of blocks of `block_tokens`, at most
+// `max_columns` (the most a rollout can reach), never fewer than
+// `positions`.
+int64_t ColumnBucket(int64_t positions, int64_t block_tokens, int64_t max_columns);
 
 }  // namespace strata::policies
 

@@ -43,6 +43,12 @@ struct SamplingOptions {
   absl::Status Validate() const;
 };
 
+// Off the CPU the sampler's exponential race computes its Philox words as
+// int64 tensors of about 76 bytes an entry of the logits; it draws a chunk
+// of the vocabulary at a time, so the words take at most this much.
+inline constexpr int64_t kRaceChunkBytes = int64_t{256} << 20;
+inline constexpr int64_t kRaceBytesPerEntry = 80;  // 76 measured, and a margin
+
 }  // namespace strata::policies
 
 #endif  // STRATA_POLICIES_CONFIG_SAMPLING_H_

@@ -11,6 +11,8 @@
 #include "base/status_macros.h"
 #include "policies/config/attention_blocks.h"
 #include "policies/config/layer_memory.h"
+#include "policies/config/rollout_options.h"
+#include "policies/config/sampling.h"
 #include "policies/config/tensor_dealer.h"
 
 namespace strata::policies {
@@ -290,24 +292,46 @@ struct RolloutWave {
   int64_t prompts = 1, running = 1;
 };
 
+// How a rollout decodes, for its bytes.
+struct DecodeShape {
+  bool cpu_device = false;
+  bool graphs = false;     // fixed-shape steps kept as CUDA graphs (generation.cuda_graphs)
+  bool truncates = false;  // top-k or top-p sort the logits
+};
+
+// A decode step's working set beside the KV pool: its logits, the
+// sampler's work over them (8 bytes an entry: the probabilities and a
+// log-sum-exp's temporary; 16 more where top-k or top-p sort them:
+// tests/policies/train/sampler_memory_test.cc measures both), and off the
+// CPU the race's Philox words (a chunk at most) and one layer's gathered
+// keys and values (the fused kernel takes no block table).
+double DecodeStepBytes(const ModelShape& s, int64_t R, int64_t C, const DecodeShape& d) {
+  const double entries = static_cast<double>(R * s.head_width);
+  double bytes = HeadBytes(s, R, 1, 1, false) + (d.truncates ? 24.0 : 8.0) * entries;
+  if (!d.cpu_device) {
+    bytes += std::min(static_cast<double>(kRaceBytesPerEntry) * entries, static_cast<double>(kRaceChunkBytes)) +
+             2.0 * static_cast<double>(R * C * s.kv_heads * s.head_dim) * s.E;
+  }
+  return bytes;
+}
+
 // Device bytes of a wave: the KV blocks (each continuation's own, and the
-// prompts' full blocks once when they are shared), the prefill's working
-// set, and a decode step's logits with the sampler's work over them: 8
-// bytes an entry (the probabilities and a log-sum-exp's temporary; the
-// race's Philox words come a bounded chunk at a time, sampler.cc), and 16
-// more where top-k or top-p sort them (values, indices, cumulative sum;
-// tests/policies/train/sampler_memory_test.cc measures both).
+// prompts' full blocks once when they are shared), then the prefill's
+// working set or a decode step's. With CUDA graphs the graphs' pool keeps a
+// step of the widest bucket for the whole rollout, prefills beside it.
 double RolloutBytes(const ModelShape& s, const RolloutWave& w, int64_t P, int64_t N, const RolloutEngineOptions& e,
-                    bool truncated_sampling) {
+                    const DecodeShape& d) {
   const int64_t bt = e.kv_block_tokens;
   const int64_t shared = e.share_prefixes ? P / bt * bt : 0;
   const int64_t own = CeilDiv(P + std::max<int64_t>(N, 1) - 1, bt) * bt - shared;
   const double positions = static_cast<double>(w.prompts * shared + w.running * own);
   const double kv = 2.0 * s.L * positions * s.kv_heads * s.head_dim * s.E;
   const int64_t prefill_rows = e.share_prefixes ? w.prompts : w.running;
-  return kv + std::max(InferLayerBytes(s, prefill_rows, P, P) + HeadBytes(s, prefill_rows, 1, 1, false),
-                       HeadBytes(s, w.running, 1, 1, false) +
-                           (truncated_sampling ? 24.0 : 8.0) * static_cast<double>(w.running * s.head_width));
+  const double prefill = InferLayerBytes(s, prefill_rows, P, P) + HeadBytes(s, prefill_rows, 1, 1, false);
+  const int64_t widest = P + std::max<int64_t>(N, 1) - 1;
+  if (!d.graphs) return kv + std::max(prefill, DecodeStepBytes(s, w.running, widest, d));
+  const double step = DecodeStepBytes(s, RowBucket(w.running), ColumnBucket(widest, bt, widest), d);
+  return kv + prefill + step;
 }
 
 double ScoreBytes(const ModelShape& s, int64_t R, int64_t T, int64_t head_tokens) {
@@ -338,6 +362,11 @@ class CostModel {
   }
   double Copy(double bytes) const { return bytes / f_.memory_copy_bytes_per_s; }
 
+  // A decode step's gather of one layer's keys and values, R rows of C
+  // positions: each byte read from the pool and written to the copy.
+  static double GatheredKvBytes(const ModelShape& s, int64_t R, int64_t C) {
+    return 2.0 * 2.0 * static_cast<double>(R * C * s.kv_heads * s.head_dim) * s.E;
+  }
   // One layer's forward: R rows of Tq new tokens attending to C.
   double LayerForward(const ModelShape& s, int64_t R, int64_t Tq, int64_t C) const {
     const int64_t m = R * Tq;
@@ -356,7 +385,11 @@ class CostModel {
     }
     // Norms, rotary embedding, softmax, activations and residuals: memory
     // traffic plus a fixed cost per operation.
-    const double elementwise = (14.0 * m * s.H + 4.0 * m * s.I) * s.E + 12.0 * R * s.heads * Tq * C;
+    double elementwise = (14.0 * m * s.H + 4.0 * m * s.I) * s.E + 12.0 * R * s.heads * Tq * C;
+    // A decode step off the CPU attends over a gathered copy of its KV
+    // blocks (the fused kernel takes no block table): keys and values read
+    // and written once more.
+    if (!cpu_device_ && Tq == 1 && C > 1) elementwise += GatheredKvBytes(s, R, C);
     return t + Copy(elementwise) + f_.layer_overhead_s;
   }
   // Bringing a streamed model's layers in once.
@@ -646,7 +679,6 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
   // The rollout engine decodes `prompts` x `per_prompt` continuations, at
   // most max_concurrency (else train.micro_batch_size) at once, in waves.
   const RolloutEngineOptions& engine = spec.generation.engine;
-  const bool truncated_sampling = spec.generation.top_k > 0 || spec.generation.top_p < 1.0;
   auto generate = [&](const ModelShape& s, int64_t prompts, int64_t per_prompt) {
     const int64_t total = std::max<int64_t>(prompts * per_prompt, 1);
     const int64_t limit = engine.max_concurrency > 0 ? engine.max_concurrency : micro;
@@ -654,7 +686,11 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
     wave.running = limit > 0 ? std::min(limit, total) : total;
     wave.prompts = std::min(prompts, CeilDiv(wave.running, per_prompt));
     const int64_t waves = CeilDiv(total, wave.running);
-    phases["rollout"].Pass(window(s) + RolloutBytes(s, wave, P, N, engine, truncated_sampling),
+    DecodeShape decode;
+    decode.cpu_device = cpu_device;
+    decode.graphs = !cpu_device && engine.cuda_graphs && s.placement->weights == offload::Tier::kDevice;
+    decode.truncates = spec.generation.top_k > 0 || spec.generation.top_p < 1.0;
+    phases["rollout"].Pass(window(s) + RolloutBytes(s, wave, P, N, engine, decode),
                            static_cast<double>(waves) * cost.Rollout(s, wave, P, N, engine.share_prefixes));
   };
   // A language-model head runs at the response positions only (the

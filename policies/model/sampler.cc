@@ -351,13 +351,13 @@ at::Tensor DrawUniforms(const at::Tensor& keys, int64_t begin, int64_t count) {
   return (top.__lshift__(45) + low + 1).to(at::kDouble) * 0x1.0p-53;
 }
 
-// The exponential race's winner of each row of `probs` [rows, V]: argmax
-// of p / -log u, over chunks of the vocabulary so that its working memory
-// (about 80 bytes an entry: the Philox words in int64) stays within
-// kRaceChunkBytes, not rows x V x 80. The first of equal entries wins, as
-// argmax has it; a row of NaN (no finite distribution) picks a NaN.
-constexpr int64_t kRaceChunkBytes = 64 << 20;
-constexpr int64_t kRaceBytesPerEntry = 80;
+// The exponential race's winner of each row of `probs` [rows, V]: the
+// argmax of p / -log u, a chunk of the vocabulary at a time so that the
+// Philox words take at most kRaceChunkBytes (sampling.h). The first of
+// equal entries wins, as argmax has it. An entry of probability 0 never
+// wins (u = 1 would make it 0 / -0, a NaN); a row of NaN (no finite
+// distribution) races nothing and picks entry 0, whose NaN probability
+// the caller reports.
 at::Tensor RaceWinners(const at::Tensor& probs, const at::Tensor& keys) {
   const int64_t rows = probs.size(0), vocab = probs.size(1);
   const int64_t fit = kRaceChunkBytes / (kRaceBytesPerEntry * std::max<int64_t>(rows, 1));
@@ -365,16 +365,15 @@ at::Tensor RaceWinners(const at::Tensor& probs, const at::Tensor& keys) {
   at::Tensor best_value, best_index;
   for (int64_t begin = 0; begin < vocab; begin += chunk) {
     const int64_t count = std::min(chunk, vocab - begin);
-    const at::Tensor race = probs.narrow(1, begin, count).to(at::kDouble) /
-                            DrawUniforms(keys, begin, count).log().neg();
+    const at::Tensor p = probs.narrow(1, begin, count).to(at::kDouble);
+    const at::Tensor race = at::where(p > 0, p / DrawUniforms(keys, begin, count).log().neg(), 0.0);
     auto [value, index] = race.max(1);
     index = index + begin;
     if (!best_value.defined()) {
       best_value = value, best_index = index;
       continue;
     }
-    const at::Tensor better =
-        value.gt(best_value).logical_or(value.isnan().logical_and(best_value.isnan().logical_not()));
+    const at::Tensor better = value.gt(best_value);  // an equal one later is not better
     best_value = at::where(better, value, best_value);
     best_index = at::where(better, index, best_index);
   }
@@ -451,8 +450,11 @@ at::Tensor PickOnDevice(const at::Tensor& logits, const SamplingOptions& options
   const at::Tensor probs = SamplingProbs(scores, options);
   const at::Tensor next = at::where(greedy, greedy_ids, RaceWinners(probs, keys));
   const at::Tensor drawn_prob = probs.gather(1, next.unsqueeze(1)).squeeze(1).to(at::kDouble);
-  return at::stack({next.to(at::kDouble), PickedLogProbs(scores, probs, next, options).to(at::kDouble),
-                    at::where(greedy, at::ones_like(drawn_prob), drawn_prob)});
+  // Greedy rows' log-probs as the CPU's greedy path computes them.
+  const at::Tensor logprobs = at::where(greedy, RawLogProbs(scores, next),
+                                        PickedLogProbs(scores, probs, next, options));
+  return at::stack(
+      {next.to(at::kDouble), logprobs.to(at::kDouble), at::where(greedy, at::ones_like(drawn_prob), drawn_prob)});
 }
 
 SampledTokens TokensFromPicks(const at::Tensor& picks) {

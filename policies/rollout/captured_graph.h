@@ -19,19 +19,22 @@ class CapturedGraph {
   virtual void Replay() = 0;
 };
 
-// The graphs of one rollout. While the session lives, the work of the
-// calling thread runs on a side stream (capture cannot use the default
-// one), and its graphs share one memory pool: they never run at once, and
-// what one leaves in the pool is dead before another runs.
+// The graphs of one rollout (one at a time a device, as a worker runs
+// them). While the session lives, the calling thread's work runs on the
+// device's rollout stream (capture cannot use the default one, and no
+// other thread is handed this one), and its graphs share one memory pool.
 class GraphSession {
  public:
-  // Null where this build or `device` cannot capture.
+  // Null where this build or `device` cannot capture, and in a process
+  // where a capture has failed.
   static std::unique_ptr<GraphSession> Begin(const c10::Device& device);
   virtual ~GraphSession() = default;
 
   // Captures the kernels `work` launches without running them. `work` must
   // have run once on this session's stream first (libraries set up their
-  // workspaces on the first call).
+  // workspaces on the first call), and must keep nothing it allocates: the
+  // graphs share their pool, so what one graph left there another
+  // overwrites. A failed capture is an error naming generation.cuda_graphs.
   virtual std::unique_ptr<CapturedGraph> Capture(const std::function<void()>& work) = 0;
 };
 

@@ -19,6 +19,7 @@
 #include <optional>
 #include <vector>
 
+#include "policies/config/rollout_options.h"
 #include "policies/config/sampling.h"
 #include "policies/model/llama.h"
 #include "policies/model/sampler.h"
@@ -26,14 +27,6 @@
 #include "policies/rollout/kv_block_pool.h"
 
 namespace strata::policies {
-
-// The bucket of rows a step of `rows` running sequences decodes in: 1, 2,
-// 4, 8, then multiples of 8 (few graphs, little padding).
-int64_t RowBucket(int64_t rows);
-// The columns a step decodes over when its longest sequence covers
-// `positions` (cached + the new one): a power of two of blocks of
-// `block_tokens`, at most `max_columns` (the longest a rollout can reach).
-int64_t ColumnBucket(int64_t positions, int64_t block_tokens, int64_t max_columns);
 
 // One running sequence's part of a step.
 struct StepRow {
@@ -54,15 +47,19 @@ class DecodeStep {
   int64_t columns() const { return columns_; }
 
   // Writes `batch` (at most rows() sequences, each with cached + 1 <=
-  // columns()) into the step's inputs: one copy to the device.
+  // columns()) into the step's inputs: one copy to the device, from a
+  // pinned buffer that the next Stage rewrites only after Fetch has waited
+  // for the step.
   void Stage(const std::vector<StepRow>& batch);
   // The model and the sampler over the staged inputs, into the step's
   // picks: reads nothing on the host, copies nothing from it and allocates
   // only shapes the bucket fixes. This is the work a graph captures.
   void Compute();
-  // Compute without `graphs`; with them, the first call computes (which
-  // warms up what capture needs) and captures Compute, and later calls
-  // replay the graph.
+  // Compute without `graphs`. With them, the first call computes (warming
+  // up what capture needs: libraries' workspaces on the session's stream),
+  // the second captures Compute and replays it, and later calls replay: a
+  // bucket used once costs no capture. A model that streams its layers
+  // cannot be captured.
   void Run(GraphSession* graphs);
   bool captured() const { return graph_ != nullptr; }
   // The picks of the first `n` rows, in one copy to the host; a sampled
@@ -74,8 +71,8 @@ class DecodeStep {
   KvBlockPool& pool_;
   const SamplingOptions sampling_;
   const int64_t rows_, columns_;
-  // Per row: token, seed, step, greedy, columns slots, columns mask bits.
-  at::Tensor staged_;  // on the host (pinned for a CUDA device)
+  int64_t runs_ = 0;
+  at::Tensor staged_;  // [rows, kSlots + 2 columns] int64 on the host (pinned for a CUDA device)
   at::Tensor inputs_;  // the same on the device
   at::Tensor picks_;   // [3, rows] float64 on the device (PickOnDevice)
   std::unique_ptr<CapturedGraph> graph_;

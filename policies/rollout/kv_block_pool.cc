@@ -57,6 +57,15 @@ void KvBlockPool::CopyPositions(int64_t from, int64_t to, int64_t positions) {
   }
 }
 
+void KvBlockPool::FillRow(const std::vector<int64_t>& table, int64_t positions, int64_t columns, int64_t* slots,
+                          int64_t* mask) const {
+  TORCH_CHECK(positions <= columns, "a sequence of ", positions, " positions in ", columns, " columns");
+  const int64_t offset = columns - positions;
+  std::fill(slots, slots + offset, scratch_slot());
+  std::fill(mask, mask + offset, 0);
+  for (int64_t j = 0; j < positions; ++j) slots[offset + j] = Slot(table, j), mask[offset + j] = 1;
+}
+
 PagedKvView::PagedKvView(KvBlockPool& pool, int64_t rows, int64_t columns, int64_t new_tokens)
     : pool_(pool), rows_(rows), columns_(columns), cached_(columns - new_tokens) {
   TORCH_CHECK(new_tokens >= 1 && new_tokens <= columns_, "a paged pass of ", new_tokens, " new tokens over ", columns_,

@@ -54,6 +54,11 @@ class KvBlockPool {
   // A row no block owns: padding writes there and reads from there, always
   // masked out of attention. It starts at zero, never NaN.
   int64_t scratch_slot() const { return num_blocks() * block_tokens_; }
+  // One row of a pass's slots and attention mask (`columns` entries each)
+  // for a sequence whose first `positions` positions lie in `table`: left
+  // padded, as the model's masks have it, padding at the scratch slot.
+  void FillRow(const std::vector<int64_t>& table, int64_t positions, int64_t columns, int64_t* slots,
+               int64_t* mask) const;
 
   // [num_blocks x block_tokens + 1 scratch, n_kv, d] per layer.
   at::Tensor& keys(int64_t layer) { return keys_[static_cast<size_t>(layer)]; }

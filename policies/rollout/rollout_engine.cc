@@ -146,15 +146,16 @@ absl::StatusOr<std::vector<std::vector<Continuation>>> RolloutEngine::Run(const 
                                                    : nullptr;
   const bool fixed_shapes = graphs != nullptr || options_.fixed_shape_steps;
   KvBlockPool pool(config, blocks, bt, at::TensorOptions().dtype(model_.dtype()).device(device));
-  // The longest a sequence's positions reach: the widest step's columns.
+  // The widest step's columns: a sequence's positions reach its prompt and
+  // all but its last token (never fed back).
   int64_t max_columns = 1;
   for (const RolloutPrompt& p : prompts) {
     for (int64_t c = 0; c < p.continuations(); ++c) {
-      max_columns = std::max(max_columns, static_cast<int64_t>(p.ids.size()) + p.Cap(c, max_new));
+      max_columns = std::max(max_columns, static_cast<int64_t>(p.ids.size()) + p.Cap(c, max_new) - 1);
     }
   }
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<DecodeStep>> steps;  // by (rows, columns)
-  const int64_t pad = config.pad_token_id >= 0 ? config.pad_token_id : 0;
+  const int64_t pad = config.PadId();
   const at::Tensor stops = at::tensor(std::vector<int64_t>(stop_ids_.begin(), stop_ids_.end()), at::kLong);
 
   std::deque<Instance> waiting;
@@ -331,19 +332,14 @@ absl::StatusOr<std::vector<std::vector<Continuation>>> RolloutEngine::Run(const 
       int64_t longest = 0;
       for (const Prefilled& p : admitted) longest = std::max(longest, length_of(p.instance));
       at::Tensor ids = at::full({rows, longest}, pad, at::kLong);
-      at::Tensor mask = at::zeros({rows, longest}, at::kLong);
-      at::Tensor slots = at::full({rows, longest}, pool.scratch_slot(), at::kLong);
+      at::Tensor mask = at::empty({rows, longest}, at::kLong);
+      at::Tensor slots = at::empty({rows, longest}, at::kLong);
       for (int64_t r = 0; r < rows; ++r) {
         const Prefilled& p = admitted[static_cast<size_t>(r)];
         const auto& prompt = prompts[static_cast<size_t>(p.instance.prompt)].ids;
-        const int64_t length = length_of(p.instance), offset = longest - length;
-        int64_t* id = ids[r].data_ptr<int64_t>();
-        int64_t* slot = slots[r].data_ptr<int64_t>();
-        for (int64_t j = 0; j < length; ++j) {
-          id[offset + j] = prompt[static_cast<size_t>(j)];
-          slot[offset + j] = pool.Slot(p.blocks, j);
-        }
-        mask[r].narrow(0, offset, length).fill_(1);
+        const int64_t length = length_of(p.instance);
+        std::copy(prompt.begin(), prompt.end(), ids[r].data_ptr<int64_t>() + longest - length);
+        pool.FillRow(p.blocks, length, longest, slots[r].data_ptr<int64_t>(), mask[r].data_ptr<int64_t>());
         stats_.prefill_tokens += length;
       }
       PagedKvView view(pool, slots, longest);
@@ -415,16 +411,12 @@ absl::StatusOr<std::vector<std::vector<Continuation>>> RolloutEngine::Run(const 
       stats_.captured_graphs += !replay && step->captured() ? 1 : 0;
     } else {
       at::Tensor ids = at::empty({rows, 1}, at::kLong);
-      at::Tensor mask = at::zeros({rows, columns}, at::kLong);
-      at::Tensor slots = at::full({rows, columns}, pool.scratch_slot(), at::kLong);
-      int64_t* id = ids.data_ptr<int64_t>();
-      int64_t* real = mask.data_ptr<int64_t>();
-      int64_t* slot = slots.data_ptr<int64_t>();
+      at::Tensor mask = at::empty({rows, columns}, at::kLong);
+      at::Tensor slots = at::empty({rows, columns}, at::kLong);
       for (int64_t r = 0; r < rows; ++r) {
         const Sequence& s = running[order[static_cast<size_t>(r)]];
-        id[r] = s.last;
-        const int64_t offset = r * columns + longest - s.cached;
-        for (int64_t j = 0; j <= s.cached; ++j) slot[offset + j] = pool.Slot(s.table, j), real[offset + j] = 1;
+        ids.data_ptr<int64_t>()[r] = s.last;
+        pool.FillRow(s.table, s.cached + 1, columns, slots[r].data_ptr<int64_t>(), mask[r].data_ptr<int64_t>());
       }
       PagedKvView view(pool, slots, 1);
       const at::Tensor hidden = model_.Hidden(ids.to(device), mask.to(device), &view);

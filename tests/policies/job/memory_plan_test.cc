@@ -322,6 +322,37 @@ TEST(MemoryPlanTest, TruncatedSamplingAddsItsSortToTheDecodeStep) {
   EXPECT_EQ(top_p.phases.at("rollout").seconds, raw.phases.at("rollout").seconds);
 }
 
+// Off the CPU a decode step attends over a gathered copy of its KV blocks:
+// the rollout on a GPU prices, beside everything the CPU device prices,
+// each layer's keys and values read and written once more at every step.
+TEST(MemoryPlanTest, AGpuDecodeStepPaysForGatheringItsBlocks) {
+  const JobSpec cpu_spec = Spec("remax");
+  const JobSpec gpu_spec = Spec("remax", {"memory.device=cuda"});
+  const double cpu = PredictJob(cpu_spec, *JobModels(cpu_spec), Figures(), 1).phases.at("rollout").seconds;
+  const double gpu = PredictJob(gpu_spec, *JobModels(gpu_spec), Figures(), 1).phases.at("rollout").seconds;
+  // The tiny model: 4 layers, 4 key/value heads of 32 dims, fp32; 16
+  // prompts of 16 tokens, each a sample and the greedy baseline (32 rows),
+  // 24 new tokens: 23 decode steps over 17 .. 39 positions.
+  double gathered = 0;
+  for (int64_t c = 17; c <= 39; ++c) gathered += 4 * (2.0 * 2.0 * 32 * c * 4 * 32 * 4);
+  EXPECT_NEAR(gpu - cpu, gathered / Figures().memory_copy_bytes_per_s, 1e-9 * cpu);
+}
+
+// With CUDA graphs the graphs' pool keeps a decode step of the widest
+// bucket for the whole rollout, and prefills run beside it: the rollout's
+// device peak grows on a GPU whose actor is resident, nowhere else.
+TEST(MemoryPlanTest, CudaGraphsKeepADecodeStepBesideThePrefills) {
+  auto rollout_peak = [](std::vector<std::string> overrides, bool graphs) {
+    overrides.push_back(std::string("generation.cuda_graphs=") + (graphs ? "true" : "false"));
+    const JobSpec spec = Spec("remax", overrides);
+    return PredictJob(spec, *JobModels(spec), Figures(), 1).phases.at("rollout").peak[0];
+  };
+  EXPECT_GT(rollout_peak({"memory.device=cuda"}, true), rollout_peak({"memory.device=cuda"}, false));
+  EXPECT_EQ(rollout_peak({}, true), rollout_peak({}, false)) << "the CPU runs exact steps";
+  const std::vector<std::string> streamed = {"memory.device=cuda", "models.actor.placement.weights=host"};
+  EXPECT_EQ(rollout_peak(streamed, true), rollout_peak(streamed, false)) << "streamed layers run exact steps";
+}
+
 // Models load one at a time: a model's tensors are read whole, then its
 // streamed layers go home and only what it keeps stays. With every model's
 // layers on NVMe (and the actor stepping each layer in its backward, so no

@@ -4,7 +4,9 @@
 #include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "policies/rollout/rollout_engine.h"
@@ -14,8 +16,8 @@ namespace strata::policies {
 namespace {
 
 TEST(DecodeStepTest, BucketsRoundRowsAndColumnsUp) {
-  const std::vector<std::pair<int64_t, int64_t>> rows = {{1, 1},  {2, 2},   {3, 4},   {5, 8},
-                                                         {8, 8},  {9, 16},  {17, 24}, {64, 64}};
+  const std::vector<std::pair<int64_t, int64_t>> rows = {{1, 1},  {2, 2},   {3, 4},   {5, 8},   {8, 8},
+                                                         {9, 16}, {17, 24}, {64, 64}, {65, 96}, {200, 224}};
   for (const auto& [n, bucket] : rows) EXPECT_EQ(RowBucket(n), bucket) << n << " rows";
   EXPECT_EQ(ColumnBucket(1, 16, 1000), 16);
   EXPECT_EQ(ColumnBucket(5, 4, 100), 8);
@@ -28,8 +30,8 @@ TEST(DecodeStepTest, BucketsRoundRowsAndColumnsUp) {
 // Two sequences over a pool of random keys and values: one sampled, one
 // greedy, 6 and 9 positions cached.
 struct Fixture {
-  std::unique_ptr<LlamaModel> model =
-      LlamaModel::RandomInit(TinyConfig(ModelFamily::kMistral), LlamaHead::kLanguageModel, at::kFloat, 3, 0.5);
+  std::unique_ptr<LlamaModel> model = LlamaModel::RandomInit(TinyConfig(ModelFamily::kMistral),
+                                                             LlamaHead::kLanguageModel, at::kFloat, 3, 0.5);
   KvBlockPool pool{model->config(), 8, 4, at::TensorOptions().dtype(at::kFloat)};
   std::vector<int64_t> a = {5, 1}, b = {2, 7, 0};  // block tables
   std::vector<StepRow> batch = {{11, &a, 6, RowDraw{77, 3}}, {12, &b, 9, std::nullopt}};
@@ -58,8 +60,9 @@ struct Fixture {
 
 // Pad rows and columns beyond the longest sequence are masked out: the two
 // real rows pick the same tokens in a bucket of 2 x 10 (exact) as in one
-// of 8 x 16, with log-probs equal to float rounding (the wider bucket sums
-// attention over more, masked, columns), and the pad rows stay finite.
+// of 8 x 16, with log-probs equal to float rounding (masked columns add
+// exact zeros, but products over other shapes sum in another order), and
+// the pad rows stay finite.
 TEST(DecodeStepTest, PadRowsAndWiderColumnsChangeNoRealRowsPick) {
   Fixture f;
   const SampledTokens exact = f.Step(2, 10, 2);
@@ -83,49 +86,61 @@ TEST(DecodeStepTest, NotFiniteLogitsFailASampledRowOnly) {
   EXPECT_THROW(f.Step(2, 10, 2), c10::Error);
 }
 
-// On a GPU the engine captures each bucket's step as a CUDA graph on its
-// first use and replays it after. A replay runs the kernels the eager
+// On a GPU the engine captures a bucket's step as a CUDA graph on its
+// second use and replays it after. A replay runs the kernels the eager
 // step ran, so it picks what eager fixed-shape steps pick; a capture that
-// met a host read or a copy from the host would have thrown.
+// met a host read or a copy from the host would have thrown. Every
+// attention path a decode step can take on a GPU is captured: the additive
+// mask with grouped heads (Llama's tiny shape), with Mistral's window, and
+// the fused kernel with equal key/value heads; a concurrency limit makes
+// rows come and go, so buckets replay out of their capture order.
 TEST(DecodeStepTest, CudaGraphsPickWhatEagerStepsPick_CUDA) {
   if (!at::hasCUDA()) GTEST_SKIP() << "needs a GPU";
   const at::Device cuda(at::kCUDA, 0);
-  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
-    auto cpu = LlamaModel::RandomInit(TinyConfig(ModelFamily::kLlama), LlamaHead::kLanguageModel, dtype, 5, 0.5);
-    LlamaWeights weights = cpu->weights();
-    MoveToDevice(weights, cuda, /*include_layers=*/true);
-    const LlamaModel model(cpu->config(), LlamaHead::kLanguageModel, weights);
-    SamplingOptions sampling;
-    sampling.max_new_tokens = 24;
-    sampling.top_p = 0.9;
-    std::vector<RolloutPrompt> prompts;
-    for (int32_t p = 0; p < 6; ++p) {
-      std::vector<int32_t> ids(static_cast<size_t>(2 + 3 * p));
-      for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((7 * p + 3 * i) % 50);
-      prompts.push_back({ids, {100u + static_cast<uint64_t>(p), 200u + static_cast<uint64_t>(p)}, true, {}});
-    }
-    const std::vector<int64_t> stops = {2, 9, 14};
-    RolloutEngineOptions eager;
-    eager.kv_block_tokens = 4;
-    eager.cuda_graphs = false;
-    eager.fixed_shape_steps = true;
-    RolloutEngineOptions graphed = eager;
-    graphed.cuda_graphs = true;
-    RolloutEngine want_engine(model, eager, stops), got_engine(model, graphed, stops);
-    auto want = want_engine.Run(prompts, sampling);
-    auto got = got_engine.Run(prompts, sampling);
-    ASSERT_TRUE(want.ok()) << want.status();
-    ASSERT_TRUE(got.ok()) << got.status();
-    EXPECT_EQ(want_engine.stats().captured_graphs, 0);
-    EXPECT_GT(got_engine.stats().captured_graphs, 0);
-    EXPECT_GT(got_engine.stats().replayed_steps, got_engine.stats().captured_graphs);
-    const std::string what = dtype == at::kFloat ? "fp32" : "bf16";
-    for (size_t p = 0; p < prompts.size(); ++p) {
-      for (size_t c = 0; c < 3; ++c) {
-        const Continuation &w = (*want)[p][c], &g = (*got)[p][c];
-        EXPECT_EQ(w.tokens, g.tokens) << what << ", prompt " << p << ", continuation " << c;
-        for (size_t t = 0; t < std::min(w.logprobs.size(), g.logprobs.size()); ++t) {
-          EXPECT_NEAR(w.logprobs[t], g.logprobs[t], 1e-5) << what << ", prompt " << p << ", continuation " << c;
+  LlamaConfig equal_heads = TinyConfig(ModelFamily::kLlama);
+  equal_heads.num_key_value_heads = equal_heads.num_attention_heads;
+  const std::vector<std::pair<std::string, LlamaConfig>> shapes = {{"llama", TinyConfig(ModelFamily::kLlama)},
+                                                                   {"mistral", TinyConfig(ModelFamily::kMistral)},
+                                                                   {"equal heads", equal_heads}};
+  for (const auto& [name, config] : shapes) {
+    for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      auto cpu = LlamaModel::RandomInit(config, LlamaHead::kLanguageModel, dtype, 5, 0.5);
+      LlamaWeights weights = cpu->weights();
+      MoveToDevice(weights, cuda, /*include_layers=*/true);
+      const LlamaModel model(cpu->config(), LlamaHead::kLanguageModel, weights);
+      SamplingOptions sampling;
+      sampling.max_new_tokens = 24;
+      sampling.top_p = 0.9;
+      std::vector<RolloutPrompt> prompts;
+      for (int32_t p = 0; p < 6; ++p) {
+        std::vector<int32_t> ids(static_cast<size_t>(2 + 3 * p));
+        for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((7 * p + 3 * i) % 50);
+        prompts.push_back({ids, {100u + static_cast<uint64_t>(p), 200u + static_cast<uint64_t>(p)}, true, {}});
+      }
+      const std::vector<int64_t> stops = {2, 9, 14};
+      RolloutEngineOptions eager;
+      eager.kv_block_tokens = 4;
+      eager.max_concurrency = 5;
+      eager.cuda_graphs = false;
+      eager.fixed_shape_steps = true;
+      RolloutEngineOptions graphed = eager;
+      graphed.cuda_graphs = true;
+      RolloutEngine want_engine(model, eager, stops), got_engine(model, graphed, stops);
+      auto want = want_engine.Run(prompts, sampling);
+      auto got = got_engine.Run(prompts, sampling);
+      const std::string what = name + (dtype == at::kFloat ? ", fp32" : ", bf16");
+      ASSERT_TRUE(want.ok()) << what << ": " << want.status();
+      ASSERT_TRUE(got.ok()) << what << ": " << got.status();
+      EXPECT_EQ(want_engine.stats().captured_graphs, 0) << what;
+      EXPECT_GT(got_engine.stats().captured_graphs, 0) << what;
+      EXPECT_GT(got_engine.stats().replayed_steps, got_engine.stats().captured_graphs) << what;
+      for (size_t p = 0; p < prompts.size(); ++p) {
+        for (size_t c = 0; c < 3; ++c) {
+          const Continuation &w = (*want)[p][c], &g = (*got)[p][c];
+          EXPECT_EQ(w.tokens, g.tokens) << what << ", prompt " << p << ", continuation " << c;
+          for (size_t t = 0; t < std::min(w.logprobs.size(), g.logprobs.size()); ++t) {
+            EXPECT_NEAR(w.logprobs[t], g.logprobs[t], 1e-5) << what << ", prompt " << p << ", continuation " << c;
+          }
         }
       }
     }

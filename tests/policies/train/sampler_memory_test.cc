@@ -22,21 +22,25 @@ double PeakBytesPerEntry(int64_t rows, int64_t vocab, const SamplingOptions& opt
   return static_cast<double>(monitor.peak_bytes() - before) / static_cast<double>(rows * vocab);
 }
 
-// The race's Philox words (int64 tensors, ~76 bytes an entry when the
-// whole vocabulary draws at once) are made a chunk of the vocabulary at a
-// time, so a decode step of 64 rows over a 128k vocabulary (what a CUDA
-// graph's memory pool keeps for the rollout) needs the logits' own size a
-// few times over, not 76 bytes an entry: the probabilities (4), the
-// log-sum-exp's temporary (4), a 64 MiB chunk (8 at this size), and for
-// top-p the sort's values, indices and cumulative sum (16).
+// The race's Philox words (int64 tensors, 76 bytes an entry when the whole
+// vocabulary draws at once) are made a chunk of the vocabulary at a time,
+// at most kRaceChunkBytes of them. Beside the chunk a step needs the
+// logits' own size a few times over: the probabilities (4), a log-sum-exp's
+// temporary (4) and a little more (under 16 bytes an entry); for top-p
+// also the sort's values, indices and cumulative sum (16 more). At 64 rows
+// of a 128k vocabulary the whole race would take 76 bytes an entry, past
+// both bounds.
 TEST(SamplerMemoryTest, TheRaceDrawsAChunkOfTheVocabularyAtATime) {
+  const int64_t rows = 64, vocab = 128256;
+  const double chunk = static_cast<double>(kRaceChunkBytes) / static_cast<double>(rows * vocab);
   SamplingOptions raw, truncated;
   truncated.temperature = 0.9;
   truncated.top_p = 0.95;
-  const double raw_bytes = PeakBytesPerEntry(64, 128256, raw);
-  const double truncated_bytes = PeakBytesPerEntry(64, 128256, truncated);
-  EXPECT_LT(raw_bytes, 24.0);
-  EXPECT_LT(truncated_bytes, 40.0);
+  const double raw_bytes = PeakBytesPerEntry(rows, vocab, raw);
+  const double truncated_bytes = PeakBytesPerEntry(rows, vocab, truncated);
+  ASSERT_LT(16.0 + chunk, 76.0) << "the sizes no longer tell a chunked race from a whole one";
+  EXPECT_LT(raw_bytes, 16.0 + chunk);
+  EXPECT_LT(truncated_bytes, 32.0 + chunk);
   ::testing::Test::RecordProperty("raw_bytes_per_entry", std::to_string(raw_bytes));
   ::testing::Test::RecordProperty("top_p_bytes_per_entry", std::to_string(truncated_bytes));
 }
