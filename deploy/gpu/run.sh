@@ -6,6 +6,7 @@
 #   bash deploy/gpu/run.sh build dist unit      # about 7 minutes with the machine's start
 #   bash deploy/gpu/run.sh build bench chain    # then, warm
 #   bash deploy/gpu/run.sh build long           # fused vs blocked attention, activation offload (5 minutes at most)
+#   bash deploy/gpu/run.sh build rollout        # the rollout engine: CUDA graphs vs eager steps (5 minutes at most)
 # Tried on the CPU first: STRATA_GPU_DEVICE=cpu STRATA_GPU_BUILD=build bash deploy/gpu/run.sh chain
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -119,6 +120,26 @@ long() {
     >"$out/long.json"
 }
 
+# The rollout engine on the device (issue 32): decode steps replayed as
+# CUDA graphs (--steps auto) against eager exact steps, each beside the
+# static loop, on the 51M shape and at Llama-2-7B's in bf16 (random
+# weights; lengths forced from 10-100% of 128 new tokens); on the CPU the
+# 51M shape's exact steps, to try the stage. One JSON object a line.
+rollout() {
+  local steps="auto exact" dtype=bf16 prompts=64
+  local configs=("$root/examples/medium/model.json" "$root/examples/llama2-7b/config.json")
+  if [ "$device" = cpu ]; then
+    steps=exact dtype=fp32 prompts=8 configs=("$root/examples/medium/model.json")
+  fi
+  : >"$out/rollout.jsonl"
+  for config in "${configs[@]}"; do
+    for s in $steps; do
+      "$strata" bench rollout --config "$config" --device "$device" --dtype "$dtype" --steps "$s" \
+        --prompts "$prompts" --check-greedy false --json >>"$out/rollout.jsonl" || return 1
+    done
+  done
+}
+
 # The tiny chain on the device: SFT and reward model, then ReMax and PPO
 # with a real NCCL group of one (parallel.backend=nccl) and, for the peer,
 # a gang of one with no group at all (auto), then the comparison table.
@@ -150,10 +171,11 @@ for name in "$@"; do
     unit) stage unit 240 ;;
     bench) stage bench 100 ;;
     long) stage long 300 ;;
+    rollout) stage rollout 300 ;;
     diag) stage diag 150 ;;
     crash) stage crash 150 ;;
     chain) stage chain 330 ;;
-    *) echo "run.sh: unknown stage '$name' (probe, build, dist, unit, diag, crash, bench, long, chain)" >&2; exit 2 ;;
+    *) echo "run.sh: unknown stage '$name' (probe, build, dist, unit, diag, crash, bench, long, rollout, chain)" >&2; exit 2 ;;
   esac
 done
 cat "$summary"

@@ -916,6 +916,14 @@ FitResult FitJob(const JobSpec& spec, const std::vector<PlannedModel>& models, c
   double nearest = 1e300;
   std::vector<JobPrediction> fits;
   JobSpec trial = spec;
+  // The device the hardware names decides what the phases cost (copies,
+  // streaming, the rollout's steps) and what the process's RSS holds.
+  std::string device;
+  if (hardware.cpu_device != spec.memory.on_cpu()) {
+    device = hardware.cpu_device ? "cpu" : "cuda:0";
+    trial.memory.device = device;
+    trial.memory.device_index = hardware.cpu_device ? -1 : 0;
+  }
   // Every combination of the models' options and micro-batches, with the
   // models' GaLore settings as `base` has them (`galore_rank`: those the
   // fit added, recorded in each prediction).
@@ -937,6 +945,7 @@ FitResult FitJob(const JobSpec& spec, const std::vector<PlannedModel>& models, c
         trial.train.micro_batch_size = micro;
         JobPrediction p = PredictJob(trial, placed, figures, workers);
         p.galore_rank = galore_rank;
+        p.device = device;
         ++result.tried;
         std::string tier;
         double over = 0;
@@ -1019,6 +1028,7 @@ std::vector<std::string> PredictionOverrides(const JobPrediction& prediction) {
     }
   }
   out.push_back(absl::StrCat("train.micro_batch_size=", prediction.micro_batch_size));
+  if (!prediction.device.empty()) out.push_back(absl::StrCat("memory.device=", prediction.device));
   const int64_t arena_mib = (prediction.peak[kHost] + prediction.peak[kHost] / 10 + (1 << 20) - 1) >> 20;
   out.push_back(absl::StrCat("memory.host_mib=", std::max<int64_t>(arena_mib, 64)));
   return out;

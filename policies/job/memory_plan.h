@@ -85,6 +85,10 @@ struct JobPrediction {
   // have no placement of their own.
   std::map<std::string, std::string> shares_base_of;
   int64_t micro_batch_size = 0;  // as train.micro_batch_size: 0 is the whole batch
+  // memory.device as FitJob priced it, where the hardware it fits names
+  // another kind of device than the spec (a GPU for a spec on the CPU);
+  // empty: the spec's.
+  std::string device;
   // Roles FitJob put GaLore on because nothing fit with full Adam, and its
   // rank (the spec's own galore settings are not listed).
   std::map<std::string, int64_t> galore_rank;
@@ -130,7 +134,9 @@ struct FitResult {
   int64_t tried = 0;
 };
 
-// Tries every supported placement of every model (weights device / host /
+// Prices the device `hardware` names (a spec on the CPU fitted to a GPU is
+// planned on cuda:0, one on a GPU fitted to device=cpu on the CPU) and
+// tries every supported placement of every model (weights device / host /
 // nvme; optimizer device / host / nvme; prefetch 1 or 2; step_in_backward
 // where the spec allows it) and, unless `vary_micro_batch` is false,
 // micro-batch sizes from the spec's down to 1. When nothing fits, tries
@@ -144,8 +150,8 @@ FitResult FitJob(const JobSpec& spec, const std::vector<PlannedModel>& models, c
 
 // The spec overrides ("models.actor.placement.weights=host", ...) that turn
 // a spec into the prediction's: placements, GaLore where the fit added it,
-// train.micro_batch_size, and memory.host_mib set to what the arena needs
-// with 10% to spare.
+// train.micro_batch_size, memory.device where the fit changed it, and
+// memory.host_mib set to what the arena needs with 10% to spare.
 std::vector<std::string> PredictionOverrides(const JobPrediction& prediction);
 
 }  // namespace strata::policies

@@ -1,5 +1,6 @@
 #include "policies/job/memory_plan.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "base/file.h"
@@ -351,6 +352,33 @@ TEST(MemoryPlanTest, CudaGraphsKeepADecodeStepBesideThePrefills) {
   EXPECT_EQ(rollout_peak({}, true), rollout_peak({}, false)) << "the CPU runs exact steps";
   const std::vector<std::string> streamed = {"memory.device=cuda", "models.actor.placement.weights=host"};
   EXPECT_EQ(rollout_peak(streamed, true), rollout_peak(streamed, false)) << "streamed layers run exact steps";
+}
+
+// `--fit device=80GiB,...` plans a GPU even for a spec left on the CPU
+// (memory.device's default): its costs and RSS are the GPU's, and the
+// written spec says so.
+TEST(MemoryPlanTest, AFitPricesTheDeviceItsHardwareNames) {
+  const JobSpec cpu_spec = Spec("remax");
+  const auto gpu = ParseHardware("device=80GiB,host=128GiB,nvme=2TiB");
+  ASSERT_TRUE(gpu.ok());
+  const FitResult fit = FitJob(cpu_spec, *JobModels(cpu_spec), Figures(), *gpu, 1);
+  ASSERT_TRUE(fit.fits);
+  EXPECT_EQ(fit.chosen.device, "cuda:0");
+  std::vector<std::string> overrides = PredictionOverrides(fit.chosen);
+  ASSERT_NE(std::find(overrides.begin(), overrides.end(), "memory.device=cuda:0"), overrides.end());
+  const JobSpec placed = Spec("remax", overrides);
+  const JobPrediction again = PredictJob(placed, *JobModels(placed), Figures(), 1);
+  EXPECT_DOUBLE_EQ(again.iteration_s, fit.chosen.iteration_s);
+  EXPECT_EQ(again.peak, fit.chosen.peak);
+  EXPECT_EQ(again.process_rss_bytes, fit.chosen.process_rss_bytes);
+  // The same placements priced on the CPU device differ.
+  overrides.push_back("memory.device=cpu");
+  const JobSpec on_cpu = Spec("remax", overrides);
+  EXPECT_NE(PredictJob(on_cpu, *JobModels(on_cpu), Figures(), 1).iteration_s, fit.chosen.iteration_s);
+  // A fit for the CPU device keeps the spec's device.
+  const auto cpu = ParseHardware("device=cpu,host=24GiB,nvme=60GB");
+  ASSERT_TRUE(cpu.ok());
+  EXPECT_EQ(FitJob(cpu_spec, *JobModels(cpu_spec), Figures(), *cpu, 1).chosen.device, "");
 }
 
 // Models load one at a time: a model's tensors are read whole, then its
