@@ -1,5 +1,6 @@
 #include "bench/rollout_bench.h"
 
+#include <ATen/Context.h>
 #include <ATen/Parallel.h>
 
 #include <chrono>
@@ -113,6 +114,18 @@ absl::StatusOr<std::string> RunRolloutBench(const RolloutBenchRequest& r) {
         "and each prompt needs a sample or the greedy baseline");
   }
   STRATA_ASSIGN_OR_RETURN(auto dtype, policies::ParseModelDType(r.dtype));
+  at::Device device(at::kCPU);
+  try {
+    device = at::Device(r.device);
+  } catch (const c10::Error&) {
+    return absl::InvalidArgumentError(absl::StrCat("--device: '", r.device, "' is not a device (cpu, cuda, cuda:N)"));
+  }
+  if (device.is_cuda() && !at::hasCUDA()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--device ", r.device,
+                     ": this strata was built without CUDA, or sees no GPU (configure against a CUDA "
+                     "libtorch on a machine with one)"));
+  }
   std::unique_ptr<policies::LlamaModel> model;
   if (!r.model.empty()) {
     STRATA_ASSIGN_OR_RETURN(model, policies::LlamaModel::Load(r.model, policies::LlamaHead::kLanguageModel, dtype));
@@ -122,12 +135,6 @@ absl::StatusOr<std::string> RunRolloutBench(const RolloutBenchRequest& r) {
     // Room for the workload whatever the file says.
     config.max_position_embeddings = std::max(config.max_position_embeddings, r.max_prompt_tokens + r.new_tokens);
     model = policies::LlamaModel::RandomInit(config, policies::LlamaHead::kLanguageModel, dtype, 1);
-  }
-  at::Device device(at::kCPU);
-  try {
-    device = at::Device(r.device);
-  } catch (const c10::Error&) {
-    return absl::InvalidArgumentError(absl::StrCat("--device: '", r.device, "' is not a device (cpu, cuda, cuda:N)"));
   }
   if (!device.is_cpu()) {
     policies::LlamaWeights weights = model->weights();

@@ -33,8 +33,13 @@ TEST(BenchTest, TransferOnTheCpuDeviceReportsBothSides) {
 
 TEST(BenchTest, GpuDevicesAreRefusedByACpuBuild) {
   if (offload::CudaBuilt()) GTEST_SKIP() << "CUDA build";
-  for (const std::string sub : {"transfer", "stream"}) {
-    const auto run = Strata({"bench", sub, "--device", "cuda"});
+  for (const std::string sub : {"transfer", "stream", "rollout"}) {
+    std::vector<std::string> args = {"bench", sub, "--device", "cuda"};
+    if (sub == "rollout") {
+      args.insert(args.end(),
+                  {"--config", testing::SourcePath("examples/tiny/model.json"), "--prompts", "1", "--new-tokens", "2"});
+    }
+    const auto run = Strata(args);
     EXPECT_NE(run.exit_code, 0) << sub;
     EXPECT_NE(run.error.find("FAILED_PRECONDITION"), std::string::npos) << run.error;
     EXPECT_NE(run.error.find("without CUDA"), std::string::npos) << run.error;
@@ -66,6 +71,24 @@ TEST(BenchTest, LongStepSkipsFusedAttentionWithoutTheKernelAndRefusesAMissingGpu
   const auto bad = Strata({"bench", "long", "--config", config, "--tokens", "64", "--device", "tpu"});
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.error.find("--device"), std::string::npos) << bad.error;
+}
+
+// The rollout bench as a user runs it, in the fixed-shape steps a GPU's
+// CUDA graphs replay: every forced token decoded by both loops (the bench
+// fails otherwise), some rows padded into their bucket. Whether tokens
+// agree is the engine tests' to say, with their margins: here another
+// CPU's kernels could meet a near-tie.
+TEST(BenchTest, RolloutInFixedShapeStepsMatchesTheStaticLoop) {
+  const auto run = Strata({"bench", "rollout", "--config", testing::SourcePath("examples/tiny/model.json"), "--prompts",
+                           "6", "--new-tokens", "12", "--steps", "fixed", "--json"});
+  ASSERT_EQ(run.exit_code, 0) << run.error;
+  const json j = json::parse(run.output);
+  EXPECT_EQ(j["steps"], "fixed");
+  EXPECT_EQ(j["device"], "cpu");
+  EXPECT_GT(j["engine_padded_rows"].get<int64_t>(), 0);
+  EXPECT_EQ(j["engine_captured_graphs"].get<int64_t>(), 0) << "no graphs on the CPU";
+  EXPECT_EQ(j["greedy_continuations"].get<int64_t>(), 6);
+  EXPECT_EQ(j["sampled_total"].get<int64_t>(), 6 * 4);
 }
 
 TEST(BenchTest, SmallStreamStepStaysWithinItsBudget) {
