@@ -353,14 +353,14 @@ at::Tensor DrawUniforms(const at::Tensor& keys, int64_t begin, int64_t count) {
 
 // The exponential race's winner of each row of `probs` [rows, V]: the
 // argmax of p / -log u, a chunk of the vocabulary at a time so that the
-// Philox words take at most kRaceChunkBytes (sampling.h). The first of
+// Philox words take at most `chunk_bytes`. The first of
 // equal entries wins, as argmax has it. An entry of probability 0 never
 // wins (u = 1 would make it 0 / -0, a NaN); a row of NaN (no finite
 // distribution) races nothing and picks entry 0, whose NaN probability
 // the caller reports.
-at::Tensor RaceWinners(const at::Tensor& probs, const at::Tensor& keys) {
+at::Tensor RaceWinners(const at::Tensor& probs, const at::Tensor& keys, int64_t chunk_bytes) {
   const int64_t rows = probs.size(0), vocab = probs.size(1);
-  const int64_t fit = kRaceChunkBytes / (kRaceBytesPerEntry * std::max<int64_t>(rows, 1));
+  const int64_t fit = chunk_bytes / (kRaceBytesPerEntry * std::max<int64_t>(rows, 1));
   const int64_t chunk = std::max<int64_t>(fit / kEntriesPerGroup, 1) * kEntriesPerGroup;
   at::Tensor best_value, best_index;
   for (int64_t begin = 0; begin < vocab; begin += chunk) {
@@ -434,7 +434,7 @@ double DrawUniform(const RowDraw& draw, int64_t entry) {
 }
 
 at::Tensor PickOnDevice(const at::Tensor& logits, const SamplingOptions& options, const at::Tensor& keys,
-                        const at::Tensor& greedy) {
+                        const at::Tensor& greedy, int64_t race_chunk_bytes) {
   TORCH_CHECK(logits.dim() == 2, "sampling: logits must be [rows, vocabulary], got ", logits.sizes());
   const at::Tensor scores = logits.to(at::kFloat);
   const at::Tensor greedy_ids = scores.argmax(-1);
@@ -448,7 +448,7 @@ at::Tensor PickOnDevice(const at::Tensor& logits, const SamplingOptions& options
   // Every row draws; greedy rows then take their argmax instead. Shapes
   // never depend on which rows are which.
   const at::Tensor probs = SamplingProbs(scores, options);
-  const at::Tensor next = at::where(greedy, greedy_ids, RaceWinners(probs, keys));
+  const at::Tensor next = at::where(greedy, greedy_ids, RaceWinners(probs, keys, race_chunk_bytes));
   const at::Tensor drawn_prob = probs.gather(1, next.unsqueeze(1)).squeeze(1).to(at::kDouble);
   // Greedy rows' log-probs as the CPU's greedy path computes them.
   const at::Tensor logprobs = at::where(greedy, RawLogProbs(scores, next),

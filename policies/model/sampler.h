@@ -59,9 +59,10 @@ SampledTokens SampleWithTensorOps(const at::Tensor& logits, const SamplingOption
 // ignored when options.greedy. Returns [3, rows] float64: the picked id,
 // its log p under softmax(logits) (temperature 1, untruncated) and its
 // sampling probability (1 for greedy rows, not positive for a sampled row
-// whose logits were not finite).
+// whose logits were not finite). The race's Philox words take at most
+// `race_chunk_bytes` (tests make it small to race over many chunks).
 at::Tensor PickOnDevice(const at::Tensor& logits, const SamplingOptions& options, const at::Tensor& keys,
-                        const at::Tensor& greedy);
+                        const at::Tensor& greedy, int64_t race_chunk_bytes = kRaceChunkBytes);
 
 // PickOnDevice's output (or its first columns), brought to the host: ids
 // and log-probs, and the error SampleNextTokens gives a sampled row whose

@@ -140,11 +140,8 @@ TEST(SamplerTest, TensorOperationsDrawWhatTheNativeRaceDraws) {
   truncated.top_p = 0.9;
   greedy.greedy = true;
   at::Generator gen = at::detail::createCPUGenerator(5);
-  // 64 rows of 32000 entries race over three chunks of the vocabulary
-  // (sampler.cc bounds the race's working memory to 64 MiB), the others
-  // over one.
   for (const int64_t vocab : {1001, 32000}) {
-    const int64_t rows = vocab > 5000 ? 64 : 40;
+    const int64_t rows = vocab > 5000 ? 12 : 40;
     const at::Tensor logits = at::randn({rows, vocab}, gen, at::TensorOptions().dtype(at::kFloat)) * 3.0;
     const std::vector<RowDraw> draws = RandomDraws(rows, static_cast<uint64_t>(vocab));
     for (const SamplingOptions& options : {raw, tempered, truncated, greedy}) {
@@ -152,6 +149,14 @@ TEST(SamplerTest, TensorOperationsDrawWhatTheNativeRaceDraws) {
       const SampledTokens ops = SampleWithTensorOps(logits, options, draws);
       EXPECT_TRUE(at::equal(native.ids, ops.ids)) << "vocab " << vocab << " T " << options.temperature;
       EXPECT_TRUE(at::allclose(native.logprobs, ops.logprobs, 0, 1e-5));
+      // The race a chunk of the vocabulary at a time: with 1 MiB of words
+      // a chunk is 256 entries for 1001's 40 rows and 1024 for 32000's 12
+      // (4 and 32 chunks, the last of each partial).
+      std::vector<int64_t> keys;
+      for (const RowDraw& d : draws) keys.push_back(static_cast<int64_t>(d.seed)), keys.push_back(d.step);
+      const at::Tensor chunked = PickOnDevice(logits, options, at::tensor(keys, at::kLong).view({rows, 2}),
+                                              at::zeros({rows}, at::kBool), /*race_chunk_bytes=*/1 << 20);
+      EXPECT_TRUE(at::equal(native.ids, chunked[0].to(at::kLong))) << "vocab " << vocab << ", in chunks";
     }
   }
 }
