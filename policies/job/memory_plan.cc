@@ -299,18 +299,25 @@ struct DecodeShape {
   bool truncates = false;  // top-k or top-p sort the logits
 };
 
+// One layer's keys and values gathered out of the KV blocks for a decode
+// step off the CPU, R rows of C positions (the fused kernel takes no
+// block table).
+double GatheredKvBytes(const ModelShape& s, int64_t R, int64_t C) {
+  return 2.0 * static_cast<double>(R * C * s.kv_heads * s.head_dim) * s.E;
+}
+
 // A decode step's working set beside the KV pool: its logits, the
 // sampler's work over them (8 bytes an entry: the probabilities and a
 // log-sum-exp's temporary; 16 more where top-k or top-p sort them:
 // tests/policies/train/sampler_memory_test.cc measures both), and off the
 // CPU the race's Philox words (a chunk at most) and one layer's gathered
-// keys and values (the fused kernel takes no block table).
+// keys and values.
 double DecodeStepBytes(const ModelShape& s, int64_t R, int64_t C, const DecodeShape& d) {
   const double entries = static_cast<double>(R * s.head_width);
   double bytes = HeadBytes(s, R, 1, 1, false) + (d.truncates ? 24.0 : 8.0) * entries;
   if (!d.cpu_device) {
     bytes += std::min(static_cast<double>(kRaceBytesPerEntry) * entries, static_cast<double>(kRaceChunkBytes)) +
-             2.0 * static_cast<double>(R * C * s.kv_heads * s.head_dim) * s.E;
+             GatheredKvBytes(s, R, C);
   }
   return bytes;
 }
@@ -362,11 +369,6 @@ class CostModel {
   }
   double Copy(double bytes) const { return bytes / f_.memory_copy_bytes_per_s; }
 
-  // A decode step's gather of one layer's keys and values, R rows of C
-  // positions: each byte read from the pool and written to the copy.
-  static double GatheredKvBytes(const ModelShape& s, int64_t R, int64_t C) {
-    return 2.0 * 2.0 * static_cast<double>(R * C * s.kv_heads * s.head_dim) * s.E;
-  }
   // One layer's forward: R rows of Tq new tokens attending to C.
   double LayerForward(const ModelShape& s, int64_t R, int64_t Tq, int64_t C) const {
     const int64_t m = R * Tq;
@@ -387,9 +389,8 @@ class CostModel {
     // traffic plus a fixed cost per operation.
     double elementwise = (14.0 * m * s.H + 4.0 * m * s.I) * s.E + 12.0 * R * s.heads * Tq * C;
     // A decode step off the CPU attends over a gathered copy of its KV
-    // blocks (the fused kernel takes no block table): keys and values read
-    // and written once more.
-    if (!cpu_device_ && Tq == 1 && C > 1) elementwise += GatheredKvBytes(s, R, C);
+    // blocks: each byte read from the pool and written to the copy.
+    if (!cpu_device_ && Tq == 1 && C > 1) elementwise += 2.0 * GatheredKvBytes(s, R, C);
     return t + Copy(elementwise) + f_.layer_overhead_s;
   }
   // Bringing a streamed model's layers in once.

@@ -268,12 +268,14 @@ bool Untouched(const SamplingOptions& options) {
 // vocabulary; a drawn token's probability is positive, but below float's
 // normal range its log loses digits, so those rows take the slow way. On
 // the host a test skips the slow way when no row needs it; on a device that
-// test would wait for the device, so both are computed.
+// test would wait for the device, so both are computed. Rows in `slow`
+// (bool [rows], optional: greedy ones) take the slow way too.
 at::Tensor PickedLogProbs(const at::Tensor& scores, const at::Tensor& probs, const at::Tensor& next,
-                          const SamplingOptions& options) {
+                          const SamplingOptions& options, const at::Tensor& slow = {}) {
   if (!Untouched(options)) return RawLogProbs(scores, next);
   const at::Tensor drawn = probs.gather(1, next.unsqueeze(1)).squeeze(1);
-  const at::Tensor tiny = drawn < std::numeric_limits<float>::min();
+  at::Tensor tiny = drawn < std::numeric_limits<float>::min();
+  if (slow.defined()) tiny = tiny.logical_or(slow);
   if (scores.device().is_cpu() && !tiny.any().item<bool>()) return drawn.log().contiguous();
   return at::where(tiny, RawLogProbs(scores, next), drawn.log()).contiguous();
 }
@@ -451,8 +453,7 @@ at::Tensor PickOnDevice(const at::Tensor& logits, const SamplingOptions& options
   const at::Tensor next = at::where(greedy, greedy_ids, RaceWinners(probs, keys, race_chunk_bytes));
   const at::Tensor drawn_prob = probs.gather(1, next.unsqueeze(1)).squeeze(1).to(at::kDouble);
   // Greedy rows' log-probs as the CPU's greedy path computes them.
-  const at::Tensor logprobs = at::where(greedy, RawLogProbs(scores, next),
-                                        PickedLogProbs(scores, probs, next, options));
+  const at::Tensor logprobs = PickedLogProbs(scores, probs, next, options, /*slow=*/greedy);
   return at::stack(
       {next.to(at::kDouble), logprobs.to(at::kDouble), at::where(greedy, at::ones_like(drawn_prob), drawn_prob)});
 }

@@ -334,12 +334,15 @@ absl::StatusOr<std::vector<std::vector<Continuation>>> RolloutEngine::Run(const 
       at::Tensor ids = at::full({rows, longest}, pad, at::kLong);
       at::Tensor mask = at::empty({rows, longest}, at::kLong);
       at::Tensor slots = at::empty({rows, longest}, at::kLong);
+      int64_t* id = ids.data_ptr<int64_t>();
+      int64_t* slot = slots.data_ptr<int64_t>();
+      int64_t* real = mask.data_ptr<int64_t>();
       for (int64_t r = 0; r < rows; ++r) {
         const Prefilled& p = admitted[static_cast<size_t>(r)];
         const auto& prompt = prompts[static_cast<size_t>(p.instance.prompt)].ids;
-        const int64_t length = length_of(p.instance);
-        std::copy(prompt.begin(), prompt.end(), ids[r].data_ptr<int64_t>() + longest - length);
-        pool.FillRow(p.blocks, length, longest, slots[r].data_ptr<int64_t>(), mask[r].data_ptr<int64_t>());
+        const int64_t length = length_of(p.instance), row = r * longest;
+        std::copy(prompt.begin(), prompt.end(), id + row + longest - length);
+        pool.FillRow(p.blocks, length, longest, slot + row, real + row);
         stats_.prefill_tokens += length;
       }
       PagedKvView view(pool, slots, longest);
@@ -413,10 +416,13 @@ absl::StatusOr<std::vector<std::vector<Continuation>>> RolloutEngine::Run(const 
       at::Tensor ids = at::empty({rows, 1}, at::kLong);
       at::Tensor mask = at::empty({rows, columns}, at::kLong);
       at::Tensor slots = at::empty({rows, columns}, at::kLong);
+      int64_t* id = ids.data_ptr<int64_t>();
+      int64_t* slot = slots.data_ptr<int64_t>();
+      int64_t* real = mask.data_ptr<int64_t>();
       for (int64_t r = 0; r < rows; ++r) {
         const Sequence& s = running[order[static_cast<size_t>(r)]];
-        ids.data_ptr<int64_t>()[r] = s.last;
-        pool.FillRow(s.table, s.cached + 1, columns, slots[r].data_ptr<int64_t>(), mask[r].data_ptr<int64_t>());
+        id[r] = s.last;
+        pool.FillRow(s.table, s.cached + 1, columns, slot + r * columns, real + r * columns);
       }
       PagedKvView view(pool, slots, 1);
       const at::Tensor hidden = model_.Hidden(ids.to(device), mask.to(device), &view);
