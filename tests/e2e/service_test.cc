@@ -354,13 +354,18 @@ output: {dir: )",
   }
 
   static bool Ended(const v1::JobEvent& e) { return e.type() == "state" && e.state() >= v1::SUCCEEDED; }
-  // The job's events until it went from RUNNING back to QUEUED (or ended).
-  std::vector<v1::JobEvent> WatchUntilRequeued(const std::string& id) {
-    bool running = false;
+  // The job's events until it went from RUNNING back to QUEUED (or ended),
+  // once it has reported iteration `past` (0-based; -1: at once). A test's
+  // fault point requeues the job late in a run; a loaded machine can requeue
+  // it earlier too, a rank past the 5 s collective timeout, and that attempt
+  // runs again.
+  std::vector<v1::JobEvent> WatchUntilRequeued(const std::string& id, int64_t past = -1) {
+    bool running = false, reached = past < 0;
     return Watch(id, [&](const v1::JobEvent& e) {
+      if (e.type() == "metrics" && e.iteration() >= past) reached = true;
       if (e.type() != "state") return false;
       if (e.state() == v1::RUNNING) running = true;
-      return (running && e.state() == v1::QUEUED) || Ended(e);
+      return (reached && running && e.state() == v1::QUEUED) || Ended(e);
     });
   }
   static std::function<bool(const v1::JobEvent&)> AtIteration(int64_t n) {
@@ -1243,7 +1248,7 @@ TEST_F(ServiceTest, RankKilledMidJobRequeuesAndTheGangFinishes) {
   v1::Job job;
   const grpc::Status submitted = Submit(Spec(8, "gangkill", 2), &job, "", {"parallel.workers=2"});
   ASSERT_TRUE(submitted.ok()) << submitted.error_message();
-  WatchUntilRequeued(job.id());
+  WatchUntilRequeued(job.id(), 2);
   ASSERT_EQ(Get(job.id()).state(), v1::QUEUED) << coordinator_->Log();
   const auto died = ReadFileToString(dir_.Join("worker1.log"));
   ASSERT_TRUE(died.ok());
@@ -1354,9 +1359,11 @@ TEST_F(ServiceTest, RequeuedJobWhoseCheckpointIsGoneFailsNamingIt) {
   WaitUntilRegistered(1);
   v1::Job job;
   ASSERT_TRUE(Submit(Spec(8, "gangmoved", 2), &job, "", {"parallel.workers=2"}).ok());
-  const auto until_requeued = WatchUntilRequeued(job.id());
+  // The fault point's requeue: in iteration 3, after the checkpoint of 2.
+  const auto until_requeued = WatchUntilRequeued(job.id(), 2);
   ASSERT_FALSE(until_requeued.empty());
   ASSERT_EQ(until_requeued.back().state(), v1::QUEUED) << coordinator_->Log();
+  ASSERT_TRUE(IsDirectory(dir_.Join("gangmoved/checkpoints/iter-000002"))) << coordinator_->Log();
   std::filesystem::rename(dir_.Join("gangmoved/checkpoints"), dir_.Join("gangmoved/checkpoints.away"));
   StartWorker(1);  // a fresh worker, without the fault point
   WaitUntilRegistered(1);
@@ -1384,7 +1391,7 @@ TEST_F(ServiceTest, RankThatDiesInARolloutEndsThePhaseAtOnce) {
   for (int i : {0, 1}) WaitUntilRegistered(i);
   v1::Job job;
   ASSERT_TRUE(Submit(Spec(6, "gangdies", 2), &job, "", {"parallel.workers=2"}).ok());
-  const auto until_requeued = WatchUntilRequeued(job.id());
+  const auto until_requeued = WatchUntilRequeued(job.id(), 2);
   ASSERT_FALSE(until_requeued.empty());
   ASSERT_EQ(until_requeued.back().state(), v1::QUEUED) << coordinator_->Log();
   StartWorker(1);  // a fresh worker, without the fault point
