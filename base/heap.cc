@@ -115,10 +115,17 @@ void* TakeLargeBlock(size_t bytes, size_t* mapped) {
     size_t best = b.kept.size();
     for (size_t i = 0; i < b.kept.size(); ++i) {
       const size_t m = b.kept[i].mapped;
-      if (m >= size && m <= size + size / 4 && (best == b.kept.size() || m < b.kept[best].mapped)) best = i;
+      if (m >= size && (best == b.kept.size() || m < b.kept[best].mapped)) best = i;
     }
     if (best < b.kept.size()) {
-      const KeptBlock k = Remove(b, best);
+      KeptBlock k = Remove(b, best);
+      if (k.mapped > size + size / 4) {
+        // Much larger: its head serves, its tail stays kept (merged back
+        // when the head returns, if the tail is still there).
+        b.kept.push_back({static_cast<char*>(k.block) + size, k.mapped - size, k.released});
+        b.kept_bytes += k.mapped - size;
+        k.mapped = size;
+      }
       b.in_use += k.mapped;
       *mapped = k.mapped;
       return k.block;
@@ -157,8 +164,23 @@ void ReleaseLargeBlock(void* block, size_t mapped) {
   LargeBlocks& b = Blocks();
   std::lock_guard<std::mutex> lock(b.mu);
   b.in_use -= mapped;
-  b.kept.push_back({block, mapped, b.releases++});
-  b.kept_bytes += mapped;
+  // Kept blocks that border it join it, undoing splits (and joining
+  // neighbouring mappings: one munmap unmaps both).
+  KeptBlock joined{block, mapped, b.releases++};
+  for (size_t i = 0; i < b.kept.size();) {
+    char* start = static_cast<char*>(joined.block);
+    char* other = static_cast<char*>(b.kept[i].block);
+    if (other + b.kept[i].mapped == start || start + joined.mapped == other) {
+      const KeptBlock k = Remove(b, i);
+      joined.block = std::min(start, other);
+      joined.mapped += k.mapped;
+      i = 0;  // the joined block may now border one already passed
+    } else {
+      ++i;
+    }
+  }
+  b.kept.push_back(joined);
+  b.kept_bytes += joined.mapped;
 }
 
 void UnmapKeptLargeBlocks() {

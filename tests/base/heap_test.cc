@@ -76,7 +76,7 @@ TEST(HeapTest, ALargeBlockIsAdvisedToUseHugePages) {
 
 TEST(HeapTest, ConfigureHeapIsAccepted) { EXPECT_TRUE(ConfigureHeap()); }
 
-TEST(HeapTest, AReleasedLargeBlockIsTakenAgainForTheSameSizeOrAFifthLess) {
+TEST(HeapTest, AReleasedLargeBlockIsTakenAgainWholeOrSplitAndJoined) {
   UnmapKeptLargeBlocks();
   const size_t bytes = size_t{8} << 20;
   size_t mapped = 0;
@@ -96,17 +96,31 @@ TEST(HeapTest, AReleasedLargeBlockIsTakenAgainForTheSameSizeOrAFifthLess) {
   EXPECT_EQ(reused[bytes - 1], 0x5a);
   ReleaseLargeBlock(reused, again);
 
-  // Half the size does not (that would hold twice what it uses): a new
-  // mapping of its own size.
+  // Two quarters take its head and the next quarter (holding a quarter
+  // each, not the whole block), the rest staying kept; released, the
+  // pieces join, and the whole size takes the block whole again.
   EXPECT_EQ(KeptLargeBlockBytes(), bytes);
-  size_t half = 0;
-  void* other = TakeLargeBlock(bytes / 2, &half);
-  ASSERT_NE(other, nullptr);
-  EXPECT_EQ(half, bytes / 2);
-  ReleaseLargeBlock(other, half);
+  size_t first_quarter = 0, second_quarter = 0;
+  auto* head = static_cast<unsigned char*>(TakeLargeBlock(bytes / 4, &first_quarter));
+  auto* next = static_cast<unsigned char*>(TakeLargeBlock(bytes / 4, &second_quarter));
+  EXPECT_EQ(head, block);
+  EXPECT_EQ(next, head + bytes / 4);
+  EXPECT_EQ(first_quarter, bytes / 4);
+  EXPECT_EQ(second_quarter, bytes / 4);
+  EXPECT_EQ(KeptLargeBlockBytes(), bytes / 2);
+  EXPECT_EQ(next[0], 0x5a);                 // the same pages: nothing mapped anew
+  ReleaseLargeBlock(head, first_quarter);   // no neighbour kept yet
+  ReleaseLargeBlock(next, second_quarter);  // joins both its neighbours
+  EXPECT_EQ(KeptLargeBlockBytes(), bytes);
+  size_t whole = 0;
+  void* joined = TakeLargeBlock(bytes, &whole);
+  EXPECT_EQ(joined, block);
+  EXPECT_EQ(whole, bytes);
+  EXPECT_EQ(KeptLargeBlockBytes(), 0u);
+  ReleaseLargeBlock(joined, whole);
   UnmapKeptLargeBlocks();
   EXPECT_EQ(KeptLargeBlockBytes(), 0u);
-  EXPECT_TRUE(MappingOf(other).entry.empty());
+  EXPECT_TRUE(MappingOf(block).entry.empty());
 }
 
 TEST(HeapTest, KeptBlocksNeverHoldMoreThanTheMostEverInUse) {
