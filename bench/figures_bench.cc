@@ -250,18 +250,24 @@ absl::StatusOr<std::string> RunFiguresBench(const FiguresBenchRequest& request) 
   }
   {
     // Blocked attention, forward and backward, over one row of 8 heads of
-    // 64: its products' FLOPs per second, counted over the scores it
+    // 64 and of 128: its products' FLOP/s, counted over the scores it
     // computes (whole block pairs; 4 d a score forward, 2.5 times that
     // backward), as the planner counts them.
-    const int64_t t = request.quick ? 512 : 1024, heads = 8, d = 64;
-    const at::Tensor q = at::randn({1, heads, t, d}).requires_grad_();
-    const at::Tensor k = at::randn({1, heads, t, d}).requires_grad_();
-    const at::Tensor v = at::randn({1, heads, t, d}).requires_grad_();
-    const at::Tensor real = at::ones({1, t}, at::kBool);
-    const double s = BestSeconds([&] { policies::BlockedAttention(q, k, v, real).sum().backward(); }, budget);
-    const double forward = 4.0 * heads * d * static_cast<double>(policies::BlockedAttentionScores(t, t));
-    f.blocked_attention_flops_per_s = 3.5 * forward / s;
-    table += absl::StrFormat("blocked attention fwd+bwd       %10.2f GFLOP/s\n", f.blocked_attention_flops_per_s / 1e9);
+    const int64_t t = request.quick ? 512 : 1024, heads = 8;
+    auto rate = [&](int64_t d) {
+      const at::Tensor q = at::randn({1, heads, t, d}).requires_grad_();
+      const at::Tensor k = at::randn({1, heads, t, d}).requires_grad_();
+      const at::Tensor v = at::randn({1, heads, t, d}).requires_grad_();
+      const at::Tensor real = at::ones({1, t}, at::kBool);
+      const double s = BestSeconds([&] { policies::BlockedAttention(q, k, v, real).sum().backward(); }, budget);
+      const double forward = 4.0 * heads * d * static_cast<double>(policies::BlockedAttentionScores(t, t));
+      return 3.5 * forward / s;
+    };
+    f.blocked_attention_flops_per_s = rate(64);
+    f.blocked_attention_d128_flops_per_s = rate(128);
+    table += absl::StrFormat("blocked attention fwd+bwd d=64  %10.2f GFLOP/s\n", f.blocked_attention_flops_per_s / 1e9);
+    table += absl::StrFormat("blocked attention fwd+bwd d=128 %10.2f GFLOP/s\n",
+                             f.blocked_attention_d128_flops_per_s / 1e9);
   }
   {
     const at::Tensor a = at::ones({8}), b = at::ones({8});

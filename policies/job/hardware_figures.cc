@@ -93,10 +93,14 @@ double HardwareFigures::HostMatmulFlops() const {
   return host_matmul_flops_per_s > 0 ? host_matmul_flops_per_s : LargeMatmulFlops();
 }
 
-double HardwareFigures::BlockedAttentionFlops() const {
-  if (blocked_attention_flops_per_s > 0) return blocked_attention_flops_per_s;
-  const HardwareFigures built_in = BuiltInHardwareFigures();
-  return LargeMatmulFlops() * built_in.blocked_attention_flops_per_s / built_in.LargeMatmulFlops();
+double HardwareFigures::BlockedAttentionFlops(int64_t head_dim) const {
+  if (blocked_attention_flops_per_s <= 0) {
+    const HardwareFigures built_in = BuiltInHardwareFigures();
+    return LargeMatmulFlops() * built_in.BlockedAttentionFlops(head_dim) / built_in.LargeMatmulFlops();
+  }
+  if (blocked_attention_d128_flops_per_s <= 0) return blocked_attention_flops_per_s;
+  const double at = std::clamp(std::log2(static_cast<double>(std::max<int64_t>(head_dim, 1))), 6.0, 7.0) - 6.0;
+  return blocked_attention_flops_per_s + at * (blocked_attention_d128_flops_per_s - blocked_attention_flops_per_s);
 }
 
 std::string HardwareFigures::ToJson() const {
@@ -118,6 +122,9 @@ std::string HardwareFigures::ToJson() const {
   if (nvme_adam_params_per_s > 0) j["nvme_adam_params_per_s"] = nvme_adam_params_per_s;
   if (host_matmul_flops_per_s > 0) j["host_matmul_flops_per_s"] = host_matmul_flops_per_s;
   if (blocked_attention_flops_per_s > 0) j["blocked_attention_flops_per_s"] = blocked_attention_flops_per_s;
+  if (blocked_attention_d128_flops_per_s > 0) {
+    j["blocked_attention_d128_flops_per_s"] = blocked_attention_d128_flops_per_s;
+  }
   return j.dump(2) + "\n";
 }
 
@@ -211,6 +218,9 @@ absl::StatusOr<HardwareFigures> ParseHardwareFigures(const std::string& text, co
   }
   if (s.ok() && j.contains("blocked_attention_flops_per_s")) {
     s = number("blocked_attention_flops_per_s", &f.blocked_attention_flops_per_s);
+  }
+  if (s.ok() && j.contains("blocked_attention_d128_flops_per_s")) {
+    s = number("blocked_attention_d128_flops_per_s", &f.blocked_attention_d128_flops_per_s);
   }
   if (s.ok() && j.contains("nvme_adam_params_per_s")) {
     s = number("nvme_adam_params_per_s", &f.nvme_adam_params_per_s);

@@ -381,7 +381,7 @@ class CostModel {
       // In blocks, at their own measured rate, counted as the kernel
       // computes them: whole block pairs, those causality hides skipped.
       const auto scores = static_cast<double>(BlockedAttentionScores(Tq, C));
-      t += 4.0 * batched * s.head_dim * scores / f_.BlockedAttentionFlops();
+      t += 4.0 * batched * s.head_dim * scores / f_.BlockedAttentionFlops(s.head_dim);
     } else {
       t += 2 * (batched * (Linear(Tq, s.head_dim, C, s.dtype) - f_.op_overhead_s) + f_.op_overhead_s);
     }

@@ -1,6 +1,7 @@
 #include "policies/job/memory_plan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 
 #include "base/file.h"
@@ -96,6 +97,24 @@ TEST(MemoryPlanTest, FiguresRoundTripAndErrorsNameTheField) {
   zero.replace(zero.find("250000000"), 9, "0");
   EXPECT_NE(ParseHardwareFigures(zero, "f.json").status().message().find("field 'nvme_adam_params_per_s'"),
             std::string::npos);
+}
+
+// Blocked attention's rate at a head_dim: the rate at 64 alone in files
+// from before the rate at 128 was measured; with both, interpolated in
+// log(head_dim), held at the nearer one outside them.
+TEST(MemoryPlanTest, BlockedAttentionsRateFollowsTheHeadDim) {
+  HardwareFigures f = Figures();
+  f.blocked_attention_flops_per_s = 60e9;
+  for (int64_t d : {32, 64, 128, 256}) EXPECT_DOUBLE_EQ(f.BlockedAttentionFlops(d), 60e9) << d;
+  f.blocked_attention_d128_flops_per_s = 90e9;
+  auto parsed = ParseHardwareFigures(f.ToJson(), "f.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_DOUBLE_EQ(parsed->blocked_attention_d128_flops_per_s, 90e9);
+  EXPECT_DOUBLE_EQ(parsed->BlockedAttentionFlops(32), 60e9);
+  EXPECT_DOUBLE_EQ(parsed->BlockedAttentionFlops(64), 60e9);
+  EXPECT_NEAR(parsed->BlockedAttentionFlops(91), 60e9 + 30e9 * (std::log2(91.0) - 6.0), 1.0);
+  EXPECT_DOUBLE_EQ(parsed->BlockedAttentionFlops(128), 90e9);
+  EXPECT_DOUBLE_EQ(parsed->BlockedAttentionFlops(256), 90e9);
 }
 
 TEST(MemoryPlanTest, MatmulTimeIsLinearInRowsBetweenMeasuredPoints) {
