@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/file.h"
+#include "base/heap.h"
 #include "base/status_macros.h"
 #include "offload/device/device_memory.h"
 #include "offload/device/device_transfer.h"
@@ -66,6 +67,10 @@ struct Result {
 
 absl::StatusOr<Result> RunMode(const LongSequenceBenchRequest& r, const policies::LlamaConfig& config,
                                at::ScalarType dtype, const at::Device& device, int64_t t, const Mode& mode) {
+  // Each mode starts as a job in its own process would: without the large
+  // blocks the modes before it kept for reuse (resident, they would count
+  // in this mode's RSS).
+  UnmapKeptLargeBlocks();
   STRATA_ASSIGN_OR_RETURN(offload::DeviceMemoryMonitor * found, offload::DeviceMemoryMonitor::ForDevice(device));
   offload::DeviceMemoryMonitor& monitor = *found;
   policies::LlamaWeights weights =
