@@ -165,19 +165,18 @@ void ReleaseLargeBlock(void* block, size_t mapped) {
   std::lock_guard<std::mutex> lock(b.mu);
   b.in_use -= mapped;
   // Kept blocks that border it join it, undoing splits (and joining
-  // neighbouring mappings: one munmap unmaps both).
+  // neighbouring mappings: one munmap unmaps both). No two kept blocks
+  // border each other, so there is at most one on each side.
   KeptBlock joined{block, mapped, b.releases++};
   for (size_t i = 0; i < b.kept.size();) {
     char* start = static_cast<char*>(joined.block);
     char* other = static_cast<char*>(b.kept[i].block);
-    if (other + b.kept[i].mapped == start || start + joined.mapped == other) {
-      const KeptBlock k = Remove(b, i);
-      joined.block = std::min(start, other);
-      joined.mapped += k.mapped;
-      i = 0;  // the joined block may now border one already passed
-    } else {
+    if (other + b.kept[i].mapped != start && start + joined.mapped != other) {
       ++i;
+      continue;
     }
+    joined.mapped += Remove(b, i).mapped;  // the last block moved to i: look at it next
+    joined.block = std::min(start, other);
   }
   b.kept.push_back(joined);
   b.kept_bytes += joined.mapped;
