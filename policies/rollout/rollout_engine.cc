@@ -193,11 +193,12 @@ absl::StatusOr<std::vector<std::vector<Continuation>>> RolloutEngine::Run(const 
     const bool last = k + 1 == i.continuations.size();
     return OwnBlocks(length, cap_of(i, k), bt) - (length % bt != 0 && last ? 1 : 0);
   };
-  auto pool_error = [&](const Instance& i, int64_t need) {
+  // Continuation k of `i`, with the prompt's blocks, needs `need` blocks.
+  auto pool_error = [&](const Instance& i, size_t k, int64_t need) {
     return absl::InvalidArgumentError(
         absl::StrCat("generation.kv_pool_mib: the KV pool of ", blocks, " blocks (", blocks * stats_.block_bytes,
                      " bytes) cannot hold one continuation of prompt ", i.prompt, " (", length_of(i), " tokens + ",
-                     cap_of(i, 0), " new ones need ", need, " blocks of ", bt, " tokens)"));
+                     cap_of(i, k), " new ones need ", need, " blocks of ", bt, " tokens)"));
   };
 
   // The first token of the continuations forked in a round: their rows of
@@ -316,7 +317,7 @@ absl::StatusOr<std::vector<std::vector<Continuation>>> RolloutEngine::Run(const 
       const bool fits = n <= concurrency_left(planned_forks) && prompt_blocks + forks <= available() - planned_blocks;
       if (!fits) {
         if (!running.empty() || !admitted.empty()) break;
-        if (prompt_blocks + fork_need(i, 0) > available()) return pool_error(i, prompt_blocks + fork_need(i, 0));
+        if (prompt_blocks + fork_need(i, 0) > available()) return pool_error(i, 0, prompt_blocks + fork_need(i, 0));
         partial = true;
       }
       Prefilled p;
@@ -374,6 +375,13 @@ absl::StatusOr<std::vector<std::vector<Continuation>>> RolloutEngine::Run(const 
     }
     if (running.empty()) {
       if (!pending && waiting.empty()) break;
+      // Nothing holds a block but the prompt first in line: a continuation
+      // of it that does not fit now never will (one with a larger cap than
+      // those that forked).
+      if (pending && fork_need(pending->instance, pending->next) > available()) {
+        return pool_error(pending->instance, pending->next,
+                          static_cast<int64_t>(pending->blocks.size()) + fork_need(pending->instance, pending->next));
+      }
       continue;
     }
     // One decode step of every running sequence.
