@@ -322,22 +322,28 @@ double DecodeStepBytes(const ModelShape& s, int64_t R, int64_t C, const DecodeSh
   return bytes;
 }
 
-// Device bytes of a wave: the KV blocks (each continuation's own, and the
-// prompts' full blocks once when they are shared), then the prefill's
-// working set or a decode step's. With CUDA graphs the graphs' pool keeps a
+// Device bytes of a wave: the KV blocks (the spec's pool, or the wave's
+// blocks), then the prefill's working set or a decode step's. With CUDA graphs the graphs' pool keeps a
 // step of the widest bucket for the whole rollout, prefills beside it.
-double RolloutBytes(const ModelShape& s, const RolloutWave& w, int64_t P, int64_t N, const RolloutEngineOptions& e,
-                    const DecodeShape& d) {
+// The KV blocks a wave holds at most: each continuation's own, and the
+// prompts' full blocks once when they are shared.
+double WaveKvBytes(const ModelShape& s, const RolloutWave& w, int64_t P, int64_t N, const RolloutEngineOptions& e) {
   const int64_t bt = e.kv_block_tokens;
   const int64_t shared = e.share_prefixes ? P / bt * bt : 0;
   const int64_t own = CeilDiv(P + std::max<int64_t>(N, 1) - 1, bt) * bt - shared;
   const double positions = static_cast<double>(w.prompts * shared + w.running * own);
-  const double kv = 2.0 * s.L * positions * s.kv_heads * s.head_dim * s.E;
+  return 2.0 * s.L * positions * s.kv_heads * s.head_dim * s.E;
+}
+
+double RolloutBytes(const ModelShape& s, const RolloutWave& w, int64_t P, int64_t N, const RolloutEngineOptions& e,
+                    const DecodeShape& d) {
+  // A pool the spec sizes is allocated whole.
+  const double kv = e.kv_pool_mib > 0 ? static_cast<double>(e.kv_pool_mib << 20) : WaveKvBytes(s, w, P, N, e);
   const int64_t prefill_rows = e.share_prefixes ? w.prompts : w.running;
   const double prefill = InferLayerBytes(s, prefill_rows, P, P) + HeadBytes(s, prefill_rows, 1, 1, false);
   const int64_t widest = P + std::max<int64_t>(N, 1) - 1;
   if (!d.graphs) return kv + std::max(prefill, DecodeStepBytes(s, w.running, widest, d));
-  const double step = DecodeStepBytes(s, RowBucket(w.running), ColumnBucket(widest, bt, widest), d);
+  const double step = DecodeStepBytes(s, RowBucket(w.running), ColumnBucket(widest, e.kv_block_tokens, widest), d);
   return kv + prefill + step;
 }
 
@@ -680,17 +686,48 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
   // The rollout engine decodes `prompts` x `per_prompt` continuations, at
   // most max_concurrency (else train.micro_batch_size) at once, in waves.
   const RolloutEngineOptions& engine = spec.generation.engine;
+  // The pool bounds the wave too: a pool the spec sizes holds the
+  // continuations whose worst case fits in it, and the default pool
+  // (kv_pool_mib 0) takes what memory.device_mib leaves beside the resident
+  // state, the window and the wave's working set (RolloutConcurrency).
   auto generate = [&](const ModelShape& s, int64_t prompts, int64_t per_prompt) {
     const int64_t total = std::max<int64_t>(prompts * per_prompt, 1);
     const int64_t limit = engine.max_concurrency > 0 ? engine.max_concurrency : micro;
-    RolloutWave wave;
-    wave.running = limit > 0 ? std::min(limit, total) : total;
-    wave.prompts = std::min(prompts, CeilDiv(wave.running, per_prompt));
-    const int64_t waves = CeilDiv(total, wave.running);
     DecodeShape decode;
     decode.cpu_device = cpu_device;
     decode.graphs = !cpu_device && engine.cuda_graphs && s.placement->weights == offload::Tier::kDevice;
     decode.truncates = spec.generation.top_k > 0 || spec.generation.top_p < 1.0;
+    auto wave_of = [&](int64_t running) {
+      RolloutWave w;
+      w.running = running;
+      w.prompts = std::min(prompts, CeilDiv(running, per_prompt));
+      return w;
+    };
+    auto fits = [&](int64_t running) {
+      const RolloutWave w = wave_of(running);
+      if (engine.kv_pool_mib > 0)
+        return WaveKvBytes(s, w, P, N, engine) <= static_cast<double>(engine.kv_pool_mib << 20);
+      return resident[kDev] + window(s) + RolloutBytes(s, w, P, N, engine, decode) <=
+             static_cast<double>(spec.memory.device_mib << 20);
+    };
+    int64_t running = limit > 0 ? std::min(limit, total) : total;
+    // Where not even one fits, the plan overflows at the spec's own
+    // concurrency (throttling would not make it fit).
+    if ((engine.kv_pool_mib > 0 || spec.memory.device_mib > 0) && !fits(running) && fits(1)) {
+      int64_t lo = 1, hi = running;  // the most that fit
+      while (lo < hi) {
+        const int64_t mid = lo + (hi - lo + 1) / 2;
+        if (fits(mid)) {
+          lo = mid;
+        } else {
+          hi = mid - 1;
+        }
+      }
+      running = lo;
+    }
+    const RolloutWave wave = wave_of(running);
+    out.rollout_concurrency = wave.running;
+    const int64_t waves = CeilDiv(total, wave.running);
     phases["rollout"].Pass(window(s) + RolloutBytes(s, wave, P, N, engine, decode),
                            static_cast<double>(waves) * cost.Rollout(s, wave, P, N, engine.share_prefixes));
   };

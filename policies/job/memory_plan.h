@@ -94,6 +94,11 @@ struct JobPrediction {
   std::map<std::string, int64_t> galore_rank;
   // "rollout", "score", "update" (RL) or "update" alone (SFT, reward model).
   std::map<std::string, PhasePrediction> phases;
+  // Continuations the rollout engine decodes at once (RL): the spec's
+  // generation.max_concurrency (else train.micro_batch_size, else all),
+  // fewer where a kv_pool_mib pool holds fewer, or where with kv_pool_mib 0
+  // the wave would not fit memory.device_mib; a worker decodes that many.
+  int64_t rollout_concurrency = 0;
   std::array<int64_t, 3> peak{};  // the largest of the phases
   // What the kernel will count for the worker process at its peak: its
   // baseline, the host arena's touched pages, the model files mapped while

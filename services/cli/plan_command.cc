@@ -41,6 +41,7 @@ json PredictionJson(const JobPrediction& p) {
   for (const auto& [role, owner] : p.shares_base_of) j["shares_base_of"][role] = owner;
   for (const auto& [role, rank] : p.galore_rank) j["galore_rank"][role] = rank;
   j["micro_batch_size"] = p.micro_batch_size;
+  if (p.rollout_concurrency > 0) j["rollout_concurrency"] = p.rollout_concurrency;
   j["peak_bytes"] = PeakJson(p.peak);
   j["process_rss_bytes"] = p.process_rss_bytes;
   j["iteration_s"] = p.iteration_s;
@@ -85,6 +86,10 @@ std::string PredictionText(const JobPrediction& p) {
   }
   text += absl::StrFormat("  micro-batch: %s\n", p.micro_batch_size > 0 ? absl::StrCat(p.micro_batch_size, " rows")
                                                                         : std::string("the whole batch"));
+  if (p.rollout_concurrency > 0) {
+    text += absl::StrFormat("  rollout: %d continuation%s at once\n", p.rollout_concurrency,
+                            p.rollout_concurrency == 1 ? "" : "s");
+  }
   text += absl::StrFormat("  %-10s %12s %12s %12s %10s\n", "phase", "device", "host", "nvme", "time");
   for (const char* name : {"rollout", "score", "update"}) {
     auto it = p.phases.find(name);

@@ -7,8 +7,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/file.h"
+#include "base/log.h"
 #include "base/status_macros.h"
 #include "policies/config/llama_config.h"
+#include "policies/job/hardware_figures.h"
+#include "policies/job/memory_plan.h"
 #include "policies/rl/rl_algorithms.h"
 #include "services/phase/phase.h"
 #include "services/rank/actor.h"
@@ -53,8 +56,27 @@ absl::StatusOr<std::unique_ptr<LocalWorkerGroup>> LocalWorkerGroup::Create(const
   // Rows decoded together are bounded as the training passes' rows are,
   // unless the spec bounds them itself.
   if (group->passes_.rollout.max_concurrency == 0) group->passes_.rollout.max_concurrency = spec.train.micro_batch_size;
+  group->passes_.rollout.max_concurrency = RolloutConcurrency(spec, group->passes_.rollout.max_concurrency);
   STRATA_RETURN_IF_ERROR(group->LoadModels());
   return group;
+}
+
+int64_t RolloutConcurrency(const policies::JobSpec& spec, int64_t limit) {
+  using policies::Algorithm;
+  if (spec.algorithm == Algorithm::kSft || spec.algorithm == Algorithm::kRewardModel) return limit;
+  if (spec.generation.engine.kv_pool_mib > 0 || spec.memory.device_mib == 0) return limit;
+  auto models = policies::JobModels(spec);
+  if (!models.ok()) return limit;  // LoadModels reports what is wrong with them
+  auto concurrency = [&](const policies::JobSpec& s) {
+    return policies::PredictJob(s, *models, policies::BuiltInHardwareFigures(), s.parallel.workers).rollout_concurrency;
+  };
+  policies::JobSpec unbounded = spec;
+  unbounded.memory.device_mib = 0;
+  const int64_t bounded = concurrency(spec);
+  if (bounded <= 0 || bounded >= concurrency(unbounded) || (limit > 0 && limit <= bounded)) return limit;
+  STRATA_LOG(Info) << "rollout: " << bounded
+                   << " continuations at once, what memory.device_mib leaves the KV pool (strata plan)";
+  return bounded;
 }
 
 const std::vector<std::string>& LocalWorkerGroup::placed_models() const { return memory_->placed(); }

@@ -373,6 +373,45 @@ TEST(MemoryPlanTest, CudaGraphsKeepADecodeStepBesideThePrefills) {
   EXPECT_EQ(rollout_peak(streamed, true), rollout_peak(streamed, false)) << "streamed layers run exact steps";
 }
 
+// The KV pool bounds how many continuations decode at once. A pool the
+// spec sizes (kv_pool_mib) is priced whole and holds the continuations
+// whose worst case fits: the tiny model caches 4 layers x 2 x 4 heads x 32
+// dims x 4 bytes = 4 KiB a position; 16-token prompts (one shared block of
+// 16) and 24 new tokens give each continuation ceil(39 / 16) x 16 - 16 = 32
+// positions of its own, so 1 MiB (256 positions) holds 7 of a group's
+// continuations (2 prompts' 32 shared + 7 x 32). With kv_pool_mib 0 the
+// default pool takes what memory.device_mib leaves: fewer continuations
+// at once, in more waves, and the rollout's device peak within the budget.
+TEST(MemoryPlanTest, TheKvPoolBoundsTheRolloutsConcurrency) {
+  auto predict = [](std::vector<std::string> overrides) {
+    overrides.push_back("group.samples_per_prompt=4");
+    const JobSpec spec = Spec("grpo", overrides);
+    return PredictJob(spec, *JobModels(spec), Figures(), 1);
+  };
+  const JobPrediction free = predict({});
+  EXPECT_EQ(free.rollout_concurrency, 64);
+  const JobPrediction pooled = predict({"generation.kv_pool_mib=1"});
+  EXPECT_EQ(pooled.rollout_concurrency, 7);
+  EXPECT_GT(pooled.phases.at("rollout").seconds, free.phases.at("rollout").seconds) << "10 waves, not 1";
+  EXPECT_EQ(predict({"generation.max_concurrency=5"}).rollout_concurrency, 5);
+
+  // A budget halfway between the rollout's peak one continuation at a time
+  // and its peak with all 64 at once.
+  const int64_t free_peak = free.phases.at("rollout").peak[0];
+  const int64_t least = predict({"generation.max_concurrency=1"}).phases.at("rollout").peak[0];
+  const int64_t budget_mib = (least + (free_peak - least) / 2) >> 20;
+  ASSERT_GT(free_peak, budget_mib << 20) << "the free rollout must not fit the budget for this test";
+  const JobPrediction bounded = predict({"memory.device_mib=" + std::to_string(budget_mib)});
+  EXPECT_LT(bounded.rollout_concurrency, 64);
+  EXPECT_GT(bounded.rollout_concurrency, 1);
+  EXPECT_LE(bounded.phases.at("rollout").peak[0], budget_mib << 20);
+  EXPECT_GT(bounded.phases.at("rollout").seconds, free.phases.at("rollout").seconds);
+  // A budget the free rollout fits changes nothing.
+  const JobPrediction roomy = predict({"memory.device_mib=" + std::to_string((free_peak >> 20) + 1)});
+  EXPECT_EQ(roomy.rollout_concurrency, 64);
+  EXPECT_EQ(roomy.phases.at("rollout").seconds, free.phases.at("rollout").seconds);
+}
+
 // `--fit device=80GiB,...` plans a GPU even for a spec left on the CPU
 // (memory.device's default): its costs and RSS are the GPU's, and the
 // written spec says so.
