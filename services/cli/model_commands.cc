@@ -170,6 +170,7 @@ namespace {
 struct FilePrompt {
   std::vector<int32_t> ids;
   int64_t max_new_tokens = -1;  // the record's own, or -1
+  std::string where;            // what errors name: "FILE:LINE", or the flag
 };
 
 absl::StatusOr<std::vector<FilePrompt>> ReadPromptsFile(const std::string& path, const std::string& model_dir,
@@ -188,6 +189,7 @@ absl::StatusOr<std::vector<FilePrompt>> ReadPromptsFile(const std::string& path,
     const int given = f.contains("prompt") + f.contains("prompt_ids") + f.contains("messages");
     if (given != 1) return bad("give exactly one of \"prompt\", \"prompt_ids\" and \"messages\"");
     FilePrompt prompt;
+    prompt.where = absl::StrCat("--prompts-file: ", record.where);
     if (f.contains("prompt_ids")) {
       const auto& ids = f["prompt_ids"];
       if (!ids.is_array() || ids.empty()) return bad("\"prompt_ids\" must be a non-empty list of token ids");
@@ -252,10 +254,10 @@ absl::StatusOr<std::string> RunGenerate(const GenerateRequest& request) {
       return absl::FailedPreconditionError(absl::StrCat("--prompt needs a tokenizer, but ", request.model_dir,
                                                         " has no tokenizer.json or tokenizer.model"));
     }
-    prompts.push_back({tokenizer->EncodeForPrompt(*request.prompt)});
+    prompts.push_back({tokenizer->EncodeForPrompt(*request.prompt), -1, "--prompt"});
     if (prompts[0].ids.empty()) return absl::InvalidArgumentError("--prompt: encodes to no tokens");
   } else {
-    prompts.push_back({*request.prompt_ids});
+    prompts.push_back({*request.prompt_ids, -1, "--prompt-ids"});
   }
 
   policies::SamplingOptions options;
@@ -271,13 +273,13 @@ absl::StatusOr<std::string> RunGenerate(const GenerateRequest& request) {
   for (size_t i = 0; i < prompts.size(); ++i) {
     const int64_t room = config.max_position_embeddings - static_cast<int64_t>(prompts[i].ids.size());
     if (room <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat("prompt ", i, " has ", prompts[i].ids.size(),
-                                                     " tokens; the model's context is ",
+      return absl::InvalidArgumentError(absl::StrCat(prompts[i].where, ": the prompt has ", prompts[i].ids.size(),
+                                                     " tokens; the model's context (max_position_embeddings) is ",
                                                      config.max_position_embeddings));
     }
     int64_t cap = prompts[i].max_new_tokens > 0 ? prompts[i].max_new_tokens : request.max_new_tokens;
     if (cap > room) {
-      STRATA_LOG(Warning) << "prompt " << i << ": " << cap << " new tokens exceed the context window; using " << room;
+      STRATA_LOG(Warning) << prompts[i].where << ": " << cap << " new tokens exceed the context window; using " << room;
       cap = room;
     }
     longest_cap = std::max(longest_cap, cap);

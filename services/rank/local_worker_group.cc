@@ -53,16 +53,17 @@ absl::StatusOr<std::unique_ptr<LocalWorkerGroup>> LocalWorkerGroup::Create(const
   group->passes_.device = group->memory_->device();
   group->passes_.micro_batch_size = spec.train.micro_batch_size;
   group->passes_.rollout = spec.generation.engine;
-  // Rows decoded together are bounded as the training passes' rows are,
-  // unless the spec bounds them itself.
-  if (group->passes_.rollout.max_concurrency == 0) group->passes_.rollout.max_concurrency = spec.train.micro_batch_size;
-  group->passes_.rollout.max_concurrency = RolloutConcurrency(spec, group->passes_.rollout.max_concurrency);
+  group->passes_.rollout.max_concurrency = RolloutConcurrency(spec);
   STRATA_RETURN_IF_ERROR(group->LoadModels());
   return group;
 }
 
-int64_t RolloutConcurrency(const policies::JobSpec& spec, int64_t limit) {
+int64_t RolloutConcurrency(const policies::JobSpec& spec) {
   using policies::Algorithm;
+  // Rows decoded together are bounded as the training passes' rows are,
+  // unless the spec bounds them itself.
+  const int64_t limit = spec.generation.engine.max_concurrency > 0 ? spec.generation.engine.max_concurrency
+                                                                   : spec.train.micro_batch_size;
   if (spec.algorithm == Algorithm::kSft || spec.algorithm == Algorithm::kRewardModel) return limit;
   if (spec.generation.engine.kv_pool_mib > 0 || spec.memory.device_mib == 0) return limit;
   auto models = policies::JobModels(spec);

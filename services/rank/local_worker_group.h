@@ -32,12 +32,12 @@ class Critic;
 class RankMemory;
 class Scorer;
 
-// Continuations a rank's rollout engine decodes at once: `limit`
-// (generation.max_concurrency, else train.micro_batch_size; 0: all), or
+// Continuations a rank's rollout engine decodes at once:
+// generation.max_concurrency, else train.micro_batch_size (0: all), or
 // fewer where, with generation.kv_pool_mib 0, the planner finds that only
 // fewer fit memory.device_mib (PredictJob's rollout_concurrency), so that
 // the default pool takes what the device budget leaves.
-int64_t RolloutConcurrency(const policies::JobSpec& spec, int64_t limit);
+int64_t RolloutConcurrency(const policies::JobSpec& spec);
 
 class LocalWorkerGroup final : public policies::WorkerGroup {
  public:

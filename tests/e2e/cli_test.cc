@@ -309,6 +309,65 @@ TEST_F(CliChatTest, MessagesRenderThroughTheModelsTemplateAndEncodeItsSpecialTok
   EXPECT_EQ(text.output, want + Join(ids) + "\n");
 }
 
+// `generate --prompts-file` takes text and conversations as well as ids:
+// a "prompt" is encoded as --prompt encodes it, "messages" render through
+// the model's chat template as `tokenize --messages` renders them, and
+// each line's "text" is its output decoded. A model of Qwen3's shape and
+// vocabulary (random weights) beside Qwen3's tokenizer and template.
+TEST_F(CliChatTest, GeneratePromptsFileEncodesTextAndConversations) {
+  const std::string model = dir_.Join("model");
+  auto init = RunCommand({testing::StrataBinary(), "init-model", "--config",
+                          testing::SourcePath("examples/math_task/model.json"), "--out", model, "--seed", "3"});
+  ASSERT_TRUE(init.ok() && init->exit_code == 0) << (init.ok() ? init->error : init.status().ToString());
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) {
+    std::filesystem::create_symlink(Qwen3Dir() + "/" + file, model + "/" + file);
+  }
+  auto generate = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {testing::StrataBinary(), "generate", "--model", model, "--greedy", "--ignore-eos",
+                               "--max-new-tokens", "4"});
+    auto result = RunCommand(args);
+    EXPECT_TRUE(result.ok()) << result.status();
+    return result.ok() ? *result : testing::CommandResult{};
+  };
+  const std::string chat = Messages("chat.json", R"([{"role": "user", "content": "Hi"}])");
+  auto rendered = Tokenize({"--messages", chat, "--add-generation-prompt", "--json"});
+  ASSERT_EQ(rendered.exit_code, 0) << rendered.error;
+  const auto chat_ids = json::parse(rendered.output)["ids"].get<std::vector<int32_t>>();
+  const std::string prompts = Messages("prompts.jsonl", json{{"prompt", "Hi there"}}.dump() + "\n" +
+                                                            json{{"messages", json::parse(R"([{"role": "user",
+                                                                                              "content": "Hi"}])")}}
+                                                                .dump() +
+                                                            "\n" + json{{"prompt_ids", chat_ids}}.dump() + "\n");
+  auto r = generate({"--prompts-file", prompts});
+  ASSERT_EQ(r.exit_code, 0) << r.error;
+  std::vector<json> lines;
+  std::istringstream in(r.output);
+  for (std::string line; std::getline(in, line);) lines.push_back(json::parse(line));
+  ASSERT_EQ(lines.size(), 3u);
+  auto alone = generate({"--prompt", "Hi there", "--json"});
+  ASSERT_EQ(alone.exit_code, 0) << alone.error;
+  const json text_line = json::parse(alone.output);
+  EXPECT_EQ(lines[0]["prompt_ids"], text_line["prompt_ids"]);
+  EXPECT_EQ(lines[0]["output_ids"], text_line["output_ids"]);
+  EXPECT_EQ(lines[1]["prompt_ids"].get<std::vector<int32_t>>(), chat_ids);
+  EXPECT_EQ(lines[2]["output_ids"], lines[1]["output_ids"]) << "the same ids decode alike, however given";
+  for (const json& line : lines) {
+    ASSERT_EQ(line["output_ids"].size(), 4u);
+    auto decoded = Tokenize({"--decode", Join(line["output_ids"].get<std::vector<int32_t>>())});
+    ASSERT_EQ(decoded.exit_code, 0) << decoded.error;
+    EXPECT_EQ(line["text"].get<std::string>() + "\n", decoded.output);
+  }
+
+  // A prompt longer than the context (256) is named by its file and line.
+  const std::string too_long = Messages("long.jsonl", json{{"prompt", "Hi"}}.dump() + "\n" +
+                                                          json{{"prompt_ids", std::vector<int32_t>(300, 11)}}.dump() +
+                                                          "\n");
+  auto bad = generate({"--prompts-file", too_long});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.error.find("long.jsonl:2"), std::string::npos) << bad.error;
+  EXPECT_NE(bad.error.find("max_position_embeddings"), std::string::npos) << bad.error;
+}
+
 TEST_F(CliChatTest, TemplateArgsReachTheTemplateAsJson) {
   const std::string file = Messages("chat.json", R"({"messages": [{"role": "user", "content": "Hi"}]})");
   auto off = Tokenize(

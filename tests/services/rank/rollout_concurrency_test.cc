@@ -37,22 +37,27 @@ int64_t RolloutPeak(const policies::JobSpec& spec) {
       .peak[0];
 }
 
+TEST(RolloutConcurrencyTest, TheSpecsLimitOrTheMicroBatch) {
+  EXPECT_EQ(RolloutConcurrency(Spec({})), 0) << "no limit and no budget: every continuation at once";
+  EXPECT_EQ(RolloutConcurrency(Spec({"train.micro_batch_size=4"})), 4);
+  EXPECT_EQ(RolloutConcurrency(Spec({"train.micro_batch_size=4", "generation.max_concurrency=8"})), 8);
+}
+
 TEST(RolloutConcurrencyTest, TheDefaultPoolTakesWhatTheDeviceBudgetLeaves) {
-  EXPECT_EQ(RolloutConcurrency(Spec({}), 0), 0) << "no budget: every continuation at once";
-  EXPECT_EQ(RolloutConcurrency(Spec({}), 8), 8);
   // A budget between the rollout's peak one at a time and all 64 at once.
   const int64_t least = RolloutPeak(Spec({"generation.max_concurrency=1"}));
   const int64_t most = RolloutPeak(Spec({}));
   const std::string budget = "memory.device_mib=" + std::to_string((least + (most - least) / 2) >> 20);
-  const int64_t bounded = RolloutConcurrency(Spec({budget}), 0);
+  const int64_t bounded = RolloutConcurrency(Spec({budget}));
   EXPECT_GT(bounded, 1);
   EXPECT_LT(bounded, 64);
-  EXPECT_EQ(RolloutConcurrency(Spec({budget}), bounded + 5), bounded) << "the budget's bound is the tighter";
-  EXPECT_EQ(RolloutConcurrency(Spec({budget}), 2), 2) << "the spec's is the tighter";
+  EXPECT_EQ(RolloutConcurrency(Spec({budget, "generation.max_concurrency=" + std::to_string(bounded + 5)})), bounded)
+      << "the budget's bound is the tighter";
+  EXPECT_EQ(RolloutConcurrency(Spec({budget, "train.micro_batch_size=2"})), 2) << "the spec's is the tighter";
   // A pool the spec sizes bounds itself (the engine admits what it holds).
-  EXPECT_EQ(RolloutConcurrency(Spec({budget, "generation.kv_pool_mib=1"}), 0), 0);
+  EXPECT_EQ(RolloutConcurrency(Spec({budget, "generation.kv_pool_mib=1"})), 0);
   // A budget the whole rollout fits leaves the limit alone.
-  EXPECT_EQ(RolloutConcurrency(Spec({"memory.device_mib=" + std::to_string((most >> 20) + 1)}), 0), 0);
+  EXPECT_EQ(RolloutConcurrency(Spec({"memory.device_mib=" + std::to_string((most >> 20) + 1)})), 0);
 }
 
 }  // namespace
