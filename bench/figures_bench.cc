@@ -25,8 +25,8 @@
 #include "policies/config/attention_blocks.h"
 #include "policies/job/hardware_figures.h"
 #include "policies/model/blocked_attention.h"
-#include "policies/model/generation.h"
 #include "policies/model/llama.h"
+#include "policies/rollout/rollout_engine.h"
 
 namespace strata::bench {
 namespace {
@@ -189,14 +189,18 @@ absl::StatusOr<std::string> RunFiguresBench(const FiguresBenchRequest& request) 
   const double budget = request.quick ? 0.02 : 0.2;
   {
     // Fixed costs on a minimal model (hidden 64): the difference between 3
-    // decoder layers and 1 is two layers' dispatch; a generation step of
-    // the 1-layer model less its layer is the step's own.
+    // decoder layers and 1 is two layers' dispatch; a decoding step of the
+    // rollout engine (what rollouts run, and the planner prices) on the
+    // 1-layer model, less its layer, is the step's own.
     policies::LlamaConfig c;
     c.hidden_size = 64, c.intermediate_size = 128, c.num_attention_heads = 2, c.num_key_value_heads = 2;
     c.head_dim = 32, c.vocab_size = 256, c.max_position_embeddings = 64;
     c.eos_token_ids = {};
     const int64_t rows = 8, prompt = 8, steps = 16;
-    std::vector<std::vector<int32_t>> prompts(rows, std::vector<int32_t>(prompt, 5));
+    std::vector<policies::RolloutPrompt> prompts;
+    for (int64_t r = 0; r < rows; ++r) {
+      prompts.push_back({std::vector<int32_t>(prompt, 5), {static_cast<uint64_t>(r)}, false, {}});
+    }
     double per_step[2] = {0, 0};
     for (int64_t layers : {1, 3}) {
       c.num_hidden_layers = layers;
@@ -205,8 +209,8 @@ absl::StatusOr<std::string> RunFiguresBench(const FiguresBenchRequest& request) 
       options.stop_at_eos = false;
       options.max_new_tokens = steps;
       absl::Status status;
-      const double s = BestSeconds([&] { status.Update(policies::Generate(*model, prompts, options, {}).status()); },
-                                   budget);
+      policies::RolloutEngine engine(*model, policies::RolloutEngineOptions(), {});
+      const double s = BestSeconds([&] { status.Update(engine.Run(prompts, options).status()); }, budget);
       STRATA_RETURN_IF_ERROR(status);
       per_step[layers == 1 ? 0 : 1] = s / static_cast<double>(steps);
     }

@@ -434,7 +434,8 @@ struct BenchCommands {
     // strata bench ...
     auto* bench = app.add_subcommand("bench", "Benchmarks, each against a peer measured in the same run");
     bench->require_subcommand(1);
-    auto* bench_generate = bench->add_subcommand("generate", "Greedy tokens/s with the KV cache vs full recomputation");
+    auto* bench_generate = bench->add_subcommand(
+        "generate", "Greedy tokens/s of the rollout engine (paged KV cache) vs full recomputation");
     bench_generate->add_option("--layers", gb.layers, "decoder layers");
     bench_generate->add_option("--hidden", gb.hidden, "hidden size");
     bench_generate->add_option("--heads", gb.heads, "attention heads");

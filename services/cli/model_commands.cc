@@ -17,7 +17,6 @@
 #include "policies/data/chat_template.h"
 #include "policies/data/dataset.h"
 #include "policies/job/seeds.h"
-#include "policies/model/generation.h"
 #include "policies/model/llama.h"
 #include "policies/model/lora.h"
 #include "policies/model/peft_adapter.h"
