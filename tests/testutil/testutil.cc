@@ -56,6 +56,15 @@ std::string StrataBinary() { return JoinPath(STRATA_BINARY_DIR, "strata"); }
 
 std::string SourcePath(const std::string& relative) { return JoinPath(STRATA_SOURCE_DIR, relative); }
 
+const std::string& TinyConfigDir() {
+  static const TempDir* dir = [] {
+    auto* d = new TempDir();
+    std::filesystem::copy_file(SourcePath("examples/tiny/model.json"), d->Join("config.json"));
+    return d;
+  }();
+  return dir->path();
+}
+
 void WriteTextFile(const std::string& path, const std::string& contents) {
   const absl::Status status = WriteFileAtomically(path, contents);
   ASSERT_TRUE(status.ok()) << status;

@@ -50,6 +50,11 @@ std::string ReferencePython();
 // Absolute path of a file in the source tree, e.g. SourcePath("tests/policies/x.py").
 std::string SourcePath(const std::string& relative);
 
+// A model directory whose only file is examples/tiny/model.json as its
+// config.json: what the memory planner reads of a model. Made once per
+// process.
+const std::string& TinyConfigDir();
+
 // Writes `contents` to `path`, failing the current test on error.
 void WriteTextFile(const std::string& path, const std::string& contents);
 

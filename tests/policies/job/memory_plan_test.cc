@@ -36,13 +36,7 @@ HardwareFigures Figures() {
 
 // A spec over the tiny example model (3.0M parameters per model).
 JobSpec Spec(const std::string& algorithm, const std::vector<std::string>& overrides = {}) {
-  // A model directory needs only config.json for the planner.
-  static testing::TempDir* dir = [] {
-    auto* d = new testing::TempDir();
-    std::filesystem::copy_file(testing::SourcePath("examples/tiny/model.json"), d->Join("config.json"));
-    return d;
-  }();
-  const std::string model = dir->path();
+  const std::string& model = testing::TinyConfigDir();
   const std::string yaml = "algorithm: " + algorithm + "\nmodels:\n  actor: {path: " + model +
                            "}\n  reference: {path: " + model + "}\n  reward: {path: " + model +
                            "}\n  critic: {path: " + model +

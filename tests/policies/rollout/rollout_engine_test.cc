@@ -65,6 +65,20 @@ void ExpectSameGreedy(const LlamaModel& model, const std::vector<int32_t>& promp
   EXPECT_EQ(want.size(), got.size()) << what;
 }
 
+// The greedy continuation of each of kPrompts, through an engine with
+// `options`; its figures in `stats` when given.
+absl::StatusOr<std::vector<std::vector<Continuation>>> GreedyRun(const LlamaModel& model,
+                                                                 const RolloutEngineOptions& options,
+                                                                 const SamplingOptions& greedy,
+                                                                 RolloutStats* stats = nullptr) {
+  std::vector<RolloutPrompt> prompts;
+  for (const auto& p : kPrompts) prompts.push_back({p, {}, true, {}});
+  RolloutEngine engine(model, options, kStops);
+  auto got = engine.Run(prompts, greedy);
+  if (stats != nullptr) *stats = engine.stats();
+  return got;
+}
+
 class RolloutEngineFamilyTest : public ::testing::TestWithParam<std::string> {};
 
 // The engine's greedy continuations equal the static loop's on every
@@ -91,13 +105,11 @@ TEST_P(RolloutEngineFamilyTest, GreedyEqualsTheStaticLoop) {
         options.kv_block_tokens = block;
         options.max_concurrency = concurrency;
         options.fixed_shape_steps = fixed;
-        std::vector<RolloutPrompt> prompts;
-        for (const auto& p : kPrompts) prompts.push_back({p, {}, true, {}});
-        RolloutEngine engine(*model, options, kStops);
-        auto got = engine.Run(prompts, greedy);
+        RolloutStats stats;
+        auto got = GreedyRun(*model, options, greedy, &stats);
         ASSERT_TRUE(got.ok()) << got.status();
         // 7 rows (or 3, the limit) decode in a bucket of 8 (or 4): pad rows.
-        EXPECT_EQ(engine.stats().padded_rows > 0, fixed);
+        EXPECT_EQ(stats.padded_rows > 0, fixed);
         for (size_t p = 0; p < kPrompts.size(); ++p) {
           ASSERT_EQ((*got)[p].size(), 1u);
           const Continuation& c = (*got)[p][0];
@@ -178,10 +190,7 @@ TEST_P(RolloutEngineFamilyTest, GreedyEqualsTheFp64Reference) {
     RolloutEngineOptions options;
     options.kv_block_tokens = 4;
     options.fixed_shape_steps = fixed;
-    std::vector<RolloutPrompt> prompts;
-    for (const auto& p : kPrompts) prompts.push_back({p, {}, true, {}});
-    RolloutEngine engine(*model, options, kStops);
-    auto got = engine.Run(prompts, greedy);
+    auto got = GreedyRun(*model, options, greedy);
     ASSERT_TRUE(got.ok()) << got.status();
     for (size_t p = 0; p < kPrompts.size(); ++p) {
       const std::vector<int32_t>& tokens = (*got)[p][0].tokens;
@@ -345,19 +354,29 @@ TEST(RolloutEngineTest, FreedBlocksReturnToThePool) {
   EXPECT_LE(engine.stats().peak_used_blocks, engine.stats().pool_blocks);
 }
 
-// A pool too small for one continuation is an error naming the key, never
-// a hang: 2 layers x 2 heads x 32 dims x 256 positions x 2 x 4 bytes = a
-// 256 KiB block, 4 in 1 MiB; a 1000-token prompt needs 4 + 1.
-TEST(RolloutEngineTest, APoolTooSmallForOneSequenceIsAnErrorNamingTheKey) {
+// A model whose KV block of 256 positions is 256 KiB (2 layers x 2 heads
+// x 32 dims x 2 x 4 bytes a position), and a pool of 1 MiB: 4 blocks.
+LlamaConfig PoolTestConfig() {
   LlamaConfig c = FamilyConfig("llama");
   c.head_dim = 32;
   c.hidden_size = 64;
   c.max_position_embeddings = 2048;
-  auto model = LlamaModel::RandomInit(c, LlamaHead::kLanguageModel, at::kFloat, 5, 0.5);
-  ASSERT_EQ(KvBlockPool::BlockBytes(c, 256, at::kFloat), 256 << 10);
+  return c;
+}
+RolloutEngineOptions OneMibPoolOfFourBlocks() {
   RolloutEngineOptions options;
   options.kv_block_tokens = 256;
   options.kv_pool_mib = 1;
+  return options;
+}
+
+// A pool too small for one continuation is an error naming the key, never
+// a hang: a 1000-token prompt needs 4 blocks + 1.
+TEST(RolloutEngineTest, APoolTooSmallForOneSequenceIsAnErrorNamingTheKey) {
+  const LlamaConfig c = PoolTestConfig();
+  auto model = LlamaModel::RandomInit(c, LlamaHead::kLanguageModel, at::kFloat, 5, 0.5);
+  const RolloutEngineOptions options = OneMibPoolOfFourBlocks();
+  ASSERT_EQ(KvBlockPool::BlockBytes(c, 256, at::kFloat), 256 << 10);
   SamplingOptions sampling;
   sampling.max_new_tokens = 40;
   std::vector<int32_t> long_prompt(1000, 3);
@@ -374,17 +393,12 @@ TEST(RolloutEngineTest, APoolTooSmallForOneSequenceIsAnErrorNamingTheKey) {
 // A prompt admitted alone forks what fits and keeps the rest waiting; a
 // later continuation with a larger cap than the first's that cannot fit
 // even in an empty pool is the same error, not a wait that never ends.
-// Blocks of 256 KiB, 4 in the pool: the 500-token prompt holds 2; its
+// Of the pool's 4 blocks the 500-token prompt holds 2; its
 // first continuation (1 new token) needs 1 more, its second (600) 3.
 TEST(RolloutEngineTest, ALaterContinuationTooLargeForThePoolIsAnErrorNotAHang) {
-  LlamaConfig c = FamilyConfig("llama");
-  c.head_dim = 32;
-  c.hidden_size = 64;
-  c.max_position_embeddings = 2048;
+  const LlamaConfig c = PoolTestConfig();
   auto model = LlamaModel::RandomInit(c, LlamaHead::kLanguageModel, at::kFloat, 5, 0.5);
-  RolloutEngineOptions options;
-  options.kv_block_tokens = 256;
-  options.kv_pool_mib = 1;
+  const RolloutEngineOptions options = OneMibPoolOfFourBlocks();
   SamplingOptions sampling;
   sampling.max_new_tokens = 600;
   sampling.stop_at_eos = false;

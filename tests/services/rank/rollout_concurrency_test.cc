@@ -1,7 +1,6 @@
 // How many continuations a rank's rollout engine decodes at once: the
 // spec's limit, or fewer where the default KV pool would not fit
 // memory.device_mib beside the rest (the planner's rollout_concurrency).
-#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -16,12 +15,7 @@ namespace {
 
 // GRPO over the tiny example model: 16 prompts x 4 samples.
 policies::JobSpec Spec(const std::vector<std::string>& overrides) {
-  static testing::TempDir* dir = [] {
-    auto* d = new testing::TempDir();
-    std::filesystem::copy_file(testing::SourcePath("examples/tiny/model.json"), d->Join("config.json"));
-    return d;
-  }();
-  const std::string model = dir->path();
+  const std::string& model = testing::TinyConfigDir();
   const std::string yaml = "algorithm: grpo\nmodels:\n  actor: {path: " + model + "}\n  reference: {path: " + model +
                            "}\n  reward: {path: " + model +
                            "}\ndata: {train: p.jsonl, max_prompt_tokens: 16}\ntrain: {batch_size: 16}\n"
