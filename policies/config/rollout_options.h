@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 
@@ -35,6 +36,21 @@ struct RolloutEngineOptions {
   // INVALID_ARGUMENT naming "<key_prefix>.<field>".
   absl::Status Validate(const std::string& key_prefix) const;
 };
+
+// Blocks of `block_tokens` a continuation of a prompt of `length` tokens
+// may hold beside the prompt's full blocks, decoding up to `max_new`
+// tokens: positions up to length + max_new - 1 are cached (the last token
+// is produced, never fed back), the partly filled last prompt block
+// included.
+int64_t OwnKvBlocks(int64_t length, int64_t max_new, int64_t block_tokens);
+
+// The default pool (kv_pool_mib 0): the blocks of the worst case of the
+// sequences that may decode at once under `options`. Prompt p has
+// `lengths[p]` tokens and one continuation per entry of `caps[p]`, its cap
+// on new tokens. The rollout engine sizes its pool with it and the planner
+// prices it, so both count the same blocks.
+int64_t WorstCasePoolBlocks(const std::vector<int64_t>& lengths, const std::vector<std::vector<int64_t>>& caps,
+                            const RolloutEngineOptions& options);
 
 // The fixed shapes decode steps run in where CUDA graphs replay them
 // (policies/rollout/decode_step.h), and the planner prices.

@@ -287,9 +287,11 @@ double HeadBytes(const ModelShape& s, int64_t R, int64_t T, int64_t head_tokens,
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / std::max<int64_t>(b, 1); }
 
 // One wave of the rollout engine: `prompts` prompts of P tokens prefilled
-// together, then `running` continuations of them decoding N new tokens.
+// together, then `running` continuations of them decoding N new tokens, of
+// a rank's `batch_prompts` prompts with `per_prompt` continuations each.
 struct RolloutWave {
   int64_t prompts = 1, running = 1;
+  int64_t batch_prompts = 1, per_prompt = 1;
 };
 
 // How a rollout decodes, for its bytes.
@@ -325,14 +327,34 @@ double DecodeStepBytes(const ModelShape& s, int64_t R, int64_t C, const DecodeSh
 // Device bytes of a wave: the KV blocks (the spec's pool, or the wave's
 // blocks), then the prefill's working set or a decode step's. With CUDA graphs the graphs' pool keeps a
 // step of the widest bucket for the whole rollout, prefills beside it.
-// The KV blocks a wave holds at most: each continuation's own, and the
-// prompts' full blocks once when they are shared.
+// One KV block of every layer.
+int64_t KvBlockBytes(const ModelShape& s, const RolloutEngineOptions& e) {
+  return 2 * s.L * e.kv_block_tokens * s.kv_heads * s.head_dim * s.E;
+}
+
+// The default pool of a wave's concurrency: the engine's own worst case
+// (WorstCasePoolBlocks) of `running` continuations at once.
 double WaveKvBytes(const ModelShape& s, const RolloutWave& w, int64_t P, int64_t N, const RolloutEngineOptions& e) {
+  RolloutEngineOptions at_once = e;
+  at_once.max_concurrency = w.running;
+  const std::vector<int64_t> lengths(static_cast<size_t>(w.batch_prompts), P);
+  const std::vector<std::vector<int64_t>> caps(static_cast<size_t>(w.batch_prompts),
+                                               std::vector<int64_t>(static_cast<size_t>(w.per_prompt), N));
+  return static_cast<double>(WorstCasePoolBlocks(lengths, caps, at_once) * KvBlockBytes(s, e));
+}
+
+// Continuations a pool of `pool_blocks` decodes at once when each runs to
+// N tokens, as the engine admits them: whole prompts (all of a prompt's
+// continuations when they share its blocks, else one) while they fit, and
+// a prompt alone forks what fits. 0: not one continuation fits.
+int64_t PoolConcurrency(int64_t pool_blocks, int64_t P, int64_t N, int64_t per_prompt, const RolloutEngineOptions& e) {
   const int64_t bt = e.kv_block_tokens;
-  const int64_t shared = e.share_prefixes ? P / bt * bt : 0;
-  const int64_t own = CeilDiv(P + std::max<int64_t>(N, 1) - 1, bt) * bt - shared;
-  const double positions = static_cast<double>(w.prompts * shared + w.running * own);
-  return 2.0 * s.L * positions * s.kv_heads * s.head_dim * s.E;
+  const int64_t prompt_blocks = CeilDiv(P, bt), own = OwnKvBlocks(P, N, bt);
+  const int64_t partial = P % bt != 0 ? 1 : 0;  // the last to fork takes the prompt's partly filled block
+  if (!e.share_prefixes) return pool_blocks / (prompt_blocks + own - partial);
+  const int64_t whole = pool_blocks / (prompt_blocks + per_prompt * own - partial);
+  if (whole > 0) return whole * per_prompt;
+  return std::clamp<int64_t>((pool_blocks - prompt_blocks) / own, 0, per_prompt);
 }
 
 double RolloutBytes(const ModelShape& s, const RolloutWave& w, int64_t P, int64_t N, const RolloutEngineOptions& e,
@@ -701,19 +723,24 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
       RolloutWave w;
       w.running = running;
       w.prompts = std::min(prompts, CeilDiv(running, per_prompt));
+      w.batch_prompts = prompts;
+      w.per_prompt = per_prompt;
       return w;
     };
     auto fits = [&](int64_t running) {
-      const RolloutWave w = wave_of(running);
-      if (engine.kv_pool_mib > 0)
-        return WaveKvBytes(s, w, P, N, engine) <= static_cast<double>(engine.kv_pool_mib << 20);
-      return resident[kDev] + window(s) + RolloutBytes(s, w, P, N, engine, decode) <=
+      return resident[kDev] + window(s) + RolloutBytes(s, wave_of(running), P, N, engine, decode) <=
              static_cast<double>(spec.memory.device_mib << 20);
     };
     int64_t running = limit > 0 ? std::min(limit, total) : total;
-    // Where not even one fits, the plan overflows at the spec's own
-    // concurrency (throttling would not make it fit).
-    if ((engine.kv_pool_mib > 0 || spec.memory.device_mib > 0) && !fits(running) && fits(1)) {
+    if (engine.kv_pool_mib > 0) {
+      // Where not one continuation fits the pool, the rollout fails naming
+      // kv_pool_mib; the plan prices the spec's concurrency.
+      const int64_t held = PoolConcurrency((engine.kv_pool_mib << 20) / KvBlockBytes(s, engine), P, N, per_prompt,
+                                           engine);
+      if (held > 0) running = std::min(running, held);
+    } else if (spec.memory.device_mib > 0 && !fits(running) && fits(1)) {
+      // Where not even one fits, the plan overflows at the spec's own
+      // concurrency (throttling would not make it fit).
       int64_t lo = 1, hi = running;  // the most that fit
       while (lo < hi) {
         const int64_t mid = lo + (hi - lo + 1) / 2;

@@ -27,13 +27,6 @@ namespace {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Blocks a continuation of a prompt of `length` tokens may hold beside the
-// prompt's full blocks: positions up to length + max_new - 1 are cached
-// (the last token is produced, never fed back).
-int64_t OwnBlocks(int64_t length, int64_t max_new, int64_t block_tokens) {
-  return CeilDiv(length + std::max<int64_t>(max_new, 1) - 1, block_tokens) - length / block_tokens;
-}
-
 // What one prefill decodes from: a prompt and the continuations that fork
 // from its blocks (all of them when prefixes are shared, else one).
 struct Instance {
@@ -68,30 +61,14 @@ RolloutEngine::RolloutEngine(const LlamaModel& model, RolloutEngineOptions optio
 
 int64_t RolloutEngine::WorstCaseBlocks(const std::vector<RolloutPrompt>& prompts, int64_t max_new_tokens,
                                        const RolloutEngineOptions& options) {
-  const int64_t bt = options.kv_block_tokens;
-  std::vector<int64_t> own;  // each continuation's own blocks at most
-  int64_t shared = 0, largest_shared = 0;
+  std::vector<int64_t> lengths;
+  std::vector<std::vector<int64_t>> caps;
   for (const RolloutPrompt& p : prompts) {
-    const auto length = static_cast<int64_t>(p.ids.size());
-    const int64_t full = options.share_prefixes ? length / bt : 0;
-    for (int64_t c = 0; c < p.continuations(); ++c) {
-      own.push_back(OwnBlocks(length, p.Cap(c, max_new_tokens), bt) + length / bt - full);
-    }
-    shared += full;
-    largest_shared = std::max(largest_shared, options.share_prefixes ? CeilDiv(length, bt) : 0);
+    lengths.push_back(static_cast<int64_t>(p.ids.size()));
+    caps.emplace_back();
+    for (int64_t c = 0; c < p.continuations(); ++c) caps.back().push_back(p.Cap(c, max_new_tokens));
   }
-  const auto limit = static_cast<size_t>(options.max_concurrency);
-  if (options.max_concurrency == 0 || limit >= own.size()) {
-    int64_t total = shared;
-    for (int64_t o : own) total += o;
-    return std::max<int64_t>(total, 1);
-  }
-  // The `limit` largest continuations, each from its own prompt, and one
-  // more prompt prefilled and waiting to fork.
-  std::partial_sort(own.begin(), own.begin() + static_cast<std::ptrdiff_t>(limit), own.end(), std::greater<>());
-  int64_t total = static_cast<int64_t>(limit + 1) * largest_shared;
-  for (size_t i = 0; i < limit; ++i) total += own[i];
-  return std::max<int64_t>(total, 1);
+  return WorstCasePoolBlocks(lengths, caps, options);
 }
 
 absl::StatusOr<std::vector<std::vector<Continuation>>> RolloutEngine::Run(const std::vector<RolloutPrompt>& prompts,
@@ -191,7 +168,7 @@ absl::StatusOr<std::vector<std::vector<Continuation>>> RolloutEngine::Run(const 
   auto fork_need = [&](const Instance& i, size_t k) {
     const int64_t length = length_of(i);
     const bool last = k + 1 == i.continuations.size();
-    return OwnBlocks(length, cap_of(i, k), bt) - (length % bt != 0 && last ? 1 : 0);
+    return OwnKvBlocks(length, cap_of(i, k), bt) - (length % bt != 0 && last ? 1 : 0);
   };
   // Continuation k of `i`, with the prompt's blocks, needs `need` blocks.
   auto pool_error = [&](const Instance& i, size_t k, int64_t need) {
@@ -234,7 +211,7 @@ absl::StatusOr<std::vector<std::vector<Continuation>>> RolloutEngine::Run(const 
     }
     s.cached = length;
     s.cap = cap_of(i, from.next - 1);
-    s.budget = OwnBlocks(length, s.cap, bt) - (length % bt != 0 ? 1 : 0);
+    s.budget = OwnKvBlocks(length, s.cap, bt) - (length % bt != 0 ? 1 : 0);
     const auto seeds = static_cast<int64_t>(prompt.sample_seeds.size());
     s.greedy = sampling.greedy || s.continuation >= seeds;
     if (!s.greedy) s.seed = prompt.sample_seeds[static_cast<size_t>(s.continuation)];

@@ -72,7 +72,10 @@ absl::StatusOr<AdmittedJob> AdmitJob(JobStore& store, JobSpecs& specs, const Cal
   // That needs the models' config.json and is skipped where the coordinator
   // cannot see them.
   const std::string& worker_dir = offer.directory;
-  const policies::JobSpec resolved = worker_dir.empty() ? spec : policies::ResolvePaths(spec, worker_dir);
+  policies::JobSpec resolved = worker_dir.empty() ? spec : policies::ResolvePaths(spec, worker_dir);
+  // A worker gives a spec without memory.device_mib its own device budget,
+  // and its rollout decodes what fits it (RolloutConcurrency): price that.
+  if (resolved.memory.device_mib == 0) resolved.memory.device_mib = largest["device"] >> 20;
   if (!worker_dir.empty()) {
     auto models = policies::JobModels(resolved);
     if (models.ok()) {

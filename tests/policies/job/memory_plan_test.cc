@@ -368,14 +368,14 @@ TEST(MemoryPlanTest, CudaGraphsKeepADecodeStepBesideThePrefills) {
 }
 
 // The KV pool bounds how many continuations decode at once. A pool the
-// spec sizes (kv_pool_mib) is priced whole and holds the continuations
-// whose worst case fits: the tiny model caches 4 layers x 2 x 4 heads x 32
-// dims x 4 bytes = 4 KiB a position; 16-token prompts (one shared block of
-// 16) and 24 new tokens give each continuation ceil(39 / 16) x 16 - 16 = 32
-// positions of its own, so 1 MiB (256 positions) holds 7 of a group's
-// continuations (2 prompts' 32 shared + 7 x 32). With kv_pool_mib 0 the
-// default pool takes what memory.device_mib leaves: fewer continuations
-// at once, in more waves, and the rollout's device peak within the budget.
+// spec sizes (kv_pool_mib) is priced whole and holds what the engine
+// admits: the tiny model caches 4 layers x 2 x 4 heads x 32 dims x 4 bytes
+// = 4 KiB a position, 64 KiB a block of 16, so 1 MiB is 16 blocks; a
+// 16-token prompt (1 block) and its 4 continuations of 24 new tokens (2
+// blocks of their own each: positions 16..38) take 9, so one prompt's 4
+// decode at a time, in 16 waves. With kv_pool_mib 0 the default pool takes
+// what memory.device_mib leaves: fewer continuations at once, in more
+// waves, and the rollout's device peak within the budget.
 TEST(MemoryPlanTest, TheKvPoolBoundsTheRolloutsConcurrency) {
   auto predict = [](std::vector<std::string> overrides) {
     overrides.push_back("group.samples_per_prompt=4");
@@ -385,8 +385,10 @@ TEST(MemoryPlanTest, TheKvPoolBoundsTheRolloutsConcurrency) {
   const JobPrediction free = predict({});
   EXPECT_EQ(free.rollout_concurrency, 64);
   const JobPrediction pooled = predict({"generation.kv_pool_mib=1"});
-  EXPECT_EQ(pooled.rollout_concurrency, 7);
-  EXPECT_GT(pooled.phases.at("rollout").seconds, free.phases.at("rollout").seconds) << "10 waves, not 1";
+  EXPECT_EQ(pooled.rollout_concurrency, 4);
+  EXPECT_GT(pooled.phases.at("rollout").seconds, free.phases.at("rollout").seconds) << "16 waves, not 1";
+  EXPECT_EQ(predict({"generation.kv_pool_mib=1", "generation.share_prefixes=false"}).rollout_concurrency, 5)
+      << "a continuation alone: 16 / ceil(39 / 16)";
   EXPECT_EQ(predict({"generation.max_concurrency=5"}).rollout_concurrency, 5);
 
   // A budget halfway between the rollout's peak one continuation at a time
