@@ -309,6 +309,62 @@ TEST_F(TrainTest, PlacementChangesMemoryNotMetrics) {
   EXPECT_GT(jb["memory/nvme_peak_bytes"].get<double>(), 0.0);
 }
 
+// A device budget that cannot hold the rollout's default KV pool for
+// every continuation at once (memory.device_mib between what `strata plan`
+// puts the rollout's device peak at one continuation at a time and at all
+// 32 at once) makes the rank decode fewer at once, as the plan says: the
+// same tokens, rewards and losses, and a smaller rollout peak.
+TEST_F(TrainTest, ADeviceBudgetThrottlesTheRolloutNotItsTokens) {
+  const std::vector<std::string> shape = {"--set", "train.iterations=2",          "--set", "train.batch_size=16",
+                                          "--set", "generation.max_new_tokens=24"};
+  auto rollout_peak = [&](const std::string& concurrency) -> int64_t {
+    std::vector<std::string> args = {"plan",
+                                     spec_,
+                                     "--json",
+                                     "--set",
+                                     "output.dir=" + dir_.Join("plan"),
+                                     "--set",
+                                     "generation.max_concurrency=" + concurrency};
+    args.insert(args.end(), shape.begin(), shape.end());
+    auto plan = Strata(args);
+    EXPECT_EQ(plan.exit_code, 0) << plan.error;
+    const json j = json::parse(plan.output);
+    return (j.is_array() ? j[0] : j)["phases"]["rollout"]["peak_bytes"]["device"].get<int64_t>();
+  };
+  const int64_t all = rollout_peak("0"), one = rollout_peak("1");
+  ASSERT_GT(all - one, int64_t{4} << 20) << "the pool of 32 continuations should weigh several MiB more than one's";
+  const std::string budget = "memory.device_mib=" + std::to_string((one + (all - one) / 2) >> 20);
+
+  std::vector<std::string> free = {"train", spec_, "--out", dir_.Join("free")};
+  free.insert(free.end(), shape.begin(), shape.end());
+  auto unbounded = Strata(free);
+  ASSERT_EQ(unbounded.exit_code, 0) << unbounded.error;
+  std::vector<std::string> bounded_args = {"train", spec_, "--out", dir_.Join("bounded"), "--set", budget};
+  bounded_args.insert(bounded_args.end(), shape.begin(), shape.end());
+  auto bounded = Strata(bounded_args);
+  ASSERT_EQ(bounded.exit_code, 0) << bounded.error;
+  EXPECT_NE(bounded.error.find("continuations at once, what memory.device_mib leaves"), std::string::npos)
+      << bounded.error;
+  EXPECT_EQ(unbounded.error.find("continuations at once"), std::string::npos) << unbounded.error;
+  // The same tokens: what they score is equal to the bit; what sums floats
+  // over other batch shapes, within rounding (run_metrics.h).
+  const auto want = testing::RunMetrics(dir_.Join("free/metrics.jsonl"));
+  const auto got = testing::RunMetrics(dir_.Join("bounded/metrics.jsonl"));
+  testing::ExpectSameMetrics(want, got, {32, 1}, "bounded");
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    for (const char* key : {"objective/response_tokens", "reward/vowel_fraction", "objective/greedy_scores"}) {
+      EXPECT_EQ(got[i][key], want[i][key]) << "iteration " << i << " " << key;
+    }
+  }
+  std::ifstream a(dir_.Join("free/metrics.jsonl")), b(dir_.Join("bounded/metrics.jsonl"));
+  std::string la, lb;
+  std::getline(a, la);
+  std::getline(b, lb);
+  EXPECT_LT(json::parse(lb)["memory/rollout/device_peak_bytes"].get<double>(),
+            json::parse(la)["memory/rollout/device_peak_bytes"].get<double>());
+}
+
 // The settings that put GaLore on every model an algorithm trains; a new
 // projection every second step, so three iterations refresh it.
 std::vector<std::string> GaloreOverrides(const std::string& algorithm) {
