@@ -13,7 +13,10 @@ absl::Status RolloutEngineOptions::Validate(const std::string& key_prefix) const
   };
   if (kv_block_tokens < 1 || kv_block_tokens > 4096)
     return error("kv_block_tokens", "must be in [1, 4096]", kv_block_tokens);
-  if (kv_pool_mib < 0) return error("kv_pool_mib", "must be >= 0 (0: sized for the rollout)", kv_pool_mib);
+  // At most 2^30 MiB (1 PiB): its bytes stay far inside int64.
+  if (kv_pool_mib < 0 || kv_pool_mib > (int64_t{1} << 30)) {
+    return error("kv_pool_mib", "must be in [0, 1073741824] (0: sized for the rollout)", kv_pool_mib);
+  }
   if (max_concurrency < 0) return error("max_concurrency", "must be >= 0 (0: no limit)", max_concurrency);
   return absl::OkStatus();
 }

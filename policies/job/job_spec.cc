@@ -696,8 +696,14 @@ absl::Status JobSpec::Validate() const {
     return KeyError("parallel.backend",
                     absl::StrCat("nccl needs a GPU (memory.device: cuda), got memory.device: ", memory.device));
   }
-  if (memory.device_mib < 0) return KeyError("memory.device_mib", "must be >= 0");
-  if (memory.host_mib < 1) return KeyError("memory.host_mib", "must be >= 1");
+  // At most 2^30 MiB (1 PiB): byte counts stay far inside int64.
+  constexpr int64_t kMaxMib = int64_t{1} << 30;
+  if (memory.device_mib < 0 || memory.device_mib > kMaxMib) {
+    return KeyError("memory.device_mib", "must be in [0, 1073741824] (MiB)");
+  }
+  if (memory.host_mib < 1 || memory.host_mib > kMaxMib) {
+    return KeyError("memory.host_mib", "must be in [1, 1073741824] (MiB)");
+  }
   if (!(remax.discount > 0 && remax.discount <= 1)) return KeyError("remax.discount", "must be in (0, 1]");
   if (!(remax.kl_coef >= 0)) return KeyError("remax.kl_coef", "must be >= 0");
   if (!(ppo.kl_coef >= 0)) return KeyError("ppo.kl_coef", "must be >= 0");

@@ -90,6 +90,10 @@ TEST(JobSpecTest, ErrorsNameTheKey) {
   EXPECT_NE(ErrorOf(kRemax, {"train.lr=-1"}).find("train.lr"), std::string::npos);
   EXPECT_NE(ErrorOf(kRemax, {"algorithm=dpo"}).find("algorithm"), std::string::npos);
   EXPECT_NE(ErrorOf(kRemax, {"generation.top_p=1.5"}).find("generation.top_p"), std::string::npos);
+  // Sizes whose bytes would overflow int64 (2^43 MiB and up) are refused.
+  EXPECT_NE(ErrorOf(kRemax, {"memory.device_mib=8796093022208"}).find("memory.device_mib"), std::string::npos);
+  EXPECT_NE(ErrorOf(kRemax, {"memory.host_mib=1073741825"}).find("memory.host_mib"), std::string::npos);
+  EXPECT_NE(ErrorOf(kRemax, {"generation.kv_pool_mib=1073741825"}).find("generation.kv_pool_mib"), std::string::npos);
   EXPECT_NE(ErrorOf(kRemax, {"models.actor.placement.weights=gpu"}).find("models.actor.placement.weights"),
             std::string::npos);
   EXPECT_NE(ErrorOf(kRemax, {"models.actor.placement.optimizer=device"}).find("placement"), std::string::npos);
