@@ -324,9 +324,6 @@ double DecodeStepBytes(const ModelShape& s, int64_t R, int64_t C, const DecodeSh
   return bytes;
 }
 
-// Device bytes of a wave: the KV blocks (the spec's pool, or the wave's
-// blocks), then the prefill's working set or a decode step's. With CUDA graphs the graphs' pool keeps a
-// step of the widest bucket for the whole rollout, prefills beside it.
 // One KV block of every layer.
 int64_t KvBlockBytes(const ModelShape& s, const RolloutEngineOptions& e) {
   return 2 * s.L * e.kv_block_tokens * s.kv_heads * s.head_dim * s.E;
@@ -357,6 +354,10 @@ int64_t PoolConcurrency(int64_t pool_blocks, int64_t P, int64_t N, int64_t per_p
   return std::clamp<int64_t>((pool_blocks - prompt_blocks) / own, 0, per_prompt);
 }
 
+// Device bytes of a wave: the KV blocks (the spec's pool, or the wave's
+// default pool), then the prefill's working set or a decode step's. With
+// CUDA graphs the graphs' pool keeps a step of the widest bucket for the
+// whole rollout, prefills beside it.
 double RolloutBytes(const ModelShape& s, const RolloutWave& w, int64_t P, int64_t N, const RolloutEngineOptions& e,
                     const DecodeShape& d) {
   // A pool the spec sizes is allocated whole.
@@ -754,6 +755,7 @@ JobPrediction PredictJob(const JobSpec& spec, const std::vector<PlannedModel>& m
     }
     const RolloutWave wave = wave_of(running);
     out.rollout_concurrency = wave.running;
+    out.rollout_continuations = total;
     const int64_t waves = CeilDiv(total, wave.running);
     phases["rollout"].Pass(window(s) + RolloutBytes(s, wave, P, N, engine, decode),
                            static_cast<double>(waves) * cost.Rollout(s, wave, P, N, engine.share_prefixes));

@@ -99,7 +99,8 @@ struct JobPrediction {
   // fewer where a kv_pool_mib pool holds fewer, or where with kv_pool_mib 0
   // the wave would not fit memory.device_mib; a worker decodes that many.
   int64_t rollout_concurrency = 0;
-  std::array<int64_t, 3> peak{};  // the largest of the phases
+  int64_t rollout_continuations = 0;  // of this many in an iteration's rollout, per rank
+  std::array<int64_t, 3> peak{};      // the largest of the phases
   // What the kernel will count for the worker process at its peak: its
   // baseline, the host arena's touched pages, the model files mapped while
   // loading, and on a CPU device the device tier too.

@@ -68,13 +68,12 @@ int64_t RolloutConcurrency(const policies::JobSpec& spec) {
   if (spec.generation.engine.kv_pool_mib > 0 || spec.memory.device_mib == 0) return limit;
   auto models = policies::JobModels(spec);
   if (!models.ok()) return limit;  // LoadModels reports what is wrong with them
-  auto concurrency = [&](const policies::JobSpec& s) {
-    return policies::PredictJob(s, *models, policies::BuiltInHardwareFigures(), s.parallel.workers).rollout_concurrency;
-  };
-  policies::JobSpec unbounded = spec;
-  unbounded.memory.device_mib = 0;
-  const int64_t bounded = concurrency(spec);
-  if (bounded <= 0 || bounded >= concurrency(unbounded) || (limit > 0 && limit <= bounded)) return limit;
+  const policies::JobPrediction plan = policies::PredictJob(spec, *models, policies::BuiltInHardwareFigures(),
+                                                            spec.parallel.workers);
+  // What the spec alone allows; only the budget makes the plan's fewer.
+  const int64_t allowed = limit > 0 ? std::min(limit, plan.rollout_continuations) : plan.rollout_continuations;
+  const int64_t bounded = plan.rollout_concurrency;
+  if (bounded <= 0 || bounded >= allowed) return limit;
   STRATA_LOG(Info) << "rollout: " << bounded
                    << " continuations at once, what memory.device_mib leaves the KV pool (strata plan)";
   return bounded;
